@@ -1,0 +1,46 @@
+# Thin wrapper over CMake for the README's commands.
+#   make          build build/anytune (release)
+#   make run      install what is missing, build, run the bundled demo
+#   make test     install what is missing, build (release + sanitizers), run the suite
+#   make bench-NAME   build and run bench/NAME.c (e.g. make bench-gemm)
+JOBS ?= $(shell nproc)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+
+.PHONY: all setup run test test-release test-asan clean configure FORCE
+
+all: $(BUILD)/anytune
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+$(BUILD)/anytune: $(BUILD)/CMakeCache.txt FORCE
+	cmake --build $(BUILD) -j $(JOBS)
+
+FORCE:
+
+setup:
+	scripts/setup.sh
+
+run: setup $(BUILD)/anytune
+	$(BUILD)/anytune env
+
+test: setup
+	$(MAKE) test-release
+	$(MAKE) test-asan
+
+test-release: $(BUILD)/anytune
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DANYTUNE_SANITIZE=ON -DANYTUNE_FUZZ=ON
+
+test-asan: $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+bench-%: $(BUILD)/anytune
+	$(BUILD)/bench_$* $(ARGS)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,25 @@
+#!/bin/sh
+# Install the Debian packages anytune needs, only those that are missing.
+# Usage: scripts/setup.sh [--dev]   (--dev adds what the goldens/benchmarks need)
+set -e
+PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
+libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
+libopenblas-dev libdnnl-dev"
+if [ "$1" = "--dev" ]; then
+  PKGS="$PKGS python3-torch python3-jinja2 python3-numpy libopenblas0-openmp"
+fi
+missing=""
+for p in $PKGS; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+if [ -z "$missing" ]; then
+  exit 0
+fi
+echo "setup: installing:$missing"
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends $missing

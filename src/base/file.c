@@ -1,0 +1,191 @@
+#include "base/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+at_status at_map_file(const char *path, at_mapped_file *out)
+{
+    memset(out, 0, sizeof *out);
+    out->fd = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return at_error(AT_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return at_error(AT_ERR_IO, "%s: not a regular file", path);
+    }
+    if (sb.st_size > 0) {
+        void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return at_error(AT_ERR_IO, "%s: cannot map: %s", path, strerror(e));
+        }
+        out->data = p;
+    }
+    out->size = (size_t)sb.st_size;
+    out->fd = fd;
+    return AT_OK;
+}
+
+void at_unmap_file(at_mapped_file *m)
+{
+    if (!m) return;
+    if (m->data) munmap((void *)m->data, m->size);
+    if (m->fd >= 0) close(m->fd);
+    m->data = NULL;
+    m->size = 0;
+    m->fd = -1;
+}
+
+at_status at_read_file(const char *path, char **out, size_t *len)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        fclose(f);
+        return at_error(AT_ERR_NOMEM, "%s: out of memory reading file", path);
+    }
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return at_error(AT_ERR_NOMEM, "%s: out of memory reading file", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return at_error(AT_ERR_IO, "%s: read error", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = n;
+    return AT_OK;
+}
+
+at_status at_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return at_error(AT_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    int r = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (r != 0 && e != EINVAL) return at_error(AT_ERR_IO, "%s: fsync failed: %s", dir, strerror(e));
+    return AT_OK;
+}
+
+at_status at_write_file_atomic(const char *path, const void *data, size_t len)
+{
+    size_t pl = strlen(path);
+    char *tmp = malloc(pl + 32);
+    if (!tmp) return at_error(AT_ERR_NOMEM, "out of memory");
+    snprintf(tmp, pl + 32, "%s.tmp.%ld", path, (long)getpid());
+    at_status st = AT_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st = at_error(AT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto done;
+    }
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            st = at_error(AT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+            break;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (st == AT_OK && fsync(fd) != 0) st = at_error(AT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+    close(fd);
+    if (st == AT_OK && rename(tmp, path) != 0)
+        st = at_error(AT_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
+    if (st != AT_OK) unlink(tmp);
+    if (st == AT_OK) {
+        char *dir = strdup(path);
+        if (dir) {
+            char *slash = strrchr(dir, '/');
+            if (slash) {
+                *slash = '\0';
+                st = at_fsync_dir(slash == dir ? "/" : dir);
+            } else {
+                st = at_fsync_dir(".");
+            }
+            free(dir);
+        }
+    }
+done:
+    free(tmp);
+    return st;
+}
+
+at_status at_mkdirs(const char *path)
+{
+    char *p = strdup(path);
+    if (!p) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_status st = AT_OK;
+    for (char *s = p + 1; ; s++) {
+        if (*s == '/' || *s == '\0') {
+            char c = *s;
+            *s = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+                st = at_error(AT_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
+                break;
+            }
+            *s = c;
+            if (c == '\0') break;
+        }
+    }
+    free(p);
+    return st;
+}
+
+int at_file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+int at_is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+char *at_path_join(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *r = malloc(la + lb + 2);
+    if (!r) return NULL;
+    memcpy(r, a, la);
+    size_t n = la;
+    if (la > 0 && a[la - 1] != '/') r[n++] = '/';
+    memcpy(r + n, b, lb + 1);
+    return r;
+}

@@ -1,0 +1,38 @@
+/* Files: read-only memory maps, whole-file reads, atomic writes. */
+#ifndef AT_BASE_FILE_H
+#define AT_BASE_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "base/status.h"
+
+typedef struct {
+    const uint8_t *data; /* NULL for an empty file */
+    size_t size;
+    int fd;
+} at_mapped_file;
+
+/* Maps path read-only. Release with at_unmap_file. */
+at_status at_map_file(const char *path, at_mapped_file *out);
+void at_unmap_file(at_mapped_file *m);
+
+/* Reads the whole file into a new NUL-terminated buffer (*out, caller frees
+ * with free()); *len excludes the NUL. len may be NULL. */
+at_status at_read_file(const char *path, char **out, size_t *len);
+
+/* Writes data to path atomically: a temporary file beside it, fsync, rename. */
+at_status at_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* fsyncs a directory (after renames into it). */
+at_status at_fsync_dir(const char *dir);
+
+/* mkdir -p. */
+at_status at_mkdirs(const char *path);
+
+int at_file_exists(const char *path);
+int at_is_dir(const char *path);
+
+/* Joins a and b with '/' into a new string (caller frees). */
+char *at_path_join(const char *a, const char *b);
+
+#endif

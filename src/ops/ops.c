@@ -1,0 +1,737 @@
+#include "ops/ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "base/log.h"
+#include "device/cpu/cpu_backend.h"
+
+/* ---- argument checks (messages name the tensors) ---- */
+
+static const char *desc(const at_tensor *t, char *buf, size_t n) { return at_tensor_describe(t, buf, n); }
+
+static at_status need(const at_tensor *t, const char *op, const char *role)
+{
+    if (!t || !t->buf) return at_error(AT_ERR_INVALID, "%s: %s tensor is missing", op, role);
+    return AT_OK;
+}
+
+static int is_float(at_dtype t) { return t == AT_F32 || t == AT_BF16 || t == AT_F16; }
+
+static at_status need_float(const at_tensor *t, const char *op)
+{
+    char d[200];
+    if (!is_float(t->dtype))
+        return at_error(AT_ERR_INVALID, "%s: %s must be f32, bf16 or f16", op, desc(t, d, sizeof d));
+    return AT_OK;
+}
+
+static at_status need_dtype(const at_tensor *t, at_dtype dt, const char *op)
+{
+    char d[200];
+    if (t->dtype != dt)
+        return at_error(AT_ERR_INVALID, "%s: %s must be %s", op, desc(t, d, sizeof d), at_dtype_name(dt));
+    return AT_OK;
+}
+
+static at_status need_numel(const at_tensor *t, int64_t n, const char *op)
+{
+    char d[200];
+    if (at_tensor_numel(t) != n)
+        return at_error(AT_ERR_INVALID, "%s: %s must have %lld elements", op, desc(t, d, sizeof d), (long long)n);
+    return AT_OK;
+}
+
+static at_status need_same_shape(const at_tensor *a, const at_tensor *b, const char *op)
+{
+    char d1[200], d2[200];
+    if (!at_tensor_same_shape(a, b))
+        return at_error(AT_ERR_INVALID, "%s: shapes differ: %s vs %s", op, desc(a, d1, sizeof d1),
+                        desc(b, d2, sizeof d2));
+    return AT_OK;
+}
+
+static at_status need_backend(const at_tensor *t, const at_backend *be, const char *op)
+{
+    char d[200];
+    if (t && t->buf->backend != be)
+        return at_error(AT_ERR_INVALID, "%s: %s is on %s, the output is on %s", op, desc(t, d, sizeof d),
+                        t->buf->backend->name, be->name);
+    return AT_OK;
+}
+
+/* ---- fallback: run the CPU kernel on host copies ---- */
+
+#define FB_MAX 10
+typedef struct {
+    const at_tensor *dev[FB_MAX];
+    at_tensor *host[FB_MAX];
+    int is_out[FB_MAX];
+    int n;
+} fallback;
+
+/* Returns the host copy of t (NULL for NULL) and remembers whether to copy it back. */
+static at_status fb_add(fallback *f, const at_tensor *t, int is_out, at_tensor **host)
+{
+    *host = NULL;
+    if (!t) return AT_OK;
+    for (int i = 0; i < f->n; i++) {
+        if (f->dev[i] == t) { /* the same tensor passed twice (in place) */
+            f->is_out[i] |= is_out;
+            *host = f->host[i];
+            return AT_OK;
+        }
+    }
+    if (f->n == FB_MAX) return at_error(AT_ERR_INTERNAL, "fallback: too many tensors");
+    at_tensor *h = NULL;
+    AT_TRY(at_tensor_new(at_cpu_backend(), t->dtype, t->ndim, t->shape, t->name, &h));
+    at_status st = at_tensor_download(t, h->buf->ptr, at_tensor_nbytes(t));
+    if (st != AT_OK) {
+        at_tensor_free(h);
+        return st;
+    }
+    f->dev[f->n] = t;
+    f->host[f->n] = h;
+    f->is_out[f->n] = is_out;
+    f->n++;
+    *host = h;
+    return AT_OK;
+}
+
+static at_status fb_finish(fallback *f, at_status st)
+{
+    for (int i = 0; i < f->n; i++) {
+        if (st == AT_OK && f->is_out[i])
+            st = at_tensor_upload((at_tensor *)f->dev[i], f->host[i]->buf->ptr, at_tensor_nbytes(f->host[i]));
+        at_tensor_free(f->host[i]);
+    }
+    return st;
+}
+
+static void fb_warn(at_backend *be, int op)
+{
+    if (op < 64 && !(be->fallback_warned & (1ull << op))) {
+        be->fallback_warned |= 1ull << op;
+        at_log_warn("backend %s has no %s kernel: running it on the CPU (slower)", be->name,
+                    at_backend_op_name(op));
+    }
+}
+
+#define OP_INDEX(field) ((int)(offsetof(at_backend_ops, field) / sizeof(void (*)(void))))
+static const at_backend_ops *cpu_ops(void) { return &at_cpu_backend()->ops; }
+
+static at_status no_kernel(const char *op)
+{
+    return at_error(AT_ERR_UNSUPPORTED, "%s: no CPU kernel in this build", op);
+}
+
+/* Dispatch helpers: DISPATCH calls the backend's entry when present. */
+#define BACKEND_OR_FALLBACK(be, field, ...)                                                   \
+    do {                                                                                      \
+        if ((be)->ops.field) return (be)->ops.field(__VA_ARGS__);                             \
+        if (!cpu_ops()->field) return no_kernel(#field);                                      \
+        fb_warn((be), OP_INDEX(field));                                                       \
+    } while (0)
+
+/* ---- operations ---- */
+
+/* Product of all dimensions but the last two. */
+static int64_t matrix_batch(const at_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 2; i++) n *= t->shape[i];
+    return n;
+}
+
+at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
+                    float beta)
+{
+    const char *op = "matmul";
+    AT_TRY(need(c, op, "output"));
+    AT_TRY(need(a, op, "A"));
+    AT_TRY(need(b, op, "B"));
+    AT_TRY(need_float(a, op));
+    AT_TRY(need_float(b, op));
+    char d1[200], d2[200], d3[200];
+    if (c->dtype != AT_F32 && c->dtype != AT_BF16)
+        return at_error(AT_ERR_INVALID, "matmul: output %s must be f32 or bf16", desc(c, d1, sizeof d1));
+    if (a->ndim < 2 || b->ndim < 2 || c->ndim < 2)
+        return at_error(AT_ERR_INVALID, "matmul: operands need at least 2 dimensions");
+    int64_t am = a->shape[a->ndim - 2], ak = a->shape[a->ndim - 1];
+    if (trans_a) { int64_t t = am; am = ak; ak = t; }
+    int64_t bk = b->shape[b->ndim - 2], bn = b->shape[b->ndim - 1];
+    if (trans_b) { int64_t t = bk; bk = bn; bn = t; }
+    int64_t cm = c->shape[c->ndim - 2], cn = c->shape[c->ndim - 1];
+    int64_t batch_a = matrix_batch(a), batch_b = matrix_batch(b), batch_c = matrix_batch(c);
+    if (ak != bk || am != cm || bn != cn || batch_a != batch_c || (batch_b != batch_a && batch_b != 1))
+        return at_error(AT_ERR_INVALID, "matmul: shapes do not match: %s%s · %s%s -> %s", desc(a, d1, sizeof d1),
+                        trans_a ? "ᵀ" : "", desc(b, d2, sizeof d2), trans_b ? "ᵀ" : "", desc(c, d3, sizeof d3));
+    at_backend *be = c->buf->backend;
+    AT_TRY(need_backend(a, be, op));
+    AT_TRY(need_backend(b, be, op));
+    BACKEND_OR_FALLBACK(be, matmul, c, a, b, trans_a, trans_b, alpha, beta);
+    fallback f = {0};
+    at_tensor *hc, *ha, *hb;
+    at_status st = fb_add(&f, c, 1, &hc);
+    if (st == AT_OK) st = fb_add(&f, a, 0, &ha);
+    if (st == AT_OK) st = fb_add(&f, b, 0, &hb);
+    if (st == AT_OK) st = cpu_ops()->matmul(hc, ha, hb, trans_a, trans_b, alpha, beta);
+    return fb_finish(&f, st);
+}
+
+at_status at_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
+{
+    const char *op = "add";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(a, op, "a"));
+    AT_TRY(need(b, op, "b"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(a, op));
+    AT_TRY(need_float(b, op));
+    AT_TRY(need_numel(y, at_tensor_numel(a), op));
+    if (!(at_tensor_numel(b) == at_tensor_numel(a) || (b->ndim == 1 && b->shape[0] == at_tensor_cols(a)))) {
+        char d1[200], d2[200];
+        return at_error(AT_ERR_INVALID, "add: %s cannot be added to %s", desc(b, d1, sizeof d1),
+                        desc(a, d2, sizeof d2));
+    }
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(a, be, op));
+    AT_TRY(need_backend(b, be, op));
+    BACKEND_OR_FALLBACK(be, add, y, a, b);
+    fallback f = {0};
+    at_tensor *hy, *ha, *hb;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, a, 0, &ha);
+    if (st == AT_OK) st = fb_add(&f, b, 0, &hb);
+    if (st == AT_OK) st = cpu_ops()->add(hy, ha, hb);
+    return fb_finish(&f, st);
+}
+
+at_status at_scale(at_tensor *y, const at_tensor *x, float s)
+{
+    const char *op = "scale";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, scale, y, x, s);
+    fallback f = {0};
+    at_tensor *hy, *hx;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->scale(hy, hx, s);
+    return fb_finish(&f, st);
+}
+
+at_status at_axpy(at_tensor *y, float alpha, const at_tensor *x)
+{
+    const char *op = "axpy";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, axpy, y, alpha, x);
+    fallback f = {0};
+    at_tensor *hy, *hx;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->axpy(hy, alpha, hx);
+    return fb_finish(&f, st);
+}
+
+at_status at_fill(at_tensor *y, float value)
+{
+    const char *op = "fill";
+    AT_TRY(need(y, op, "output"));
+    if (!is_float(y->dtype) && y->dtype != AT_I32) return need_float(y, op);
+    at_backend *be = y->buf->backend;
+    BACKEND_OR_FALLBACK(be, fill, y, value);
+    fallback f = {0};
+    at_tensor *hy;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = cpu_ops()->fill(hy, value);
+    return fb_finish(&f, st);
+}
+
+at_status at_cast(at_tensor *y, const at_tensor *x)
+{
+    const char *op = "cast";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    if (x->dtype != y->dtype) {
+        AT_TRY(need_float(y, op));
+        AT_TRY(need_float(x, op));
+    }
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, cast, y, x);
+    fallback f = {0};
+    at_tensor *hy, *hx;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->cast(hy, hx);
+    return fb_finish(&f, st);
+}
+
+at_status at_sum_rows(at_tensor *y, const at_tensor *x, float beta)
+{
+    const char *op = "sum_rows";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_cols(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, sum_rows, y, x, beta);
+    fallback f = {0};
+    at_tensor *hy, *hx;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->sum_rows(hy, hx, beta);
+    return fb_finish(&f, st);
+}
+
+at_status at_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps)
+{
+    const char *op = "rmsnorm_forward";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need(w, op, "weight"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_float(w, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    AT_TRY(need_numel(w, at_tensor_cols(x), op));
+    at_backend *be = y->buf->backend;
+    if (rstd) {
+        AT_TRY(need_dtype(rstd, AT_F32, op));
+        AT_TRY(need_numel(rstd, at_tensor_rows(x), op));
+        AT_TRY(need_backend(rstd, be, op));
+    }
+    AT_TRY(need_backend(x, be, op));
+    AT_TRY(need_backend(w, be, op));
+    BACKEND_OR_FALLBACK(be, rmsnorm_forward, y, rstd, x, w, eps);
+    fallback f = {0};
+    at_tensor *hy, *hr, *hx, *hw;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, rstd, 1, &hr);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = fb_add(&f, w, 0, &hw);
+    if (st == AT_OK) st = cpu_ops()->rmsnorm_forward(hy, hr, hx, hw, eps);
+    return fb_finish(&f, st);
+}
+
+at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
+                              const at_tensor *w, const at_tensor *rstd)
+{
+    const char *op = "rmsnorm_backward";
+    AT_TRY(need(dx, op, "dx"));
+    AT_TRY(need(dy, op, "dy"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need(w, op, "weight"));
+    AT_TRY(need(rstd, op, "rstd"));
+    AT_TRY(need_float(dx, op));
+    AT_TRY(need_float(dy, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_float(w, op));
+    AT_TRY(need_dtype(rstd, AT_F32, op));
+    AT_TRY(need_numel(dx, at_tensor_numel(x), op));
+    AT_TRY(need_numel(dy, at_tensor_numel(x), op));
+    AT_TRY(need_numel(w, at_tensor_cols(x), op));
+    AT_TRY(need_numel(rstd, at_tensor_rows(x), op));
+    at_backend *be = dx->buf->backend;
+    if (dw) {
+        AT_TRY(need_float(dw, op));
+        AT_TRY(need_numel(dw, at_tensor_cols(x), op));
+        AT_TRY(need_backend(dw, be, op));
+    }
+    AT_TRY(need_backend(dy, be, op));
+    AT_TRY(need_backend(x, be, op));
+    AT_TRY(need_backend(w, be, op));
+    AT_TRY(need_backend(rstd, be, op));
+    BACKEND_OR_FALLBACK(be, rmsnorm_backward, dx, dw, dy, x, w, rstd);
+    fallback f = {0};
+    at_tensor *hdx, *hdw, *hdy, *hx, *hw, *hr;
+    at_status st = fb_add(&f, dx, 1, &hdx);
+    if (st == AT_OK) st = fb_add(&f, dw, 1, &hdw);
+    if (st == AT_OK) st = fb_add(&f, dy, 0, &hdy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = fb_add(&f, w, 0, &hw);
+    if (st == AT_OK) st = fb_add(&f, rstd, 0, &hr);
+    if (st == AT_OK) st = cpu_ops()->rmsnorm_backward(hdx, hdw, hdy, hx, hw, hr);
+    return fb_finish(&f, st);
+}
+
+at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse)
+{
+    const char *op = "rope";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need(pos, op, "positions"));
+    AT_TRY(need(inv_freq, op, "inv_freq"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_dtype(pos, AT_I32, op));
+    AT_TRY(need_dtype(inv_freq, AT_F32, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    char d[200];
+    if (x->ndim < 3 || (x->shape[x->ndim - 1] % 2) != 0)
+        return at_error(AT_ERR_INVALID, "rope: %s must be [tokens, heads, even head_dim]", desc(x, d, sizeof d));
+    int64_t hd = x->shape[x->ndim - 1] * x->shape[x->ndim - 2];
+    AT_TRY(need_numel(pos, at_tensor_numel(x) / hd, op));
+    AT_TRY(need_numel(inv_freq, x->shape[x->ndim - 1] / 2, op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    AT_TRY(need_backend(pos, be, op));
+    AT_TRY(need_backend(inv_freq, be, op));
+    BACKEND_OR_FALLBACK(be, rope, y, x, pos, inv_freq, inverse);
+    fallback f = {0};
+    at_tensor *hy, *hx, *hp, *hf;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = fb_add(&f, pos, 0, &hp);
+    if (st == AT_OK) st = fb_add(&f, inv_freq, 0, &hf);
+    if (st == AT_OK) st = cpu_ops()->rope(hy, hx, hp, hf, inverse);
+    return fb_finish(&f, st);
+}
+
+static at_status check_attention(const at_tensor *q, const at_tensor *k, const at_tensor *v,
+                                 const at_attn_params *p, const at_backend *be, const char *op)
+{
+    char d1[200], d2[200];
+    AT_TRY(need(q, op, "q"));
+    AT_TRY(need(k, op, "k"));
+    AT_TRY(need(v, op, "v"));
+    if (!p) return at_error(AT_ERR_INVALID, "%s: parameters missing", op);
+    AT_TRY(need_float(q, op));
+    AT_TRY(need_float(k, op));
+    AT_TRY(need_float(v, op));
+    if (q->ndim != 4 || k->ndim != 4 || !at_tensor_same_shape(k, v))
+        return at_error(AT_ERR_INVALID, "%s: q %s and k/v %s must be [B, T, heads, head_dim]", op,
+                        desc(q, d1, sizeof d1), desc(k, d2, sizeof d2));
+    if (q->shape[0] != k->shape[0] || q->shape[3] != k->shape[3] || k->shape[2] == 0 ||
+        q->shape[2] % k->shape[2] != 0)
+        return at_error(AT_ERR_INVALID, "%s: q %s does not fit k %s (batch, head_dim, heads multiple)", op,
+                        desc(q, d1, sizeof d1), desc(k, d2, sizeof d2));
+    int64_t B = q->shape[0], Tq = q->shape[1], Tk = k->shape[1];
+    if (p->q_index) {
+        AT_TRY(need_dtype(p->q_index, AT_I32, op));
+        AT_TRY(need_numel(p->q_index, B * Tq, op));
+        AT_TRY(need_backend(p->q_index, be, op));
+    }
+    if (p->kv_len) {
+        AT_TRY(need_dtype(p->kv_len, AT_I32, op));
+        AT_TRY(need_numel(p->kv_len, B, op));
+        AT_TRY(need_backend(p->kv_len, be, op));
+    }
+    if (p->segments) {
+        if (Tq != Tk) return at_error(AT_ERR_INVALID, "%s: segments need as many queries as keys", op);
+        AT_TRY(need_dtype(p->segments, AT_I32, op));
+        AT_TRY(need_numel(p->segments, B * Tq, op));
+        AT_TRY(need_backend(p->segments, be, op));
+    }
+    AT_TRY(need_backend(q, be, op));
+    AT_TRY(need_backend(k, be, op));
+    AT_TRY(need_backend(v, be, op));
+    return AT_OK;
+}
+
+/* Host copies of the index tensors of attention parameters. */
+static at_status fb_attn_params(fallback *f, const at_attn_params *p, at_attn_params *hp)
+{
+    at_tensor *t;
+    *hp = *p;
+    AT_TRY(fb_add(f, p->q_index, 0, &t));
+    hp->q_index = t;
+    AT_TRY(fb_add(f, p->kv_len, 0, &t));
+    hp->kv_len = t;
+    AT_TRY(fb_add(f, p->segments, 0, &t));
+    hp->segments = t;
+    return AT_OK;
+}
+
+at_status at_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
+                               const at_tensor *v, const at_attn_params *p)
+{
+    const char *op = "attention_forward";
+    AT_TRY(need(out, op, "output"));
+    at_backend *be = out->buf->backend;
+    AT_TRY(check_attention(q, k, v, p, be, op));
+    AT_TRY(need_float(out, op));
+    AT_TRY(need_same_shape(out, q, op));
+    if (lse) {
+        AT_TRY(need_dtype(lse, AT_F32, op));
+        AT_TRY(need_numel(lse, q->shape[0] * q->shape[1] * q->shape[2], op));
+        AT_TRY(need_backend(lse, be, op));
+    }
+    BACKEND_OR_FALLBACK(be, attention_forward, out, lse, q, k, v, p);
+    fallback f = {0};
+    at_tensor *ho, *hl, *hq, *hk, *hv;
+    at_attn_params hp;
+    at_status st = fb_add(&f, out, 1, &ho);
+    if (st == AT_OK) st = fb_add(&f, lse, 1, &hl);
+    if (st == AT_OK) st = fb_add(&f, q, 0, &hq);
+    if (st == AT_OK) st = fb_add(&f, k, 0, &hk);
+    if (st == AT_OK) st = fb_add(&f, v, 0, &hv);
+    if (st == AT_OK) st = fb_attn_params(&f, p, &hp);
+    if (st == AT_OK) st = cpu_ops()->attention_forward(ho, hl, hq, hk, hv, &hp);
+    return fb_finish(&f, st);
+}
+
+at_status at_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
+                                const at_tensor *q, const at_tensor *k, const at_tensor *v, const at_tensor *out,
+                                const at_tensor *lse, const at_attn_params *p)
+{
+    const char *op = "attention_backward";
+    AT_TRY(need(dq, op, "dq"));
+    AT_TRY(need(dk, op, "dk"));
+    AT_TRY(need(dv, op, "dv"));
+    AT_TRY(need(dout, op, "dout"));
+    AT_TRY(need(out, op, "out"));
+    AT_TRY(need(lse, op, "lse"));
+    at_backend *be = dq->buf->backend;
+    AT_TRY(check_attention(q, k, v, p, be, op));
+    AT_TRY(need_same_shape(dq, q, op));
+    AT_TRY(need_same_shape(dout, q, op));
+    AT_TRY(need_same_shape(out, q, op));
+    AT_TRY(need_same_shape(dk, k, op));
+    AT_TRY(need_same_shape(dv, v, op));
+    AT_TRY(need_dtype(lse, AT_F32, op));
+    AT_TRY(need_numel(lse, q->shape[0] * q->shape[1] * q->shape[2], op));
+    const at_tensor *all[] = {dk, dv, dout, out, lse};
+    for (int i = 0; i < 5; i++) AT_TRY(need_backend(all[i], be, op));
+    BACKEND_OR_FALLBACK(be, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, p);
+    fallback f = {0};
+    at_tensor *hdq, *hdk, *hdv, *hdo, *hq, *hk, *hv, *ho, *hl;
+    at_attn_params hp;
+    at_status st = fb_add(&f, dq, 1, &hdq);
+    if (st == AT_OK) st = fb_add(&f, dk, 1, &hdk);
+    if (st == AT_OK) st = fb_add(&f, dv, 1, &hdv);
+    if (st == AT_OK) st = fb_add(&f, dout, 0, &hdo);
+    if (st == AT_OK) st = fb_add(&f, q, 0, &hq);
+    if (st == AT_OK) st = fb_add(&f, k, 0, &hk);
+    if (st == AT_OK) st = fb_add(&f, v, 0, &hv);
+    if (st == AT_OK) st = fb_add(&f, out, 0, &ho);
+    if (st == AT_OK) st = fb_add(&f, lse, 0, &hl);
+    if (st == AT_OK) st = fb_attn_params(&f, p, &hp);
+    if (st == AT_OK) st = cpu_ops()->attention_backward(hdq, hdk, hdv, hdo, hq, hk, hv, ho, hl, &hp);
+    return fb_finish(&f, st);
+}
+
+at_status at_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up)
+{
+    const char *op = "swiglu_forward";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(gate, op, "gate"));
+    AT_TRY(need(up, op, "up"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(gate, op));
+    AT_TRY(need_float(up, op));
+    AT_TRY(need_numel(y, at_tensor_numel(gate), op));
+    AT_TRY(need_numel(up, at_tensor_numel(gate), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(gate, be, op));
+    AT_TRY(need_backend(up, be, op));
+    BACKEND_OR_FALLBACK(be, swiglu_forward, y, gate, up);
+    fallback f = {0};
+    at_tensor *hy, *hg, *hu;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, gate, 0, &hg);
+    if (st == AT_OK) st = fb_add(&f, up, 0, &hu);
+    if (st == AT_OK) st = cpu_ops()->swiglu_forward(hy, hg, hu);
+    return fb_finish(&f, st);
+}
+
+at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
+                             const at_tensor *up)
+{
+    const char *op = "swiglu_backward";
+    AT_TRY(need(dgate, op, "dgate"));
+    AT_TRY(need(dup, op, "dup"));
+    AT_TRY(need(dy, op, "dy"));
+    AT_TRY(need(gate, op, "gate"));
+    AT_TRY(need(up, op, "up"));
+    const at_tensor *all[] = {dgate, dup, dy, gate, up};
+    at_backend *be = dgate->buf->backend;
+    for (int i = 0; i < 5; i++) {
+        AT_TRY(need_float(all[i], op));
+        AT_TRY(need_numel(all[i], at_tensor_numel(gate), op));
+        AT_TRY(need_backend(all[i], be, op));
+    }
+    BACKEND_OR_FALLBACK(be, swiglu_backward, dgate, dup, dy, gate, up);
+    fallback f = {0};
+    at_tensor *hdg, *hdu, *hdy, *hg, *hu;
+    at_status st = fb_add(&f, dgate, 1, &hdg);
+    if (st == AT_OK) st = fb_add(&f, dup, 1, &hdu);
+    if (st == AT_OK) st = fb_add(&f, dy, 0, &hdy);
+    if (st == AT_OK) st = fb_add(&f, gate, 0, &hg);
+    if (st == AT_OK) st = fb_add(&f, up, 0, &hu);
+    if (st == AT_OK) st = cpu_ops()->swiglu_backward(hdg, hdu, hdy, hg, hu);
+    return fb_finish(&f, st);
+}
+
+at_status at_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table)
+{
+    const char *op = "embedding_forward";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(ids, op, "ids"));
+    AT_TRY(need(table, op, "table"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(table, op));
+    AT_TRY(need_dtype(ids, AT_I32, op));
+    if (table->ndim != 2) {
+        char d[200];
+        return at_error(AT_ERR_INVALID, "%s: table %s must be [vocab, dim]", op, desc(table, d, sizeof d));
+    }
+    AT_TRY(need_numel(y, at_tensor_numel(ids) * table->shape[1], op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(ids, be, op));
+    AT_TRY(need_backend(table, be, op));
+    BACKEND_OR_FALLBACK(be, embedding_forward, y, ids, table);
+    fallback f = {0};
+    at_tensor *hy, *hi, *ht;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, ids, 0, &hi);
+    if (st == AT_OK) st = fb_add(&f, table, 0, &ht);
+    if (st == AT_OK) st = cpu_ops()->embedding_forward(hy, hi, ht);
+    return fb_finish(&f, st);
+}
+
+at_status at_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids)
+{
+    const char *op = "embedding_backward";
+    AT_TRY(need(dtable, op, "dtable"));
+    AT_TRY(need(dy, op, "dy"));
+    AT_TRY(need(ids, op, "ids"));
+    AT_TRY(need_float(dtable, op));
+    AT_TRY(need_float(dy, op));
+    AT_TRY(need_dtype(ids, AT_I32, op));
+    if (dtable->ndim != 2) {
+        char d[200];
+        return at_error(AT_ERR_INVALID, "%s: %s must be [vocab, dim]", op, desc(dtable, d, sizeof d));
+    }
+    AT_TRY(need_numel(dy, at_tensor_numel(ids) * dtable->shape[1], op));
+    at_backend *be = dtable->buf->backend;
+    AT_TRY(need_backend(dy, be, op));
+    AT_TRY(need_backend(ids, be, op));
+    BACKEND_OR_FALLBACK(be, embedding_backward, dtable, dy, ids);
+    fallback f = {0};
+    at_tensor *ht, *hdy, *hi;
+    at_status st = fb_add(&f, dtable, 1, &ht);
+    if (st == AT_OK) st = fb_add(&f, dy, 0, &hdy);
+    if (st == AT_OK) st = fb_add(&f, ids, 0, &hi);
+    if (st == AT_OK) st = cpu_ops()->embedding_backward(ht, hdy, hi);
+    return fb_finish(&f, st);
+}
+
+at_status at_softmax(at_tensor *y, const at_tensor *x)
+{
+    const char *op = "softmax";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, softmax, y, x);
+    fallback f = {0};
+    at_tensor *hy, *hx;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->softmax(hy, hx);
+    return fb_finish(&f, st);
+}
+
+at_status at_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
+                           const at_tensor *labels, float grad_scale)
+{
+    const char *op = "cross_entropy";
+    AT_TRY(need(row_loss, op, "row_loss"));
+    AT_TRY(need(logits, op, "logits"));
+    AT_TRY(need(labels, op, "labels"));
+    AT_TRY(need_dtype(row_loss, AT_F32, op));
+    AT_TRY(need_float(logits, op));
+    AT_TRY(need_dtype(labels, AT_I32, op));
+    int64_t n = at_tensor_rows(logits);
+    AT_TRY(need_numel(row_loss, n, op));
+    AT_TRY(need_numel(labels, n, op));
+    at_backend *be = row_loss->buf->backend;
+    if (dlogits) {
+        AT_TRY(need_float(dlogits, op));
+        AT_TRY(need_numel(dlogits, at_tensor_numel(logits), op));
+        AT_TRY(need_backend(dlogits, be, op));
+    }
+    AT_TRY(need_backend(logits, be, op));
+    AT_TRY(need_backend(labels, be, op));
+    BACKEND_OR_FALLBACK(be, cross_entropy, row_loss, dlogits, logits, labels, grad_scale);
+    fallback f = {0};
+    at_tensor *hr, *hd, *hl, *hlab;
+    at_status st = fb_add(&f, row_loss, 1, &hr);
+    if (st == AT_OK) st = fb_add(&f, dlogits, 1, &hd);
+    if (st == AT_OK) st = fb_add(&f, logits, 0, &hl);
+    if (st == AT_OK) st = fb_add(&f, labels, 0, &hlab);
+    if (st == AT_OK) st = cpu_ops()->cross_entropy(hr, hd, hl, hlab, grad_scale);
+    return fb_finish(&f, st);
+}
+
+at_status at_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v, const at_adamw_params *p)
+{
+    const char *op = "adamw";
+    AT_TRY(need(param, op, "param"));
+    AT_TRY(need(grad, op, "grad"));
+    AT_TRY(need(m, op, "m"));
+    AT_TRY(need(v, op, "v"));
+    if (!p) return at_error(AT_ERR_INVALID, "adamw: parameters missing");
+    if (p->step < 1) return at_error(AT_ERR_INVALID, "adamw: step must be >= 1");
+    const at_tensor *all[] = {param, grad, m, v};
+    at_backend *be = param->buf->backend;
+    for (int i = 0; i < 4; i++) {
+        AT_TRY(need_dtype(all[i], AT_F32, op));
+        AT_TRY(need_numel(all[i], at_tensor_numel(param), op));
+        AT_TRY(need_backend(all[i], be, op));
+    }
+    BACKEND_OR_FALLBACK(be, adamw, param, grad, m, v, p);
+    fallback f = {0};
+    at_tensor *hp, *hg, *hm, *hv;
+    at_status st = fb_add(&f, param, 1, &hp);
+    if (st == AT_OK) st = fb_add(&f, grad, 0, &hg);
+    if (st == AT_OK) st = fb_add(&f, m, 1, &hm);
+    if (st == AT_OK) st = fb_add(&f, v, 1, &hv);
+    if (st == AT_OK) st = cpu_ops()->adamw(hp, hg, hm, hv, p);
+    return fb_finish(&f, st);
+}
+
+at_status at_sumsq(at_tensor *out, const at_tensor *x)
+{
+    const char *op = "sumsq";
+    AT_TRY(need(out, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_dtype(out, AT_F32, op));
+    AT_TRY(need_numel(out, 1, op));
+    AT_TRY(need_float(x, op));
+    at_backend *be = out->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, sumsq, out, x);
+    fallback f = {0};
+    at_tensor *ho, *hx;
+    at_status st = fb_add(&f, out, 1, &ho);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->sumsq(ho, hx);
+    return fb_finish(&f, st);
+}
+
+at_status at_read_scalar(const at_tensor *t, float *out)
+{
+    if (t->dtype != AT_F32 || at_tensor_numel(t) < 1)
+        return at_error(AT_ERR_INVALID, "read_scalar: %s must be f32", t->name);
+    return t->buf->backend->download(t->buf->backend, out, (char *)t->buf->ptr + t->offset, sizeof(float));
+}

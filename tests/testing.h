@@ -1,0 +1,37 @@
+/* A tiny test harness: CHECK keeps going and counts failures; the test's main
+ * returns at_test_result(). */
+#ifndef AT_TESTS_TESTING_H
+#define AT_TESTS_TESTING_H
+
+#include <stdio.h>
+#include "base/status.h"
+
+extern int at_test_failures;
+extern int at_test_checks;
+
+#define CHECK(cond) do { at_test_checks++; if (!(cond)) { at_test_failures++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+#define CHECK_MSG(cond, ...) do { at_test_checks++; if (!(cond)) { at_test_failures++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+/* The call must return AT_OK; otherwise the error message is printed. */
+#define CHECK_OK(expr) do { at_status s_ = (expr); at_test_checks++; if (s_ != AT_OK) { at_test_failures++; \
+    fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr, at_status_name(s_), \
+    at_last_error()); } } while (0)
+/* The call must fail with the given status. */
+#define CHECK_FAILS(expr, code) do { at_status s_ = (expr); at_test_checks++; if (s_ != (code)) { \
+    at_test_failures++; fprintf(stderr, "%s:%d: %s returned %s, expected %s\n", __FILE__, __LINE__, #expr, \
+    at_status_name(s_), at_status_name(code)); } } while (0)
+#define CHECK_NEAR(a, b, tol) do { double a_ = (a), b_ = (b); at_test_checks++; \
+    if (!(fabs(a_ - b_) <= (tol))) { at_test_failures++; \
+    fprintf(stderr, "%s:%d: %s = %.9g, %s = %.9g, differ by more than %g\n", __FILE__, __LINE__, #a, a_, #b, \
+    b_, (double)(tol)); } } while (0)
+
+/* Prints a summary; returns the process exit code. */
+int at_test_result(const char *name);
+
+/* Maximum relative error of got vs want over n values:
+ * max |g - w| / max(max |w|, floor). */
+double at_test_max_rel_err(const float *got, const float *want, size_t n, double floor);
+
+#endif
