@@ -50,6 +50,7 @@ set(OLD_GLOB
   "/work/main/src/device/cpu/cpu_backend.c"
   "/work/main/src/device/cpu/cpu_features.c"
   "/work/main/src/device/cpu/cpu_kernels.c"
+  "/work/main/src/device/cpu/gemm.c"
   "/work/main/src/device/dtype.c"
   "/work/main/src/device/tensor.c"
   "/work/main/src/ops/ops.c"

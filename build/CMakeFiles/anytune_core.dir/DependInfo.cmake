@@ -16,6 +16,7 @@ set(CMAKE_DEPENDS_DEPENDENCY_FILES
   "/work/main/src/device/cpu/cpu_backend.c" "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_backend.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_backend.c.o.d"
   "/work/main/src/device/cpu/cpu_features.c" "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_features.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_features.c.o.d"
   "/work/main/src/device/cpu/cpu_kernels.c" "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o.d"
+  "/work/main/src/device/cpu/gemm.c" "CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o.d"
   "/work/main/src/device/dtype.c" "CMakeFiles/anytune_core.dir/src/device/dtype.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/device/dtype.c.o.d"
   "/work/main/src/device/tensor.c" "CMakeFiles/anytune_core.dir/src/device/tensor.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/device/tensor.c.o.d"
   "/work/main/src/ops/ops.c" "CMakeFiles/anytune_core.dir/src/ops/ops.c.o" "gcc" "CMakeFiles/anytune_core.dir/src/ops/ops.c.o.d"

@@ -181,10 +181,24 @@ CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.s: cmake_force
 	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.s"
 	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -O3 -S /work/main/src/device/cpu/cpu_kernels.c -o CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.s
 
+CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o: CMakeFiles/anytune_core.dir/flags.make
+CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o: /work/main/src/device/cpu/gemm.c
+CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o: CMakeFiles/anytune_core.dir/compiler_depend.ts
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_9) "Building C object CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o"
+	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -O3 -MD -MT CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o -MF CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o.d -o CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o -c /work/main/src/device/cpu/gemm.c
+
+CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.i: cmake_force
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing C source to CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.i"
+	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -O3 -E /work/main/src/device/cpu/gemm.c > CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.i
+
+CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.s: cmake_force
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling C source to assembly CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.s"
+	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -O3 -S /work/main/src/device/cpu/gemm.c -o CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.s
+
 CMakeFiles/anytune_core.dir/src/device/dtype.c.o: CMakeFiles/anytune_core.dir/flags.make
 CMakeFiles/anytune_core.dir/src/device/dtype.c.o: /work/main/src/device/dtype.c
 CMakeFiles/anytune_core.dir/src/device/dtype.c.o: CMakeFiles/anytune_core.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_9) "Building C object CMakeFiles/anytune_core.dir/src/device/dtype.c.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_10) "Building C object CMakeFiles/anytune_core.dir/src/device/dtype.c.o"
 	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT CMakeFiles/anytune_core.dir/src/device/dtype.c.o -MF CMakeFiles/anytune_core.dir/src/device/dtype.c.o.d -o CMakeFiles/anytune_core.dir/src/device/dtype.c.o -c /work/main/src/device/dtype.c
 
 CMakeFiles/anytune_core.dir/src/device/dtype.c.i: cmake_force
@@ -198,7 +212,7 @@ CMakeFiles/anytune_core.dir/src/device/dtype.c.s: cmake_force
 CMakeFiles/anytune_core.dir/src/device/tensor.c.o: CMakeFiles/anytune_core.dir/flags.make
 CMakeFiles/anytune_core.dir/src/device/tensor.c.o: /work/main/src/device/tensor.c
 CMakeFiles/anytune_core.dir/src/device/tensor.c.o: CMakeFiles/anytune_core.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_10) "Building C object CMakeFiles/anytune_core.dir/src/device/tensor.c.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_11) "Building C object CMakeFiles/anytune_core.dir/src/device/tensor.c.o"
 	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT CMakeFiles/anytune_core.dir/src/device/tensor.c.o -MF CMakeFiles/anytune_core.dir/src/device/tensor.c.o.d -o CMakeFiles/anytune_core.dir/src/device/tensor.c.o -c /work/main/src/device/tensor.c
 
 CMakeFiles/anytune_core.dir/src/device/tensor.c.i: cmake_force
@@ -212,7 +226,7 @@ CMakeFiles/anytune_core.dir/src/device/tensor.c.s: cmake_force
 CMakeFiles/anytune_core.dir/src/ops/ops.c.o: CMakeFiles/anytune_core.dir/flags.make
 CMakeFiles/anytune_core.dir/src/ops/ops.c.o: /work/main/src/ops/ops.c
 CMakeFiles/anytune_core.dir/src/ops/ops.c.o: CMakeFiles/anytune_core.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_11) "Building C object CMakeFiles/anytune_core.dir/src/ops/ops.c.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_12) "Building C object CMakeFiles/anytune_core.dir/src/ops/ops.c.o"
 	/usr/bin/cc $(C_DEFINES) $(C_INCLUDES) $(C_FLAGS) -MD -MT CMakeFiles/anytune_core.dir/src/ops/ops.c.o -MF CMakeFiles/anytune_core.dir/src/ops/ops.c.o.d -o CMakeFiles/anytune_core.dir/src/ops/ops.c.o -c /work/main/src/ops/ops.c
 
 CMakeFiles/anytune_core.dir/src/ops/ops.c.i: cmake_force
@@ -233,6 +247,7 @@ anytune_core_OBJECTS = \
 "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_backend.c.o" \
 "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_features.c.o" \
 "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o" \
+"CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o" \
 "CMakeFiles/anytune_core.dir/src/device/dtype.c.o" \
 "CMakeFiles/anytune_core.dir/src/device/tensor.c.o" \
 "CMakeFiles/anytune_core.dir/src/ops/ops.c.o"
@@ -248,12 +263,13 @@ libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/backend.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/cpu/cpu_backend.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/cpu/cpu_features.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o
+libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/dtype.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/src/device/tensor.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/src/ops/ops.c.o
 libanytune_core.a: CMakeFiles/anytune_core.dir/build.make
 libanytune_core.a: CMakeFiles/anytune_core.dir/link.txt
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_12) "Linking C static library libanytune_core.a"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_13) "Linking C static library libanytune_core.a"
 	$(CMAKE_COMMAND) -P CMakeFiles/anytune_core.dir/cmake_clean_target.cmake
 	$(CMAKE_COMMAND) -E cmake_link_script CMakeFiles/anytune_core.dir/link.txt --verbose=$(VERBOSE)
 

@@ -15,6 +15,8 @@ file(REMOVE_RECURSE
   "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_features.c.o.d"
   "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o"
   "CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o.d"
+  "CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o"
+  "CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o.d"
   "CMakeFiles/anytune_core.dir/src/device/dtype.c.o"
   "CMakeFiles/anytune_core.dir/src/device/dtype.c.o.d"
   "CMakeFiles/anytune_core.dir/src/device/tensor.c.o"

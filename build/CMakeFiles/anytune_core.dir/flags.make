@@ -14,3 +14,5 @@ C_FLAGS = -O2 -DNDEBUG -Wall -Wextra -Werror -D_GNU_SOURCE -march=x86-64 -mtune=
 
 # Custom options: CMakeFiles/anytune_core.dir/src/device/cpu/cpu_kernels.c.o_OPTIONS = -O3
 
+# Custom options: CMakeFiles/anytune_core.dir/src/device/cpu/gemm.c.o_OPTIONS = -O3
+
