@@ -1,10 +1,66 @@
+/* anytune: fine-tune LLMs on whatever hardware is at hand. */
 #include <stdio.h>
 #include <string.h>
+#include "base/status.h"
+#include "cli/cli.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"env", at_cmd_env, "what devices and features this machine has (--json for programs)"},
+};
+
+static const char *planned[][2] = {
+    {"sft", "LoRA / QLoRA / full fine-tuning (supervised)"},
+    {"pt", "continued pre-training on plain text"},
+    {"rlhf", "preference alignment (dpo, orpo, simpo, ...)"},
+    {"infer", "one-shot or interactive generation"},
+    {"serve", "OpenAI-compatible HTTP API"},
+    {"export", "merge adapters, write Hugging Face folders and GGUF files"},
+    {"eval", "perplexity / multiple-choice accuracy"},
+};
+
+int at_cli_fail(void)
+{
+    fprintf(stderr, "anytune: error: %s\n", at_last_error());
+    return 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: anytune COMMAND [OPTIONS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\nnot in this build yet:\n");
+    for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
+        fprintf(out, "  %-8s %s\n", planned[i][0], planned[i][1]);
+    fprintf(out, "\nRun 'anytune COMMAND --help' for a command's options.\n");
+}
 
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    printf("anytune\n");
-    return 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++) {
+        if (!strcmp(cmd, planned[i][0])) {
+            fprintf(stderr, "anytune: error: '%s' (%s) is not in this build yet\n", cmd, planned[i][1]);
+            return 2;
+        }
+    }
+    fprintf(stderr, "anytune: error: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
 }
