@@ -271,6 +271,15 @@ static const char *kind_word(at_device_kind k)
     }
 }
 
+/* Whether k[0..len) names a device kind. */
+static int is_kind(const char *k, size_t len)
+{
+    static const char *kinds[] = {"cpu", "cuda", "npu", "mps"};
+    for (size_t i = 0; i < 4; i++)
+        if (strlen(kinds[i]) == len && !strncmp(k, kinds[i], len)) return 1;
+    return 0;
+}
+
 /* Finds the device `kind` (index idx, -1 for the first) in the probe list. */
 static const at_device_info *find(const at_device_info *list, int n, const char *kind, int idx)
 {
@@ -312,11 +321,20 @@ at_status at_device_select(const char *spec, at_backend **out)
             return at_error(AT_ERR_NOMEM, "out of memory");
         }
         st = at_error(AT_ERR_NOT_FOUND, "no usable device among ANYTUNE_DEVICE_PRIORITY=%s", prio);
-        for (char *save = NULL, *k = strtok_r(copy, ", ", &save); k; k = strtok_r(NULL, ", ", &save)) {
-            if (strcmp(k, "cpu") && strcmp(k, "cuda") && strcmp(k, "npu") && strcmp(k, "mps")) {
-                st = at_error(AT_ERR_INVALID, "ANYTUNE_DEVICE_PRIORITY: unknown device kind \"%s\" (use cuda, npu, mps, cpu)", k);
-                break;
+        /* Validate the whole list first: a typo is an error even after a usable entry. */
+        for (const char *k = prio; *k;) {
+            size_t len = strcspn(k, ", ");
+            if (len && !is_kind(k, len)) {
+                free(copy);
+                free(list);
+                return at_error(AT_ERR_INVALID,
+                                "ANYTUNE_DEVICE_PRIORITY: unknown device kind \"%.*s\" (use cuda, npu, mps, cpu)",
+                                (int)len, k);
             }
+            k += len;
+            k += strspn(k, ", ");
+        }
+        for (char *save = NULL, *k = strtok_r(copy, ", ", &save); k; k = strtok_r(NULL, ", ", &save)) {
             for (int i = 0; i < n; i++) {
                 if (strcmp(kind_word(list[i].kind), k) != 0 || !list[i].usable) continue;
                 st = backend_for(&list[i], out);
@@ -349,7 +367,7 @@ at_status at_device_select(const char *spec, at_backend **out)
             }
             idx = (int)v;
         }
-        if (strcmp(kind, "cpu") && strcmp(kind, "cuda") && strcmp(kind, "npu") && strcmp(kind, "mps")) {
+        if (!is_kind(kind, strlen(kind))) {
             st = at_error(AT_ERR_INVALID, "--device %s: unknown device (use auto, cpu, cuda, cuda:N, npu, mps)", spec);
         } else if (!strcmp(kind, "cpu") && idx > 0) {
             st = at_error(AT_ERR_INVALID, "--device %s: there is one CPU device", spec);
