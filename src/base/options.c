@@ -1,0 +1,511 @@
+#include "base/options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+#include "base/file.h"
+#include "base/json.h"
+
+typedef struct {
+    char *text;          /* scalar text; lists: items joined by '\n' */
+    int nitems;          /* lists */
+    char **items;
+    at_opt_source source;
+} opt_value;
+
+struct at_options {
+    const at_opt_spec *specs;
+    int n;
+    opt_value *v;
+};
+
+static int find_spec(const at_options *o, const char *name, size_t len)
+{
+    for (int i = 0; i < o->n; i++) {
+        const at_opt_spec *s = &o->specs[i];
+        if (strlen(s->name) == len && !strncmp(s->name, name, len)) return i;
+        if (s->alias && strlen(s->alias) == len && !strncmp(s->alias, name, len)) return i;
+    }
+    return -1;
+}
+
+/* Levenshtein distance, for "did you mean". */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64) return 99;
+    int d[65][65];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+static at_status unknown_option(const at_options *o, const char *name, const char *where)
+{
+    int best = -1, bestd = 4;
+    for (int i = 0; i < o->n; i++) {
+        int dist = edit_distance(name, o->specs[i].name);
+        if (dist < bestd) {
+            bestd = dist;
+            best = i;
+        }
+    }
+    if (best >= 0)
+        return at_error(AT_ERR_INVALID, "%s: unknown option '--%s' (did you mean '--%s'?)", where, name,
+                        o->specs[best].name);
+    return at_error(AT_ERR_INVALID, "%s: unknown option '--%s' (see --help)", where, name);
+}
+
+static void clear_value(opt_value *v)
+{
+    free(v->text);
+    for (int i = 0; i < v->nitems; i++) free(v->items[i]);
+    free(v->items);
+    memset(v, 0, sizeof *v);
+}
+
+static int parse_bool(const char *s, int *out)
+{
+    if (!strcasecmp(s, "true") || !strcmp(s, "1") || !strcasecmp(s, "yes") || !strcasecmp(s, "on")) {
+        *out = 1;
+        return 0;
+    }
+    if (!strcasecmp(s, "false") || !strcmp(s, "0") || !strcasecmp(s, "no") || !strcasecmp(s, "off")) {
+        *out = 0;
+        return 0;
+    }
+    return -1;
+}
+
+static at_status check_scalar(const at_opt_spec *s, const char *text, const char *where)
+{
+    char *end = NULL;
+    errno = 0;
+    switch (s->type) {
+    case AT_OPT_INT: {
+        long long v = strtoll(text, &end, 10);
+        (void)v;
+        if (!*text || *end || errno)
+            return at_error(AT_ERR_INVALID, "%s: --%s expects an integer, got '%s'", where, s->name, text);
+        break;
+    }
+    case AT_OPT_FLOAT: {
+        double v = strtod(text, &end);
+        if (!*text || *end || errno || !isfinite(v))
+            return at_error(AT_ERR_INVALID, "%s: --%s expects a number, got '%s'", where, s->name, text);
+        break;
+    }
+    case AT_OPT_BOOL: {
+        int b;
+        if (parse_bool(text, &b) != 0)
+            return at_error(AT_ERR_INVALID, "%s: --%s expects true or false, got '%s'", where, s->name, text);
+        break;
+    }
+    default:
+        break;
+    }
+    return AT_OK;
+}
+
+/* Sets option i from one textual value (lists: a comma-separated string,
+ * or one item appended when `append`). */
+static at_status set_value(at_options *o, int i, const char *text, at_opt_source src, int append, const char *where)
+{
+    const at_opt_spec *s = &o->specs[i];
+    opt_value *v = &o->v[i];
+    if (s->type == AT_OPT_LIST) {
+        if (!append || v->source != src) clear_value(v);
+        /* a single value may hold several comma-separated items */
+        const char *p = text;
+        do {
+            size_t len = strcspn(p, ",");
+            char **ni = realloc(v->items, (size_t)(v->nitems + 1) * sizeof *ni);
+            if (!ni) return at_error(AT_ERR_NOMEM, "out of memory");
+            v->items = ni;
+            v->items[v->nitems] = strndup(p, len);
+            if (!v->items[v->nitems]) return at_error(AT_ERR_NOMEM, "out of memory");
+            /* trim spaces */
+            char *it = v->items[v->nitems];
+            size_t l = strlen(it);
+            while (l && isspace((unsigned char)it[l - 1])) it[--l] = '\0';
+            size_t lead = strspn(it, " \t");
+            memmove(it, it + lead, strlen(it + lead) + 1);
+            if (*it) v->nitems++;
+            else free(it);
+            p += len;
+            if (*p == ',') p++;
+        } while (*p);
+        v->source = src;
+        return AT_OK;
+    }
+    AT_TRY(check_scalar(s, text, where));
+    clear_value(v);
+    v->text = strdup(text);
+    if (!v->text) return at_error(AT_ERR_NOMEM, "out of memory");
+    v->source = src;
+    return AT_OK;
+}
+
+/* ---- config files ---- */
+
+static at_status config_json(at_options *o, const char *path)
+{
+    cJSON *j = NULL;
+    AT_TRY(at_json_parse_file(path, &j));
+    at_status st = AT_OK;
+    if (!cJSON_IsObject(j)) {
+        st = at_error(AT_ERR_FORMAT, "%s: a config file must hold an object of option names", path);
+        goto done;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, j)
+    {
+        char key[128];
+        snprintf(key, sizeof key, "%s", it->string);
+        for (char *c = key; *c; c++)
+            if (*c == '-') *c = '_';
+        int i = find_spec(o, key, strlen(key));
+        if (i < 0) {
+            st = unknown_option(o, key, path);
+            goto done;
+        }
+        char where[512];
+        snprintf(where, sizeof where, "%s (key \"%s\")", path, it->string);
+        if (cJSON_IsArray(it)) {
+            if (o->specs[i].type != AT_OPT_LIST) {
+                st = at_error(AT_ERR_FORMAT, "%s: expects one value, not a list", where);
+                goto done;
+            }
+            clear_value(&o->v[i]);
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it)
+            {
+                char buf[64];
+                const char *t = cJSON_IsString(e) ? e->valuestring : NULL;
+                if (!t && cJSON_IsNumber(e)) {
+                    snprintf(buf, sizeof buf, "%.17g", e->valuedouble);
+                    t = buf;
+                }
+                if (!t) {
+                    st = at_error(AT_ERR_FORMAT, "%s: list items must be strings or numbers", where);
+                    goto done;
+                }
+                AT_CHECK(set_value(o, i, t, AT_SRC_CONFIG, 1, where));
+            }
+        } else if (cJSON_IsString(it)) {
+            AT_CHECK(set_value(o, i, it->valuestring, AT_SRC_CONFIG, 0, where));
+        } else if (cJSON_IsBool(it)) {
+            AT_CHECK(set_value(o, i, cJSON_IsTrue(it) ? "true" : "false", AT_SRC_CONFIG, 0, where));
+        } else if (cJSON_IsNumber(it)) {
+            char buf[64];
+            if (it->valuedouble == floor(it->valuedouble) && fabs(it->valuedouble) < 1e15)
+                snprintf(buf, sizeof buf, "%lld", (long long)it->valuedouble);
+            else
+                snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
+            AT_CHECK(set_value(o, i, buf, AT_SRC_CONFIG, 0, where));
+        } else if (cJSON_IsNull(it)) {
+            clear_value(&o->v[i]);
+            o->v[i].source = AT_SRC_CONFIG;
+        } else {
+            st = at_error(AT_ERR_FORMAT, "%s: unsupported value type", where);
+            goto done;
+        }
+    }
+done:
+    cJSON_Delete(j);
+    return st;
+}
+
+static at_status config_yaml(at_options *o, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    yaml_parser_t p;
+    yaml_document_t doc;
+    at_status st = AT_OK;
+    int have_doc = 0;
+    if (!yaml_parser_initialize(&p)) {
+        fclose(f);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    yaml_parser_set_input_file(&p, f);
+    if (!yaml_parser_load(&p, &doc)) {
+        st = at_error(AT_ERR_FORMAT, "%s: line %zu, column %zu: %s", path, p.problem_mark.line + 1,
+                      p.problem_mark.column + 1, p.problem ? p.problem : "malformed YAML");
+        goto done;
+    }
+    have_doc = 1;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root) goto done; /* empty file: nothing set */
+    if (root->type != YAML_MAPPING_NODE) {
+        st = at_error(AT_ERR_FORMAT, "%s: line %zu: a config file must be a mapping of option names", path,
+                      root->start_mark.line + 1);
+        goto done;
+    }
+    for (yaml_node_pair_t *pair = root->data.mapping.pairs.start; pair < root->data.mapping.pairs.top; pair++) {
+        yaml_node_t *k = yaml_document_get_node(&doc, pair->key);
+        yaml_node_t *v = yaml_document_get_node(&doc, pair->value);
+        if (!k || !v || k->type != YAML_SCALAR_NODE) {
+            st = at_error(AT_ERR_FORMAT, "%s: line %zu: keys must be option names", path,
+                          k ? k->start_mark.line + 1 : 0);
+            goto done;
+        }
+        char key[128];
+        snprintf(key, sizeof key, "%s", (const char *)k->data.scalar.value);
+        for (char *c = key; *c; c++)
+            if (*c == '-') *c = '_';
+        int i = find_spec(o, key, strlen(key));
+        char where[512];
+        snprintf(where, sizeof where, "%s:%zu", path, k->start_mark.line + 1);
+        if (i < 0) {
+            st = unknown_option(o, key, where);
+            goto done;
+        }
+        if (v->type == YAML_SCALAR_NODE) {
+            const char *t = (const char *)v->data.scalar.value;
+            if (v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+                (!strcmp(t, "null") || !strcmp(t, "~") || !*t)) {
+                clear_value(&o->v[i]);
+                o->v[i].source = AT_SRC_CONFIG;
+                continue;
+            }
+            AT_CHECK(set_value(o, i, t, AT_SRC_CONFIG, 0, where));
+        } else if (v->type == YAML_SEQUENCE_NODE) {
+            if (o->specs[i].type != AT_OPT_LIST) {
+                st = at_error(AT_ERR_FORMAT, "%s: --%s expects one value, not a list", where, o->specs[i].name);
+                goto done;
+            }
+            clear_value(&o->v[i]);
+            for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+                yaml_node_t *e = yaml_document_get_node(&doc, *it);
+                if (!e || e->type != YAML_SCALAR_NODE) {
+                    st = at_error(AT_ERR_FORMAT, "%s: list items must be scalars", where);
+                    goto done;
+                }
+                AT_CHECK(set_value(o, i, (const char *)e->data.scalar.value, AT_SRC_CONFIG, 1, where));
+            }
+        } else {
+            st = at_error(AT_ERR_FORMAT, "%s: --%s: nested mappings are not options", where, o->specs[i].name);
+            goto done;
+        }
+    }
+done:
+    if (have_doc) yaml_document_delete(&doc);
+    yaml_parser_delete(&p);
+    fclose(f);
+    return st;
+}
+
+static at_status load_config(at_options *o, const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    if (dot && !strcasecmp(dot, ".json")) return config_json(o, path);
+    if (dot && (!strcasecmp(dot, ".yaml") || !strcasecmp(dot, ".yml"))) return config_yaml(o, path);
+    return at_error(AT_ERR_INVALID, "--config %s: use a .yaml, .yml or .json file", path);
+}
+
+/* ---- command line ---- */
+
+at_status at_options_parse(const at_opt_spec *specs, int nspecs, int argc, char **argv, at_options **out)
+{
+    *out = NULL;
+    at_options *o = calloc(1, sizeof *o);
+    if (!o) return at_error(AT_ERR_NOMEM, "out of memory");
+    o->specs = specs;
+    o->n = nspecs;
+    o->v = calloc((size_t)nspecs, sizeof *o->v);
+    if (!o->v) {
+        free(o);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    at_status st = AT_OK;
+    for (int i = 0; i < nspecs; i++)
+        if (specs[i].def) AT_CHECK(set_value(o, i, specs[i].def, AT_SRC_DEFAULT, 0, "default"));
+    /* The config file first, wherever --config appears, so the command line wins. */
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        const char *path = NULL;
+        if (!strcmp(arg, "--config")) {
+            if (a + 1 >= argc) {
+                st = at_error(AT_ERR_INVALID, "--config needs a file name");
+                goto done;
+            }
+            path = argv[a + 1];
+        } else if (!strncmp(arg, "--config=", 9)) {
+            path = arg + 9;
+        }
+        if (path) AT_CHECK(load_config(o, path));
+    }
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strncmp(arg, "--", 2) != 0 || !arg[2]) {
+            st = at_error(AT_ERR_INVALID, "unexpected argument '%s' (options start with --)", arg);
+            goto done;
+        }
+        if (!strcmp(arg, "--config")) {
+            a++;
+            continue;
+        }
+        if (!strncmp(arg, "--config=", 9)) continue;
+        char name[128];
+        const char *eq = strchr(arg + 2, '=');
+        size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        if (len >= sizeof name) len = sizeof name - 1;
+        memcpy(name, arg + 2, len);
+        name[len] = '\0';
+        for (char *c = name; *c; c++)
+            if (*c == '-') *c = '_';
+        int i = find_spec(o, name, strlen(name));
+        if (i < 0) {
+            st = unknown_option(o, name, "command line");
+            goto done;
+        }
+        const at_opt_spec *s = &specs[i];
+        const char *value = eq ? eq + 1 : NULL;
+        if (!value) {
+            int b;
+            if (s->type == AT_OPT_BOOL && (a + 1 >= argc || parse_bool(argv[a + 1], &b) != 0)) {
+                value = "true";
+            } else if (a + 1 < argc) {
+                value = argv[++a];
+            } else {
+                st = at_error(AT_ERR_INVALID, "--%s needs a value", s->name);
+                goto done;
+            }
+        }
+        char where[160];
+        snprintf(where, sizeof where, "command line");
+        /* A list option given several times, or followed by several values, accumulates. */
+        AT_CHECK(set_value(o, i, value, AT_SRC_CLI, s->type == AT_OPT_LIST, where));
+        if (s->type == AT_OPT_LIST && !eq)
+            while (a + 1 < argc && strncmp(argv[a + 1], "--", 2) != 0)
+                AT_CHECK(set_value(o, i, argv[++a], AT_SRC_CLI, 1, where));
+    }
+done:
+    if (st != AT_OK) {
+        at_options_free(o);
+        return st;
+    }
+    *out = o;
+    return AT_OK;
+}
+
+void at_options_free(at_options *o)
+{
+    if (!o) return;
+    for (int i = 0; i < o->n; i++) clear_value(&o->v[i]);
+    free(o->v);
+    free(o);
+}
+
+static const opt_value *get(const at_options *o, const char *name)
+{
+    int i = find_spec(o, name, strlen(name));
+    return i < 0 ? NULL : &o->v[i];
+}
+
+const char *at_opt_str(const at_options *o, const char *name)
+{
+    const opt_value *v = get(o, name);
+    return v ? v->text : NULL;
+}
+
+long long at_opt_int(const at_options *o, const char *name)
+{
+    const char *t = at_opt_str(o, name);
+    return t ? strtoll(t, NULL, 10) : 0;
+}
+
+double at_opt_float(const at_options *o, const char *name)
+{
+    const char *t = at_opt_str(o, name);
+    return t ? strtod(t, NULL) : 0.0;
+}
+
+int at_opt_bool(const at_options *o, const char *name)
+{
+    const char *t = at_opt_str(o, name);
+    int b = 0;
+    if (t) parse_bool(t, &b);
+    return b;
+}
+
+int at_opt_list_count(const at_options *o, const char *name)
+{
+    const opt_value *v = get(o, name);
+    return v ? v->nitems : 0;
+}
+
+const char *at_opt_list_get(const at_options *o, const char *name, int i)
+{
+    const opt_value *v = get(o, name);
+    return v && i >= 0 && i < v->nitems ? v->items[i] : NULL;
+}
+
+at_opt_source at_opt_source_of(const at_options *o, const char *name)
+{
+    const opt_value *v = get(o, name);
+    return v ? v->source : AT_SRC_DEFAULT;
+}
+
+at_status at_opt_set(at_options *o, const char *name, const char *value)
+{
+    int i = find_spec(o, name, strlen(name));
+    if (i < 0) return at_error(AT_ERR_INTERNAL, "no option named %s", name);
+    at_opt_source src = o->v[i].source;
+    AT_TRY(set_value(o, i, value, src, 0, "resolved"));
+    return AT_OK;
+}
+
+cJSON *at_options_to_json(const at_options *o)
+{
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    for (int i = 0; i < o->n; i++) {
+        const at_opt_spec *s = &o->specs[i];
+        const opt_value *v = &o->v[i];
+        if (s->type == AT_OPT_LIST) {
+            cJSON *arr = cJSON_AddArrayToObject(j, s->name);
+            for (int k = 0; k < v->nitems; k++) cJSON_AddItemToArray(arr, cJSON_CreateString(v->items[k]));
+        } else if (!v->text) {
+            cJSON_AddNullToObject(j, s->name);
+        } else if (s->type == AT_OPT_INT) {
+            cJSON_AddNumberToObject(j, s->name, (double)strtoll(v->text, NULL, 10));
+        } else if (s->type == AT_OPT_FLOAT) {
+            cJSON_AddNumberToObject(j, s->name, strtod(v->text, NULL));
+        } else if (s->type == AT_OPT_BOOL) {
+            int b = 0;
+            parse_bool(v->text, &b);
+            cJSON_AddBoolToObject(j, s->name, b);
+        } else {
+            cJSON_AddStringToObject(j, s->name, v->text);
+        }
+    }
+    return j;
+}
+
+void at_options_print_help(const at_opt_spec *specs, int nspecs, const char *usage)
+{
+    static const char *type_names[] = {"TEXT", "INT", "NUM", "[BOOL]", "LIST"};
+    printf("%s\n\noptions (hyphen spellings work too; --config FILE.yaml|json sets any of them):\n", usage);
+    for (int i = 0; i < nspecs; i++) {
+        char left[96];
+        snprintf(left, sizeof left, "--%s %s", specs[i].name, type_names[specs[i].type]);
+        printf("  %-40s %s", left, specs[i].help);
+        if (specs[i].def) printf(" (default: %s)", specs[i].def);
+        if (specs[i].alias) printf(" (alias --%s)", specs[i].alias);
+        printf("\n");
+    }
+}
