@@ -9,6 +9,7 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "base/progress.h"
+#include "base/rng.h"
 #include "base/sha256.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
@@ -212,8 +213,56 @@ static void test_tensors(void)
     CHECK_FAILS(at_tensor_new(at_cpu_backend(), AT_F32, 5, shape, "five", &bad), AT_ERR_INVALID);
 }
 
+static void test_rng(void)
+{
+    /* xoshiro256** reference: state {1, 2, 3, 4} gives 11520, 0, 1509978240, 1215971899390074240
+     * (the first outputs of the authors' C code for that state). */
+    at_rng r = {{1, 2, 3, 4}};
+    CHECK(at_rng_next(&r) == 11520u);
+    CHECK(at_rng_next(&r) == 0u);
+    CHECK(at_rng_next(&r) == 1509978240u);
+    CHECK(at_rng_next(&r) == 1215971899390074240ull);
+    /* Saving the struct saves the stream. */
+    at_rng a, b;
+    at_rng_seed(&a, 42);
+    for (int i = 0; i < 10; i++) at_rng_next(&a);
+    b = a;
+    int same = 1;
+    for (int i = 0; i < 100; i++) same &= at_rng_next(&a) == at_rng_next(&b);
+    CHECK(same);
+    /* Moments of the distributions. */
+    at_rng_seed(&a, 7);
+    double sum = 0, sq = 0;
+    int n = 200000, counts[10] = {0};
+    for (int i = 0; i < n; i++) {
+        double z = at_rng_normal(&a);
+        sum += z;
+        sq += z * z;
+        float u = at_rng_uniform(&a);
+        CHECK(u >= 0.0f && u < 1.0f);
+        counts[at_rng_below(&a, 10)]++;
+    }
+    CHECK_NEAR(sum / n, 0.0, 0.01);
+    CHECK_NEAR(sq / n, 1.0, 0.02);
+    for (int i = 0; i < 10; i++) CHECK_NEAR(counts[i] / (double)n, 0.1, 0.005);
+    int64_t v[100];
+    for (int i = 0; i < 100; i++) v[i] = i;
+    at_rng_shuffle(&a, v, 100);
+    int seen[100] = {0}, moved = 0;
+    for (int i = 0; i < 100; i++) {
+        seen[v[i]]++;
+        moved += v[i] != i;
+    }
+    int perm = 1;
+    for (int i = 0; i < 100; i++) perm &= seen[i] == 1;
+    CHECK(perm && moved > 80);
+    CHECK(at_rng_hash_uniform(1, 5) == at_rng_hash_uniform(1, 5));
+    CHECK(at_rng_hash_uniform(1, 5) != at_rng_hash_uniform(2, 5));
+}
+
 int main(void)
 {
+    test_rng();
     test_status();
     test_json();
     test_sha256();

@@ -1,0 +1,33 @@
+/* Random numbers that can be saved and restored exactly (checkpoints resume
+ * the same data order and dropout masks).
+ *
+ * at_rng is xoshiro256** (Blackman & Vigna) seeded through splitmix64; its
+ * whole state is the four words in s[], so copying the struct saves it.
+ * at_rng_hash_uniform is counter-based (splitmix64 of seed and index): the
+ * value for element i does not depend on how the work was split across
+ * threads, which keeps masks reproducible at any thread count. */
+#ifndef AT_BASE_RNG_H
+#define AT_BASE_RNG_H
+
+#include <stdint.h>
+
+typedef struct {
+    uint64_t s[4];
+} at_rng;
+
+void at_rng_seed(at_rng *r, uint64_t seed);
+uint64_t at_rng_next(at_rng *r);
+/* Uniform in [0, 1) with 24 random bits (float) or 53 (double). */
+float at_rng_uniform(at_rng *r);
+double at_rng_uniform_double(at_rng *r);
+/* Uniform integer in [0, n) without modulo bias; n > 0. */
+uint64_t at_rng_below(at_rng *r, uint64_t n);
+/* Standard normal (Box-Muller). */
+double at_rng_normal(at_rng *r);
+/* Fisher-Yates shuffle of n int64 indices. */
+void at_rng_shuffle(at_rng *r, int64_t *v, int64_t n);
+
+/* splitmix64 finalizer of (seed, index): a uniform float in [0, 1). */
+float at_rng_hash_uniform(uint64_t seed, uint64_t index);
+
+#endif
