@@ -1,0 +1,47 @@
+/* The files a run writes, laid out as ms-swift / the Hugging Face Trainer do:
+ *
+ *   OUTPUT_DIR/vN-YYYYMMDD-HHMMSS/            one folder per run
+ *     checkpoint-STEP/ ... MANIFEST.sha256    one folder per checkpoint
+ *
+ * A checkpoint is written into "checkpoint-STEP.tmp", every file fsynced, a
+ * MANIFEST.sha256 (sha256sum format, sorted by name) written last, then the
+ * folder renamed into place and its parent fsynced: a crash never leaves a
+ * folder named checkpoint-STEP that is not whole, and the manifest lets a
+ * resume check that nothing was damaged since. */
+#ifndef AT_TRAIN_RUN_FILES_H
+#define AT_TRAIN_RUN_FILES_H
+
+#include <stdint.h>
+#include "base/status.h"
+
+/* Creates OUTPUT_DIR (and parents) and a fresh run folder in it named
+ * v<N>-YYYYMMDD-HHMMSS, N one more than the highest existing v<N>-*.
+ * *out is a new string (caller frees). */
+at_status at_run_dir_create(const char *output_dir, char **out);
+
+/* Starts checkpoint STEP: (re)creates RUN/checkpoint-STEP.tmp, empty.
+ * *tmp_dir is a new string (caller frees). */
+at_status at_ckpt_begin(const char *run_dir, int64_t step, char **tmp_dir);
+
+/* Seals a checkpoint begun with at_ckpt_begin: fsyncs every file, writes the
+ * manifest, renames the folder to RUN/checkpoint-STEP (replacing an older one
+ * of that step), fsyncs RUN. */
+at_status at_ckpt_commit(const char *run_dir, int64_t step, const char *tmp_dir);
+
+/* Checks a checkpoint folder against its MANIFEST.sha256: every listed file
+ * present with its hash, and no unlisted file. The error names the file. */
+at_status at_ckpt_verify(const char *dir);
+
+/* The complete checkpoint with the highest step in run_dir (a sealed folder
+ * whose manifest verifies; damaged ones are skipped with a warning).
+ * AT_ERR_NOT_FOUND when there is none. *dir is a new string (caller frees). */
+at_status at_ckpt_find_last(const char *run_dir, char **dir, int64_t *step);
+
+/* Keeps the `limit` newest sealed checkpoints (limit <= 0: keep all), deleting
+ * the others, plus any leftover *.tmp folder. */
+at_status at_ckpt_prune(const char *run_dir, int limit);
+
+/* rm -rf of one folder (no symlink following). */
+at_status at_remove_tree(const char *path);
+
+#endif

@@ -1,0 +1,118 @@
+/* Run folders, atomic checkpoints with manifests, pruning, and LR schedules. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "base/file.h"
+#include "train/run_files.h"
+#include "train/schedule.h"
+#include "testing.h"
+
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char *p = at_path_join(dir, name);
+    FILE *f = fopen(p, "w");
+    fputs(text, f);
+    fclose(f);
+    free(p);
+}
+
+static void test_checkpoints(void)
+{
+    char root[] = "/tmp/anytune-ckpt-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    char *out = at_path_join(root, "output");
+    char *run0 = NULL, *run1 = NULL;
+    CHECK_OK(at_run_dir_create(out, &run0));
+    CHECK_OK(at_run_dir_create(out, &run1));
+    CHECK(run0 && strstr(run0, "/v0-") != NULL);
+    CHECK(run1 && strstr(run1, "/v1-") != NULL);
+    CHECK(strlen(strrchr(run0, '/')) == strlen("/v0-YYYYMMDD-HHMMSS"));
+
+    char *dir = NULL, *last = NULL;
+    int64_t step = 0;
+    CHECK(at_ckpt_find_last(run0, &last, &step) == AT_ERR_NOT_FOUND);
+    for (int s = 10; s <= 40; s += 10) {
+        CHECK_OK(at_ckpt_begin(run0, s, &dir));
+        char text[32];
+        snprintf(text, sizeof text, "weights of step %d\n", s);
+        write_text(dir, "adapter_model.safetensors", text);
+        write_text(dir, "adapter_config.json", "{}\n");
+        CHECK_OK(at_ckpt_commit(run0, s, dir));
+        free(dir);
+    }
+    /* an interrupted save leaves only a .tmp folder, which is never taken for a checkpoint */
+    CHECK_OK(at_ckpt_begin(run0, 50, &dir));
+    write_text(dir, "adapter_model.safetensors", "half");
+    CHECK_OK(at_ckpt_find_last(run0, &last, &step));
+    CHECK(step == 40 && strstr(last, "checkpoint-40") != NULL);
+    CHECK_OK(at_ckpt_verify(last));
+    /* damage: a changed byte, an extra file, a missing file */
+    write_text(last, "adapter_config.json", "{ }\n");
+    CHECK_FAILS(at_ckpt_verify(last), AT_ERR_FORMAT);
+    CHECK_MSG(strstr(at_last_error(), "adapter_config.json") != NULL, "%s", at_last_error());
+    free(last);
+    CHECK_OK(at_ckpt_find_last(run0, &last, &step)); /* falls back to the newest intact one */
+    CHECK(step == 30);
+    write_text(last, "stray.bin", "x");
+    CHECK_FAILS(at_ckpt_verify(last), AT_ERR_FORMAT);
+    char *stray = at_path_join(last, "stray.bin");
+    unlink(stray);
+    free(stray);
+    CHECK_OK(at_ckpt_verify(last));
+    char *victim = at_path_join(last, "adapter_model.safetensors");
+    unlink(victim);
+    free(victim);
+    CHECK_FAILS(at_ckpt_verify(last), AT_ERR_FORMAT);
+    free(last);
+    /* re-saving a step replaces it whole */
+    CHECK_OK(at_ckpt_begin(run0, 30, &dir));
+    write_text(dir, "adapter_model.safetensors", "again");
+    CHECK_OK(at_ckpt_commit(run0, 30, dir));
+    free(dir);
+    /* prune keeps the newest two and removes the leftover .tmp */
+    CHECK_OK(at_ckpt_prune(run0, 2));
+    char *p10 = at_path_join(run0, "checkpoint-10"), *p20 = at_path_join(run0, "checkpoint-20");
+    char *p30 = at_path_join(run0, "checkpoint-30"), *p50 = at_path_join(run0, "checkpoint-50.tmp");
+    CHECK(!at_is_dir(p10) && !at_is_dir(p20) && at_is_dir(p30) && !at_is_dir(p50));
+    free(p10);
+    free(p20);
+    free(p30);
+    free(p50);
+    CHECK_OK(at_remove_tree(root));
+    CHECK(!at_is_dir(root));
+    free(out);
+    free(run0);
+    free(run1);
+}
+
+static void test_schedules(void)
+{
+    at_schedule s = {AT_SCHED_COSINE, 1e-3, 10, 110};
+    CHECK_NEAR(at_schedule_lr(&s, 0), 0.0, 1e-12);
+    CHECK_NEAR(at_schedule_lr(&s, 5), 0.5e-3, 1e-12);
+    CHECK_NEAR(at_schedule_lr(&s, 10), 1e-3, 1e-12);
+    CHECK_NEAR(at_schedule_lr(&s, 60), 0.5e-3, 1e-12); /* half way through the decay: cos(π/2) */
+    CHECK_NEAR(at_schedule_lr(&s, 110), 0.0, 1e-12);
+    s.kind = AT_SCHED_LINEAR;
+    CHECK_NEAR(at_schedule_lr(&s, 35), 0.75e-3, 1e-12);
+    s.kind = AT_SCHED_CONSTANT;
+    CHECK_NEAR(at_schedule_lr(&s, 0), 1e-3, 1e-12); /* transformers' "constant" has no warmup */
+    s.kind = AT_SCHED_CONSTANT_WARMUP;
+    CHECK_NEAR(at_schedule_lr(&s, 2), 0.2e-3, 1e-12);
+    CHECK_NEAR(at_schedule_lr(&s, 100), 1e-3, 1e-12);
+    CHECK(at_schedule_warmup_steps(0, 0.05, 101) == 6); /* ceil(5.05) */
+    CHECK(at_schedule_warmup_steps(3, 0.5, 100) == 3);
+    at_schedule_kind k;
+    CHECK_OK(at_schedule_parse("cosine", &k));
+    CHECK_FAILS(at_schedule_parse("cosine_with_restarts_and_jazz", &k), AT_ERR_INVALID);
+}
+
+int main(void)
+{
+    test_checkpoints();
+    test_schedules();
+    return at_test_result("test_run_files");
+}
