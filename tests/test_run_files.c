@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "base/file.h"
+#include "train/plot.h"
 #include "train/run_files.h"
 #include "train/schedule.h"
 #include "testing.h"
@@ -110,8 +111,35 @@ static void test_schedules(void)
     CHECK_FAILS(at_schedule_parse("cosine_with_restarts_and_jazz", &k), AT_ERR_INVALID);
 }
 
+static void test_plot(void)
+{
+    int64_t steps[5] = {1, 2, 3, 4, 5}, esteps[2] = {2, 4};
+    double loss[5] = {3.0, 2.5, NAN, 1.8, 1.5}, eval[2] = {2.7, 2.0}, lr[5] = {1e-4, 1e-4, 9e-5, 7e-5, 5e-5};
+    at_plot_series l = {steps, loss, 5}, e = {esteps, eval, 2}, r = {steps, lr, 5};
+    char path[] = "/tmp/anytune-plot-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    CHECK_OK(at_plot_loss_svg(path, &l, &e, &r));
+    char *svg = NULL;
+    CHECK_OK(at_read_file(path, &svg, NULL));
+    if (svg) {
+        CHECK(!strncmp(svg, "<svg ", 5) && strstr(svg, "</svg>") != NULL);
+        int polylines = 0, points = 0;
+        for (char *p = svg; (p = strstr(p, "<polyline")); p++) polylines++;
+        char *first = strstr(svg, "points=\"");
+        for (char *p = first + 8; *p && *p != '"'; p++) points += *p == ',';
+        CHECK(polylines == 3);
+        CHECK(points == 4); /* the NaN loss is left out, not drawn as garbage */
+        CHECK(strstr(svg, "nan") == NULL && strstr(svg, "inf") == NULL);
+    }
+    free(svg);
+    unlink(path);
+}
+
 int main(void)
 {
+    test_plot();
     test_checkpoints();
     test_schedules();
     return at_test_result("test_run_files");
