@@ -22,7 +22,10 @@
  * The matrices are the last two dimensions; the product of the leading ones
  * is the batch. A: [.., M, K] ([.., K, M] when trans_a); B: [.., K, N]
  * ([.., N, K] when trans_b); C: [.., M, N], f32 or bf16. B's batch equals A's
- * or is 1 (broadcast). A and B may be f32, bf16 or f16, independently.
+ * or is 1 (broadcast). A and B may be f32, bf16 or f16, independently. The
+ * compute format follows the inputs, as autocast does: when either is bf16
+ * the product is computed in bf16 (the other input rounded to bf16) with f32
+ * accumulation; otherwise in f32 (f16 inputs widened exactly).
  * beta == 0 means C's old contents are ignored (even NaN). */
 at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                     float alpha, float beta);

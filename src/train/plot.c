@@ -16,6 +16,14 @@ typedef struct {
 __attribute__((format(printf, 2, 3))) static void put(sbuf *s, const char *fmt, ...)
 {
     if (s->failed) return;
+    if (!s->buf) {
+        s->buf = malloc(4096);
+        if (!s->buf) {
+            s->failed = 1;
+            return;
+        }
+        s->cap = 4096;
+    }
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
