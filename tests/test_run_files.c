@@ -47,6 +47,7 @@ static void test_checkpoints(void)
     /* an interrupted save leaves only a .tmp folder, which is never taken for a checkpoint */
     CHECK_OK(at_ckpt_begin(run0, 50, &dir));
     write_text(dir, "adapter_model.safetensors", "half");
+    free(dir);
     CHECK_OK(at_ckpt_find_last(run0, &last, &step));
     CHECK(step == 40 && strstr(last, "checkpoint-40") != NULL);
     CHECK_OK(at_ckpt_verify(last));
