@@ -1,10 +1,47 @@
+/* The CPU GEMM driver: argument checks, the choice of path and kernel, cache
+ * blocking and threads. The instruction-set kernels live in gemm_avx2.c,
+ * gemm_avx512.c and gemm_avx512bf16.c; their contract is gemm_kernels.h.
+ *
+ * Paths:
+ *  - small: M or N tiny (decode, LoRA rank r; see small_side). The tiny operand is
+ *    converted once to f32 and the big one streamed in place, threads
+ *    splitting the big one; nothing is packed.
+ *  - blocked (GotoBLAS): for each NC block of columns and KC block of k, pack
+ *    op(B) into NR-wide panels; for each MC block of rows pack op(A) into
+ *    MR-high panels; the MRxNR microkernel walks the panels. Threads own
+ *    disjoint rectangles of C (split along whichever of M and N makes them
+ *    duplicate the least packing) with private packing buffers.
+ * Compute format (see gemm.h) is decided here: bf16 if either input is bf16.
+ * On CPUs without AVX512_BF16 the f32 kernels run on panels rounded to bf16,
+ * which gives the same products (a product of two bf16 values is exact in
+ * f32). */
 #include "device/cpu/gemm.h"
 
-#include <stddef.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
 
-/* Placeholder engine: straightforward loops, to be replaced by the blocked
- * kernels. Kept correct for every argument combination. */
-static float load(const void *p, at_dtype t, int64_t i)
+#include "base/log.h"
+#include "device/cpu/cpu_features.h"
+#include "device/cpu/gemm_kernels.h"
+
+#ifdef AT_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+#ifdef AT_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+/* Up to these sizes of M or N the small path beats packing (measured on Zen
+ * 4): the axpy form streams the big operand once per 8 rows of the tiny one,
+ * the dot form rereads it per 8 too but with less work per load. */
+#define SMALL_AXPY 16
+#define SMALL_DOT 8
+
+static size_t esize(at_dtype t) { return t == AT_F32 ? 4 : 2; }
+
+static float load_f32(const void *p, at_dtype t, int64_t i)
 {
     switch (t) {
     case AT_BF16: return at_bf16_to_f32(((const uint16_t *)p)[i]);
@@ -13,35 +50,495 @@ static float load(const void *p, at_dtype t, int64_t i)
     }
 }
 
-void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                 at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta, void *C,
-                 at_dtype c_type, int64_t ldc)
+static float round_bf16(float v) { return at_bf16_to_f32(at_f32_to_bf16(v)); }
+
+static void store_c(void *c, at_dtype ct, int64_t i, float v)
 {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < M; i++) {
-        for (int64_t j = 0; j < N; j++) {
-            float acc = 0;
-            for (int64_t k = 0; k < K; k++) {
-                float a = load(A, a_type, trans_a ? k * lda + i : i * lda + k);
-                float b = load(B, b_type, trans_b ? j * ldb + k : k * ldb + j);
-                acc += a * b;
-            }
-            float r = alpha * acc;
-            if (c_type == AT_BF16) {
-                uint16_t *c = (uint16_t *)C + i * ldc + j;
-                if (beta != 0) r += beta * at_bf16_to_f32(*c);
-                *c = at_f32_to_bf16(r);
-            } else {
-                float *c = (float *)C + i * ldc + j;
-                if (beta != 0) r += beta * *c;
-                *c = r;
+    if (ct == AT_BF16) ((uint16_t *)c)[i] = at_f32_to_bf16(v);
+    else ((float *)c)[i] = v;
+}
+
+/* ---- portable kernels (also the reference for the others) ---- */
+
+void at_gemm_pack_portable(void *dst_, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n,
+                           int64_t kc, int round)
+{
+    float *dst = dst_;
+    for (int64_t x0 = 0; x0 < n; x0 += w, dst += kc * w) {
+        for (int64_t k = 0; k < kc; k++) {
+            for (int x = 0; x < w; x++) {
+                float v = x0 + x < n ? load_f32(src, t, (x0 + x) * sx + k * sk) : 0.0f;
+                dst[k * w + x] = round ? round_bf16(v) : v;
             }
         }
     }
 }
 
+void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t ldc, int m, int n, float alpha,
+                        float beta)
+{
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            float v = alpha * acc[i * ld + j];
+            if (beta != 0.0f) v += beta * load_f32(c, ct, i * ldc + j);
+            store_c(c, ct, i * ldc + j, v);
+        }
+    }
+}
+
+#define SCALAR_MR 4
+#define SCALAR_NR 8
+
+static void kernel_scalar(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m,
+                          int n, float alpha, float beta)
+{
+    const float *ap = ap_, *bp = bp_;
+    float acc[SCALAR_MR][SCALAR_NR] = {{0}};
+    for (int64_t k = 0; k < kc; k++) {
+        for (int i = 0; i < SCALAR_MR; i++) {
+            float a = ap[k * SCALAR_MR + i];
+            for (int j = 0; j < SCALAR_NR; j++) acc[i][j] += a * bp[k * SCALAR_NR + j];
+        }
+    }
+    at_gemm_store_tile(&acc[0][0], SCALAR_NR, c, ct, ldc, m, n, alpha, beta);
+}
+
+static const at_gemm_blocked gemm_f32_scalar = {
+    .name = "scalar", .mr = SCALAR_MR, .nr = SCALAR_NR, .kp = 1, .mc = 32 * SCALAR_MR, .kc = 256,
+    .nc = 128 * SCALAR_NR, .pack = at_gemm_pack_portable, .kernel = kernel_scalar,
+};
+
+static void dot_portable(int S, int64_t K, const float *x, int64_t ldx, int64_t R, const void *y, at_dtype yt,
+                         int64_t ldy, int round, float *out, int64_t ors, int64_t oss)
+{
+    for (int64_t r = 0; r < R; r++) {
+        for (int s = 0; s < S; s++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                float v = load_f32(y, yt, r * ldy + k);
+                acc += x[s * ldx + k] * (round ? round_bf16(v) : v);
+            }
+            out[r * ors + s * oss] = acc;
+        }
+    }
+}
+
+static void axpy_portable(int S, int64_t K, const float *x, int64_t ldx, int64_t L, const void *y, at_dtype yt,
+                          int64_t ldy, int round, float *out, int64_t lds)
+{
+    for (int s = 0; s < S; s++)
+        for (int64_t l = 0; l < L; l++) out[s * lds + l] = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        for (int64_t l = 0; l < L; l++) {
+            float v = load_f32(y, yt, k * ldy + l);
+            if (round) v = round_bf16(v);
+            for (int s = 0; s < S; s++) out[s * lds + l] += x[s * ldx + k] * v;
+        }
+    }
+}
+
+static const at_gemm_small gemm_small_portable = {.dot = dot_portable, .axpy = axpy_portable};
+
+/* ---- choice of kernels ---- */
+
+static const at_gemm_blocked *blocked_engine(int bf16)
+{
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (bf16 && isa >= AT_ISA_AVX512_BF16) return &at_gemm_bf16_avx512bf16;
+    if (isa >= AT_ISA_AVX512) return &at_gemm_f32_avx512;
+    if (isa >= AT_ISA_AVX2) return &at_gemm_f32_avx2;
+    return &gemm_f32_scalar;
+}
+
+static const at_gemm_small *small_engine(void)
+{
+    return at_cpu_isa_level() >= AT_ISA_AVX512 ? &at_gemm_small_avx512 : &gemm_small_portable;
+}
+
+/* ---- libraries ----
+ * f32 x f32 -> f32 may go to a library instead: ANYTUNE_GEMM_F32=onednn or
+ * openblas (default anytune). Measured on the 2-core Zen 4 this was written
+ * on, our kernels run within a few percent of oneDNN's sgemm and ahead of
+ * OpenBLAS, so the default is our own (bench/gemm.c re-measures: if a
+ * library wins clearly on another machine, set the variable). bf16 always
+ * runs here: OpenBLAS 0.3.21 as packaged exports no sbgemm, and oneDNN's
+ * bf16 matmul needs a primitive per shape. */
+enum { LIB_NONE, LIB_OPENBLAS, LIB_DNNL };
+static int f32_lib = -1;
+
+/* LIB_* for a name, or -1 when this build has no such engine. */
+static int library_named(const char *v)
+{
+    if (!v || !*v || !strcmp(v, "anytune")) return LIB_NONE;
+#ifdef AT_HAVE_DNNL
+    if (!strcmp(v, "onednn") || !strcmp(v, "dnnl")) return LIB_DNNL;
+#endif
+#ifdef AT_HAVE_OPENBLAS
+    if (!strcmp(v, "openblas")) return LIB_OPENBLAS;
+#endif
+    return -1;
+}
+
+static int f32_library(void)
+{
+    if (f32_lib >= 0) return f32_lib;
+    const char *v = getenv("ANYTUNE_GEMM_F32");
+    f32_lib = library_named(v);
+    if (f32_lib < 0) {
+        at_log_warn("ANYTUNE_GEMM_F32=%s: not a GEMM engine of this build (anytune, onednn, openblas); using anytune",
+                    v);
+        f32_lib = LIB_NONE;
+    }
+    return f32_lib;
+}
+
+at_status at_cpu_gemm_use_engine(at_dtype compute, const char *name)
+{
+    int lib = library_named(name);
+    if (compute == AT_F32 && lib >= 0) {
+        f32_lib = lib;
+        return AT_OK;
+    }
+    if (compute == AT_BF16 && lib == LIB_NONE) return AT_OK;
+    return at_error(AT_ERR_UNSUPPORTED, "at_cpu_gemm_use_engine: no %s GEMM engine \"%s\" in this build",
+                    at_dtype_name(compute), name ? name : "(null)");
+}
+
+/* Runs the f32 problem on the chosen library; returns 0 if it did not. */
+static int f32_on_library(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    switch (f32_library()) {
+#ifdef AT_HAVE_DNNL
+    case LIB_DNNL:
+        return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) ==
+               dnnl_success;
+#endif
+#ifdef AT_HAVE_OPENBLAS
+    case LIB_OPENBLAS:
+        if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
+            return 0;
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                    (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+        return 1;
+#endif
+    default:
+        (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb;
+        (void)beta, (void)C, (void)ldc;
+        return 0;
+    }
+}
+
 const char *at_cpu_gemm_engine(at_dtype compute)
 {
-    (void)compute;
+    if (compute == AT_F32 && f32_library() == LIB_DNNL) return "oneDNN";
+    if (compute == AT_F32 && f32_library() == LIB_OPENBLAS) return "OpenBLAS";
+    const at_gemm_blocked *e = blocked_engine(compute == AT_BF16);
+    if (e == &at_gemm_bf16_avx512bf16) return "anytune avx512+bf16";
+    if (e == &at_gemm_f32_avx512) return "anytune avx512";
+    if (e == &at_gemm_f32_avx2) return "anytune avx2+fma";
     return "anytune scalar";
+}
+
+/* ---- the problem ---- */
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    const char *A, *B;
+    char *C;
+    at_dtype at, bt, ct;
+    int64_t lda, ldb, ldc;
+    int round_a, round_b; /* round that operand to bf16 (compute in bf16) */
+} problem;
+
+static int threads_for(double flops)
+{
+    if (omp_in_parallel()) return 1;
+    int nt = omp_get_max_threads();
+    /* below ~1 MFLOP per thread the fork costs more than it saves */
+    int cap = (int)(flops / 1e6);
+    if (cap < 1) cap = 1;
+    return nt < cap ? nt : cap;
+}
+
+/* C = alpha * acc + beta * C over an M x N block; acc[i*ars + j*acs]. */
+static void epilogue(const problem *p, const float *acc, int64_t ars, int64_t acs)
+{
+    size_t ce = esize(p->ct);
+    int nt = threads_for(p->M * p->N * 8.0);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < p->M; i++) {
+        void *crow = p->C + (size_t)(i * p->ldc) * ce;
+        if (p->ct == AT_F32 && acs == 1) { /* the common case, in a form compilers vectorize */
+            float *c = crow;
+            const float *a = acc + i * ars;
+            if (p->beta == 0.0f)
+                for (int64_t j = 0; j < p->N; j++) c[j] = p->alpha * a[j];
+            else
+                for (int64_t j = 0; j < p->N; j++) c[j] = p->alpha * a[j] + p->beta * c[j];
+            continue;
+        }
+        for (int64_t j = 0; j < p->N; j++) {
+            float v = p->alpha * acc[i * ars + j * acs];
+            if (p->beta != 0.0f) v += p->beta * load_f32(crow, p->ct, j);
+            store_c(crow, p->ct, j, v);
+        }
+    }
+}
+
+/* ---- small path ---- */
+
+/* 'A' when op(A) is the tiny operand, 'B' when op(B) is, 0 when neither. */
+static int small_side(const problem *p)
+{
+    int a_dot = p->tb, b_dot = !p->ta; /* does the big operand run along k? */
+    int a_ok = p->M <= (a_dot ? SMALL_DOT : SMALL_AXPY);
+    int b_ok = p->N <= (b_dot ? SMALL_DOT : SMALL_AXPY);
+    if (a_ok && (!b_ok || p->M <= p->N)) return 'A';
+    return b_ok ? 'B' : 0;
+}
+
+/* Returns 0 when a buffer could not be allocated (the caller falls back). */
+static int gemm_small(const problem *p)
+{
+    const at_gemm_small *e = small_engine();
+    int a_small = small_side(p) == 'A';
+    int64_t S = a_small ? p->M : p->N, K = p->K;
+    int64_t ldx = (K + 15) / 16 * 16, spad = (S + AT_GEMM_SMALL_PAD - 1) / AT_GEMM_SMALL_PAD * AT_GEMM_SMALL_PAD;
+    float *x = calloc((size_t)(spad * ldx), sizeof(float));
+    float *out = malloc(sizeof(float) * (size_t)(p->M * p->N));
+    if (!x || !out) {
+        free(x);
+        free(out);
+        return 0;
+    }
+    /* the tiny operand as x[s][k]: rows of op(A), or columns of op(B). That
+     * is one f32 panel of ldx lanes (k) by S values (s), so the packing
+     * routine of the f32 kernels makes it. */
+    int round_x = a_small ? p->round_a : p->round_b;
+    const char *xs = a_small ? p->A : p->B;
+    at_dtype xt = a_small ? p->at : p->bt;
+    int64_t ldxs = a_small ? p->lda : p->ldb;
+    int k_along_row = a_small ? !p->ta : p->tb; /* source rows run along k */
+    blocked_engine(0)->pack(x, xs, xt, k_along_row ? 1 : ldxs, k_along_row ? ldxs : 1, (int)ldx, K, S, round_x);
+    const char *y = a_small ? p->B : p->A;
+    at_dtype yt = a_small ? p->bt : p->at;
+    int64_t ldy = a_small ? p->ldb : p->lda;
+    int round_y = a_small ? p->round_b : p->round_a;
+    size_t ye = esize(yt);
+    /* y along k (dot) or along the big dimension (axpy)? */
+    int dot = a_small ? p->tb : !p->ta;
+    int64_t big = a_small ? p->N : p->M;
+    int nt = threads_for(2.0 * p->M * p->N * K);
+    /* out[i*ars + j*acs] = (op(A) op(B))[i][j] */
+    int64_t ars, acs;
+    if (dot) {
+        /* out[r*ors + s*oss]: r runs over the big dimension */
+        int64_t ors = a_small ? 1 : S, oss = a_small ? p->N : 1;
+        ars = a_small ? oss : ors;
+        acs = a_small ? ors : oss;
+#pragma omp parallel num_threads(nt)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            int64_t r0 = big * t / n, r1 = big * (t + 1) / n;
+            if (r1 > r0)
+                e->dot((int)S, K, x, ldx, r1 - r0, y + (size_t)(r0 * ldy) * ye, yt, ldy, round_y, out + r0 * ors,
+                       ors, oss);
+        }
+    } else {
+        /* out[s*lds + l]: l runs over the big dimension */
+        int64_t lds = big;
+        ars = a_small ? lds : 1;
+        acs = a_small ? 1 : lds;
+#pragma omp parallel num_threads(nt)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            int64_t chunks = (big + 63) / 64;
+            int64_t l0 = chunks * t / n * 64, l1 = chunks * (t + 1) / n * 64;
+            if (l1 > big) l1 = big;
+            if (l1 > l0)
+                e->axpy((int)S, K, x, ldx, l1 - l0, y + (size_t)l0 * ye, yt, ldy, round_y, out + l0, lds);
+        }
+    }
+    epilogue(p, out, ars, acs);
+    free(x);
+    free(out);
+    return 1;
+}
+
+/* ---- blocked path ---- */
+
+static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+
+/* The rows [m0, m1) x columns [n0, n1) of C, on one thread. */
+static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0, int64_t m1, int64_t n0,
+                          int64_t n1, char *abuf, char *bbuf)
+{
+    size_t ae = esize(p->at), be = esize(p->bt), ce = esize(p->ct);
+    size_t pe = e->kp == 2 ? 2 : 4; /* bytes per packed value */
+    int64_t a_sx = p->ta ? 1 : p->lda, a_sk = p->ta ? p->lda : 1;
+    int64_t b_sx = p->tb ? p->ldb : 1, b_sk = p->tb ? 1 : p->ldb;
+    for (int64_t jc = n0; jc < n1; jc += e->nc) {
+        int64_t nb = n1 - jc < e->nc ? n1 - jc : e->nc;
+        for (int64_t pc = 0; pc < p->K; pc += e->kc) {
+            int64_t kb = p->K - pc < e->kc ? p->K - pc : e->kc;
+            int64_t kbp = (kb + e->kp - 1) / e->kp * e->kp;
+            size_t bpanel = (size_t)(kbp * e->nr) * pe, apanel = (size_t)(kbp * e->mr) * pe;
+            e->pack(bbuf, p->B + (size_t)(jc * b_sx + pc * b_sk) * be, p->bt, b_sx, b_sk, e->nr, nb, kb, p->round_b);
+            float beta = pc == 0 ? p->beta : 1.0f;
+            for (int64_t ic = m0; ic < m1; ic += e->mc) {
+                int64_t mb = m1 - ic < e->mc ? m1 - ic : e->mc;
+                e->pack(abuf, p->A + (size_t)(ic * a_sx + pc * a_sk) * ae, p->at, a_sx, a_sk, e->mr, mb, kb,
+                        p->round_a);
+                for (int64_t jr = 0; jr < nb; jr += e->nr) {
+                    int nv = nb - jr < e->nr ? (int)(nb - jr) : e->nr;
+                    for (int64_t ir = 0; ir < mb; ir += e->mr) {
+                        int mv = mb - ir < e->mr ? (int)(mb - ir) : e->mr;
+                        char *c = p->C + (size_t)((ic + ir) * p->ldc + jc + jr) * ce;
+                        e->kernel(kb, abuf + (ir / e->mr) * apanel, bbuf + (jr / e->nr) * bpanel, c, p->ct, p->ldc,
+                                  mv, nv, p->alpha, beta);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The plain triple loop, used when packing buffers cannot be allocated. */
+static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+{
+    for (int64_t i = m0; i < m1; i++) {
+        for (int64_t j = n0; j < n1; j++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < p->K; k++) {
+                float a = load_f32(p->A, p->at, p->ta ? k * p->lda + i : i * p->lda + k);
+                float b = load_f32(p->B, p->bt, p->tb ? j * p->ldb + k : k * p->ldb + j);
+                if (p->round_a) a = round_bf16(a);
+                if (p->round_b) b = round_bf16(b);
+                acc += a * b;
+            }
+            float v = p->alpha * acc;
+            if (p->beta != 0.0f) v += p->beta * load_f32(p->C, p->ct, i * p->ldc + j);
+            store_c(p->C, p->ct, i * p->ldc + j, v);
+        }
+    }
+}
+
+static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
+{
+    int64_t tiles_m = (p->M + e->mr - 1) / e->mr, tiles_n = (p->N + e->nr - 1) / e->nr;
+    int nt = threads_for(2.0 * p->M * p->N * p->K);
+    /* grid tm x tn of threads: the fewest packed values in total (each column
+     * of threads packs all its A rows, each row of threads its B columns) */
+    int tm = 1, tn = 1;
+    for (; nt > 1; nt--) {
+        double best = -1;
+        for (int a = 1; a <= nt; a++) {
+            if (nt % a || a > tiles_m || nt / a > tiles_n) continue;
+            double cost = (double)(nt / a) * p->M * p->K + (double)a * p->K * p->N;
+            if (best < 0 || cost < best) {
+                best = cost;
+                tm = a;
+                tn = nt / a;
+            }
+        }
+        if (best >= 0) break;
+    }
+    int64_t kcb = p->K < e->kc ? p->K : e->kc;
+    kcb = (kcb + e->kp - 1) / e->kp * e->kp;
+    size_t pe = e->kp == 2 ? 2 : 4;
+#pragma omp parallel num_threads(tm * tn)
+    {
+        int t = omp_get_thread_num();
+        int ti = t / tn, tj = t % tn;
+        int64_t m0 = tiles_m * ti / tm * e->mr, m1 = tiles_m * (ti + 1) / tm * e->mr;
+        int64_t n0 = tiles_n * tj / tn * e->nr, n1 = tiles_n * (tj + 1) / tn * e->nr;
+        if (m1 > p->M) m1 = p->M;
+        if (n1 > p->N) n1 = p->N;
+        int64_t mcb = m1 - m0 < e->mc ? (m1 - m0 + e->mr - 1) / e->mr * e->mr : e->mc;
+        int64_t ncb = n1 - n0 < e->nc ? (n1 - n0 + e->nr - 1) / e->nr * e->nr : e->nc;
+        char *abuf = alloc64((size_t)(mcb * kcb) * pe), *bbuf = alloc64((size_t)(ncb * kcb) * pe);
+        if (m1 > m0 && n1 > n0) {
+            if (abuf && bbuf) blocked_range(e, p, m0, m1, n0, n1, abuf, bbuf);
+            else reference_range(p, m0, m1, n0, n1);
+        }
+        free(abuf);
+        free(bbuf);
+    }
+}
+
+/* ---- entry points ---- */
+
+static int supported_input(at_dtype t) { return t == AT_F32 || t == AT_BF16 || t == AT_F16; }
+
+at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                              at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
+                              void *C, at_dtype c_type, int64_t ldc)
+{
+    if (!supported_input(a_type) || !supported_input(b_type) || (c_type != AT_F32 && c_type != AT_BF16))
+        return at_error(AT_ERR_INVALID, "at_cpu_gemm: unsupported dtypes A %s, B %s, C %s (A and B: f32, bf16, f16; "
+                        "C: f32, bf16)", at_dtype_name(a_type), at_dtype_name(b_type), at_dtype_name(c_type));
+    if (M < 0 || N < 0 || K < 0)
+        return at_error(AT_ERR_INVALID, "at_cpu_gemm: negative size M=%lld N=%lld K=%lld", (long long)M,
+                        (long long)N, (long long)K);
+    if (M == 0 || N == 0) return AT_OK;
+    int64_t min_lda = trans_a ? M : K, min_ldb = trans_b ? K : N;
+    if (ldc < N || (K > 0 && (lda < min_lda || ldb < min_ldb)))
+        return at_error(AT_ERR_INVALID, "at_cpu_gemm: leading dimension too small: lda=%lld (needs %lld), "
+                        "ldb=%lld (needs %lld), ldc=%lld (needs %lld)", (long long)lda, (long long)min_lda,
+                        (long long)ldb, (long long)min_ldb, (long long)ldc, (long long)N);
+    if (!C || (K > 0 && alpha != 0.0f && (!A || !B)))
+        return at_error(AT_ERR_INVALID, "at_cpu_gemm: NULL matrix (A %p, B %p, C %p)", A, B, C);
+
+    problem p = {
+        .ta = !!trans_a, .tb = !!trans_b, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
+        .A = A, .B = B, .C = C, .at = a_type, .bt = b_type, .ct = c_type, .lda = lda, .ldb = ldb, .ldc = ldc,
+    };
+    if (K == 0 || alpha == 0.0f) { /* C = beta * C; A and B are not read */
+        const float zero = 0.0f;
+        p.alpha = 0.0f;
+        epilogue(&p, &zero, 0, 0);
+        return AT_OK;
+    }
+    if (a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32 &&
+        f32_on_library(p.ta, p.tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return AT_OK;
+    int bf16 = a_type == AT_BF16 || b_type == AT_BF16;
+    p.round_a = bf16 && a_type != AT_BF16;
+    p.round_b = bf16 && b_type != AT_BF16;
+
+    if (small_side(&p) && gemm_small(&p)) return AT_OK;
+
+    const at_gemm_blocked *e = blocked_engine(bf16);
+    if (c_type == AT_BF16 && K > e->kc) {
+        /* accumulating across k blocks in a bf16 C would round each partial
+         * sum: accumulate in an f32 copy instead and round once */
+        float *tmp = malloc(sizeof(float) * (size_t)(M * N));
+        if (tmp) {
+            problem q = p;
+            q.C = (char *)tmp;
+            q.ct = AT_F32;
+            q.ldc = N;
+            q.beta = 0.0f;
+            gemm_blocked(e, &q);
+            p.alpha = 1.0f;
+            epilogue(&p, tmp, N, 1);
+            free(tmp);
+            return AT_OK;
+        }
+        reference_range(&p, 0, M, 0, N);
+        return AT_OK;
+    }
+    gemm_blocked(e, &p);
+    return AT_OK;
+}
+
+void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                 at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta, void *C,
+                 at_dtype c_type, int64_t ldc)
+{
+    (void)at_cpu_gemm_checked(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
+                              ldc);
 }

@@ -8,11 +8,18 @@
  * Accumulation is in f32. beta == 0 ignores C's old contents. Threads with
  * OpenMP inside; call it from one thread. Picks its kernel at run time
  * (scalar, AVX2+FMA, AVX-512, AVX512_BF16) and may hand large problems to a
- * library when that measured faster here. */
+ * library when that measured faster here.
+ *
+ * Compute format: if A or B is bf16, both are rounded to bf16 (the other one
+ * converted when packed) and multiplied with f32 accumulation (vdpbf16ps
+ * where the CPU has AVX512_BF16; exact bf16 products in f32 FMA elsewhere).
+ * Otherwise f16 inputs are widened to f32 and the product runs in f32 FMA.
+ * With alpha == 0 or K == 0, A and B are not read (C = beta · C). */
 #ifndef AT_DEVICE_CPU_GEMM_H
 #define AT_DEVICE_CPU_GEMM_H
 
 #include <stdint.h>
+#include "base/status.h"
 #include "device/dtype.h"
 
 void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -20,7 +27,23 @@ void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, floa
                  const void *B, at_dtype b_type, int64_t ldb,
                  float beta, void *C, at_dtype c_type, int64_t ldc);
 
+/* The same, returning AT_ERR_INVALID (with a message naming the bad
+ * argument) for unsupported dtypes, negative sizes, leading dimensions too
+ * small, or NULL pointers; C is left untouched then. at_cpu_gemm does the
+ * same checks and records the message, but cannot report it. */
+at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                              const void *A, at_dtype a_type, int64_t lda,
+                              const void *B, at_dtype b_type, int64_t ldb,
+                              float beta, void *C, at_dtype c_type, int64_t ldc);
+
 /* Name of the engine in use for f32 and for bf16 ("anytune avx512", "oneDNN", ...). */
 const char *at_cpu_gemm_engine(at_dtype compute);
+
+/* Chooses the engine for f32 x f32 -> f32 problems: "anytune" (the default,
+ * our kernels), "onednn" (dnnl_sgemm) or "openblas" (cblas_sgemm), where the
+ * build has them. The environment variable ANYTUNE_GEMM_F32 sets the same at
+ * start. bf16 accepts only "anytune". Returns AT_ERR_UNSUPPORTED for an
+ * engine this build lacks (nothing changes then). */
+at_status at_cpu_gemm_use_engine(at_dtype compute, const char *name);
 
 #endif

@@ -1,0 +1,428 @@
+#include "device/cpu/cpu_attention.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "device/cpu/cpu_simd.h"
+
+/* FlashAttention on the CPU.
+ *
+ * Scores are formed one tile of BQ queries × BK keys at a time, in f32
+ * per-thread scratch; the T×T matrix never exists.
+ *
+ * Forward, per (batch, query head, query block), keys in blocks, with the
+ * running max m, running sum l and unnormalized output O of each query:
+ *   S = scale · Q Kᵀ (masked entries −inf),  m' = max(m, rowmax S),
+ *   P = exp(S − m'),  l = l·exp(m − m') + rowsum P,  O = O·exp(m − m') + P V
+ * and at the end out = O / l, lse = m + log l (a query that sees no key gets
+ * out = 0, lse = −inf).
+ *
+ * Backward (FlashAttention-2): P is recomputed from lse, P = exp(S − lse), and
+ * with D_i = dout_i · out_i,
+ *   dP = dO Vᵀ,  dS = P ∘ (dP − D),  dV = Pᵀ dO,  dK = scale · dSᵀ Q,
+ *   dQ = scale · dS K.
+ * Two passes keep every output owned by one task, so there are no atomics:
+ * pass 1 runs over (batch, kv head, key block) and sums dK, dV over the query
+ * heads of the group and all query blocks; pass 2 runs over (batch, query
+ * head, query block) for dQ. S and dP are thus formed twice; the price of a
+ * deterministic result without locks.
+ *
+ * Visibility of key j to query i of sequence b: j ≤ lim_i with
+ * lim_i = min(q_index[b,i] (default Tk − Tq + i), kv_len[b] − 1), and with
+ * segments, segments[b,j] == segments[b,i]. Key blocks past every lim of the
+ * query block, or whose segment range misses the block's, are skipped whole;
+ * blocks wholly visible skip the mask. */
+
+#define BQ 64
+#define BK 64
+
+typedef struct {
+    int64_t B, Tq, Tk, Hq, Hkv, G, D;
+    float scale;
+    const int32_t *qidx, *kvlen, *seg;
+    const at_cpu_simd *v;
+} geo;
+
+typedef struct {
+    int64_t i0, nq;
+    int64_t lim[BQ];
+    int64_t minlim, maxlim;
+    int32_t smin, smax;
+} qblock;
+
+static geo make_geo(const at_tensor *q, const at_tensor *k, const at_attn_params *p)
+{
+    geo g;
+    g.B = q->shape[0];
+    g.Tq = q->shape[1];
+    g.Hq = q->shape[2];
+    g.D = q->shape[3];
+    g.Tk = k->shape[1];
+    g.Hkv = k->shape[2];
+    g.G = g.Hq / g.Hkv;
+    g.scale = p->scale;
+    g.qidx = p->q_index ? at_tensor_data(p->q_index) : NULL;
+    g.kvlen = p->kv_len ? at_tensor_data(p->kv_len) : NULL;
+    g.seg = p->segments ? at_tensor_data(p->segments) : NULL;
+    g.v = at_cpu_simd_get();
+    return g;
+}
+
+static void qblock_setup(const geo *g, int64_t b, int64_t qb, qblock *qk)
+{
+    int64_t kvl = g->Tk;
+    if (g->kvlen) kvl = g->kvlen[b] < 0 ? 0 : (g->kvlen[b] > g->Tk ? g->Tk : g->kvlen[b]);
+    qk->i0 = qb * BQ;
+    qk->nq = g->Tq - qk->i0 < BQ ? g->Tq - qk->i0 : BQ;
+    qk->minlim = INT64_MAX;
+    qk->maxlim = -1;
+    qk->smin = INT32_MAX;
+    qk->smax = INT32_MIN;
+    for (int64_t i = 0; i < qk->nq; i++) {
+        int64_t qi = qk->i0 + i;
+        int64_t lim = g->qidx ? (int64_t)g->qidx[b * g->Tq + qi] : g->Tk - g->Tq + qi;
+        if (lim > kvl - 1) lim = kvl - 1;
+        if (lim < -1) lim = -1;
+        qk->lim[i] = lim;
+        if (lim < qk->minlim) qk->minlim = lim;
+        if (lim > qk->maxlim) qk->maxlim = lim;
+        if (g->seg) {
+            int32_t s = g->seg[b * g->Tq + qi];
+            if (s < qk->smin) qk->smin = s;
+            if (s > qk->smax) qk->smax = s;
+        }
+    }
+}
+
+/* 0: no query of the block sees a key of [j0, j0+nk); 1: some do (mask
+ * needed); 2: all see all. */
+static int block_visibility(const geo *g, int64_t b, const qblock *qk, int64_t j0, int64_t nk)
+{
+    if (j0 > qk->maxlim) return 0;
+    int full = j0 + nk - 1 <= qk->minlim;
+    if (g->seg) {
+        int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+        for (int64_t j = j0; j < j0 + nk; j++) {
+            int32_t s = g->seg[b * g->Tk + j];
+            if (s < kmin) kmin = s;
+            if (s > kmax) kmax = s;
+        }
+        if (kmax < qk->smin || kmin > qk->smax) return 0;
+        if (!(kmin == kmax && qk->smin == qk->smax && kmin == qk->smin)) full = 0;
+    }
+    return full ? 2 : 1;
+}
+
+static void apply_mask(const geo *g, int64_t b, const qblock *qk, int64_t j0, int64_t nk, float *S)
+{
+    for (int64_t i = 0; i < qk->nq; i++) {
+        float *row = S + i * BK;
+        int64_t lim = qk->lim[i] - j0; /* last visible column, may be < 0 */
+        for (int64_t j = lim + 1 < 0 ? 0 : lim + 1; j < nk; j++) row[j] = -INFINITY;
+        if (g->seg) {
+            int32_t si = g->seg[b * g->Tq + qk->i0 + i];
+            const int32_t *sk = g->seg + b * g->Tk + j0;
+            for (int64_t j = 0; j < nk && j <= lim; j++)
+                if (sk[j] != si) row[j] = -INFINITY;
+        }
+    }
+}
+
+/* nrows rows of D elements, rows `stride` elements apart, to f32 dst[nrows][D], times mul. */
+static void load_rows(const geo *g, float *dst, const void *base, at_dtype t, int64_t off, int64_t stride,
+                      int64_t nrows, float mul)
+{
+    for (int64_t r = 0; r < nrows; r++) {
+        g->v->load(dst + r * g->D, at_cpu_elem(base, t, off + r * stride), t, g->D);
+        if (mul != 1.0f) g->v->scale(dst + r * g->D, dst + r * g->D, mul, g->D);
+    }
+}
+
+/* Key (or value) rows j0.. of (b, kvh) to f32, transposed to dst_t[D][BK];
+ * also row-major to dst (when not NULL); tmp holds one row. */
+static void load_keys(const geo *g, float *dst, float *dst_t, float *tmp, const void *base, at_dtype t, int64_t b,
+                      int64_t kvh, int64_t j0, int64_t nk)
+{
+    int64_t D = g->D;
+    for (int64_t j = 0; j < nk; j++) {
+        float *row = dst ? dst + j * D : tmp;
+        g->v->load(row, at_cpu_elem(base, t, ((b * g->Tk + j0 + j) * g->Hkv + kvh) * D), t, D);
+        for (int64_t d = 0; d < D; d++) dst_t[d * BK + j] = row[d];
+    }
+}
+
+static void store_rows(const geo *g, void *base, at_dtype t, int64_t off, int64_t stride, int64_t nrows,
+                       const float *src)
+{
+    for (int64_t r = 0; r < nrows; r++)
+        g->v->store(at_cpu_elem(base, t, off + r * stride), t, src + r * g->D, g->D);
+}
+
+/* S[nq][nk] = Qs · Kt (Kt is [D][BK]) */
+static void scores(const geo *g, float *S, const float *Qs, const float *Kt, int64_t nq, int64_t nk)
+{
+    for (int64_t i = 0; i < nq; i++) memset(S + i * BK, 0, (size_t)nk * sizeof(float));
+    g->v->gemm_acc(S, BK, Qs, g->D, 1, Kt, BK, nq, nk, g->D);
+}
+
+/* ---- forward ---- */
+
+typedef struct {
+    const void *q, *k, *vv;
+    at_dtype qt, kt, vt;
+    void *out;
+    at_dtype ot;
+    float *lse;
+} fwd_args;
+
+static size_t fwd_ws_floats(int64_t D) { return (size_t)(2 * BQ * D + 3 * BK * D + BQ * BK + 2 * BQ); }
+
+static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int64_t h, int64_t qb)
+{
+    const at_cpu_simd *v = g->v;
+    int64_t D = g->D, kvh = h / g->G;
+    float *Qs = ws, *O = Qs + BQ * D, *Kt = O + BQ * D, *Vf = Kt + BK * D, *tmp = Vf + BK * D, *S = tmp + BK * D;
+    float *m = S + BQ * BK, *l = m + BQ;
+    qblock qk;
+    qblock_setup(g, b, qb, &qk);
+    int64_t nq = qk.nq, qstride = g->Hq * D, qoff = ((b * g->Tq + qk.i0) * g->Hq + h) * D;
+    load_rows(g, Qs, a->q, a->qt, qoff, qstride, nq, g->scale);
+    memset(O, 0, (size_t)(nq * D) * sizeof(float));
+    for (int64_t i = 0; i < nq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0;
+    }
+    for (int64_t j0 = 0; j0 <= qk.maxlim; j0 += BK) {
+        int64_t nk = qk.maxlim + 1 - j0 < BK ? qk.maxlim + 1 - j0 : BK;
+        int vis = block_visibility(g, b, &qk, j0, nk);
+        if (!vis) continue;
+        load_keys(g, NULL, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
+        load_rows(g, Vf, a->vv, a->vt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f);
+        scores(g, S, Qs, Kt, nq, nk);
+        if (vis == 1) apply_mask(g, b, &qk, j0, nk, S);
+        for (int64_t i = 0; i < nq; i++) {
+            float *row = S + i * BK;
+            float mx = v->max(row, nk);
+            if (mx == -INFINITY) { /* nothing visible in this block for query i */
+                memset(row, 0, (size_t)nk * sizeof(float));
+                continue;
+            }
+            float mn = mx > m[i] ? mx : m[i];
+            float alpha = expf(m[i] - mn); /* 0 while m = −inf */
+            if (alpha != 1.0f) v->scale(O + i * D, O + i * D, alpha, D);
+            l[i] = l[i] * alpha + v->sum_exp(row, row, mn, nk);
+            m[i] = mn;
+        }
+        v->gemm_acc(O, D, S, BK, 1, Vf, D, nq, D, nk);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *o = O + i * D;
+        float L;
+        if (l[i] > 0) {
+            v->scale(o, o, 1.0f / l[i], D);
+            L = m[i] + logf(l[i]);
+        } else {
+            memset(o, 0, (size_t)D * sizeof(float));
+            L = -INFINITY;
+        }
+        if (a->lse) a->lse[(b * g->Hq + h) * g->Tq + qk.i0 + i] = L;
+    }
+    store_rows(g, a->out, a->ot, qoff, qstride, nq, O);
+}
+
+static at_status alloc_ws(int nt, size_t per, float **ws, const char *op)
+{
+    *ws = malloc((size_t)nt * per * sizeof(float));
+    if (!*ws) return at_error(AT_ERR_NOMEM, "%s: no memory for %d × %zu floats of scratch", op, nt, per);
+    return AT_OK;
+}
+
+at_status at_cpu_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
+                                   const at_tensor *v, const at_attn_params *p)
+{
+    geo g = make_geo(q, k, p);
+    fwd_args a = {at_tensor_data(q), at_tensor_data(k), at_tensor_data(v), q->dtype, k->dtype, v->dtype,
+                  at_tensor_data(out), out->dtype, lse ? at_tensor_data(lse) : NULL};
+    int64_t nqb = (g.Tq + BQ - 1) / BQ, ntask = g.B * g.Hq * nqb;
+    if (ntask == 0) return AT_OK;
+    int nt = g.B * g.Hq * g.Tq * g.Tk * g.D >= AT_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+    if (nt > ntask) nt = (int)ntask;
+    size_t per = fwd_ws_floats(g.D);
+    float *ws;
+    AT_TRY(alloc_ws(nt, per, &ws, "attention_forward"));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *w = ws + (size_t)omp_get_thread_num() * per;
+        /* later query blocks see more keys: hand tasks out one at a time */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntask; t++) {
+            int64_t qb = t % nqb, h = (t / nqb) % g.Hq, b = t / (nqb * g.Hq);
+            fwd_task(&g, &a, w, b, h, qb);
+        }
+    }
+    free(ws);
+    return AT_OK;
+}
+
+/* ---- backward ---- */
+
+typedef struct {
+    const void *q, *k, *vv, *dout;
+    at_dtype qt, kt, vt, dot;
+    const float *lse, *Dd; /* [B, Hq, Tq] */
+    void *dq, *dk, *dv;
+    at_dtype dqt, dkt, dvt;
+} bwd_args;
+
+/* Qs, dO, acc1, acc2 ([BQ or BK][D] each), Kf, Kt, Vt, tmp ([BK][D]), S, dP ([BQ][BK]), lse, Di ([BQ]) */
+static size_t bwd_ws_floats(int64_t D) { return (size_t)(8 * BK * D + 2 * BQ * BK + 2 * BQ); }
+
+/* For query block qk of head h: loads Qs (scaled) and dO, lse and D into the scratch. */
+static void load_qside(const geo *g, const bwd_args *a, int64_t b, int64_t h, const qblock *qk, float *Qs, float *dO,
+                       float *L, float *Di)
+{
+    int64_t D = g->D, qstride = g->Hq * D, qoff = ((b * g->Tq + qk->i0) * g->Hq + h) * D;
+    load_rows(g, Qs, a->q, a->qt, qoff, qstride, qk->nq, g->scale);
+    load_rows(g, dO, a->dout, a->dot, qoff, qstride, qk->nq, 1.0f);
+    const float *ls = a->lse + (b * g->Hq + h) * g->Tq + qk->i0, *ds = a->Dd + (b * g->Hq + h) * g->Tq + qk->i0;
+    memcpy(L, ls, (size_t)qk->nq * sizeof(float));
+    memcpy(Di, ds, (size_t)qk->nq * sizeof(float));
+}
+
+/* P = exp(S − lse) (masked → 0; rows with lse = −inf see nothing → 0), then
+ * dP = dO Vᵀ and dS = P ∘ (dP − D) in place of dP. */
+static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int64_t j0, int64_t nk, const float *Qs,
+                         const float *dO, const float *Kt, const float *Vt, const float *L, const float *Di,
+                         float *S, float *dP)
+{
+    const at_cpu_simd *v = g->v;
+    int64_t nq = qk->nq;
+    scores(g, S, Qs, Kt, nq, nk);
+    if (vis == 1) apply_mask(g, b, qk, j0, nk, S);
+    for (int64_t i = 0; i < nq; i++) {
+        float *row = S + i * BK;
+        if (L[i] == -INFINITY) memset(row, 0, (size_t)nk * sizeof(float));
+        else v->exp_scale(row, row, L[i], 1.0f, nk);
+    }
+    for (int64_t i = 0; i < nq; i++) memset(dP + i * BK, 0, (size_t)nk * sizeof(float));
+    v->gemm_acc(dP, BK, dO, g->D, 1, Vt, BK, nq, nk, g->D);
+    for (int64_t i = 0; i < nq; i++) {
+        const float *pr = S + i * BK;
+        float *dr = dP + i * BK, di = Di[i];
+        for (int64_t j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
+    }
+}
+
+/* Pass 1: dK, dV of key block kb of kv head kvh. */
+static void bwd_kv_task(const geo *g, const bwd_args *a, float *ws, int64_t b, int64_t kvh, int64_t kb)
+{
+    const at_cpu_simd *v = g->v;
+    int64_t D = g->D, j0 = kb * BK, nk = g->Tk - j0 < BK ? g->Tk - j0 : BK;
+    /* keys at or past kv_len are never read (a KV cache may hold garbage
+     * there); their dK, dV rows stay 0 */
+    int64_t kvl = g->Tk, nk_all = nk;
+    if (g->kvlen) kvl = g->kvlen[b] < 0 ? 0 : (g->kvlen[b] > g->Tk ? g->Tk : g->kvlen[b]);
+    if (nk > kvl - j0) nk = kvl - j0 > 0 ? kvl - j0 : 0;
+    float *Qs = ws, *dO = Qs + BK * D, *dK = dO + BK * D, *dV = dK + BK * D, *Kt = dV + BK * D, *Vt = Kt + BK * D;
+    float *tmp = Vt + BK * D, *S = tmp + 2 * BK * D, *dP = S + BQ * BK, *L = dP + BQ * BK, *Di = L + BQ;
+    memset(dK, 0, (size_t)(BK * D) * sizeof(float));
+    memset(dV, 0, (size_t)(BK * D) * sizeof(float));
+    int64_t nqb = (g->Tq + BQ - 1) / BQ;
+    int loaded = 0;
+    for (int64_t h = kvh * g->G; h < (kvh + 1) * g->G && nk > 0; h++) {
+        for (int64_t qb = 0; qb < nqb; qb++) {
+            qblock qk;
+            qblock_setup(g, b, qb, &qk);
+            int vis = block_visibility(g, b, &qk, j0, nk);
+            if (!vis) continue;
+            if (!loaded) {
+                load_keys(g, NULL, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
+                load_keys(g, NULL, Vt, tmp, a->vv, a->vt, b, kvh, j0, nk);
+                loaded = 1;
+            }
+            load_qside(g, a, b, h, &qk, Qs, dO, L, Di);
+            probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dP);
+            /* dV[j] += Σ_i P[i, j] dO[i];  dK[j] += Σ_i dS[i, j] Qs[i]  (Qs carries the scale) */
+            v->gemm_acc(dV, D, S, 1, BK, dO, D, nk, D, qk.nq);
+            v->gemm_acc(dK, D, dP, 1, BK, Qs, D, nk, D, qk.nq);
+        }
+    }
+    int64_t koff = ((b * g->Tk + j0) * g->Hkv + kvh) * D, kstride = g->Hkv * D;
+    store_rows(g, a->dk, a->dkt, koff, kstride, nk_all, dK);
+    store_rows(g, a->dv, a->dvt, koff, kstride, nk_all, dV);
+}
+
+/* Pass 2: dQ of query block qb of head h. */
+static void bwd_q_task(const geo *g, const bwd_args *a, float *ws, int64_t b, int64_t h, int64_t qb)
+{
+    const at_cpu_simd *v = g->v;
+    int64_t D = g->D, kvh = h / g->G;
+    float *Qs = ws, *dO = Qs + BK * D, *dQ = dO + BK * D, *Kf = dQ + BK * D, *Kt = Kf + BK * D, *Vt = Kt + BK * D;
+    float *tmp = Vt + BK * D, *S = tmp + 2 * BK * D, *dP = S + BQ * BK, *L = dP + BQ * BK, *Di = L + BQ;
+    qblock qk;
+    qblock_setup(g, b, qb, &qk);
+    load_qside(g, a, b, h, &qk, Qs, dO, L, Di);
+    memset(dQ, 0, (size_t)(qk.nq * D) * sizeof(float));
+    for (int64_t j0 = 0; j0 <= qk.maxlim; j0 += BK) {
+        int64_t nk = qk.maxlim + 1 - j0 < BK ? qk.maxlim + 1 - j0 : BK;
+        int vis = block_visibility(g, b, &qk, j0, nk);
+        if (!vis) continue;
+        load_keys(g, Kf, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
+        load_keys(g, NULL, Vt, tmp, a->vv, a->vt, b, kvh, j0, nk);
+        probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dP);
+        v->gemm_acc(dQ, D, dP, BK, 1, Kf, D, qk.nq, D, nk); /* dQ += dS K */
+    }
+    for (int64_t i = 0; i < qk.nq; i++) v->scale(dQ + i * D, dQ + i * D, g->scale, D);
+    int64_t qstride = g->Hq * D, qoff = ((b * g->Tq + qk.i0) * g->Hq + h) * D;
+    store_rows(g, a->dq, a->dqt, qoff, qstride, qk.nq, dQ);
+}
+
+at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
+                                    const at_tensor *q, const at_tensor *k, const at_tensor *v,
+                                    const at_tensor *out, const at_tensor *lse, const at_attn_params *p)
+{
+    geo g = make_geo(q, k, p);
+    int64_t nqb = (g.Tq + BQ - 1) / BQ, nkb = (g.Tk + BK - 1) / BK;
+    int64_t nrows = g.B * g.Hq * g.Tq;
+    int nt = nrows * g.Tk * g.D >= AT_CPU_PAR_MIN ? omp_get_max_threads() : 1;
+    size_t per = bwd_ws_floats(g.D);
+    float *ws = NULL, *Dd = NULL;
+    at_status st = alloc_ws(nt, per, &ws, "attention_backward");
+    if (st != AT_OK) return st;
+    Dd = malloc((size_t)(nrows > 0 ? nrows : 1) * sizeof(float));
+    if (!Dd) {
+        free(ws);
+        return at_error(AT_ERR_NOMEM, "attention_backward: no memory for %lld row sums", (long long)nrows);
+    }
+    bwd_args a = {at_tensor_data(q), at_tensor_data(k), at_tensor_data(v), at_tensor_data(dout),
+                  q->dtype, k->dtype, v->dtype, dout->dtype, at_tensor_data(lse), Dd,
+                  at_tensor_data(dq), at_tensor_data(dk), at_tensor_data(dv), dq->dtype, dk->dtype, dv->dtype};
+    const void *po = at_tensor_data(out), *pdo = at_tensor_data(dout);
+    int64_t D = g.D;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *w = ws + (size_t)omp_get_thread_num() * per;
+        /* D_i = dout_i · out_i, stored [B, Hq, Tq] like lse */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < nrows; r++) { /* r walks [B, Tq, Hq] */
+            int64_t h = r % g.Hq, i = (r / g.Hq) % g.Tq, b = r / (g.Hq * g.Tq);
+            const float *x = at_cpu_in(g.v, w, pdo, dout->dtype, r * D, D);
+            const float *y = at_cpu_in(g.v, w + D, po, out->dtype, r * D, D);
+            Dd[(b * g.Hq + h) * g.Tq + i] = g.v->dot(x, y, D);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < g.B * g.Hkv * nkb; t++) {
+            int64_t kb = t % nkb, kvh = (t / nkb) % g.Hkv, b = t / (nkb * g.Hkv);
+            bwd_kv_task(&g, &a, w, b, kvh, kb);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < g.B * g.Hq * nqb; t++) {
+            int64_t qb = t % nqb, h = (t / nqb) % g.Hq, b = t / (nqb * g.Hq);
+            bwd_q_task(&g, &a, w, b, h, qb);
+        }
+    }
+    free(Dd);
+    free(ws);
+    return AT_OK;
+}

@@ -1,0 +1,113 @@
+#include "device/cpu/cpu_loss.h"
+
+#include <math.h>
+#include <string.h>
+#include "device/cpu/cpu_simd.h"
+
+/* Both kernels make two passes over each row, chunk by chunk (rows can be a
+ * 151936-entry vocabulary): pass 1 finds m = max and s = Σ exp(x − m) online
+ * (when a chunk raises the max, s is rescaled by exp(old − new)); pass 2
+ * writes exp(x − m)/s, or for cross-entropy the gradient. Rows go to threads. */
+
+/* Online max and sum of exponentials of one row; returns log Σ exp(x). */
+static float row_logsumexp(const at_cpu_simd *v, float *buf, const void *px, at_dtype t, int64_t off, int64_t V)
+{
+    float m = -INFINITY;
+    double s = 0;
+    for (int64_t c0 = 0; c0 < V; c0 += AT_CPU_CHUNK) {
+        int64_t len = V - c0 < AT_CPU_CHUNK ? V - c0 : AT_CPU_CHUNK;
+        const float *x = at_cpu_in(v, buf, px, t, off + c0, len);
+        float cm = v->max(x, len);
+        if (cm == -INFINITY) continue; /* contributes exp(−inf) = 0 */
+        if (cm > m) {
+            s *= exp((double)m - (double)cm);
+            m = cm;
+        }
+        s += v->sum_exp(NULL, x, m, len);
+    }
+    if (m == -INFINITY) return -INFINITY;
+    return m + (float)log(s);
+}
+
+static float load1(const void *p, at_dtype t, int64_t i)
+{
+    switch (t) {
+    case AT_BF16: return at_bf16_to_f32(((const uint16_t *)p)[i]);
+    case AT_F16: return at_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static void store1(void *p, at_dtype t, int64_t i, float x)
+{
+    switch (t) {
+    case AT_BF16: ((uint16_t *)p)[i] = at_f32_to_bf16(x); break;
+    case AT_F16: ((uint16_t *)p)[i] = at_f32_to_f16(x); break;
+    default: ((float *)p)[i] = x; break;
+    }
+}
+
+/* y = exp(x − lse) with lse = log Σ exp(x), row by row. */
+at_status at_cpu_softmax(at_tensor *y, const at_tensor *x)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    int64_t rows = at_tensor_rows(x), V = at_tensor_cols(x);
+    const void *px = at_tensor_data(x);
+    void *py = at_tensor_data(y);
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * V >= AT_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
+        float lse = row_logsumexp(v, bx, px, x->dtype, r * V, V);
+        for (int64_t c0 = 0; c0 < V; c0 += AT_CPU_CHUNK) {
+            int64_t len = V - c0 < AT_CPU_CHUNK ? V - c0 : AT_CPU_CHUNK, off = r * V + c0;
+            const float *xi = at_cpu_in(v, bx, px, x->dtype, off, len);
+            float *o = at_cpu_out(by, py, y->dtype, off);
+            v->exp_scale(o, xi, lse, 1.0f, len);
+            at_cpu_out_done(v, o, py, y->dtype, off, len);
+        }
+    }
+    return AT_OK;
+}
+
+/*   row_loss[n] = logsumexp(logits[n]) − logits[n, label]
+ *   dlogits[n]  = grad_scale · (softmax(logits[n]) − onehot(label))
+ * both 0 for an ignored label (< 0). The label's logit is read before pass 2,
+ * so dlogits may be the logits tensor itself. */
+at_status at_cpu_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
+                               const at_tensor *labels, float grad_scale)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    int64_t rows = at_tensor_rows(logits), V = at_tensor_cols(logits);
+    const int32_t *lab = at_tensor_data(labels);
+    for (int64_t r = 0; r < rows; r++) {
+        if (lab[r] >= V)
+            return at_error(AT_ERR_INVALID, "cross_entropy: %s[%lld] = %d is not below the vocabulary size %lld",
+                            labels->name[0] ? labels->name : "labels", (long long)r, lab[r], (long long)V);
+    }
+    const void *px = at_tensor_data(logits);
+    void *pd = dlogits ? at_tensor_data(dlogits) : NULL;
+    float *loss = at_tensor_data(row_loss);
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * V >= AT_CPU_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float bx[AT_CPU_CHUNK], bd[AT_CPU_CHUNK];
+        if (lab[r] < 0) {
+            loss[r] = 0;
+            /* zero bits are 0.0 in f32, bf16 and f16 alike */
+            if (pd) memset(at_cpu_elem(pd, dlogits->dtype, r * V), 0, (size_t)V * (dlogits->dtype == AT_F32 ? 4 : 2));
+            continue;
+        }
+        float lse = row_logsumexp(v, bx, px, logits->dtype, r * V, V);
+        float xl = load1(px, logits->dtype, r * V + lab[r]);
+        loss[r] = lse - xl;
+        if (!pd) continue;
+        for (int64_t c0 = 0; c0 < V; c0 += AT_CPU_CHUNK) {
+            int64_t len = V - c0 < AT_CPU_CHUNK ? V - c0 : AT_CPU_CHUNK, off = r * V + c0;
+            const float *xi = at_cpu_in(v, bx, px, logits->dtype, off, len);
+            float *o = at_cpu_out(bd, pd, dlogits->dtype, off);
+            v->exp_scale(o, xi, lse, grad_scale, len);
+            at_cpu_out_done(v, o, pd, dlogits->dtype, off, len);
+        }
+        store1(pd, dlogits->dtype, r * V + lab[r], grad_scale * (expf(xl - lse) - 1.0f));
+    }
+    return AT_OK;
+}

@@ -1,0 +1,36 @@
+#include "device/cpu/cpu_matmul.h"
+
+#include "device/cpu/cpu_simd.h"
+#include "device/cpu/gemm.h"
+
+static int64_t batch_of(const at_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 2; i++) n *= t->shape[i];
+    return n;
+}
+
+/* C = alpha · op(A) · op(B) + beta · C over the batch. When B is shared by
+ * the whole batch and A is not transposed, the batch of A is stacked into the
+ * rows of one GEMM ([batch·M, K] · [K, N]), which the engine runs faster
+ * than many small ones. */
+at_status at_cpu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
+                        float beta)
+{
+    int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
+    int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
+    int64_t M = trans_a ? ac : ar, K = trans_a ? ar : ac, N = trans_b ? br : bc;
+    int64_t batch = batch_of(a), bb = batch_of(b);
+    const void *pa = at_tensor_data(a), *pb = at_tensor_data(b);
+    void *pc = at_tensor_data(c);
+    if (bb == 1 && !trans_a) {
+        M *= batch;
+        batch = 1;
+    }
+    for (int64_t i = 0; i < batch; i++) {
+        at_cpu_gemm(trans_a, trans_b, M, N, K, alpha, at_cpu_elem(pa, a->dtype, i * ar * ac), a->dtype, ac,
+                    at_cpu_elem(pb, b->dtype, bb == 1 ? 0 : i * br * bc), b->dtype, bc, beta,
+                    at_cpu_elem(pc, c->dtype, i * M * N), c->dtype, N);
+    }
+    return AT_OK;
+}

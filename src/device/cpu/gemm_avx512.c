@@ -1,0 +1,267 @@
+/* AVX-512 GEMM pieces for f32 panels: packing (with conversion from bf16 /
+ * f16 and optional rounding to bf16), the 14x32 microkernel, and the small
+ * path's dot / axpy primitives. Compiled with -mavx512f/bw/vl/dq; called
+ * only when at_cpu_isa_level() >= AT_ISA_AVX512. Layouts: gemm_kernels.h. */
+#include "device/cpu/gemm_kernels.h"
+
+#include <immintrin.h>
+
+#include "device/cpu/gemm_avx512_inl.h"
+
+#define MR 14
+#define NR 32
+
+static void pack_f32(void *dst_, const void *src_, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n, int64_t kc,
+                     int round)
+{
+    float *dst = dst_;
+    const char *src = src_;
+    size_t es = t == AT_F32 ? 4 : 2;
+    int64_t np = (n + w - 1) / w, pstride = kc * w;
+    if (sx == 1) {
+        /* lanes contiguous: 16 source rows at a time, left to right, a
+         * panel's 16 k at a time. (Down a whole panel first would touch a
+         * new page per row; along whole rows first would write to every
+         * panel in turn, panels a multiple of 4 KiB apart that evict each
+         * other from L1.) */
+        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+            int64_t k1 = kc - k0 < 16 ? kc : k0 + 16;
+            for (int64_t pi = 0; pi < np; pi++) {
+                int64_t x0 = pi * w;
+                float *d = dst + pi * pstride;
+                for (int64_t k = k0; k < k1; k++) {
+                    const char *s = src + (size_t)(k * sk + x0) * es;
+                    /* the rows come from memory: ask for two panels ahead */
+                    if (pi + 2 < np)
+                        for (int g = 0; g < w * (int)es; g += 64) _mm_prefetch(s + 2 * w * es + g, _MM_HINT_T0);
+                    for (int g = 0; g < w; g += 16)
+                        _mm512_mask_storeu_ps(d + k * w + g, mask16(w - g),
+                                              load16r(s + g * es, t, mask16(n - x0 - g), round));
+                }
+            }
+        }
+        return;
+    }
+    /* k contiguous: transpose 16 lanes x 16 k at a time */
+    for (int64_t pi = 0; pi < np; pi++, dst += pstride) {
+        int64_t x0 = pi * w;
+        for (int g = 0; g < w; g += 16) {
+            __mmask16 wm = mask16(w - g);
+            for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+                __mmask16 km = mask16(kc - k0);
+                __m512 r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = x0 + g + i < n ? load16r(src + (size_t)((x0 + g + i) * sx + k0) * es, t, km, round)
+                                          : _mm512_setzero_ps();
+                transpose16(r);
+                int kl = kc - k0 < 16 ? (int)(kc - k0) : 16;
+                for (int i = 0; i < kl; i++) _mm512_mask_storeu_ps(dst + (k0 + i) * w + g, wm, r[i]);
+            }
+        }
+    }
+}
+
+/* The 14x32 microkernel: 28 zmm accumulators, per k two B vectors and 14
+ * broadcasts of A. C's lines are prefetched first so that the write-back
+ * does not wait on them. */
+static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m, int n,
+                       float alpha, float beta)
+{
+    const float *ap = ap_, *bp = bp_;
+    size_t es = ct == AT_F32 ? 4 : 2;
+    for (int i = 0; i < m; i++) {
+        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es, _MM_HINT_T0);
+        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es + 64, _MM_HINT_T0);
+    }
+#define Z(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
+    Z(0) Z(1) Z(2) Z(3) Z(4) Z(5) Z(6) Z(7) Z(8) Z(9) Z(10) Z(11) Z(12) Z(13)
+#undef Z
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+#define F(i)                                                                                                           \
+    {                                                                                                                  \
+        __m512 a = _mm512_set1_ps(ap[i]);                                                                              \
+        c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);                                                                     \
+        c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                                                                     \
+    }
+        F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13)
+#undef F
+        ap += MR;
+        bp += NR;
+    }
+    __m512 va = _mm512_set1_ps(alpha);
+    __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
+    char *cr = c;
+#define S(i)                                                                                                           \
+    if (i < m) store_row(cr + (size_t)(i * ldc) * es, ct, c##i##0, c##i##1, m0, m1, va, beta);
+    S(0) S(1) S(2) S(3) S(4) S(5) S(6) S(7) S(8) S(9) S(10) S(11) S(12) S(13)
+#undef S
+}
+
+
+const at_gemm_blocked at_gemm_f32_avx512 = {
+    .name = "avx512", .mr = MR, .nr = NR, .kp = 1, .mc = 16 * MR, .kc = 512, .nc = 64 * NR,
+    .pack = pack_f32, .kernel = kernel_f32,
+};
+
+/* ---- small path ----
+ * The tiles below are generic in their sizes (RR, SS, NV: compile-time
+ * constants after inlining). Accumulators are named variables, not arrays:
+ * compilers keep an array of 16+ zmm in memory and reload it every step. */
+
+#define AT_S8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
+#define AT_R4(M) M(0) M(1) M(2) M(3)
+#define AT_R4S8(M) AT_S8(M, 0) AT_S8(M, 1) AT_S8(M, 2) AT_S8(M, 3)
+
+/* RR (<= 4) rows of y against SS (<= 8) rows of x, dot products along k;
+ * only the first sv of the SS results per row are stored. */
+static inline __attribute__((always_inline)) void dot_tile(const int RR, const int SS, int64_t K, const float *x,
+                                                           int64_t ldx, const char *y, at_dtype yt, int64_t ldy,
+                                                           int round, float *out, int64_t ors, int64_t oss, int sv)
+{
+    size_t es = yt == AT_F32 ? 4 : 2;
+#define DECL(r, s) __m512 c##r##s = _mm512_setzero_ps();
+    AT_R4S8(DECL)
+#undef DECL
+    for (int64_t k = 0; k < K; k += 16) {
+        __mmask16 km = mask16(K - k);
+        __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+#define LY(r)                                                                                                          \
+    if (RR > r) y##r = load16r(y + (size_t)(r * ldy + k) * es, yt, km, round);
+        AT_R4(LY)
+#undef LY
+#define FM(r, s)                                                                                                       \
+    if (RR > r && SS > s) c##r##s = _mm512_fmadd_ps(_mm512_loadu_ps(x + s * ldx + k), y##r, c##r##s);
+        AT_R4S8(FM)
+#undef FM
+    }
+#define RED(r, s)                                                                                                      \
+    if (RR > r && SS > s && s < sv) out[r * ors + s * oss] = _mm512_reduce_add_ps(c##r##s);
+    AT_R4S8(RED)
+#undef RED
+}
+
+static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, const float *x, int64_t ldx, int64_t R,
+                                                           const void *y_, const at_dtype yt, int64_t ldy,
+                                                           const int round, float *out, int64_t ors, int64_t oss)
+{
+    const char *y = y_;
+    size_t es = yt == AT_F32 ? 4 : 2;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        int sv = S - s0 < 8 ? S - s0 : 8;
+        const float *xs = x + s0 * ldx;
+        float *os = out + s0 * oss;
+        int64_t r = 0;
+#define RUN(RR, SS)                                                                                                    \
+    for (; r + RR <= R; r += RR)                                                                                       \
+        dot_tile(RR, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);         \
+    for (; r < R; r++) dot_tile(1, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);
+        if (sv <= 1) { RUN(4, 1) }
+        else if (sv <= 2) { RUN(4, 2) }
+        else if (sv <= 4) { RUN(4, 4) }
+        else { RUN(2, 8) }
+#undef RUN
+    }
+}
+
+#define AXPY_KB 8
+
+/* out[s][0..lv) (+)= sum over kb (<= AXPY_KB) rows k of x[s][k] * y[k][..]
+ * for SS (<= 8) rows of x and NV (<= 4) vectors of 16 lanes; the first k
+ * block starts from zero, later ones add to out. Reading AXPY_KB rows of y
+ * side by side, left to right, keeps every access sequential. */
+static inline __attribute__((always_inline)) void axpy_tile(const int SS, const int NV, int kb, const float *x,
+                                                            int64_t ldx, const char *y, at_dtype yt, int64_t ldy,
+                                                            int round, float *out, int64_t lds, int first, int sv,
+                                                            int64_t lv)
+{
+    size_t es = yt == AT_F32 ? 4 : 2;
+    __mmask16 m0 = mask16(lv), m1 = mask16(lv - 16), m2 = mask16(lv - 32), m3 = mask16(lv - 48);
+    __m512 c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33, c40, c41, c42, c43, c50,
+        c51, c52, c53, c60, c61, c62, c63, c70, c71, c72, c73;
+#define DECL(s, v)                                                                                                     \
+    c##s##v = NV > v && SS > s && !first && s < sv ? _mm512_maskz_loadu_ps(m##v, out + s * lds + 16 * v)              \
+                                                   : _mm512_setzero_ps();
+#define DECLV(s) DECL(s, 0) DECL(s, 1) DECL(s, 2) DECL(s, 3)
+    DECLV(0) DECLV(1) DECLV(2) DECLV(3) DECLV(4) DECLV(5) DECLV(6) DECLV(7)
+#undef DECL
+#undef DECLV
+    for (int kk = 0; kk < kb; kk++) {
+        const char *yk = y + (size_t)(kk * ldy) * es;
+        __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+#define LY(v)                                                                                                          \
+    if (NV > v) y##v = load16r(yk + 16 * v * es, yt, m##v, round);
+        AT_R4(LY)
+#undef LY
+#define FM(s)                                                                                                          \
+    if (SS > s) {                                                                                                      \
+        __m512 xb = _mm512_set1_ps(x[s * ldx + kk]);                                                                   \
+        if (NV > 0) c##s##0 = _mm512_fmadd_ps(xb, y0, c##s##0);                                                        \
+        if (NV > 1) c##s##1 = _mm512_fmadd_ps(xb, y1, c##s##1);                                                        \
+        if (NV > 2) c##s##2 = _mm512_fmadd_ps(xb, y2, c##s##2);                                                        \
+        if (NV > 3) c##s##3 = _mm512_fmadd_ps(xb, y3, c##s##3);                                                        \
+    }
+        FM(0) FM(1) FM(2) FM(3) FM(4) FM(5) FM(6) FM(7)
+#undef FM
+    }
+#define ST(s, v)                                                                                                       \
+    if (SS > s && NV > v && s < sv) _mm512_mask_storeu_ps(out + s * lds + 16 * v, m##v, c##s##v);
+#define STV(s) ST(s, 0) ST(s, 1) ST(s, 2) ST(s, 3)
+    STV(0) STV(1) STV(2) STV(3) STV(4) STV(5) STV(6) STV(7)
+#undef ST
+#undef STV
+}
+
+static inline __attribute__((always_inline)) void axpy_body(int S, int64_t K, const float *x, int64_t ldx, int64_t L,
+                                                            const void *y_, const at_dtype yt, int64_t ldy,
+                                                            const int round, float *out, int64_t lds)
+{
+    const char *y = y_;
+    size_t es = yt == AT_F32 ? 4 : 2;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        int sv = S - s0 < 8 ? S - s0 : 8;
+        const float *xs = x + s0 * ldx;
+        float *os = out + s0 * lds;
+        for (int64_t k0 = 0; k0 < K; k0 += AXPY_KB) {
+            int kb = K - k0 < AXPY_KB ? (int)(K - k0) : AXPY_KB;
+            const char *yk = y + (size_t)(k0 * ldy) * es;
+#define RUN(SS, NV)                                                                                                    \
+    for (int64_t l = 0; l < L; l += 16 * NV)                                                                           \
+        axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l, lds, k0 == 0, sv, L - l);
+            if (sv <= 2) { RUN(2, 4) }
+            else if (sv <= 4) { RUN(4, 4) }
+            else { RUN(8, 2) }
+#undef RUN
+        }
+    }
+}
+
+/* One copy of each body per source dtype and rounding, so that the inner
+ * loops carry no test of either. (Rounding a bf16 value is a no-op.) */
+#define AT_BY_TYPE(body, ...)                                                                                          \
+    do {                                                                                                               \
+        if (yt == AT_F32 && round) body(__VA_ARGS__, AT_F32, ldy, 1);                                                  \
+        else if (yt == AT_F32) body(__VA_ARGS__, AT_F32, ldy, 0);                                                      \
+        else if (yt == AT_BF16) body(__VA_ARGS__, AT_BF16, ldy, 0);                                                    \
+        else if (round) body(__VA_ARGS__, AT_F16, ldy, 1);                                                             \
+        else body(__VA_ARGS__, AT_F16, ldy, 0);                                                                        \
+    } while (0)
+#define DOT(...) dot_body(__VA_ARGS__, out, ors, oss)
+#define AXPY(...) axpy_body(__VA_ARGS__, out, lds)
+
+static void dot_avx512(int S, int64_t K, const float *x, int64_t ldx, int64_t R, const void *y, at_dtype yt,
+                       int64_t ldy, int round, float *out, int64_t ors, int64_t oss)
+{
+    AT_BY_TYPE(DOT, S, K, x, ldx, R, y);
+}
+
+static void axpy_avx512(int S, int64_t K, const float *x, int64_t ldx, int64_t L, const void *y, at_dtype yt,
+                        int64_t ldy, int round, float *out, int64_t lds)
+{
+    AT_BY_TYPE(AXPY, S, K, x, ldx, L, y);
+}
+#undef DOT
+#undef AXPY
+#undef AT_BY_TYPE
+
+const at_gemm_small at_gemm_small_avx512 = {.dot = dot_avx512, .axpy = axpy_avx512};

@@ -1,0 +1,96 @@
+/* AVX-512 helpers shared by gemm_avx512.c and gemm_avx512bf16.c (static
+ * inline; include only from files compiled with the AVX-512 flags). */
+#ifndef AT_DEVICE_CPU_GEMM_AVX512_INL_H
+#define AT_DEVICE_CPU_GEMM_AVX512_INL_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include "device/dtype.h"
+
+static inline __mmask16 mask16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* Rounds f32 lanes to the nearest bf16 value (ties to even), NaN kept. */
+static inline __m512 round_bf16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 values of type t at p (masked lanes read as 0) as f32. */
+static inline __m512 load16(const void *p, at_dtype t, __mmask16 m)
+{
+    if (t == AT_F32) return _mm512_maskz_loadu_ps(m, p);
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (t == AT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __m512 load16r(const void *p, at_dtype t, __mmask16 m, int round)
+{
+    __m512 v = load16(p, t, m);
+    return round ? round_bf16(v) : v;
+}
+
+/* In-register transpose of 16 rows of 16 32-bit values. */
+static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* Stores one row of a tile: c[0..n) = alpha*acc + beta*c (c f32 or bf16). */
+static inline void store_row(void *c, at_dtype ct, __m512 a0, __m512 a1, __mmask16 m0, __mmask16 m1, __m512 va,
+                             float beta)
+{
+    a0 = _mm512_mul_ps(a0, va);
+    a1 = _mm512_mul_ps(a1, va);
+    if (ct == AT_F32) {
+        float *p = c;
+        if (beta != 0.0f) {
+            __m512 vb = _mm512_set1_ps(beta);
+            a0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, p), a0);
+            a1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, p + 16), a1);
+        }
+        _mm512_mask_storeu_ps(p, m0, a0);
+        _mm512_mask_storeu_ps(p + 16, m1, a1);
+    } else {
+        uint16_t *p = c;
+        if (beta != 0.0f) {
+            __m512 vb = _mm512_set1_ps(beta);
+            a0 = _mm512_fmadd_ps(vb, load16(p, AT_BF16, m0), a0);
+            a1 = _mm512_fmadd_ps(vb, load16(p + 16, AT_BF16, m1), a1);
+        }
+        __m256i h0 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round_bf16(a0)), 16));
+        __m256i h1 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round_bf16(a1)), 16));
+        _mm256_mask_storeu_epi16(p, m0, h0);
+        _mm256_mask_storeu_epi16(p + 16, m1, h1);
+    }
+}
+
+#endif

@@ -1,0 +1,72 @@
+/* The GEMM engine's insides: what the driver (gemm.c) asks of each
+ * instruction-set file (gemm_avx2.c, gemm_avx512.c, gemm_avx512bf16.c).
+ * Only src/device/cpu/gemm*.c include this.
+ *
+ * Blocked path (GotoBLAS/BLIS): op(A) is cut into panels of mr rows and op(B)
+ * into panels of nr columns, each packed k-major so the microkernel reads
+ * both with unit stride:
+ *   kp == 1 (f32 panels):  panel[k*w + x]                      (f32)
+ *   kp == 2 (bf16 pairs):  panel[(k/2)*2w + 2x + (k%2)]         (bf16)
+ * i.e. for bf16 each 32-bit lane holds the pair (k, k+1) that one
+ * vdpbf16ps multiplies and adds. Lanes past the valid count and the odd k
+ * past kc are zero, so edge tiles need no special case in the inner loop.
+ *
+ * Small path: when M or N is tiny (decode with M = 1, LoRA rank 8) packing the
+ * big operand would cost as much as the multiply, so it is streamed once in
+ * place. The tiny operand is converted to an f32 buffer x[S][ldx] (S rows
+ * padded with zeros to a multiple of AT_GEMM_SMALL_PAD, ldx a multiple of
+ * 16, zero past K) and one of two primitives runs:
+ *   dot:   out[r*ors + s*oss] = sum_k x[s][k] * y[r*ldy + k]     (y rows along k)
+ *   axpy:  out[s*lds + l]     = sum_k x[s][k] * y[k*ldy + l]     (y rows along l)
+ * where y is the big operand in its own dtype. */
+#ifndef AT_DEVICE_CPU_GEMM_KERNELS_H
+#define AT_DEVICE_CPU_GEMM_KERNELS_H
+
+#include <stdint.h>
+#include "device/dtype.h"
+
+#define AT_GEMM_SMALL_PAD 8
+
+/* Packs n lanes by kc values into ceil(n / w) consecutive panels of w lanes
+ * (each kc rounded up to kp, times w values); source element (x, k) is
+ * src[x*sx + k*sk] of type t (f32, bf16 or f16); lanes past n are zero.
+ * round: round values to bf16 precision (f32 panels computing "in bf16"). */
+typedef void (*at_gemm_pack_fn)(void *dst, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n,
+                                int64_t kc, int round);
+/* C[m x n] (m <= mr, n <= nr) = alpha * Apanel . Bpanel + beta * C, C of type
+ * ct (f32 or bf16) with row stride ldc; beta == 0 does not read C. */
+typedef void (*at_gemm_kernel_fn)(int64_t kc, const void *ap, const void *bp, void *c, at_dtype ct, int64_t ldc,
+                                  int m, int n, float alpha, float beta);
+typedef void (*at_gemm_dot_fn)(int S, int64_t K, const float *x, int64_t ldx, int64_t R, const void *y, at_dtype yt,
+                               int64_t ldy, int round, float *out, int64_t ors, int64_t oss);
+typedef void (*at_gemm_axpy_fn)(int S, int64_t K, const float *x, int64_t ldx, int64_t L, const void *y,
+                                at_dtype yt, int64_t ldy, int round, float *out, int64_t lds);
+
+typedef struct {
+    const char *name;
+    int mr, nr;     /* register tile: rows of C (broadcast side) x columns (vector side) */
+    int kp;         /* 1: f32 panels; 2: bf16 pair panels */
+    int mc, kc, nc; /* cache blocks (mc % mr == 0, nc % nr == 0, kc % kp == 0) */
+    at_gemm_pack_fn pack;
+    at_gemm_kernel_fn kernel;
+} at_gemm_blocked;
+
+typedef struct {
+    at_gemm_dot_fn dot;
+    at_gemm_axpy_fn axpy;
+} at_gemm_small;
+
+/* Portable pieces in gemm.c that the ISA files reuse: the packing routine
+ * (f32 panels) and the write-back of an f32 tile acc[m][ld] into C. */
+void at_gemm_pack_portable(void *dst, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n,
+                           int64_t kc, int round);
+void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t ldc, int m, int n, float alpha,
+                        float beta);
+
+/* Defined in the ISA files; only used after at_cpu_isa_level() allows it. */
+extern const at_gemm_blocked at_gemm_f32_avx2;
+extern const at_gemm_blocked at_gemm_f32_avx512;
+extern const at_gemm_blocked at_gemm_bf16_avx512bf16;
+extern const at_gemm_small at_gemm_small_avx512;
+
+#endif

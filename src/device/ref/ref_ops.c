@@ -1,0 +1,498 @@
+/* Reference kernels (see ref_ops.h): every input is read into a double array,
+ * the math is done in double in the plainest loop order, and each output is
+ * rounded once when stored. Index tensors are read in place. Attention is in
+ * ref_attention.c, the conversions in ref_util.c. */
+#include "device/ref/ref_ops.h"
+#include "device/ref/ref_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Product of all dimensions but the last two. */
+static int64_t matrix_batch(const at_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 2; i++) n *= t->shape[i];
+    return n;
+}
+
+/* ---- matmul ----
+ * C[b] = alpha · op(A[b]) · op(B[b or 0]) + beta · C[b];  op(X)[i,k] = X[k,i] when transposed. */
+at_status at_ref_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                        float alpha, float beta)
+{
+    const char *op = "matmul";
+    double *A = NULL, *B = NULL, *C = NULL;
+    at_status st = AT_OK;
+    int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
+    int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
+    int64_t M = trans_a ? ac : ar, K = trans_a ? ar : ac, N = trans_b ? br : bc;
+    int64_t batch = matrix_batch(c), batch_b = matrix_batch(b);
+    AT_CHECK(at_ref_load(a, op, &A));
+    AT_CHECK(at_ref_load(b, op, &B));
+    if (beta != 0.0f) AT_CHECK(at_ref_load(c, op, &C)); /* beta == 0: old C ignored, even NaN */
+    else AT_CHECK(at_ref_zeros(at_tensor_numel(c), &C));
+    for (int64_t bt = 0; bt < batch; bt++) {
+        const double *Ab = A + bt * ar * ac;
+        const double *Bb = B + (batch_b == 1 ? 0 : bt) * br * bc;
+        double *Cb = C + bt * M * N;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double x = trans_a ? Ab[k * ac + i] : Ab[i * ac + k];
+                    double y = trans_b ? Bb[j * bc + k] : Bb[k * bc + j];
+                    s += x * y;
+                }
+                Cb[i * N + j] = (double)alpha * s + (beta != 0.0f ? (double)beta * Cb[i * N + j] : 0.0);
+            }
+    }
+    AT_CHECK(at_ref_store(c, C, op));
+done:
+    free(A);
+    free(B);
+    free(C);
+    return st;
+}
+
+/* ---- elementwise ---- */
+
+/* y = a + b, b either a's size or one row broadcast over a's rows. */
+at_status at_ref_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
+{
+    double *A = NULL, *B = NULL;
+    at_status st = AT_OK;
+    int64_t n = at_tensor_numel(a), nb = at_tensor_numel(b), cols = at_tensor_cols(a);
+    AT_CHECK(at_ref_load(a, "add", &A));
+    AT_CHECK(at_ref_load(b, "add", &B));
+    for (int64_t i = 0; i < n; i++) A[i] += nb == n ? B[i] : B[i % cols];
+    AT_CHECK(at_ref_store(y, A, "add"));
+done:
+    free(A);
+    free(B);
+    return st;
+}
+
+/* y = s · x */
+at_status at_ref_scale(at_tensor *y, const at_tensor *x, float s)
+{
+    double *X = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, "scale", &X));
+    for (int64_t i = 0; i < at_tensor_numel(x); i++) X[i] *= (double)s;
+    AT_CHECK(at_ref_store(y, X, "scale"));
+done:
+    free(X);
+    return st;
+}
+
+/* y += alpha · x */
+at_status at_ref_axpy(at_tensor *y, float alpha, const at_tensor *x)
+{
+    double *X = NULL, *Y = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, "axpy", &X));
+    AT_CHECK(at_ref_load(y, "axpy", &Y));
+    for (int64_t i = 0; i < at_tensor_numel(y); i++) Y[i] += (double)alpha * X[i];
+    AT_CHECK(at_ref_store(y, Y, "axpy"));
+done:
+    free(X);
+    free(Y);
+    return st;
+}
+
+/* every element = value (i32 tensors get value truncated toward zero) */
+at_status at_ref_fill(at_tensor *y, float value)
+{
+    int64_t n = at_tensor_numel(y);
+    if (y->dtype == AT_I32) {
+        int32_t *p = (int32_t *)at_ref_host(y, "fill");
+        if (!p) return AT_ERR_INVALID;
+        if (!(value >= -2147483648.0f && value < 2147483648.0f))
+            return at_error(AT_ERR_INVALID, "ref fill: %g does not fit i32 tensor %s", (double)value, y->name);
+        for (int64_t i = 0; i < n; i++) p[i] = (int32_t)value;
+        return AT_OK;
+    }
+    double *Y = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_zeros(n, &Y));
+    for (int64_t i = 0; i < n; i++) Y[i] = value;
+    AT_CHECK(at_ref_store(y, Y, "fill"));
+done:
+    free(Y);
+    return st;
+}
+
+/* y = x in y's dtype; the same dtype is a byte copy (any dtype). */
+at_status at_ref_cast(at_tensor *y, const at_tensor *x)
+{
+    if (x->dtype == y->dtype) {
+        void *dst = (void *)at_ref_host(y, "cast");
+        const void *src = at_ref_host(x, "cast");
+        if (!dst || !src) return AT_ERR_INVALID;
+        memmove(dst, src, at_tensor_nbytes(x));
+        return AT_OK;
+    }
+    double *X = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, "cast", &X));
+    AT_CHECK(at_ref_store(y, X, "cast"));
+done:
+    free(X);
+    return st;
+}
+
+/* y[j] = beta · y[j] + Σ_r x[r, j]  (beta == 0: old y ignored) */
+at_status at_ref_sum_rows(at_tensor *y, const at_tensor *x, float beta)
+{
+    double *X = NULL, *Y = NULL;
+    at_status st = AT_OK;
+    int64_t rows = at_tensor_rows(x), cols = at_tensor_cols(x);
+    AT_CHECK(at_ref_load(x, "sum_rows", &X));
+    if (beta != 0.0f) AT_CHECK(at_ref_load(y, "sum_rows", &Y));
+    else AT_CHECK(at_ref_zeros(cols, &Y));
+    for (int64_t j = 0; j < cols; j++) {
+        double s = 0;
+        for (int64_t r = 0; r < rows; r++) s += X[r * cols + j];
+        Y[j] = (beta != 0.0f ? (double)beta * Y[j] : 0.0) + s;
+    }
+    AT_CHECK(at_ref_store(y, Y, "sum_rows"));
+done:
+    free(X);
+    free(Y);
+    return st;
+}
+
+/* ---- RMSNorm ----
+ *   forward:  r = 1/sqrt(mean(x²) + eps),  y = x · r · w
+ *   backward: g = dy · w, x̂ = x · r,  dx = r · (g − x̂ · mean(g · x̂)),  dw += Σ_rows dy · x̂ */
+at_status at_ref_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps)
+{
+    const char *op = "rmsnorm_forward";
+    double *X = NULL, *W = NULL, *R = NULL;
+    at_status st = AT_OK;
+    int64_t rows = at_tensor_rows(x), D = at_tensor_cols(x);
+    AT_CHECK(at_ref_load(x, op, &X));
+    AT_CHECK(at_ref_load(w, op, &W));
+    AT_CHECK(at_ref_zeros(rows, &R));
+    for (int64_t r = 0; r < rows; r++) {
+        double *xr = X + r * D, ss = 0;
+        for (int64_t i = 0; i < D; i++) ss += xr[i] * xr[i];
+        R[r] = 1.0 / sqrt(ss / (double)D + (double)eps);
+        for (int64_t i = 0; i < D; i++) xr[i] = xr[i] * R[r] * W[i];
+    }
+    AT_CHECK(at_ref_store(y, X, op));
+    if (rstd) AT_CHECK(at_ref_store(rstd, R, op));
+done:
+    free(X);
+    free(W);
+    free(R);
+    return st;
+}
+
+at_status at_ref_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
+                                  const at_tensor *w, const at_tensor *rstd)
+{
+    const char *op = "rmsnorm_backward";
+    double *DY = NULL, *X = NULL, *W = NULL, *R = NULL, *DW = NULL;
+    at_status st = AT_OK;
+    int64_t rows = at_tensor_rows(x), D = at_tensor_cols(x);
+    AT_CHECK(at_ref_load(dy, op, &DY));
+    AT_CHECK(at_ref_load(x, op, &X));
+    AT_CHECK(at_ref_load(w, op, &W));
+    AT_CHECK(at_ref_load(rstd, op, &R));
+    AT_CHECK(at_ref_load(dw, op, &DW)); /* accumulated into */
+    for (int64_t r = 0; r < rows; r++) {
+        double *xr = X + r * D; /* becomes dx */
+        const double *dyr = DY + r * D;
+        double m = 0;
+        for (int64_t i = 0; i < D; i++) m += dyr[i] * W[i] * xr[i] * R[r];
+        m /= (double)D;
+        for (int64_t i = 0; i < D; i++) {
+            double xh = xr[i] * R[r];
+            if (DW) DW[i] += dyr[i] * xh;
+            xr[i] = R[r] * (dyr[i] * W[i] - xh * m);
+        }
+    }
+    AT_CHECK(at_ref_store(dx, X, op));
+    if (dw) AT_CHECK(at_ref_store(dw, DW, op));
+done:
+    free(DY);
+    free(X);
+    free(W);
+    free(R);
+    free(DW);
+    return st;
+}
+
+/* ---- rotary embedding (HF rotate_half), a_i = pos · inv_freq[i] as an f32 product ----
+ *   y[i] = x[i] cos a − x[i+D/2] sin a,   y[i+D/2] = x[i+D/2] cos a + x[i] sin a;  inverse: a → −a */
+at_status at_ref_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
+                      int inverse)
+{
+    const char *op = "rope";
+    double *X = NULL, *Y = NULL;
+    const int32_t *P = NULL;
+    const float *invf = NULL;
+    at_status st = AT_OK;
+    int64_t D = x->shape[x->ndim - 1], H = x->shape[x->ndim - 2], half = D / 2;
+    int64_t N = H * D > 0 ? at_tensor_numel(x) / (H * D) : 0;
+    AT_CHECK(at_ref_index(pos, op, &P));
+    AT_CHECK(at_ref_load(x, op, &X));
+    AT_CHECK(at_ref_zeros(at_tensor_numel(x), &Y));
+    if (inv_freq->dtype != AT_F32) {
+        st = at_error(AT_ERR_INVALID, "ref rope: inv_freq %s must be f32", inv_freq->name);
+        goto done;
+    }
+    invf = at_ref_host(inv_freq, op);
+    if (!invf) {
+        st = AT_ERR_INVALID;
+        goto done;
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t h = 0; h < H; h++) {
+            const double *xr = X + (n * H + h) * D;
+            double *yr = Y + (n * H + h) * D;
+            for (int64_t i = 0; i < half; i++) {
+                float af = (float)P[n] * invf[i]; /* rounded to f32 like HF */
+                double a = inverse ? -(double)af : (double)af;
+                double c = cos(a), s = sin(a);
+                yr[i] = xr[i] * c - xr[i + half] * s;
+                yr[i + half] = xr[i + half] * c + xr[i] * s;
+            }
+        }
+    AT_CHECK(at_ref_store(y, Y, op));
+done:
+    free(X);
+    free(Y);
+    return st;
+}
+
+/* ---- SwiGLU ----  y = silu(g) · u,  silu(g) = g σ(g)
+ *   dg = dy · u · σ(g) · (1 + g (1 − σ(g))),  du = dy · silu(g) */
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+at_status at_ref_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up)
+{
+    const char *op = "swiglu_forward";
+    double *G = NULL, *U = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(gate, op, &G));
+    AT_CHECK(at_ref_load(up, op, &U));
+    for (int64_t i = 0; i < at_tensor_numel(gate); i++) G[i] = G[i] * sigmoid(G[i]) * U[i];
+    AT_CHECK(at_ref_store(y, G, op));
+done:
+    free(G);
+    free(U);
+    return st;
+}
+
+at_status at_ref_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
+                                 const at_tensor *up)
+{
+    const char *op = "swiglu_backward";
+    double *G = NULL, *U = NULL, *DY = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(gate, op, &G));
+    AT_CHECK(at_ref_load(up, op, &U));
+    AT_CHECK(at_ref_load(dy, op, &DY));
+    for (int64_t i = 0; i < at_tensor_numel(gate); i++) {
+        double g = G[i], sg = sigmoid(g);
+        G[i] = DY[i] * U[i] * sg * (1.0 + g * (1.0 - sg)); /* dgate */
+        U[i] = DY[i] * g * sg;                              /* dup */
+    }
+    AT_CHECK(at_ref_store(dgate, G, op));
+    AT_CHECK(at_ref_store(dup, U, op));
+done:
+    free(G);
+    free(U);
+    free(DY);
+    return st;
+}
+
+/* ---- embedding ----  y[n] = table[ids[n]];  backward: dtable[ids[n]] += dy[n] */
+
+/* Every id must lie in [0, V): checked before anything is written. */
+static at_status check_ids(const int32_t *ids, int64_t n, int64_t V, const at_tensor *idt, const at_tensor *table,
+                           const char *op)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return at_error(AT_ERR_INVALID, "ref %s: %s[%lld] = %d is outside [0, %lld) of %s", op, idt->name,
+                            (long long)i, (int)ids[i], (long long)V, table->name);
+    return AT_OK;
+}
+
+at_status at_ref_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table)
+{
+    const char *op = "embedding_forward";
+    const int32_t *I = NULL;
+    double *T = NULL, *Y = NULL;
+    at_status st = AT_OK;
+    int64_t n = at_tensor_numel(ids), V = table->shape[0], D = table->shape[1];
+    AT_CHECK(at_ref_index(ids, op, &I));
+    AT_CHECK(check_ids(I, n, V, ids, table, op));
+    AT_CHECK(at_ref_load(table, op, &T));
+    AT_CHECK(at_ref_zeros(n * D, &Y));
+    for (int64_t i = 0; i < n; i++) memcpy(Y + i * D, T + (int64_t)I[i] * D, (size_t)D * sizeof(double));
+    AT_CHECK(at_ref_store(y, Y, op));
+done:
+    free(T);
+    free(Y);
+    return st;
+}
+
+at_status at_ref_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids)
+{
+    const char *op = "embedding_backward";
+    const int32_t *I = NULL;
+    double *T = NULL, *DY = NULL;
+    at_status st = AT_OK;
+    int64_t n = at_tensor_numel(ids), V = dtable->shape[0], D = dtable->shape[1];
+    AT_CHECK(at_ref_index(ids, op, &I));
+    AT_CHECK(check_ids(I, n, V, ids, dtable, op));
+    AT_CHECK(at_ref_load(dtable, op, &T));
+    AT_CHECK(at_ref_load(dy, op, &DY));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = 0; e < D; e++) T[(int64_t)I[i] * D + e] += DY[i * D + e];
+    AT_CHECK(at_ref_store(dtable, T, op));
+done:
+    free(T);
+    free(DY);
+    return st;
+}
+
+/* ---- softmax over the last dimension ---- */
+at_status at_ref_softmax(at_tensor *y, const at_tensor *x)
+{
+    double *X = NULL;
+    at_status st = AT_OK;
+    int64_t rows = at_tensor_rows(x), C = at_tensor_cols(x);
+    AT_CHECK(at_ref_load(x, "softmax", &X));
+    for (int64_t r = 0; r < rows; r++) {
+        double *xr = X + r * C, mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < C; i++) mx = xr[i] > mx ? xr[i] : mx;
+        for (int64_t i = 0; i < C; i++) sum += exp(xr[i] - mx);
+        for (int64_t i = 0; i < C; i++) xr[i] = exp(xr[i] - mx) / sum;
+    }
+    AT_CHECK(at_ref_store(y, X, "softmax"));
+done:
+    free(X);
+    return st;
+}
+
+/* ---- cross-entropy ----
+ *   row_loss[n] = logsumexp(x[n]) − x[n, label]            (0 when label < 0)
+ *   dlogits[n]  = grad_scale · (softmax(x[n]) − onehot(label)) (0 when label < 0)
+ * The logits are read whole before anything is written, so dlogits may be logits. */
+at_status at_ref_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
+                               const at_tensor *labels, float grad_scale)
+{
+    const char *op = "cross_entropy";
+    const int32_t *Lab = NULL;
+    double *X = NULL, *R = NULL;
+    at_status st = AT_OK;
+    int64_t N = at_tensor_rows(logits), V = at_tensor_cols(logits);
+    AT_CHECK(at_ref_index(labels, op, &Lab));
+    for (int64_t n = 0; n < N; n++)
+        if (Lab[n] >= V) {
+            st = at_error(AT_ERR_INVALID, "ref %s: %s[%lld] = %d is not below the vocabulary size %lld of %s", op,
+                          labels->name, (long long)n, (int)Lab[n], (long long)V, logits->name);
+            goto done;
+        }
+    AT_CHECK(at_ref_load(logits, op, &X));
+    AT_CHECK(at_ref_zeros(N, &R));
+    for (int64_t n = 0; n < N; n++) {
+        double *xr = X + n * V; /* becomes dlogits */
+        if (Lab[n] < 0) {
+            R[n] = 0;
+            for (int64_t i = 0; i < V; i++) xr[i] = 0;
+            continue;
+        }
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < V; i++) mx = xr[i] > mx ? xr[i] : mx;
+        for (int64_t i = 0; i < V; i++) sum += exp(xr[i] - mx);
+        double lse = mx + log(sum);
+        R[n] = lse - xr[Lab[n]];
+        for (int64_t i = 0; i < V; i++) xr[i] = (double)grad_scale * (exp(xr[i] - lse) - (i == Lab[n] ? 1.0 : 0.0));
+    }
+    AT_CHECK(at_ref_store(row_loss, R, op));
+    if (dlogits) AT_CHECK(at_ref_store(dlogits, X, op));
+done:
+    free(X);
+    free(R);
+    return st;
+}
+
+/* ---- AdamW (torch.optim.AdamW) ----
+ *   g = grad_scale · grad;  m = β1 m + (1−β1) g;  v = β2 v + (1−β2) g²
+ *   param = param · (1 − lr·wd) − lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + eps) */
+at_status at_ref_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v,
+                       const at_adamw_params *p)
+{
+    const char *op = "adamw";
+    double *P = NULL, *G = NULL, *M = NULL, *V = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(param, op, &P));
+    AT_CHECK(at_ref_load(grad, op, &G));
+    AT_CHECK(at_ref_load(m, op, &M));
+    AT_CHECK(at_ref_load(v, op, &V));
+    double b1 = p->beta1, b2 = p->beta2, lr = p->lr;
+    double bc1 = 1.0 - pow(b1, (double)p->step), bc2 = 1.0 - pow(b2, (double)p->step);
+    for (int64_t i = 0; i < at_tensor_numel(param); i++) {
+        double g = (double)p->grad_scale * G[i];
+        M[i] = b1 * M[i] + (1.0 - b1) * g;
+        V[i] = b2 * V[i] + (1.0 - b2) * g * g;
+        P[i] *= 1.0 - lr * (double)p->weight_decay;
+        P[i] -= lr * (M[i] / bc1) / (sqrt(V[i] / bc2) + (double)p->eps);
+    }
+    AT_CHECK(at_ref_store(param, P, op));
+    AT_CHECK(at_ref_store(m, M, op));
+    AT_CHECK(at_ref_store(v, V, op));
+done:
+    free(P);
+    free(G);
+    free(M);
+    free(V);
+    return st;
+}
+
+/* out[0] = Σ x² */
+at_status at_ref_sumsq(at_tensor *out, const at_tensor *x)
+{
+    double *X = NULL, s = 0;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, "sumsq", &X));
+    for (int64_t i = 0; i < at_tensor_numel(x); i++) s += X[i] * X[i];
+    AT_CHECK(at_ref_store(out, &s, "sumsq"));
+done:
+    free(X);
+    return st;
+}
+
+static const at_backend_ops ref_ops = {
+    .matmul = at_ref_matmul,
+    .add = at_ref_add,
+    .scale = at_ref_scale,
+    .axpy = at_ref_axpy,
+    .fill = at_ref_fill,
+    .cast = at_ref_cast,
+    .sum_rows = at_ref_sum_rows,
+    .rmsnorm_forward = at_ref_rmsnorm_forward,
+    .rmsnorm_backward = at_ref_rmsnorm_backward,
+    .rope = at_ref_rope,
+    .attention_forward = at_ref_attention_forward,
+    .attention_backward = at_ref_attention_backward,
+    .swiglu_forward = at_ref_swiglu_forward,
+    .swiglu_backward = at_ref_swiglu_backward,
+    .embedding_forward = at_ref_embedding_forward,
+    .embedding_backward = at_ref_embedding_backward,
+    .softmax = at_ref_softmax,
+    .cross_entropy = at_ref_cross_entropy,
+    .adamw = at_ref_adamw,
+    .sumsq = at_ref_sumsq,
+};
+
+const at_backend_ops *at_ref_ops(void) { return &ref_ops; }

@@ -1,0 +1,980 @@
+/* Conformance suite: every operation of ops/ops.h, on every compiled-in
+ * backend (the CPU backend at each ISA level this machine has), against the
+ * reference kernels of device/ref on random inputs with awkward shapes.
+ *
+ * Inputs are drawn in f32 and rounded to the input dtype; the reference runs
+ * on exactly those rounded values (host copies), so the only differences left
+ * are the backend's accumulation order and its rounding of the output. The
+ * reference writes f32 outputs (exact to f32), the backend writes its own
+ * dtype; outputs that are overwritten start as NaN on the backend so an
+ * element never written is caught.
+ *
+ * One line is printed per op / backend / dtype combination with the largest
+ * error over all its cases (and the case it came from). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "device/cpu/cpu_backend.h"
+#include "device/cpu/cpu_features.h"
+#include "device/ref/ref_ops.h"
+#include "ops/ops.h"
+#include "testing.h"
+
+/* ---- tolerances: max |backend − reference| / max |reference| over one output ---- */
+static const struct {
+    at_dtype dtype;
+    double tol;
+} TOLERANCES[] = {
+    {AT_F32, 1e-5},  /* f32 output: only accumulation order differs                    */
+    {AT_F16, 2e-3},  /* f16 output: half an ulp is 2^-11 of the value; ~4 ulp of slack   */
+    {AT_BF16, 1e-2}, /* bf16 output: half an ulp is 2^-9 of the value; ~5 ulp of slack   */
+    {AT_I32, 0},     /* integers: exact                                                  */
+};
+#define TOL_EXACT 0.0       /* cast and fill: round to nearest even, bit for bit          */
+#define TOL_ADAMW_STEP 1e-4 /* AdamW: the change of the parameter (new − old), relative    */
+#define REL_FLOOR 1e-6      /* denominators never below this (all-zero outputs)            */
+
+static double tol_of(at_dtype dt)
+{
+    for (size_t i = 0; i < sizeof TOLERANCES / sizeof TOLERANCES[0]; i++)
+        if (TOLERANCES[i].dtype == dt) return TOLERANCES[i].tol;
+    return 0;
+}
+
+#define F32 AT_F32
+#define BF16 AT_BF16
+#define F16 AT_F16
+#define I32 AT_I32
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+
+/* ---- state of the current run ---- */
+
+static at_backend *g_be;  /* the backend under test */
+static char g_tag[48];    /* "cpu/avx2" */
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+
+static uint64_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)); }
+static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo)); } /* [lo, hi) */
+
+/* ---- element access ---- */
+
+static void put(void *p, at_dtype dt, int64_t i, float v)
+{
+    if (dt == F32) ((float *)p)[i] = v;
+    else if (dt == BF16) ((uint16_t *)p)[i] = at_f32_to_bf16(v);
+    else if (dt == F16) ((uint16_t *)p)[i] = at_f32_to_f16(v);
+    else ((int32_t *)p)[i] = (int32_t)v;
+}
+static float get(const void *p, at_dtype dt, int64_t i)
+{
+    if (dt == F32) return ((const float *)p)[i];
+    if (dt == BF16) return at_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == F16) return at_f16_to_f32(((const uint16_t *)p)[i]);
+    return (float)((const int32_t *)p)[i];
+}
+
+/* All elements of t (on any backend) as floats; caller frees. */
+static float *floats_of(const at_tensor *t)
+{
+    int64_t n = at_tensor_numel(t);
+    size_t nb = at_tensor_nbytes(t);
+    void *raw = malloc(nb ? nb : 1);
+    float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
+    if (!raw || !f || at_tensor_download(t, raw, nb) != AT_OK) {
+        free(raw);
+        free(f);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) f[i] = get(raw, t->dtype, i);
+    free(raw);
+    return f;
+}
+
+/* ---- tensor pairs: h on the host for the reference, d on the backend under test ---- */
+
+typedef struct {
+    at_tensor *h, *d;
+} tp;
+
+static at_tensor *host_new(at_dtype dt, int nd, const int64_t *sh, const char *name)
+{
+    at_tensor *t = NULL;
+    CHECK_OK(at_tensor_new(at_cpu_backend(), dt, nd, sh, name, &t));
+    return t;
+}
+
+static at_tensor *dev_copy(const at_tensor *h)
+{
+    at_tensor *d = NULL;
+    CHECK_OK(at_tensor_new(g_be, h->dtype, h->ndim, h->shape, h->name, &d));
+    if (d) CHECK_OK(at_tensor_upload(d, at_tensor_data(h), at_tensor_nbytes(h)));
+    return d;
+}
+
+/* Random input in [lo, hi) rounded to dt; the same bytes on both sides. */
+static tp in_rand(at_dtype dt, int nd, const int64_t *sh, const char *name, float lo, float hi)
+{
+    tp p = {host_new(dt, nd, sh, name), NULL};
+    for (int64_t i = 0; i < at_tensor_numel(p.h); i++) put(at_tensor_data(p.h), dt, i, urand(lo, hi));
+    p.d = dev_copy(p.h);
+    return p;
+}
+
+/* Index tensor with the given values. */
+static tp in_idx(int nd, const int64_t *sh, const char *name, const int32_t *vals)
+{
+    tp p = {host_new(I32, nd, sh, name), NULL};
+    memcpy(at_tensor_data(p.h), vals, at_tensor_nbytes(p.h));
+    p.d = dev_copy(p.h);
+    return p;
+}
+
+enum { POISON, RANDOM };
+
+/* Output: dtype ddt on the backend, f32 for the reference. POISON fills both
+ * with NaN (must be overwritten); RANDOM puts the same values (rounded to ddt)
+ * in both (read by the op: beta, accumulation). */
+static tp out_new(at_dtype ddt, int nd, const int64_t *sh, const char *name, int mode, float lo, float hi)
+{
+    at_tensor *t = host_new(ddt, nd, sh, name);
+    tp p = {host_new(F32, nd, sh, name), NULL};
+    for (int64_t i = 0; i < at_tensor_numel(t); i++) {
+        put(at_tensor_data(t), ddt, i, mode == POISON ? NAN : urand(lo, hi));
+        ((float *)at_tensor_data(p.h))[i] = get(at_tensor_data(t), ddt, i);
+    }
+    p.d = dev_copy(t);
+    at_tensor_free(t);
+    return p;
+}
+
+static void tp_free(tp *p)
+{
+    at_tensor_free(p->h);
+    at_tensor_free(p->d);
+    p->h = p->d = NULL;
+}
+
+/* ---- result groups: one printed line per op / backend / dtypes ---- */
+
+static struct {
+    const char *op;
+    char dt[48];
+    double ratio, err, tol; /* worst err/tol and its err, tol */
+    char worst[128];
+    int cases, fails;
+    char msg[256];
+} G;
+
+static void begin(const char *op, const char *dt)
+{
+    memset(&G, 0, sizeof G);
+    G.op = op;
+    snprintf(G.dt, sizeof G.dt, "%s", dt);
+}
+
+/* Records the backend's status; returns whether to compare. */
+static int called(at_status s, const char *what)
+{
+    G.cases++;
+    if (s == AT_OK) return 1;
+    if (!G.fails++) snprintf(G.msg, sizeof G.msg, "%s: %s: %s", what, at_status_name(s), at_last_error());
+    return 0;
+}
+
+static void record(double err, double tol, const char *what)
+{
+    double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0);
+    if (ratio > G.ratio || isnan(err) || G.worst[0] == 0) {
+        if (isnan(err)) err = INFINITY, ratio = INFINITY;
+        G.ratio = ratio;
+        G.err = err;
+        G.tol = tol;
+        snprintf(G.worst, sizeof G.worst, "%s", what);
+    }
+}
+
+/* Max |got − want| / max(max |want|, REL_FLOOR) over n values; equal values
+ * (both NaN, both −inf) count as 0, one non-finite alone as inf. */
+static double rel_err(const float *got, const float *want, int64_t n)
+{
+    double maxw = REL_FLOOR, maxd = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isfinite(want[i]) && fabs(want[i]) > maxw) maxw = fabs(want[i]);
+        if (got[i] == want[i] || (isnan(got[i]) && isnan(want[i]))) continue;
+        double d = (isfinite(got[i]) && isfinite(want[i])) ? fabs((double)got[i] - want[i]) : INFINITY;
+        if (d > maxd) maxd = d;
+    }
+    return maxd / maxw;
+}
+
+/* Compares the backend's tensor d with the reference's host tensor h. */
+static void compare_t(const at_tensor *d, const at_tensor *h, double tol, const char *case_desc, const char *what)
+{
+    float *got = floats_of(d), *want = floats_of(h);
+    char label[128];
+    snprintf(label, sizeof label, "%s %s", what, case_desc);
+    if (!got || !want) {
+        G.fails++;
+        snprintf(G.msg, sizeof G.msg, "%s: cannot read back: %s", label, at_last_error());
+    } else {
+        record(rel_err(got, want, at_tensor_numel(h)), tol, label);
+    }
+    free(got);
+    free(want);
+}
+static void compare(const tp *o, const char *case_desc, const char *what)
+{
+    compare_t(o->d, o->h, tol_of(o->d->dtype), case_desc, what);
+}
+
+static void end(void)
+{
+    if (G.fails)
+        printf("[%-14s] %-18s %-16s %d of %d calls FAILED: %s\n", g_tag, G.op, G.dt, G.fails, G.cases, G.msg);
+    else
+        printf("[%-14s] %-18s %-16s %3d cases  max err %.2e  tol %.0e  %s  (worst: %s)\n", g_tag, G.op, G.dt,
+               G.cases, G.err, G.tol, G.ratio <= 1 ? "ok  " : "FAIL", G.worst);
+    CHECK_MSG(G.fails == 0 && G.ratio <= 1, "%s %s %s", g_tag, G.op, G.dt);
+}
+
+static const char *dn(at_dtype t) { return at_dtype_name(t); }
+
+/* ---- matmul: every transpose combination, batches, batch broadcast, alpha/beta ---- */
+
+/* A new f32 host tensor holding t's values rounded to bf16. */
+static at_tensor *bf16_rounded(const at_tensor *t)
+{
+    at_tensor *r = NULL;
+    float *v = floats_of(t);
+    CHECK_OK(at_tensor_new(at_cpu_backend(), F32, t->ndim, t->shape, t->name, &r));
+    float *o = at_tensor_data(r);
+    for (int64_t i = 0; i < at_tensor_numel(t); i++) o[i] = at_bf16_to_f32(at_f32_to_bf16(v[i]));
+    free(v);
+    return r;
+}
+
+static void test_matmul(void)
+{
+    static const at_dtype combos[][3] = {{F32, F32, F32},  {BF16, BF16, F32}, {BF16, BF16, BF16},
+                                         {F16, F16, F32},  {F32, BF16, F32},  {F16, BF16, BF16}};
+    static const int64_t mkn[][3] = {{1, 1, 1}, {3, 17, 65}, {17, 63, 1}, {65, 1000, 3}, {63, 65, 17}, {100, 300, 130}};
+    static const int64_t batches[][2] = {{1, 1}, {2, 2}, {3, 1}, {6, 1}}; /* {6,1}: A is [2, 3, ., .] */
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        char dt[48];
+        snprintf(dt, sizeof dt, "%s.%s->%s", dn(combos[c][0]), dn(combos[c][1]), dn(combos[c][2]));
+        begin("matmul", dt);
+        int variant = 0;
+        for (size_t s = 0; s < sizeof mkn / sizeof mkn[0]; s++)
+            for (size_t bt = 0; bt < sizeof batches / sizeof batches[0]; bt++) {
+                if (s == 5 && (bt > 0 || c > 2)) continue; /* the big one: unbatched, first combos only */
+                for (int ta = 0; ta < 2; ta++)
+                    for (int tb = 0; tb < 2; tb++) {
+                        int64_t M = mkn[s][0], K = mkn[s][1], N = mkn[s][2], ba = batches[bt][0],
+                                bb = batches[bt][1];
+                        int64_t ash[4], bsh[4], csh[4];
+                        int na = 0, nb = 0, nc = 0;
+                        if (ba == 6) ash[na++] = 2, ash[na++] = 3, csh[nc++] = 2, csh[nc++] = 3;
+                        else if (ba > 1) ash[na++] = ba, csh[nc++] = ba;
+                        if (bb > 1) bsh[nb++] = bb;
+                        ash[na++] = ta ? K : M, ash[na++] = ta ? M : K;
+                        bsh[nb++] = tb ? N : K, bsh[nb++] = tb ? K : N;
+                        csh[nc++] = M, csh[nc++] = N;
+                        /* alpha/beta: plain, beta reading C, negative alpha */
+                        float alpha = variant % 3 == 0 ? 1.0f : variant % 3 == 1 ? 0.5f : -1.0f;
+                        float beta = variant % 3 == 0 ? 0.0f : variant % 3 == 1 ? 1.5f : 1.0f;
+                        variant++;
+                        tp A = in_rand(combos[c][0], na, ash, "A", -1, 1);
+                        tp B = in_rand(combos[c][1], nb, bsh, "B", -1, 1);
+                        tp C = out_new(combos[c][2], nc, csh, "C", beta == 0 ? POISON : RANDOM, -1, 1);
+                        char desc[96];
+                        snprintf(desc, sizeof desc, "M%lld K%lld N%lld ta%d tb%d batch %lld/%lld a%g b%g",
+                                 (long long)M, (long long)K, (long long)N, ta, tb, (long long)ba, (long long)bb,
+                                 (double)alpha, (double)beta);
+                        /* ops.h: with one bf16 input the product is computed in bf16, so the
+                         * reference sees the other input rounded to bf16 too. */
+                        at_tensor *ra = A.h, *rb = B.h;
+                        if (combos[c][1] == BF16 && combos[c][0] != BF16) ra = bf16_rounded(A.h);
+                        if (combos[c][0] == BF16 && combos[c][1] != BF16) rb = bf16_rounded(B.h);
+                        CHECK_OK(at_ref_matmul(C.h, ra, rb, ta, tb, alpha, beta));
+                        if (ra != A.h) at_tensor_free(ra);
+                        if (rb != B.h) at_tensor_free(rb);
+                        if (called(at_matmul(C.d, A.d, B.d, ta, tb, alpha, beta), desc)) compare(&C, desc, "C");
+                        tp_free(&A);
+                        tp_free(&B);
+                        tp_free(&C);
+                    }
+            }
+        end();
+    }
+}
+
+/* ---- elementwise ---- */
+
+static const int64_t EW_SHAPES[][2] = {{1, 1}, {3, 17}, {63, 65}, {1, 1000}, {17, 63}};
+#define EW_N (sizeof EW_SHAPES / sizeof EW_SHAPES[0])
+
+static void test_elementwise(void)
+{
+    static const at_dtype combos[][3] = {
+        {F32, F32, F32}, {BF16, BF16, BF16}, {F16, F16, F16}, {BF16, F32, F32}, {F32, F32, BF16}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        at_dtype ta = combos[c][0], tb = combos[c][1], ty = combos[c][2];
+        char dt[48], desc[64];
+        snprintf(dt, sizeof dt, "%s+%s->%s", dn(ta), dn(tb), dn(ty));
+        begin("add", dt);
+        for (size_t s = 0; s < EW_N; s++)
+            for (int bcast = 0; bcast < 2; bcast++) {
+                const int64_t *sh = EW_SHAPES[s];
+                tp A = in_rand(ta, 2, sh, "a", -2, 2);
+                tp B = bcast ? in_rand(tb, 1, &sh[1], "b", -2, 2) : in_rand(tb, 2, sh, "b", -2, 2);
+                tp Y = out_new(ty, 2, sh, "y", POISON, 0, 0);
+                snprintf(desc, sizeof desc, "%lldx%lld%s", (long long)sh[0], (long long)sh[1], bcast ? " row" : "");
+                CHECK_OK(at_ref_add(Y.h, A.h, B.h));
+                if (called(at_add(Y.d, A.d, B.d), desc)) compare(&Y, desc, "y");
+                tp_free(&A);
+                tp_free(&B);
+                tp_free(&Y);
+            }
+        end();
+
+        snprintf(dt, sizeof dt, "%s->%s", dn(ta), dn(ty));
+        begin("scale", dt);
+        for (size_t s = 0; s < EW_N; s++) {
+            const int64_t *sh = EW_SHAPES[s];
+            tp X = in_rand(ta, 2, sh, "x", -2, 2);
+            tp Y = out_new(ty, 2, sh, "y", POISON, 0, 0);
+            snprintf(desc, sizeof desc, "%lldx%lld", (long long)sh[0], (long long)sh[1]);
+            CHECK_OK(at_ref_scale(Y.h, X.h, -1.7f));
+            if (called(at_scale(Y.d, X.d, -1.7f), desc)) compare(&Y, desc, "y");
+            tp_free(&X);
+            tp_free(&Y);
+        }
+        end();
+
+        snprintf(dt, sizeof dt, "%s+=%s", dn(ty), dn(tb));
+        begin("axpy", dt);
+        for (size_t s = 0; s < EW_N; s++) {
+            const int64_t *sh = EW_SHAPES[s];
+            tp X = in_rand(tb, 2, sh, "x", -2, 2);
+            tp Y = out_new(ty, 2, sh, "y", RANDOM, -2, 2);
+            snprintf(desc, sizeof desc, "%lldx%lld", (long long)sh[0], (long long)sh[1]);
+            CHECK_OK(at_ref_axpy(Y.h, 0.3f, X.h));
+            if (called(at_axpy(Y.d, 0.3f, X.d), desc)) compare(&Y, desc, "y");
+            tp_free(&X);
+            tp_free(&Y);
+        }
+        end();
+
+        snprintf(dt, sizeof dt, "%s->%s", dn(ta), dn(ty));
+        begin("sum_rows", dt);
+        for (size_t s = 0; s < EW_N; s++)
+            for (int b = 0; b < 2; b++) {
+                const int64_t *sh = EW_SHAPES[s];
+                float beta = b ? 0.5f : 0.0f;
+                tp X = in_rand(ta, 2, sh, "x", -2, 2);
+                tp Y = out_new(ty, 1, &sh[1], "y", RANDOM, -2, 2); /* finite: beta 0 on NaN is not specified */
+                snprintf(desc, sizeof desc, "%lldx%lld beta %g", (long long)sh[0], (long long)sh[1], (double)beta);
+                CHECK_OK(at_ref_sum_rows(Y.h, X.h, beta));
+                if (called(at_sum_rows(Y.d, X.d, beta), desc)) compare(&Y, desc, "y");
+                tp_free(&X);
+                tp_free(&Y);
+            }
+        end();
+    }
+    /* a 1000-row column sum with 3-D input */
+    begin("sum_rows", "f32 [10,100,3]");
+    {
+        tp X = in_rand(F32, 3, SH(10, 100, 3), "x", -1, 1);
+        tp Y = out_new(F32, 1, SH(3), "y", RANDOM, -1, 1);
+        CHECK_OK(at_ref_sum_rows(Y.h, X.h, 1.0f));
+        if (called(at_sum_rows(Y.d, X.d, 1.0f), "3-D")) compare(&Y, "3-D", "y");
+        tp_free(&X);
+        tp_free(&Y);
+    }
+    end();
+}
+
+/* Values over many binades, ties, overflow to f16 inf, subnormals, inf, NaN. */
+static float wide_value(int i)
+{
+    static const float special[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-11f,
+                                    65504.0f, 65520.0f, 1e6f, 0x1p-24f, 0x1p-126f, INFINITY, -INFINITY, NAN};
+    int ns = (int)(sizeof special / sizeof special[0]);
+    if (i < ns) return special[i];
+    float m = urand(1.0f, 2.0f) * (rnd() & 1 ? -1.0f : 1.0f);
+    return ldexpf(m, irand(-30, 20));
+}
+
+static void test_cast_fill(void)
+{
+    static const at_dtype dts[] = {F32, BF16, F16};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            char dt[48];
+            snprintf(dt, sizeof dt, "%s->%s", dn(dts[a]), dn(dts[b]));
+            begin("cast", dt);
+            for (int s = 0; s < 3; s++) {
+                int64_t n = s == 0 ? 1 : s == 1 ? 65 : 1000;
+                tp X = {host_new(dts[a], 1, &n, "x"), NULL};
+                for (int64_t i = 0; i < n; i++) put(at_tensor_data(X.h), dts[a], i, wide_value((int)i));
+                X.d = dev_copy(X.h);
+                /* the reference writes the same dtype here: the result must match bit for bit */
+                tp Y = {host_new(dts[b], 1, &n, "y"), NULL};
+                Y.d = dev_copy(Y.h);
+                char desc[32];
+                snprintf(desc, sizeof desc, "n=%lld", (long long)n);
+                CHECK_OK(at_ref_cast(Y.h, X.h));
+                if (called(at_cast(Y.d, X.d), desc)) compare_t(Y.d, Y.h, TOL_EXACT, desc, "y");
+                tp_free(&X);
+                tp_free(&Y);
+            }
+            end();
+        }
+    begin("cast", "i32->i32");
+    {
+        int32_t v[17], z[17] = {0};
+        for (int i = 0; i < 17; i++) v[i] = (int32_t)rnd();
+        tp X = in_idx(1, SH(17), "x", v), Y = in_idx(1, SH(17), "y", z);
+        if (called(at_cast(Y.d, X.d), "n=17")) compare_t(Y.d, X.h, TOL_EXACT, "n=17", "y");
+        tp_free(&X);
+        tp_free(&Y);
+    }
+    end();
+
+    static const at_dtype fdts[] = {F32, BF16, F16, I32};
+    for (int a = 0; a < 4; a++) {
+        begin("fill", dn(fdts[a]));
+        for (int s = 0; s < 3; s++) {
+            int64_t n = s == 0 ? 1 : s == 1 ? 63 : 1000;
+            float value = s == 0 ? -3.0f : s == 1 ? 1.0f / 3.0f : 0.0f;
+            tp Y = {host_new(fdts[a], 1, &n, "y"), NULL};
+            for (int64_t i = 0; i < n; i++) put(at_tensor_data(Y.h), fdts[a], i, 7.0f);
+            Y.d = dev_copy(Y.h);
+            char desc[48];
+            snprintf(desc, sizeof desc, "n=%lld value %g", (long long)n, (double)value);
+            CHECK_OK(at_ref_fill(Y.h, value));
+            if (called(at_fill(Y.d, value), desc)) compare_t(Y.d, Y.h, TOL_EXACT, desc, "y");
+            tp_free(&Y);
+        }
+        end();
+    }
+}
+
+/* ---- rmsnorm ---- */
+
+static const int64_t NORM_SHAPES[][3] = {{1, 1, 1}, {1, 3, 17}, {1, 17, 63}, {1, 5, 1000}, {2, 3, 65}};
+
+static void test_rmsnorm(void)
+{
+    static const at_dtype combos[][3] = {/* x, w, y */ {F32, F32, F32},
+                                         {BF16, BF16, BF16},
+                                         {F16, F16, F16},
+                                         {BF16, F32, F32},
+                                         {F32, F32, BF16}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        at_dtype tx = combos[c][0], tw = combos[c][1], ty = combos[c][2];
+        char dt[48], desc[64];
+        snprintf(dt, sizeof dt, "%s.%s->%s", dn(tx), dn(tw), dn(ty));
+        for (int pass = 0; pass < 2; pass++) {
+            begin(pass ? "rmsnorm_backward" : "rmsnorm_forward", dt);
+            for (size_t s = 0; s < sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]; s++) {
+                const int64_t *sh = NORM_SHAPES[s];
+                int64_t D = sh[2], rows = sh[0] * sh[1];
+                /* D = 1: dx = r·g·eps/(x²+eps) is all cancellation (x̂² ≈ 1), noise in any precision */
+                if (pass && D == 1) continue;
+                int nd = sh[0] > 1 ? 3 : 2;
+                const int64_t *shp = nd == 3 ? sh : sh + 1;
+                snprintf(desc, sizeof desc, "rows %lld D %lld", (long long)rows, (long long)D);
+                tp X = in_rand(tx, nd, shp, "x", -3, 3);
+                tp W = in_rand(tw, 1, &D, "w", 0.5f, 1.5f);
+                if (!pass) {
+                    tp Y = out_new(ty, nd, shp, "y", POISON, 0, 0);
+                    tp R = out_new(F32, 1, &rows, "rstd", POISON, 0, 0);
+                    int with_rstd = s != 1; /* rstd may be NULL */
+                    CHECK_OK(at_ref_rmsnorm_forward(Y.h, with_rstd ? R.h : NULL, X.h, W.h, 1e-5f));
+                    if (called(at_rmsnorm_forward(Y.d, with_rstd ? R.d : NULL, X.d, W.d, 1e-5f), desc)) {
+                        compare(&Y, desc, "y");
+                        if (with_rstd) compare(&R, desc, "rstd");
+                    }
+                    tp_free(&Y);
+                    tp_free(&R);
+                } else {
+                    /* rstd from the reference forward, the same for both */
+                    tp R = {host_new(F32, 1, &rows, "rstd"), NULL};
+                    at_tensor *y = host_new(F32, nd, shp, "y");
+                    CHECK_OK(at_ref_rmsnorm_forward(y, R.h, X.h, W.h, 1e-5f));
+                    at_tensor_free(y);
+                    R.d = dev_copy(R.h);
+                    tp DY = in_rand(ty, nd, shp, "dy", -1, 1);
+                    tp DX = out_new(tx, nd, shp, "dx", POISON, 0, 0);
+                    tp DW = out_new(tw, 1, &D, "dw", RANDOM, -1, 1); /* accumulated into */
+                    int with_dw = s != 2;                            /* frozen weight: dw NULL */
+                    CHECK_OK(at_ref_rmsnorm_backward(DX.h, with_dw ? DW.h : NULL, DY.h, X.h, W.h, R.h));
+                    if (called(at_rmsnorm_backward(DX.d, with_dw ? DW.d : NULL, DY.d, X.d, W.d, R.d), desc)) {
+                        compare(&DX, desc, "dx");
+                        compare(&DW, desc, "dw");
+                    }
+                    tp_free(&R);
+                    tp_free(&DY);
+                    tp_free(&DX);
+                    tp_free(&DW);
+                }
+                tp_free(&X);
+                tp_free(&W);
+            }
+            end();
+        }
+    }
+}
+
+/* ---- rope ---- */
+
+static void test_rope(void)
+{
+    static const at_dtype combos[][2] = {{F32, F32}, {BF16, BF16}, {F16, F16}, {BF16, F32}};
+    static const int64_t shapes[][4] = {/* B (0: 3-D), T, H, D */ {0, 1, 1, 2},   {0, 17, 3, 34},
+                                        {2, 3, 4, 64},  {0, 5, 2, 126}, {1, 63, 2, 130}, {2, 4, 1, 128}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        char dt[48];
+        snprintf(dt, sizeof dt, "%s->%s", dn(combos[c][0]), dn(combos[c][1]));
+        begin("rope", dt);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int inverse = 0; inverse < 2; inverse++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    if (inplace && combos[c][0] != combos[c][1]) continue;
+                    const int64_t *sh = shapes[s];
+                    int64_t ntok = sh[0] ? sh[0] * sh[1] : sh[1], D = sh[3], half = D / 2;
+                    int nd = sh[0] ? 4 : 3;
+                    const int64_t *xs = sh[0] ? sh : sh + 1;
+                    int32_t *pv = malloc((size_t)ntok * sizeof *pv);
+                    for (int64_t i = 0; i < ntok; i++) pv[i] = i == 0 ? 0 : irand(0, 4096);
+                    tp P = sh[0] ? in_idx(2, sh, "pos", pv) : in_idx(1, &ntok, "pos", pv);
+                    free(pv);
+                    tp Fq = {host_new(F32, 1, &half, "inv_freq"), NULL};
+                    for (int64_t i = 0; i < half; i++)
+                        ((float *)at_tensor_data(Fq.h))[i] = (float)pow(10000.0, -2.0 * (double)i / (double)D);
+                    Fq.d = dev_copy(Fq.h);
+                    tp X = in_rand(combos[c][0], nd, xs, "x", -2, 2);
+                    tp Y = out_new(combos[c][1], nd, xs, "y", POISON, 0, 0);
+                    char desc[80];
+                    snprintf(desc, sizeof desc, "%lld tok H%lld D%lld%s%s", (long long)ntok, (long long)sh[2],
+                             (long long)D, inverse ? " inverse" : "", inplace ? " in place" : "");
+                    CHECK_OK(at_ref_rope(Y.h, X.h, P.h, Fq.h, inverse));
+                    at_tensor *yd = inplace ? X.d : Y.d;
+                    if (called(at_rope(yd, X.d, P.d, Fq.d, inverse), desc))
+                        compare_t(yd, Y.h, tol_of(combos[c][1]), desc, "y");
+                    tp_free(&P);
+                    tp_free(&Fq);
+                    tp_free(&X);
+                    tp_free(&Y);
+                }
+        end();
+    }
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    const char *name;
+    int64_t B, Tq, Tk, Hq, Hkv, D;
+    int q_index, kv_len, segments; /* which masks to pass */
+} attn_case;
+
+static const attn_case ATTN_CASES[] = {
+    {"GQA causal", 2, 17, 17, 4, 2, 16, 0, 0, 0},
+    {"decode Tq=1", 2, 1, 63, 8, 2, 64, 0, 0, 0},
+    {"chunk Tq<Tk D17", 1, 3, 65, 3, 3, 17, 0, 0, 0},
+    {"q_index+kv_len", 2, 5, 17, 4, 4, 8, 1, 1, 0},
+    {"segments MQA", 2, 63, 63, 4, 1, 32, 0, 0, 1},
+    {"segments+kv_len", 1, 17, 17, 2, 1, 16, 0, 1, 1},
+    {"single token", 1, 1, 1, 2, 1, 4, 0, 0, 0},
+    {"long 130", 1, 130, 130, 2, 1, 64, 0, 0, 0},
+};
+
+typedef struct {
+    tp q, k, v, qi, kl, seg;
+    at_attn_params ph, pd;
+} attn_in;
+
+static void attn_make(attn_in *a, const attn_case *c, at_dtype dt)
+{
+    memset(a, 0, sizeof *a);
+    a->q = in_rand(dt, 4, SH(c->B, c->Tq, c->Hq, c->D), "q", -2, 2);
+    a->k = in_rand(dt, 4, SH(c->B, c->Tk, c->Hkv, c->D), "k", -2, 2);
+    a->v = in_rand(dt, 4, SH(c->B, c->Tk, c->Hkv, c->D), "v", -1, 1);
+    a->ph.scale = a->pd.scale = (float)(1.0 / sqrt((double)c->D));
+    int32_t buf[2 * 130];
+    if (c->q_index) { /* arbitrary limits, one query (-1) with no visible key */
+        for (int64_t i = 0; i < c->B * c->Tq; i++) buf[i] = i == 1 ? -1 : irand(0, (int)c->Tk);
+        a->qi = in_idx(2, SH(c->B, c->Tq), "q_index", buf);
+        a->ph.q_index = a->qi.h;
+        a->pd.q_index = a->qi.d;
+    }
+    if (c->kv_len) {
+        for (int64_t b = 0; b < c->B; b++) buf[b] = b == 0 ? (int32_t)c->Tk : irand(1, (int)c->Tk);
+        if (c->B == 1) buf[0] = (int32_t)(c->Tk - 3); /* trailing padding */
+        a->kl = in_idx(1, &c->B, "kv_len", buf);
+        a->ph.kv_len = a->kl.h;
+        a->pd.kv_len = a->kl.d;
+    }
+    if (c->segments) { /* packed samples of random lengths */
+        for (int64_t b = 0; b < c->B; b++) {
+            int id = 0, left = irand(1, 25);
+            for (int64_t t = 0; t < c->Tk; t++) {
+                if (left-- == 0) id++, left = irand(1, 25);
+                buf[b * c->Tk + t] = id;
+            }
+        }
+        a->seg = in_idx(2, SH(c->B, c->Tk), "segments", buf);
+        a->ph.segments = a->seg.h;
+        a->pd.segments = a->seg.d;
+    }
+}
+
+static void attn_free(attn_in *a)
+{
+    tp *all[] = {&a->q, &a->k, &a->v, &a->qi, &a->kl, &a->seg};
+    for (int i = 0; i < 6; i++) tp_free(all[i]);
+}
+
+static void test_attention(void)
+{
+    static const at_dtype combos[][2] = {{F32, F32}, {BF16, BF16}, {F16, F16}, {BF16, F32}};
+    size_t ncase = sizeof ATTN_CASES / sizeof ATTN_CASES[0];
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        at_dtype ti = combos[c][0], to = combos[c][1];
+        char dt[48];
+        snprintf(dt, sizeof dt, "%s->%s", dn(ti), dn(to));
+        begin("attention_forward", dt);
+        for (size_t i = 0; i < ncase; i++) {
+            const attn_case *ac = &ATTN_CASES[i];
+            attn_in a;
+            attn_make(&a, ac, ti);
+            int64_t nl = ac->B * ac->Hq * ac->Tq;
+            tp O = out_new(to, 4, SH(ac->B, ac->Tq, ac->Hq, ac->D), "out", POISON, 0, 0);
+            tp L = out_new(F32, 1, &nl, "lse", POISON, 0, 0);
+            int with_lse = i != 0; /* lse may be NULL */
+            CHECK_OK(at_ref_attention_forward(O.h, with_lse ? L.h : NULL, a.q.h, a.k.h, a.v.h, &a.ph));
+            if (called(at_attention_forward(O.d, with_lse ? L.d : NULL, a.q.d, a.k.d, a.v.d, &a.pd), ac->name)) {
+                compare(&O, ac->name, "out");
+                if (with_lse) compare(&L, ac->name, "lse");
+            }
+            tp_free(&O);
+            tp_free(&L);
+            attn_free(&a);
+        }
+        end();
+
+        begin("attention_backward", dt);
+        for (size_t i = 0; i < ncase; i++) {
+            const attn_case *ac = &ATTN_CASES[i];
+            attn_in a;
+            attn_make(&a, ac, ti);
+            int64_t nl = ac->B * ac->Hq * ac->Tq;
+            /* out (in dtype `to`) and lse from the reference forward, the same for both */
+            tp O = {host_new(to, 4, SH(ac->B, ac->Tq, ac->Hq, ac->D), "out"), NULL};
+            tp L = {host_new(F32, 1, &nl, "lse"), NULL};
+            CHECK_OK(at_ref_attention_forward(O.h, L.h, a.q.h, a.k.h, a.v.h, &a.ph));
+            O.d = dev_copy(O.h);
+            L.d = dev_copy(L.h);
+            tp DO = in_rand(to, 4, SH(ac->B, ac->Tq, ac->Hq, ac->D), "dout", -1, 1);
+            tp DQ = out_new(to, 4, SH(ac->B, ac->Tq, ac->Hq, ac->D), "dq", POISON, 0, 0);
+            tp DK = out_new(to, 4, SH(ac->B, ac->Tk, ac->Hkv, ac->D), "dk", POISON, 0, 0);
+            tp DV = out_new(to, 4, SH(ac->B, ac->Tk, ac->Hkv, ac->D), "dv", POISON, 0, 0);
+            CHECK_OK(at_ref_attention_backward(DQ.h, DK.h, DV.h, DO.h, a.q.h, a.k.h, a.v.h, O.h, L.h, &a.ph));
+            if (called(at_attention_backward(DQ.d, DK.d, DV.d, DO.d, a.q.d, a.k.d, a.v.d, O.d, L.d, &a.pd),
+                       ac->name)) {
+                compare(&DQ, ac->name, "dq");
+                compare(&DK, ac->name, "dk");
+                compare(&DV, ac->name, "dv");
+            }
+            tp *all[] = {&O, &L, &DO, &DQ, &DK, &DV};
+            for (int j = 0; j < 6; j++) tp_free(all[j]);
+            attn_free(&a);
+        }
+        end();
+    }
+}
+
+/* ---- swiglu, softmax ---- */
+
+static void test_swiglu_softmax(void)
+{
+    static const at_dtype combos[][2] = {{F32, F32}, {BF16, BF16}, {F16, F16}, {BF16, F32}};
+    static const int64_t shapes[][2] = {{1, 1}, {3, 17}, {63, 65}, {1, 1000}, {5, 1000}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        at_dtype ti = combos[c][0], to = combos[c][1];
+        char dt[48], desc[64];
+        snprintf(dt, sizeof dt, "%s->%s", dn(ti), dn(to));
+        begin("swiglu_forward", dt);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            tp Gt = in_rand(ti, 2, shapes[s], "gate", -8, 8), U = in_rand(ti, 2, shapes[s], "up", -2, 2);
+            tp Y = out_new(to, 2, shapes[s], "y", POISON, 0, 0);
+            snprintf(desc, sizeof desc, "%lldx%lld", (long long)shapes[s][0], (long long)shapes[s][1]);
+            CHECK_OK(at_ref_swiglu_forward(Y.h, Gt.h, U.h));
+            if (called(at_swiglu_forward(Y.d, Gt.d, U.d), desc)) compare(&Y, desc, "y");
+            tp_free(&Gt);
+            tp_free(&U);
+            tp_free(&Y);
+        }
+        end();
+        begin("swiglu_backward", dt);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            tp Gt = in_rand(ti, 2, shapes[s], "gate", -8, 8), U = in_rand(ti, 2, shapes[s], "up", -2, 2);
+            tp DY = in_rand(to, 2, shapes[s], "dy", -1, 1);
+            tp DG = out_new(to, 2, shapes[s], "dgate", POISON, 0, 0), DU = out_new(to, 2, shapes[s], "dup", POISON, 0, 0);
+            snprintf(desc, sizeof desc, "%lldx%lld", (long long)shapes[s][0], (long long)shapes[s][1]);
+            CHECK_OK(at_ref_swiglu_backward(DG.h, DU.h, DY.h, Gt.h, U.h));
+            if (called(at_swiglu_backward(DG.d, DU.d, DY.d, Gt.d, U.d), desc)) {
+                compare(&DG, desc, "dgate");
+                compare(&DU, desc, "dup");
+            }
+            tp *all[] = {&Gt, &U, &DY, &DG, &DU};
+            for (int j = 0; j < 5; j++) tp_free(all[j]);
+        }
+        end();
+        begin("softmax", dt);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int wide = 0; wide < 2; wide++) {
+                /* wide: logits up to 100, which overflow exp() in f32 without the max shift */
+                tp X = in_rand(ti, 2, shapes[s], "x", wide ? -50.0f : -5.0f, wide ? 100.0f : 5.0f);
+                tp Y = out_new(to, 2, shapes[s], "y", POISON, 0, 0);
+                snprintf(desc, sizeof desc, "%lldx%lld%s", (long long)shapes[s][0], (long long)shapes[s][1],
+                         wide ? " wide" : "");
+                CHECK_OK(at_ref_softmax(Y.h, X.h));
+                if (called(at_softmax(Y.d, X.d), desc)) compare(&Y, desc, "y");
+                tp_free(&X);
+                tp_free(&Y);
+            }
+        end();
+    }
+}
+
+/* ---- embedding ---- */
+
+static void test_embedding(void)
+{
+    static const at_dtype combos[][2] = {/* table, y */ {F32, F32}, {BF16, BF16}, {F16, F16}, {BF16, F32}};
+    static const int64_t shapes[][3] = {/* V, D, N */ {1, 1, 1}, {17, 3, 63}, {1000, 65, 17}, {63, 130, 200}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        char dt[48], desc[64];
+        snprintf(dt, sizeof dt, "%s->%s", dn(combos[c][0]), dn(combos[c][1]));
+        for (int pass = 0; pass < 2; pass++) {
+            begin(pass ? "embedding_backward" : "embedding_forward", dt);
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                int64_t V = shapes[s][0], D = shapes[s][1], N = shapes[s][2];
+                int32_t *iv = malloc((size_t)N * sizeof *iv);
+                for (int64_t i = 0; i < N; i++) iv[i] = irand(0, (int)V); /* repeats when N > V */
+                if (N > 2) iv[N - 1] = (int32_t)(V - 1), iv[0] = 0;
+                /* ids 2-D [N/.., ..] when N is even */
+                tp I = N % 2 == 0 ? in_idx(2, SH(2, N / 2), "ids", iv) : in_idx(1, &N, "ids", iv);
+                free(iv);
+                snprintf(desc, sizeof desc, "V%lld D%lld N%lld", (long long)V, (long long)D, (long long)N);
+                if (!pass) {
+                    tp T = in_rand(combos[c][0], 2, SH(V, D), "table", -1, 1);
+                    tp Y = out_new(combos[c][1], 2, SH(N, D), "y", POISON, 0, 0);
+                    CHECK_OK(at_ref_embedding_forward(Y.h, I.h, T.h));
+                    if (called(at_embedding_forward(Y.d, I.d, T.d), desc)) compare(&Y, desc, "y");
+                    tp_free(&T);
+                    tp_free(&Y);
+                } else { /* dtable (dtype of y) += scatter of dy (dtype of table) */
+                    tp DY = in_rand(combos[c][0], 2, SH(N, D), "dy", -1, 1);
+                    tp DT = out_new(combos[c][1], 2, SH(V, D), "dtable", RANDOM, -1, 1);
+                    CHECK_OK(at_ref_embedding_backward(DT.h, DY.h, I.h));
+                    if (called(at_embedding_backward(DT.d, DY.d, I.d), desc)) compare(&DT, desc, "dtable");
+                    tp_free(&DY);
+                    tp_free(&DT);
+                }
+                tp_free(&I);
+            }
+            end();
+        }
+    }
+}
+
+/* ---- cross-entropy: ignored labels, grad_scale, dlogits NULL / separate / in place ---- */
+
+static void test_cross_entropy(void)
+{
+    static const at_dtype combos[][2] = {/* logits, dlogits */ {F32, F32}, {BF16, BF16}, {F16, F16}, {BF16, F32}};
+    static const int64_t shapes[][3] = {/* B (0: 2-D), T, V */ {0, 1, 1}, {0, 3, 17}, {0, 17, 1000}, {0, 63, 65},
+                                        {2, 3, 65}, {0, 4, 5000}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        char dt[48], desc[80];
+        snprintf(dt, sizeof dt, "%s->%s", dn(combos[c][0]), dn(combos[c][1]));
+        begin("cross_entropy", dt);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int mode = 0; mode < 3; mode++) { /* 0 separate, 1 NULL, 2 in place */
+                if (mode == 2 && combos[c][0] != combos[c][1]) continue;
+                const int64_t *sh = shapes[s];
+                int64_t N = sh[0] ? sh[0] * sh[1] : sh[1], V = sh[2];
+                int nd = sh[0] ? 3 : 2;
+                const int64_t *ls = sh[0] ? sh : sh + 1;
+                int32_t *lv = malloc((size_t)N * sizeof *lv);
+                int counted = 0;
+                for (int64_t i = 0; i < N; i++) {
+                    int r = irand(0, 10);
+                    lv[i] = r == 0 ? -100 : r == 1 ? -1 : irand(0, (int)V);
+                    if (N == 1) lv[i] = 0;
+                    counted += lv[i] >= 0;
+                }
+                float gs = 1.0f / (float)(counted ? counted : 1);
+                tp Lab = sh[0] ? in_idx(2, SH(sh[0], sh[1]), "labels", lv) : in_idx(1, &N, "labels", lv);
+                free(lv);
+                float spread = s == 3 ? 30.0f : 4.0f; /* confident rows */
+                tp X = in_rand(combos[c][0], nd, ls, "logits", -spread, spread);
+                tp R = out_new(F32, 1, &N, "row_loss", POISON, 0, 0);
+                tp DL = out_new(combos[c][1], nd, ls, "dlogits", POISON, 0, 0);
+                snprintf(desc, sizeof desc, "N%lld V%lld %s", (long long)N, (long long)V,
+                         mode == 0 ? "dlogits" : mode == 1 ? "no grad" : "in place");
+                CHECK_OK(at_ref_cross_entropy(R.h, mode == 1 ? NULL : DL.h, X.h, Lab.h, gs));
+                at_tensor *dld = mode == 0 ? DL.d : mode == 1 ? NULL : X.d;
+                if (called(at_cross_entropy(R.d, dld, X.d, Lab.d, gs), desc)) {
+                    compare(&R, desc, "row_loss");
+                    if (dld) compare_t(dld, DL.h, tol_of(combos[c][1]), desc, "dlogits");
+                }
+                tp *all[] = {&Lab, &X, &R, &DL};
+                for (int j = 0; j < 4; j++) tp_free(all[j]);
+            }
+        end();
+    }
+}
+
+/* ---- AdamW, sumsq ---- */
+
+static void test_adamw_sumsq(void)
+{
+    static const int64_t sizes[] = {1, 17, 1000, 65 * 63};
+    static const int64_t steps[] = {1, 7, 1000};
+    begin("adamw", "f32");
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (size_t t = 0; t < sizeof steps / sizeof steps[0]; t++) {
+            int64_t n = sizes[s];
+            at_adamw_params p = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f,
+                                 .grad_scale = 0.5f, .step = steps[t]};
+            tp P = out_new(F32, 1, &n, "param", RANDOM, -1, 1);
+            tp Gr = in_rand(F32, 1, &n, "grad", -2, 2);
+            tp M = out_new(F32, 1, &n, "m", RANDOM, -0.1f, 0.1f);
+            tp V = out_new(F32, 1, &n, "v", RANDOM, 0.0f, 0.05f);
+            if (steps[t] == 1) { /* first step: fresh moments */
+                memset(at_tensor_data(M.h), 0, at_tensor_nbytes(M.h));
+                memset(at_tensor_data(V.h), 0, at_tensor_nbytes(V.h));
+                CHECK_OK(at_tensor_upload(M.d, at_tensor_data(M.h), at_tensor_nbytes(M.h)));
+                CHECK_OK(at_tensor_upload(V.d, at_tensor_data(V.h), at_tensor_nbytes(V.h)));
+            }
+            float *p0 = floats_of(P.h);
+            char desc[48];
+            snprintf(desc, sizeof desc, "n%lld step %lld", (long long)n, (long long)steps[t]);
+            CHECK_OK(at_ref_adamw(P.h, Gr.h, M.h, V.h, &p));
+            if (called(at_adamw(P.d, Gr.d, M.d, V.d, &p), desc)) {
+                compare(&P, desc, "param");
+                compare(&M, desc, "m");
+                compare(&V, desc, "v");
+                /* the step itself, new − old, to a tighter relative bound than the parameter */
+                float *got = floats_of(P.d), *want = floats_of(P.h);
+                if (got && want && p0) {
+                    for (int64_t i = 0; i < n; i++) got[i] -= p0[i], want[i] -= p0[i];
+                    char label[80];
+                    snprintf(label, sizeof label, "Δparam %s", desc);
+                    record(rel_err(got, want, n), TOL_ADAMW_STEP, label);
+                }
+                free(got);
+                free(want);
+            }
+            free(p0);
+            tp *all[] = {&P, &Gr, &M, &V};
+            for (int j = 0; j < 4; j++) tp_free(all[j]);
+        }
+    end();
+
+    static const at_dtype dts[] = {F32, BF16, F16};
+    for (int d = 0; d < 3; d++) {
+        begin("sumsq", dn(dts[d]));
+        static const int64_t shapes[][2] = {{1, 1}, {1, 17}, {1, 1000}, {63, 65}, {1000, 65}};
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            tp X = in_rand(dts[d], 2, shapes[s], "x", -3, 3);
+            tp O = out_new(F32, 1, SH(1), "out", POISON, 0, 0);
+            char desc[48];
+            snprintf(desc, sizeof desc, "%lldx%lld", (long long)shapes[s][0], (long long)shapes[s][1]);
+            CHECK_OK(at_ref_sumsq(O.h, X.h));
+            if (called(at_sumsq(O.d, X.d), desc)) {
+                compare(&O, desc, "out");
+                float v = NAN; /* the scalar read back through the ops API too */
+                CHECK_OK(at_read_scalar(O.d, &v));
+                CHECK(v == ((float *)at_tensor_data(O.h))[0] || fabs(v - ((float *)at_tensor_data(O.h))[0]) <=
+                                                                      1e-5 * fabs(((float *)at_tensor_data(O.h))[0]));
+            }
+            tp_free(&X);
+            tp_free(&O);
+        }
+        end();
+    }
+}
+
+/* Runs every op on `be` (tensors allocated there) against the reference;
+ * returns the number of failed checks. */
+static int run_backend(at_backend *be)
+{
+    int before = at_test_failures;
+    g_be = be;
+    test_matmul();
+    test_elementwise();
+    test_cast_fill();
+    test_rmsnorm();
+    test_rope();
+    test_attention();
+    test_swiglu_softmax();
+    test_embedding();
+    test_cross_entropy();
+    test_adamw_sumsq();
+    return at_test_failures - before;
+}
+
+/* The backends compiled in. Another backend (CUDA) is one more entry: its
+ * getter returns NULL when no device is present. */
+typedef struct {
+    const char *name;
+    at_backend *(*get)(void);
+    int cpu_isa_levels; /* run once per ISA level of this machine */
+} backend_entry;
+
+static const backend_entry BACKENDS[] = {
+    {"cpu", at_cpu_backend, 1},
+};
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep result lines and stderr messages in order */
+    printf("conformance: seed %#llx; tolerances: f32 %.0e, f16 %.0e, bf16 %.0e (relative to max |reference|), "
+           "cast/fill exact\n",
+           (unsigned long long)g_rng, tol_of(F32), tol_of(F16), tol_of(BF16));
+    for (size_t b = 0; b < sizeof BACKENDS / sizeof BACKENDS[0]; b++) {
+        at_backend *be = BACKENDS[b].get();
+        if (!be) {
+            printf("%s: no device, skipped\n", BACKENDS[b].name);
+            continue;
+        }
+        if (!BACKENDS[b].cpu_isa_levels) {
+            snprintf(g_tag, sizeof g_tag, "%s", be->name);
+            run_backend(be);
+            continue;
+        }
+        at_cpu_isa top = at_cpu_isa_level();
+        for (int l = AT_ISA_SCALAR; l <= (int)top; l++) {
+            at_cpu_isa_force((at_cpu_isa)l);
+            snprintf(g_tag, sizeof g_tag, "%s/%s", be->name, at_cpu_isa_name((at_cpu_isa)l));
+            int f = run_backend(be);
+            printf("[%-14s] %s\n", g_tag, f ? "DISAGREES with the reference" : "agrees with the reference");
+        }
+        at_cpu_isa_force(top);
+    }
+    return at_test_result("test_conformance");
+}

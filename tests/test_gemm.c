@@ -1,0 +1,270 @@
+/* at_cpu_gemm against a plain double-accumulation loop written here.
+ *
+ * Reference: ref[i][j] = alpha * sum_k a'(i,k) b'(k,j) + beta * c0[i][j], in
+ * double, where a', b' are the inputs as the compute format sees them: when
+ * either input is bf16 the other is rounded to bf16 first (gemm.h); f16 is
+ * widened exactly. Error is measured relative to the magnitude of the dot
+ * product, mag = |alpha| sum_k |a' b'| + |beta c0|:
+ *   f32 accumulation:  |got - ref| <= 1e-5 * mag (f32 sums of up to 1000
+ *                      terms stay well inside; a wrong or unrounded operand,
+ *                      a lost k block or tile would not: bf16 rounding alone
+ *                      is 4e-3 relative)
+ *   C in bf16:         + 2^-7 |ref| for the rounding of the result (half an
+ *                      ulp is up to 2^-8 relative) and of beta C.
+ * Every ISA level available on the machine runs (at_cpu_isa_force), every
+ * transpose pair, every dtype triple, odd sizes 1, 3, 17, 63, 65 and a few
+ * large ones (1000, and past the cache-block sizes), alpha/beta not in
+ * {0, 1}, padded leading dimensions (the padding must stay untouched),
+ * beta == 0 with NaN in C, alpha == 0 / K == 0 with NaN in A. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cpu/cpu_features.h"
+#include "device/cpu/gemm.h"
+#include "device/dtype.h"
+#include "testing.h"
+
+static unsigned rng_state = 12345;
+static float rnd(void)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return ((rng_state >> 8) & 0xffffff) / 8388608.0f - 1.0f; /* [-1, 1) */
+}
+
+static size_t es(at_dtype t) { return t == AT_F32 ? 4 : 2; }
+
+static void put(void *p, at_dtype t, size_t i, float v)
+{
+    if (t == AT_F32) ((float *)p)[i] = v;
+    else if (t == AT_BF16) ((uint16_t *)p)[i] = at_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = at_f32_to_f16(v);
+}
+
+static double get(const void *p, at_dtype t, size_t i)
+{
+    if (t == AT_F32) return ((const float *)p)[i];
+    if (t == AT_BF16) return at_bf16_to_f32(((const uint16_t *)p)[i]);
+    return at_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* The value the compute format multiplies: rounded to bf16 if computing in bf16. */
+static double as_computed(const void *p, at_dtype t, size_t i, int bf16)
+{
+    double v = get(p, t, i);
+    if (bf16 && t != AT_BF16) v = at_bf16_to_f32(at_f32_to_bf16((float)v));
+    return v;
+}
+
+static int printed;
+static double worst[2]; /* largest err / tolerance seen, for C f32 and bf16 */
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K;
+    at_dtype at, bt, ct;
+    float alpha, beta;
+    int pad;   /* extra elements per row in lda, ldb, ldc */
+    int nan_c; /* fill C with NaN (only where beta == 0) */
+} gcase;
+
+static void run(const gcase *g)
+{
+    int64_t M = g->M, N = g->N, K = g->K;
+    int64_t lda = (g->ta ? M : K) + g->pad, ldb = (g->tb ? K : N) + g->pad, ldc = N + g->pad;
+    int64_t arows = g->ta ? K : M, brows = g->tb ? N : K;
+    size_t na = (size_t)(arows * lda), nb = (size_t)(brows * ldb), nc = (size_t)(M * ldc);
+    void *A = malloc(na * es(g->at) + 1), *B = malloc(nb * es(g->bt) + 1), *C = malloc(nc * es(g->ct) + 1);
+    float *C0 = malloc(nc * sizeof(float) + 1);
+    if (!A || !B || !C || !C0) {
+        CHECK_MSG(0, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < na; i++) put(A, g->at, i, rnd());
+    for (size_t i = 0; i < nb; i++) put(B, g->bt, i, rnd());
+    for (size_t i = 0; i < nc; i++) {
+        int gap = (int64_t)(i % ldc) >= N;
+        put(C, g->ct, i, gap ? 1056.0f : g->nan_c && g->beta == 0.0f ? NAN : rnd());
+        C0[i] = (float)get(C, g->ct, i);
+    }
+    at_cpu_gemm(g->ta, g->tb, M, N, K, g->alpha, A, g->at, lda, B, g->bt, ldb, g->beta, C, g->ct, ldc);
+
+    int bf16 = g->at == AT_BF16 || g->bt == AT_BF16;
+    int bad = 0;
+    for (int64_t i = 0; i < M && !bad; i++) {
+        for (int64_t j = 0; j < ldc; j++) {
+            double got = get(C, g->ct, (size_t)(i * ldc + j));
+            if (j >= N) { /* padding must not be written */
+                if (got != 1056.0) bad = 1;
+                continue;
+            }
+            double dot = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = as_computed(A, g->at, (size_t)(g->ta ? k * lda + i : i * lda + k), bf16);
+                double b = as_computed(B, g->bt, (size_t)(g->tb ? j * ldb + k : k * ldb + j), bf16);
+                dot += a * b;
+                mag += fabs(a * b);
+            }
+            double c0 = g->beta != 0.0f ? C0[i * ldc + j] : 0.0;
+            double ref = g->alpha * dot + g->beta * c0;
+            mag = fabs(g->alpha) * mag + fabs(g->beta * c0);
+            double tol = 1e-5 * mag + 1e-30 + (g->ct == AT_BF16 ? fabs(ref) / 128 : 0);
+            double err = fabs(got - ref);
+            if (!(err <= tol)) {
+                bad = 1;
+                if (printed++ < 10)
+                    fprintf(stderr, "  [%lld,%lld] got %.9g want %.9g (err %.3g, tol %.3g)\n", (long long)i,
+                            (long long)j, got, ref, err, tol);
+                break;
+            }
+            if (err / tol > worst[g->ct == AT_BF16]) worst[g->ct == AT_BF16] = err / tol;
+        }
+    }
+    CHECK_MSG(!bad, "isa %s ta=%d tb=%d M=%lld N=%lld K=%lld A %s B %s C %s alpha %g beta %g pad %d nan_c %d",
+              at_cpu_isa_name(at_cpu_isa_level()), g->ta, g->tb, (long long)M, (long long)N, (long long)K,
+              at_dtype_name(g->at), at_dtype_name(g->bt), at_dtype_name(g->ct), g->alpha, g->beta, g->pad,
+              g->nan_c);
+done:
+    free(A);
+    free(B);
+    free(C);
+    free(C0);
+}
+
+static const at_dtype in_types[3] = {AT_F32, AT_BF16, AT_F16};
+static const at_dtype out_types[2] = {AT_F32, AT_BF16};
+
+/* Every transpose pair x dtype triple on shapes that cross the tile edges of
+ * all kernels, the small path (M or N up to 16, both of its forms, more than
+ * 8 tiny rows) and the blocked path. */
+static void sweep_dtypes(void)
+{
+    static const int64_t shp[][3] = {{1, 17, 63}, {3, 65, 17}, {17, 3, 65}, {63, 65, 3}, {65, 63, 17}, {17, 1, 65},
+                                     {29, 70, 33}, {13, 40, 70}, {50, 12, 33}};
+    int n = 0;
+    for (int t = 0; t < 4; t++)
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++)
+                for (int c = 0; c < 2; c++)
+                    for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++, n++) {
+                        gcase g = {t >> 1, t & 1, shp[s][0], shp[s][1], shp[s][2], in_types[a], in_types[b],
+                                   out_types[c], n % 3 ? 0.75f : -1.5f, n % 2 ? 0.5f : 0.0f, n % 4 == 1 ? 3 : 0,
+                                   n % 4 == 0};
+                        run(&g);
+                    }
+}
+
+/* Every size triple from {1, 3, 17, 63, 65} for f32 and bf16. */
+static void sweep_sizes(void)
+{
+    static const int64_t sz[] = {1, 3, 17, 63, 65};
+    int n = 0;
+    for (int t = 0; t < 4; t++)
+        for (int d = 0; d < 2; d++)
+            for (int i = 0; i < 5; i++)
+                for (int j = 0; j < 5; j++)
+                    for (int k = 0; k < 5; k++, n++) {
+                        at_dtype dt = d ? AT_BF16 : AT_F32;
+                        gcase g = {t >> 1, t & 1, sz[i], sz[j], sz[k], dt, dt, AT_F32, 1.25f, n % 2 ? -0.5f : 0.0f,
+                                   n % 3 == 0 ? 2 : 0, n % 4 == 0};
+                        run(&g);
+                    }
+}
+
+/* Large shapes: several cache blocks in k, m and n (and 1000 in two dims). */
+static void sweep_large(int full)
+{
+    gcase big[] = {
+        {0, 0, 1000, 40, 1000, AT_F32, AT_F32, AT_F32, 0.5f, 0.25f, 1, 0},
+        {1, 1, 70, 1000, 600, AT_BF16, AT_BF16, AT_F32, 1.0f, 0.0f, 0, 1},
+        {0, 1, 300, 2100, 20, AT_BF16, AT_F32, AT_F32, 1.0f, 1.0f, 0, 0},
+        {1, 0, 90, 100, 1100, AT_F32, AT_BF16, AT_BF16, -1.0f, 0.5f, 2, 0}, /* bf16 C over many k blocks */
+        {0, 0, 40, 50, 700, AT_F16, AT_F32, AT_BF16, 1.0f, 0.0f, 0, 1},
+    };
+    size_t n = sizeof big / sizeof big[0];
+    for (size_t i = 0; i < n; i++)
+        if (full || i >= 2) run(&big[i]);
+}
+
+/* alpha == 0 or K == 0: C = beta C without reading A and B (NaN there). */
+static void special_scalars(void)
+{
+    float A[6], B[6], C[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 6; i++) A[i] = B[i] = NAN;
+    at_cpu_gemm(0, 0, 2, 2, 3, 0.0f, A, AT_F32, 3, B, AT_F32, 2, 0.5f, C, AT_F32, 2);
+    CHECK(C[0] == 0.5f && C[1] == 1.0f && C[2] == 1.5f && C[3] == 2.0f);
+    at_cpu_gemm(0, 0, 2, 2, 0, 1.0f, A, AT_F32, 1, B, AT_F32, 2, 2.0f, C, AT_F32, 2);
+    CHECK(C[0] == 1.0f && C[1] == 2.0f && C[2] == 3.0f && C[3] == 4.0f);
+    C[0] = NAN;
+    at_cpu_gemm(0, 0, 2, 2, 0, 1.0f, A, AT_F32, 1, B, AT_F32, 2, 0.0f, C, AT_F32, 2);
+    CHECK(C[0] == 0.0f && C[3] == 0.0f);
+}
+
+static void bad_arguments(void)
+{
+    float A[4] = {0}, B[4] = {0}, C[4] = {0};
+    CHECK_FAILS(at_cpu_gemm_checked(0, 0, 2, 2, 2, 1, A, AT_Q8_0, 2, B, AT_F32, 2, 0, C, AT_F32, 2), AT_ERR_INVALID);
+    CHECK(strstr(at_last_error(), "dtype") != NULL);
+    CHECK_FAILS(at_cpu_gemm_checked(0, 0, 2, 2, 2, 1, A, AT_F32, 2, B, AT_F32, 2, 0, C, AT_F16, 2), AT_ERR_INVALID);
+    CHECK_FAILS(at_cpu_gemm_checked(0, 0, 2, 2, 2, 1, A, AT_F32, 1, B, AT_F32, 2, 0, C, AT_F32, 2), AT_ERR_INVALID);
+    CHECK(strstr(at_last_error(), "lda=1") != NULL);
+    CHECK_FAILS(at_cpu_gemm_checked(1, 1, 2, 3, 2, 1, A, AT_F32, 2, B, AT_F32, 1, 0, C, AT_F32, 3), AT_ERR_INVALID);
+    CHECK_FAILS(at_cpu_gemm_checked(0, 0, 2, 2, 2, 1, A, AT_F32, 2, B, AT_F32, 2, 0, C, AT_F32, 1), AT_ERR_INVALID);
+    CHECK_FAILS(at_cpu_gemm_checked(0, 0, -1, 2, 2, 1, A, AT_F32, 2, B, AT_F32, 2, 0, C, AT_F32, 2), AT_ERR_INVALID);
+    CHECK_FAILS(at_cpu_gemm_checked(0, 0, 2, 2, 2, 1, NULL, AT_F32, 2, B, AT_F32, 2, 0, C, AT_F32, 2),
+                AT_ERR_INVALID);
+    CHECK_OK(at_cpu_gemm_checked(0, 0, 0, 2, 2, 1, NULL, AT_F32, 2, NULL, AT_F32, 2, 0, NULL, AT_F32, 2));
+    /* C untouched by a rejected call */
+    C[0] = 7;
+    at_cpu_gemm(0, 0, 2, 2, 2, 1, A, AT_I32, 2, B, AT_F32, 2, 0, C, AT_F32, 2);
+    CHECK(C[0] == 7);
+}
+
+/* The f32 library engines, through the same checks (beta == 0 with NaN in
+ * C, padded leading dimensions, every transpose pair). */
+static void library_engines(void)
+{
+    static const char *libs[] = {"onednn", "openblas"};
+    for (int i = 0; i < 2; i++) {
+        if (at_cpu_gemm_use_engine(AT_F32, libs[i]) != AT_OK) {
+            printf("engine %s: not in this build\n", libs[i]);
+            continue;
+        }
+        CHECK(strstr(at_cpu_gemm_engine(AT_F32), "anytune") == NULL);
+        worst[0] = worst[1] = 0;
+        sweep_dtypes();
+        sweep_sizes();
+        printf("engine f32 \"%s\": worst err/tol %.3f (C f32)\n", at_cpu_gemm_engine(AT_F32), worst[0]);
+    }
+    CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "anytune"));
+    CHECK(strstr(at_cpu_gemm_engine(AT_F32), "anytune") != NULL);
+    CHECK_FAILS(at_cpu_gemm_use_engine(AT_F32, "cublas"), AT_ERR_UNSUPPORTED);
+    CHECK_FAILS(at_cpu_gemm_use_engine(AT_BF16, "openblas"), AT_ERR_UNSUPPORTED);
+}
+
+int main(void)
+{
+    at_cpu_isa hw = at_cpu_isa_level();
+    special_scalars();
+    bad_arguments();
+    library_engines(); /* ends on our own engine, whatever ANYTUNE_GEMM_F32 says */
+    for (int lvl = AT_ISA_SCALAR; lvl <= (int)hw; lvl++) {
+        at_cpu_isa_force((at_cpu_isa)lvl);
+        CHECK(at_cpu_isa_level() == (at_cpu_isa)lvl);
+        /* the engine name follows the level, so each pass really runs its kernels */
+        const char *e = at_cpu_gemm_engine(AT_F32);
+        CHECK_MSG(strstr(e, lvl == AT_ISA_SCALAR ? "scalar" : lvl == AT_ISA_AVX2 ? "avx2" : "avx512") != NULL,
+                  "level %s, engine %s", at_cpu_isa_name((at_cpu_isa)lvl), e);
+        if (lvl == AT_ISA_AVX512_BF16) CHECK(strstr(at_cpu_gemm_engine(AT_BF16), "bf16") != NULL);
+        worst[0] = worst[1] = 0;
+        sweep_dtypes();
+        sweep_sizes();
+        sweep_large(lvl == (int)hw);
+        printf("isa %-12s engine f32 \"%s\", bf16 \"%s\": worst err/tol %.3f (C f32), %.3f (C bf16)\n",
+               at_cpu_isa_name(at_cpu_isa_level()), at_cpu_gemm_engine(AT_F32), at_cpu_gemm_engine(AT_BF16), worst[0],
+               worst[1]);
+    }
+    at_cpu_isa_force(hw);
+    if (hw < AT_ISA_AVX512_BF16) printf("note: this CPU lacks some ISA levels; those paths were not run\n");
+    return at_test_result("test_gemm");
+}
