@@ -1,0 +1,301 @@
+/* Prefill throughput of the decoder against PyTorch, in one run.
+ *
+ * For each shape, random weights are made in-process on both sides (same
+ * shapes, not the same values): our decoder with f32 weights and with bf16
+ * weights (activations f32, the GEMM engine computes in bf16), and PyTorch
+ * (tools/bench_forward_torch.py, HF-style eager forward) started as a
+ * subprocess three times:
+ *   f32 best:   OpenBLAS OpenMP build preloaded, OPENBLAS_CORETYPE/L2_SIZE unset
+ *   f32 as given: OpenBLAS OpenMP preloaded, environment as given
+ *   bf16:       bf16 autocast (oneDNN), environment as given
+ * (shared BENCHMARKING.md). Both sides prefill B sequences of T tokens and
+ * compute logits for the last position only.
+ *
+ *   bench_forward [--shape small|qwen|all] [--runs N] [--no-torch]
+ *
+ * Environment: ANYTUNE_PYTHON (default /usr/bin/python3, Debian's, which
+ * has torch), ANYTUNE_OPENBLAS_OPENMP_DIR (the folder of the OpenMP build's
+ * libblas.so.3; default: the Debian multiarch location when present). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "device/cpu/cpu_backend.h"
+#include "device/cpu/gemm.h"
+#include "model/config.h"
+#include "model/decoder.h"
+#include "ops/ops.h"
+
+typedef struct {
+    const char *name;
+    int hidden, inter, layers, heads, kv_heads, vocab, seq, batch, tied, qkv_bias;
+    double theta;
+    int runs;
+} shape;
+
+static const shape SHAPES[] = {
+    {"small", 512, 1408, 8, 8, 4, 32000, 256, 4, 0, 0, 10000.0, 5},
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 512, 1, 1, 1, 1000000.0, 3},
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Peak resident memory of this process so far (VmHWM), MiB. */
+static double peak_rss_mib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kb = atof(line + 6);
+    fclose(f);
+    return kb / 1024.0;
+}
+
+static void make_config(const shape *s, at_model_config *c)
+{
+    at_model_config_init(c);
+    snprintf(c->model_type, sizeof c->model_type, "%s", s->qkv_bias ? "qwen2" : "llama");
+    c->hidden_size = s->hidden;
+    c->intermediate_size = s->inter;
+    c->num_hidden_layers = s->layers;
+    c->num_attention_heads = s->heads;
+    c->num_key_value_heads = s->kv_heads;
+    c->head_dim = s->hidden / s->heads;
+    c->vocab_size = s->vocab;
+    c->max_position_embeddings = 32768;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = s->theta;
+    c->tie_word_embeddings = s->tied;
+    c->attn_qkv_bias = s->qkv_bias;
+}
+
+/* FLOPs of one prefill: 2 per weight per token for the layer matmuls, the
+ * causal attention (q·k and p·v over T/2 keys on average: 2·T·H·D per token
+ * and layer, done as T²/2 pairs), and the head for the last rows only. */
+static double prefill_flops(const shape *s)
+{
+    double D = (double)s->hidden / s->heads, hd = s->hidden;
+    double per_layer = hd * s->heads * D * 2 + hd * s->kv_heads * D * 2 + 3.0 * hd * s->inter;
+    double tokens = (double)s->batch * s->seq;
+    return tokens * 2 * per_layer * s->layers + (double)s->batch * 2 * hd * s->vocab +
+           (double)s->layers * s->batch * 2.0 * s->seq * s->seq * s->heads * D;
+}
+
+/* Median seconds of one matmul [M, K] · [N, K]ᵀ with B of dtype bt (as the
+ * decoder's projections run): the measured peak of the GEMM engine. */
+static double matmul_peak_gflops(at_dtype bt)
+{
+    const int64_t M = 1024, N = 2048, K = 2048;
+    at_tensor *a = NULL, *b = NULL, *c = NULL;
+    int64_t sa[2] = {M, K}, sb[2] = {N, K}, sc[2] = {M, N};
+    double best = 0;
+    if (at_tensor_zeros(at_cpu_backend(), AT_F32, 2, sa, "A", &a) == AT_OK &&
+        at_tensor_zeros(at_cpu_backend(), bt, 2, sb, "B", &b) == AT_OK &&
+        at_tensor_new(at_cpu_backend(), AT_F32, 2, sc, "C", &c) == AT_OK) {
+        at_fill(a, 0.5f);
+        at_fill(b, 0.25f);
+        double t[5];
+        for (int i = 0; i < 6; i++) {
+            double t0 = now();
+            if (at_matmul(c, a, b, 0, 1, 1.0f, 0.0f) != AT_OK) return 0;
+            if (i > 0) t[i - 1] = now() - t0;
+        }
+        qsort(t, 5, sizeof t[0], cmp_double);
+        best = 2.0 * M * N * K / t[2] / 1e9;
+    }
+    at_tensor_free(a);
+    at_tensor_free(b);
+    at_tensor_free(c);
+    return best;
+}
+
+typedef struct {
+    double tok_s, median_s, rss_mib;
+    int ok;
+} result;
+
+static result run_ours(const shape *s, at_dtype dt, int runs)
+{
+    result r = {0};
+    at_model_config cfg;
+    make_config(s, &cfg);
+    at_decoder_weights *w = NULL;
+    at_decoder *d = NULL;
+    at_kv_cache *c = NULL;
+    at_tensor *logits = NULL;
+    int32_t *ids = malloc((size_t)s->batch * s->seq * sizeof *ids);
+    double *t = malloc((size_t)runs * sizeof *t);
+    int64_t sl[2] = {s->batch, s->vocab};
+    at_status st = at_model_config_validate(&cfg, s->name);
+    if (st == AT_OK) st = at_decoder_weights_random(&cfg, NULL, dt, 1234, &w);
+    if (st == AT_OK && (st = at_decoder_new(w, &d)) != AT_OK) at_decoder_weights_free(w);
+    if (st == AT_OK) st = at_kv_cache_new(&cfg, NULL, AT_F32, s->batch, s->seq, &c);
+    if (st == AT_OK) st = at_tensor_new(at_cpu_backend(), AT_F32, 2, sl, "logits", &logits);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < s->batch * s->seq; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)s->vocab);
+    }
+    for (int i = 0; st == AT_OK && i <= runs; i++) { /* run 0 warms up */
+        at_kv_cache_reset(c);
+        double t0 = now();
+        st = at_decoder_prefill(d, c, ids, s->seq, NULL, logits, 0);
+        if (i > 0) t[i - 1] = now() - t0;
+    }
+    if (st == AT_OK) {
+        const float *l = at_tensor_data(logits);
+        for (int64_t i = 0; i < (int64_t)s->batch * s->vocab; i++)
+            if (!isfinite(l[i])) {
+                fprintf(stderr, "non-finite logit\n");
+                st = AT_ERR_INTERNAL;
+                break;
+            }
+    }
+    if (st == AT_OK) {
+        qsort(t, (size_t)runs, sizeof *t, cmp_double);
+        r.median_s = t[runs / 2];
+        r.tok_s = (double)s->batch * s->seq / r.median_s;
+        r.rss_mib = peak_rss_mib();
+        r.ok = 1;
+    } else {
+        fprintf(stderr, "ours (%s): %s\n", at_dtype_name(dt), at_last_error());
+    }
+    free(ids);
+    free(t);
+    at_tensor_free(logits);
+    at_kv_cache_free(c);
+    at_decoder_free(d);
+    return r;
+}
+
+static const char *openblas_openmp_dir(void)
+{
+    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
+    if (e && *e) return e;
+    static const char *cands[] = {"/usr/lib/x86_64-linux-gnu/openblas-openmp", "/usr/lib/aarch64-linux-gnu/openblas-openmp",
+                                  "/usr/lib64/openblas-openmp"};
+    static char buf[512];
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        snprintf(buf, sizeof buf, "%s/libblas.so.3", cands[i]);
+        if (access(buf, R_OK) == 0) return cands[i];
+    }
+    return NULL;
+}
+
+/* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
+static result run_torch(const shape *s, int mode, int runs)
+{
+    result r = {0};
+    const char *py = getenv("ANYTUNE_PYTHON");
+    if (!py || !*py) py = "/usr/bin/python3";
+    const char *blas = openblas_openmp_dir();
+    char pre[1200] = "", cmd[4096];
+    if (blas) snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libblas.so.3:%s/liblapack.so.3 ", blas, blas);
+    snprintf(cmd, sizeof cmd,
+             "env %s %s'%s' '%s/tools/bench_forward_torch.py' --hidden %d --intermediate %d --layers %d --heads %d "
+             "--kv-heads %d --vocab %d --seq %d --batch %d %s %s --rope-theta %g --mode %s --runs %d",
+             mode == 0 ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py, AT_SOURCE_DIR, s->hidden, s->inter,
+             s->layers, s->heads, s->kv_heads, s->vocab, s->seq, s->batch, s->tied ? "--tied" : "",
+             s->qkv_bias ? "--qkv-bias" : "", s->theta, mode == 2 ? "bf16" : "f32", runs);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "cannot run: %s\n", cmd);
+        return r;
+    }
+    char line[8192], last[8192] = "";
+    while (fgets(line, sizeof line, p))
+        if (line[0] == '{') snprintf(last, sizeof last, "%s", line);
+    int rc = pclose(p);
+    cJSON *j = cJSON_Parse(last);
+    if (rc != 0 || !j) {
+        fprintf(stderr, "torch peer failed (exit %d): %s\n", rc, cmd);
+        cJSON_Delete(j);
+        return r;
+    }
+    cJSON *a = cJSON_GetObjectItem(j, "tok_s"), *b = cJSON_GetObjectItem(j, "median_s"),
+          *m = cJSON_GetObjectItem(j, "peak_rss_mib");
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
+        r.tok_s = a->valuedouble;
+        r.median_s = b->valuedouble;
+        r.rss_mib = cJSON_IsNumber(m) ? m->valuedouble : -1;
+        r.ok = 1;
+    }
+    cJSON_Delete(j);
+    return r;
+}
+
+static void line(const char *who, const result *r, double flops, double peak, double ref_tok_s)
+{
+    if (!r->ok) {
+        printf("  %-26s failed\n", who);
+        return;
+    }
+    double gf = flops / r->median_s / 1e9;
+    printf("  %-26s %9.1f tok/s  %7.3f s  %7.1f GFLOP/s", who, r->tok_s, r->median_s, gf);
+    if (peak > 0) printf("  %5.1f%% of peak", 100.0 * gf / peak);
+    else printf("                 ");
+    printf("  rss %7.0f MiB", r->rss_mib);
+    if (ref_tok_s > 0) printf("  %.2fx", r->tok_s / ref_tok_s);
+    printf("\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = "all";
+    int runs = 0, torch = 1;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when piped to a file */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) which = argv[++i];
+        else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--no-torch") == 0) torch = 0;
+        else {
+            fprintf(stderr, "usage: %s [--shape small|qwen|all] [--runs N] [--no-torch]\n", argv[0]);
+            return 2;
+        }
+    }
+    double peak32 = matmul_peak_gflops(AT_F32), peak16 = matmul_peak_gflops(AT_BF16);
+    printf("GEMM engine: f32 %s, bf16 %s; measured peak (1024x2048x2048, activations f32): f32 %.0f GFLOP/s, "
+           "bf16 weights %.0f GFLOP/s\n",
+           at_cpu_gemm_engine(AT_F32), at_cpu_gemm_engine(AT_BF16), peak32, peak16);
+    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
+        const shape *s = &SHAPES[k];
+        if (strcmp(which, "all") != 0 && strncmp(s->name, which, strlen(which)) != 0) continue;
+        int n = runs > 0 ? runs : s->runs;
+        double flops = prefill_flops(s);
+        printf("\n%s: hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d%s%s; prefill %d x %d tokens, "
+               "%.1f GFLOP, median of %d\n",
+               s->name, s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->vocab, s->tied ? ", tied" : "",
+               s->qkv_bias ? ", qkv bias" : "", s->batch, s->seq, flops / 1e9, n);
+        result t32 = {0}, t32g = {0}, t16 = {0};
+        if (torch) {
+            t32 = run_torch(s, 0, n);
+            t32g = run_torch(s, 1, n);
+            t16 = run_torch(s, 2, n);
+            line("torch f32 (best)", &t32, flops, 0, 0);
+            line("torch f32 (as given)", &t32g, flops, 0, 0);
+            line("torch bf16 autocast", &t16, flops, 0, 0);
+        }
+        result o32 = run_ours(s, AT_F32, n);
+        result o16 = run_ours(s, AT_BF16, n);
+        line("anytune f32 vs f32 best", &o32, flops, peak32, t32.ok ? t32.tok_s : 0);
+        if (t32g.ok) line("anytune f32 vs as given", &o32, flops, peak32, t32g.tok_s);
+        line("anytune bf16 vs bf16", &o16, flops, peak16, t16.ok ? t16.tok_s : 0);
+    }
+    return 0;
+}

@@ -1,0 +1,372 @@
+#include "model/decoder.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ops/ops.h"
+
+/* Inference buffers, sized for up to cap_tokens tokens and cap_batch
+ * sequences, reused by every call (views are re-laid for each call's shape). */
+struct at_decoder_scratch {
+    int64_t cap_tokens;
+    int cap_batch;
+    at_tensor *f32;   /* layer acts | residual stream [N, hidden] | rows [B, hidden] | rows_norm [B, hidden] */
+    at_tensor *i32;   /* ids [N] | pos [N] | q_index [N] | kv_len [B] | last [B] */
+    int32_t *host;    /* staging for i32, same layout */
+    int *seq;         /* host [2 · cap_batch]: cache start and new tokens per sequence */
+};
+
+/* ---- construction -------------------------------------------------------------- */
+
+at_status at_decoder_new(at_decoder_weights *w, at_decoder **out)
+{
+    *out = NULL;
+    AT_TRY(at_decoder_weights_check(w));
+    at_decoder *d = calloc(1, sizeof *d);
+    if (!d) return at_error(AT_ERR_NOMEM, "decoder: out of memory");
+    at_status st = AT_OK;
+    float *host = NULL;
+    d->cfg = w->cfg;
+    d->be = w->backend;
+    d->attn_scale = 1.0f / sqrtf((float)d->cfg.head_dim);
+    int64_t half = d->cfg.head_dim / 2;
+    host = malloc((size_t)half * sizeof *host);
+    if (!host) {
+        st = at_error(AT_ERR_NOMEM, "decoder: out of memory");
+        goto done;
+    }
+    AT_CHECK(at_model_config_rope_inv_freq(&d->cfg, host));
+    AT_CHECK(at_tensor_new(d->be, AT_F32, 1, &half, "rope.inv_freq", &d->inv_freq));
+    AT_CHECK(at_tensor_upload(d->inv_freq, host, (size_t)half * sizeof *host));
+    d->w = w;
+done:
+    free(host);
+    if (st != AT_OK) {
+        at_tensor_free(d->inv_freq);
+        free(d);
+        return st;
+    }
+    *out = d;
+    return AT_OK;
+}
+
+static void scratch_free(at_decoder_scratch *s)
+{
+    if (!s) return;
+    at_tensor_free(s->f32);
+    at_tensor_free(s->i32);
+    free(s->host);
+    free(s->seq);
+    free(s);
+}
+
+void at_decoder_free(at_decoder *d)
+{
+    if (!d) return;
+    scratch_free(d->scratch);
+    at_tensor_free(d->inv_freq);
+    at_decoder_weights_free(d->w);
+    free(d);
+}
+
+/* ---- training forward ------------------------------------------------------------ */
+
+static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+size_t at_decoder_acts_elems(const at_model_config *c, int B, int T)
+{
+    size_t N = (size_t)B * (size_t)T, hd = (size_t)c->hidden_size;
+    size_t per_layer = at_layer_acts_elems(c, (int64_t)N);
+    return (size_t)(c->num_hidden_layers + 1) * round16(N * hd) + (size_t)c->num_hidden_layers * per_layer +
+           round16(N * hd) + round16(N);
+}
+
+void at_decoder_acts_free(at_decoder_acts *a)
+{
+    if (!a) return;
+    at_tensor_free(a->arena);
+    at_tensor_free(a->pos);
+    free(a->resid);
+    free(a->layers);
+    free(a);
+}
+
+at_status at_decoder_acts_new(const at_decoder *d, int B, int T, at_decoder_acts **out)
+{
+    *out = NULL;
+    if (B <= 0 || T <= 0) return at_error(AT_ERR_INVALID, "decoder acts: batch %d x %d tokens", B, T);
+    const at_model_config *c = &d->cfg;
+    at_status st = AT_OK;
+    int32_t *host = NULL;
+    at_decoder_acts *a = calloc(1, sizeof *a);
+    if (!a) return at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
+    a->B = B;
+    a->T = T;
+    a->n_layers = c->num_hidden_layers;
+    a->resid = calloc((size_t)a->n_layers + 1, sizeof *a->resid);
+    a->layers = calloc((size_t)a->n_layers, sizeof *a->layers);
+    host = malloc((size_t)B * (size_t)T * sizeof *host);
+    if (!a->resid || !a->layers || !host) {
+        st = at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
+        goto done;
+    }
+    int64_t total = (int64_t)at_decoder_acts_elems(c, B, T);
+    AT_CHECK(at_tensor_new(d->be, AT_F32, 1, &total, "decoder.acts", &a->arena));
+    int64_t N = (int64_t)B * T, hd = c->hidden_size;
+    int64_t shape2[2] = {N, hd};
+    size_t off = 0;
+    for (int l = 0; l <= a->n_layers; l++) {
+        at_tensor_view_inplace(&a->resid[l], a->arena, off, 2, shape2);
+        at_tensor_set_name(&a->resid[l], "acts.resid");
+        off += round16((size_t)(N * hd));
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        at_layer_acts_bind(&a->layers[l], c, B, T, a->arena, off);
+        off += at_layer_acts_elems(c, N);
+    }
+    at_tensor_view_inplace(&a->final_norm, a->arena, off, 2, shape2);
+    at_tensor_set_name(&a->final_norm, "acts.final_norm");
+    off += round16((size_t)(N * hd));
+    at_tensor_view_inplace(&a->final_rstd, a->arena, off, 1, &N);
+    at_tensor_set_name(&a->final_rstd, "acts.final_rstd");
+
+    int64_t pshape[2] = {B, T};
+    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, pshape, "acts.pos", &a->pos));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) host[(size_t)b * T + t] = t;
+    AT_CHECK(at_tensor_upload(a->pos, host, (size_t)N * sizeof *host));
+done:
+    free(host);
+    if (st != AT_OK) {
+        at_decoder_acts_free(a);
+        return st;
+    }
+    *out = a;
+    return AT_OK;
+}
+
+static at_status check_window(const at_decoder *d, int64_t tokens)
+{
+    if (d->cfg.sliding_window > 0 && tokens > d->cfg.sliding_window)
+        return at_error(AT_ERR_UNSUPPORTED,
+                        "decoder: %lld tokens exceed the model's sliding window of %lld (only full attention "
+                        "is implemented, which equals the window's up to that length)",
+                        (long long)tokens, (long long)d->cfg.sliding_window);
+    return AT_OK;
+}
+
+static at_status check_index(const at_tensor *t, int B, int T, const char *what)
+{
+    char buf[200];
+    if (!t) return AT_OK;
+    if (t->dtype != AT_I32 || at_tensor_numel(t) != (int64_t)B * T)
+        return at_error(AT_ERR_INVALID, "decoder forward: %s %s must be i32 [%d, %d]", what,
+                        at_tensor_describe(t, buf, sizeof buf), B, T);
+    return AT_OK;
+}
+
+at_status at_decoder_forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
+                             const at_tensor *segments)
+{
+    const at_model_config *c = &d->cfg;
+    int B = a->B, T = a->T;
+    AT_TRY(check_index(ids, B, T, "ids"));
+    AT_TRY(check_index(pos, B, T, "positions"));
+    AT_TRY(check_index(segments, B, T, "segments"));
+    if (!ids) return at_error(AT_ERR_INVALID, "decoder forward: ids missing");
+    AT_TRY(check_window(d, T));
+
+    at_layer_io io = {0};
+    io.B = B;
+    io.T = T;
+    io.pos = pos ? pos : a->pos;
+    io.inv_freq = d->inv_freq;
+    io.attn.scale = d->attn_scale;
+    io.attn.segments = segments;
+    io.save_lse = 1;
+
+    /* x_0 = embed[ids] */
+    AT_TRY(at_embedding_forward(&a->resid[0], ids, d->w->embed));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        at_layer_acts *la = &a->layers[l];
+        const at_layer_weights *lw = &d->w->layers[l];
+        AT_TRY(at_attention_block_forward(c, lw, la, &la->res_mid, &a->resid[l], &io));
+        AT_TRY(at_mlp_block_forward(c, lw, la, &a->resid[l + 1], &la->res_mid));
+    }
+    AT_TRY(at_rmsnorm_forward(&a->final_norm, &a->final_rstd, &a->resid[c->num_hidden_layers], d->w->final_norm,
+                              (float)c->rms_norm_eps));
+    return AT_OK;
+}
+
+at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *hidden)
+{
+    return at_matmul(logits, hidden, d->w->lm_head, 0, 1, 1.0f, 0.0f);
+}
+
+/* ---- inference ----------------------------------------------------------------- */
+
+/* i32 layout: ids [N] | pos [N] | q_index [N] | kv_len [B] | last [B] */
+static size_t i32_elems(int64_t N, int B) { return (size_t)(3 * N + 2 * B); }
+
+static size_t f32_elems(const at_model_config *c, int64_t N, int B)
+{
+    size_t hd = (size_t)c->hidden_size;
+    return at_layer_acts_elems(c, N) + round16((size_t)N * hd) + 2 * round16((size_t)B * hd);
+}
+
+static at_status scratch_ensure(at_decoder *d, int64_t N, int B)
+{
+    at_decoder_scratch *s = d->scratch;
+    if (s && s->cap_tokens >= N && s->cap_batch >= B) return AT_OK;
+    /* grow to at least what is asked and what was there */
+    int64_t capN = s && s->cap_tokens > N ? s->cap_tokens : N;
+    int capB = s && s->cap_batch > B ? s->cap_batch : B;
+    scratch_free(s);
+    d->scratch = NULL;
+    s = calloc(1, sizeof *s);
+    if (!s) return at_error(AT_ERR_NOMEM, "decoder: out of memory");
+    at_status st = AT_OK;
+    int64_t nf = (int64_t)f32_elems(&d->cfg, capN, capB), ni = (int64_t)i32_elems(capN, capB);
+    AT_CHECK(at_tensor_new(d->be, AT_F32, 1, &nf, "decoder.scratch", &s->f32));
+    AT_CHECK(at_tensor_new(d->be, AT_I32, 1, &ni, "decoder.index", &s->i32));
+    s->host = malloc((size_t)ni * sizeof *s->host);
+    s->seq = malloc(2 * (size_t)capB * sizeof *s->seq);
+    if (!s->host || !s->seq) {
+        st = at_error(AT_ERR_NOMEM, "decoder: out of memory");
+        goto done;
+    }
+    s->cap_tokens = capN;
+    s->cap_batch = capB;
+done:
+    if (st != AT_OK) {
+        scratch_free(s);
+        return st;
+    }
+    d->scratch = s;
+    return AT_OK;
+}
+
+at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
+                             at_tensor *logits, int all_positions)
+{
+    const at_model_config *c = &d->cfg;
+    char buf[200];
+    if (!cache || !ids || !logits) return at_error(AT_ERR_INVALID, "decoder prefill: missing argument");
+    if (T <= 0) return at_error(AT_ERR_INVALID, "decoder prefill: T = %d", T);
+    if (cache->n_layers != c->num_hidden_layers || cache->n_kv_heads != c->num_key_value_heads ||
+        cache->head_dim != c->head_dim)
+        return at_error(AT_ERR_INVALID, "decoder prefill: the cache was made for another model");
+    int B = cache->batch;
+    int64_t N = (int64_t)B * T, V = c->vocab_size, hd = c->hidden_size;
+    int64_t want_rows = all_positions ? N : B;
+    if (logits->dtype != AT_F32 || at_tensor_numel(logits) != want_rows * V)
+        return at_error(AT_ERR_INVALID, "decoder prefill: logits %s must be f32 [%lld, %lld]",
+                        at_tensor_describe(logits, buf, sizeof buf), (long long)want_rows, (long long)V);
+    for (int b = 0; b < B; b++) {
+        int n = n_new ? n_new[b] : T;
+        if (n < 0 || n > T)
+            return at_error(AT_ERR_INVALID, "decoder prefill: sequence %d has %d new tokens of %d", b, n, T);
+        if ((int64_t)cache->len[b] + n > cache->max_seq)
+            return at_error(AT_ERR_INVALID, "decoder prefill: sequence %d would have %d tokens, the cache holds %d",
+                            b, cache->len[b] + n, cache->max_seq);
+        AT_TRY(check_window(d, (int64_t)cache->len[b] + n));
+        for (int t = 0; t < n; t++) {
+            int32_t id = ids[(size_t)b * T + t];
+            if (id < 0 || id >= c->vocab_size)
+                return at_error(AT_ERR_INVALID, "decoder prefill: token id %d (sequence %d, position %d) is "
+                                "outside the vocabulary of %d", id, b, t, c->vocab_size);
+        }
+    }
+    AT_TRY(scratch_ensure(d, N, B));
+    at_decoder_scratch *s = d->scratch;
+
+    /* index tensors, filled on the host: padding gets id 0 and no visible key */
+    int *cache_start = s->seq, *nn = s->seq + B;
+    int32_t *h_ids = s->host, *h_pos = h_ids + N, *h_qi = h_pos + N, *h_kvl = h_qi + N, *h_last = h_kvl + B;
+    for (int b = 0; b < B; b++) {
+        int n = n_new ? n_new[b] : T, len = cache->len[b];
+        cache_start[b] = len;
+        nn[b] = n;
+        for (int t = 0; t < T; t++) {
+            size_t i = (size_t)b * T + t;
+            h_ids[i] = t < n ? ids[i] : 0;
+            h_pos[i] = len + t;
+            h_qi[i] = t < n ? len + t : -1;
+        }
+        h_kvl[b] = len + n;
+        h_last[b] = (int32_t)((int64_t)b * T + (n > 0 ? n - 1 : 0));
+    }
+    at_tensor t_all, t_ids, t_pos, t_qi, t_kvl, t_last;
+    int64_t ni = (int64_t)i32_elems(N, B), shBT[2] = {B, T}, shB[1] = {B};
+    at_tensor_view_inplace(&t_all, s->i32, 0, 1, &ni);
+    AT_TRY(at_tensor_upload(&t_all, s->host, (size_t)ni * sizeof(int32_t)));
+    at_tensor_view_inplace(&t_ids, s->i32, 0, 2, shBT);
+    at_tensor_view_inplace(&t_pos, s->i32, (size_t)N, 2, shBT);
+    at_tensor_view_inplace(&t_qi, s->i32, (size_t)(2 * N), 2, shBT);
+    at_tensor_view_inplace(&t_kvl, s->i32, (size_t)(3 * N), 1, shB);
+    at_tensor_view_inplace(&t_last, s->i32, (size_t)(3 * N + B), 1, shB);
+
+    /* f32 views: layer acts | x [N, hidden] | rows [B, hidden] | rows_norm [B, hidden] */
+    at_layer_acts la;
+    at_layer_acts_bind(&la, c, B, T, s->f32, 0);
+    size_t off = at_layer_acts_elems(c, N);
+    at_tensor x, rows, rows_norm;
+    int64_t shx[2] = {N, hd}, shr[2] = {B, hd};
+    at_tensor_view_inplace(&x, s->f32, off, 2, shx);
+    off += round16((size_t)(N * hd));
+    at_tensor_view_inplace(&rows, s->f32, off, 2, shr);
+    off += round16((size_t)(B * hd));
+    at_tensor_view_inplace(&rows_norm, s->f32, off, 2, shr);
+
+    at_layer_io io = {0};
+    io.B = B;
+    io.T = T;
+    io.pos = &t_pos;
+    io.inv_freq = d->inv_freq;
+    io.attn.scale = d->attn_scale;
+    io.attn.q_index = &t_qi;
+    io.attn.kv_len = &t_kvl;
+    io.cache_start = cache_start;
+    io.n_new = nn;
+
+    AT_TRY(at_embedding_forward(&x, &t_ids, d->w->embed));
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const at_layer_weights *lw = &d->w->layers[l];
+        io.k_cache = cache->k[l];
+        io.v_cache = cache->v[l];
+        AT_TRY(at_attention_block_forward(c, lw, &la, &x, &x, &io));
+        AT_TRY(at_mlp_block_forward(c, lw, &la, &x, &x));
+    }
+    float eps = (float)c->rms_norm_eps;
+    at_tensor lg;
+    if (all_positions) {
+        /* the layer scratch is free now: its attn_norm is [N, hidden] */
+        AT_TRY(at_rmsnorm_forward(&la.attn_norm, NULL, &x, d->w->final_norm, eps));
+        int64_t shl[2] = {N, V};
+        at_tensor_view_inplace(&lg, logits, 0, 2, shl);
+        AT_TRY(at_decoder_logits(d, &lg, &la.attn_norm));
+    } else {
+        /* only the rows whose logits are wanted: gather, norm, project */
+        AT_TRY(at_embedding_forward(&rows, &t_last, &x));
+        AT_TRY(at_rmsnorm_forward(&rows_norm, NULL, &rows, d->w->final_norm, eps));
+        int64_t shl[2] = {B, V};
+        at_tensor_view_inplace(&lg, logits, 0, 2, shl);
+        AT_TRY(at_decoder_logits(d, &lg, &rows_norm));
+    }
+    for (int b = 0; b < B; b++) cache->len[b] += nn[b];
+    return AT_OK;
+}
+
+at_status at_decoder_decode_step(at_decoder *d, at_kv_cache *cache, const int32_t *ids, const int *active,
+                                 at_tensor *logits)
+{
+    if (!cache) return at_error(AT_ERR_INVALID, "decoder decode step: cache missing");
+    int B = cache->batch;
+    int *n = malloc((size_t)B * sizeof *n);
+    if (!n) return at_error(AT_ERR_NOMEM, "decoder decode step: out of memory");
+    for (int b = 0; b < B; b++) n[b] = active ? (active[b] != 0) : 1;
+    at_status st = at_decoder_prefill(d, cache, ids, 1, n, logits, 0);
+    free(n);
+    return st;
+}
