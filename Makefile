@@ -24,6 +24,7 @@ setup:
 
 run: setup $(BUILD)/anytune
 	$(BUILD)/anytune env
+	$(BUILD)/anytune sft
 
 test: setup
 	$(MAKE) test-release

@@ -17,6 +17,7 @@
 #include <string.h>
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
+#include "device/quant.h"
 #include "device/ref/ref_ops.h"
 #include "ops/ops.h"
 #include "testing.h"
@@ -314,6 +315,64 @@ static void test_matmul(void)
             }
         end();
     }
+}
+
+/* ---- matmul with a quantized weight W [out, in]: forward x · Wᵀ (tb 1), input backward dy · W (tb 0) ---- */
+
+static void test_qmatmul(void)
+{
+    uint64_t saved_rng = g_rng; /* the other ops' inputs stay what they were without these cases */
+    static const at_dtype qts[] = {AT_Q8_0, AT_Q4_0, AT_NF4};
+    static const at_dtype combos[][2] = {{F32, F32}, {BF16, F32}, {BF16, BF16}, {F16, F32}}; /* A, C */
+    static const int64_t shapes[][4] = {/* batch, N, out, in (in: a multiple of every block, 64) */
+                                        {1, 1, 1, 64}, {1, 3, 17, 128}, {1, 65, 3, 192}, {1, 17, 1000, 64},
+                                        {1, 33, 130, 1088}, {2, 5, 70, 128}};
+    for (size_t q = 0; q < sizeof qts / sizeof qts[0]; q++)
+        for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+            char dt[48];
+            snprintf(dt, sizeof dt, "%s.%s->%s", dn(combos[c][0]), dn(qts[q]), dn(combos[c][1]));
+            begin("matmul", dt);
+            int variant = 0;
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int tb = 0; tb < 2; tb++) {
+                    int64_t bt = shapes[s][0], N = shapes[s][1], out = shapes[s][2], in = shapes[s][3];
+                    int64_t k = tb ? in : out, n = tb ? out : in;
+                    float alpha = variant % 3 == 0 ? 1.0f : variant % 3 == 1 ? 0.5f : -1.0f;
+                    float beta = variant % 3 == 0 ? 0.0f : variant % 3 == 1 ? 1.5f : 1.0f;
+                    variant++;
+                    /* the weight: random f32 quantized on the host, its bytes copied to the backend */
+                    at_tensor *wf = host_new(F32, 2, SH(out, in), "W.f32"), *wq = host_new(qts[q], 2, SH(out, in), "W");
+                    for (int64_t i = 0; i < out * in; i++) ((float *)at_tensor_data(wf))[i] = urand(-1, 1);
+                    CHECK_OK(at_quantize(wq, wf));
+                    at_tensor *wd = dev_copy(wq);
+                    tp A = bt > 1 ? in_rand(combos[c][0], 3, SH(bt, N, k), "A", -1, 1)
+                                  : in_rand(combos[c][0], 2, SH(N, k), "A", -1, 1);
+                    tp C = bt > 1 ? out_new(combos[c][1], 3, SH(bt, N, n), "C", beta == 0 ? POISON : RANDOM, -1, 1)
+                                  : out_new(combos[c][1], 2, SH(N, n), "C", beta == 0 ? POISON : RANDOM, -1, 1);
+                    char desc[96];
+                    snprintf(desc, sizeof desc, "batch %lld N%lld out%lld in%lld tb%d a%g b%g", (long long)bt,
+                             (long long)N, (long long)out, (long long)in, tb, (double)alpha, (double)beta);
+                    /* the reference multiplies the dequantized weight (ref_util.c loads a
+                     * quantized tensor as its values), rounded to bf16 when A is bf16 */
+                    at_tensor *rb = wq, *deq = NULL;
+                    if (combos[c][0] == BF16) {
+                        deq = host_new(F32, 2, SH(out, in), "W.deq");
+                        CHECK_OK(at_dequantize(deq, wq));
+                        rb = bf16_rounded(deq);
+                    }
+                    CHECK_OK(at_ref_matmul(C.h, A.h, rb, 0, tb, alpha, beta));
+                    if (called(at_matmul(C.d, A.d, wd, 0, tb, alpha, beta), desc)) compare(&C, desc, "C");
+                    if (rb != wq) at_tensor_free(rb);
+                    at_tensor_free(deq);
+                    at_tensor_free(wf);
+                    at_tensor_free(wq);
+                    at_tensor_free(wd);
+                    tp_free(&A);
+                    tp_free(&C);
+                }
+            end();
+        }
+    g_rng = saved_rng;
 }
 
 /* ---- elementwise ---- */
@@ -919,6 +978,32 @@ static void test_adamw_sumsq(void)
     }
 }
 
+/* ---- dropout (counter-based mask) ---- */
+
+static void test_dropout(void)
+{
+    static const at_dtype dts[] = {F32, BF16, F16};
+    static const int64_t sizes[] = {1, 17, 5000, 70001};
+    static const float ps[] = {0.0f, 0.1f, 0.5f};
+    for (int d = 0; d < 3; d++) {
+        begin("dropout", dn(dts[d]));
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+                int64_t n = sizes[s];
+                uint64_t seed = rnd(), offset = (uint64_t)k << 40; /* offsets past 2^32 too */
+                tp X = in_rand(dts[d], 1, &n, "x", -3, 3);
+                tp Y = out_new(dts[d], 1, &n, "y", POISON, 0, 0);
+                char desc[64];
+                snprintf(desc, sizeof desc, "n%lld p%.1f", (long long)n, (double)ps[k]);
+                CHECK_OK(at_ref_dropout(Y.h, X.h, ps[k], seed, offset));
+                if (called(at_dropout(Y.d, X.d, ps[k], seed, offset), desc)) compare(&Y, desc, "y");
+                tp_free(&X);
+                tp_free(&Y);
+            }
+        end();
+    }
+}
+
 /* Runs every op on `be` (tensors allocated there) against the reference;
  * returns the number of failed checks. */
 static int run_backend(at_backend *be)
@@ -926,6 +1011,7 @@ static int run_backend(at_backend *be)
     int before = at_test_failures;
     g_be = be;
     test_matmul();
+    test_qmatmul();
     test_elementwise();
     test_cast_fill();
     test_rmsnorm();
@@ -935,6 +1021,7 @@ static int run_backend(at_backend *be)
     test_embedding();
     test_cross_entropy();
     test_adamw_sumsq();
+    test_dropout();
     return at_test_failures - before;
 }
 

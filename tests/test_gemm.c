@@ -17,6 +17,7 @@
  * {0, 1}, padded leading dimensions (the padding must stay untouched),
  * beta == 0 with NaN in C, alpha == 0 / K == 0 with NaN in A. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,6 +181,8 @@ static void sweep_large(int full)
         {0, 1, 300, 2100, 20, AT_BF16, AT_F32, AT_F32, 1.0f, 1.0f, 0, 0},
         {1, 0, 90, 100, 1100, AT_F32, AT_BF16, AT_BF16, -1.0f, 0.5f, 2, 0}, /* bf16 C over many k blocks */
         {0, 0, 40, 50, 700, AT_F16, AT_F32, AT_BF16, 1.0f, 0.0f, 0, 1},
+        {0, 1, 20, 4200, 40, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 1, 1},   /* threads split N past NC */
+        {1, 0, 1000, 2100, 10, AT_BF16, AT_BF16, AT_F32, 1.0f, 0.5f, 0, 0}, /* threads split M, B shared */
     };
     size_t n = sizeof big / sizeof big[0];
     for (size_t i = 0; i < n; i++)
@@ -265,6 +268,16 @@ int main(void)
                worst[1]);
     }
     at_cpu_isa_force(hw);
+    /* an odd number of threads: uneven slices, and on a 1-core machine still a team */
+    int nthreads = omp_get_max_threads();
+    omp_set_num_threads(3);
+    worst[0] = worst[1] = 0;
+    sweep_large(1);
+    printf("3 threads: worst err/tol %.3f (C f32), %.3f (C bf16)\n", worst[0], worst[1]);
+    omp_set_num_threads(nthreads);
+    /* the per-thread buffers can be handed back, and come back */
+    at_cpu_gemm_release_buffers();
+    sweep_large(0);
     if (hw < AT_ISA_AVX512_BF16) printf("note: this CPU lacks some ISA levels; those paths were not run\n");
     return at_test_result("test_gemm");
 }

@@ -16,6 +16,26 @@ What it writes, for every configuration NAME in CONFIGS:
         logits     f32 [B, T, V] expected logits (0 past each sequence's length)
         inv_freq   f32 [D/2]     the RoPE inverse frequencies (after rope_scaling)
 
+and, for training (every NAME of TRAIN_CONFIGS),
+
+    tests/data/goldens/NAME_lora/adapter_config.json       PEFT LoRA adapter, r=4, alpha=8, dropout 0,
+    tests/data/goldens/NAME_lora/adapter_model.safetensors  all 7 linear modules, B non-zero
+    tests/data/goldens/NAME.train.golden.safetensors
+        input_ids  i32 [B, T]    two rows of different lengths, right-padded with 0
+        labels     i32 [B, T]    HF labels (unshifted): -100 on a prompt span, an inner span and padding
+        lengths    i32 [B]
+        loss       f32 [1]       mean cross-entropy over the supervised targets (HF shift by one)
+        n_targets  i32 [1]
+        row_loss   f32 [B]       loss sum of each row
+        lora.<PEFT name>         f32 gradient of `loss` for every lora_A / lora_B
+        adamw.<PEFT name>        f32 the LoRA parameters after two torch.optim.AdamW steps on this
+                                 batch (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0.01)
+        full.<HF name>           f32 gradient of `loss` for every weight, no adapter (full
+                                 fine-tuning; FULL_GRADS configurations only)
+
+The training reference is hf_forward with PEFT's lora.Linear added by hand
+(y = x W^T + b + (alpha/r) (x A^T) B^T); torch autograd computes the gradients.
+
 and, from the llama2.c checkpoint tests/data/models/stories260K.bin,
 
     tests/data/goldens/stories260K.golden.safetensors
@@ -185,8 +205,10 @@ def repeat_kv(x, n_rep):
     return x.reshape(b, h * n_rep, t, d)
 
 
-def hf_forward(cfg, W, ids):
-    """ids: int64 [B, T], all positions valid. Returns f32 logits [B, T, V]."""
+def hf_forward(cfg, W, ids, lora=None, lora_scale=1.0):
+    """ids: int64 [B, T], all positions valid. Returns f32 logits [B, T, V].
+    lora: optional dict HF module prefix -> (A [r, in], B [out, r]), added as
+    peft's lora.Linear does (dropout 0): y = x W^T + b + s (x A^T) B^T."""
     B, T = ids.shape
     H = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads", H)
@@ -205,7 +227,11 @@ def hf_forward(cfg, W, ids):
     mask = torch.full((T, T), float("-inf")).triu(1)
 
     def lin(x, name):
-        return F.linear(x, W[name + ".weight"], W.get(name + ".bias"))
+        y = F.linear(x, W[name + ".weight"], W.get(name + ".bias"))
+        if lora is not None and name in lora:
+            A, Bm = lora[name]
+            y = y + lora_scale * F.linear(F.linear(x, A), Bm)
+        return y
 
     for l in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % l
@@ -401,6 +427,145 @@ def make_config(root, name, spec):
 
 
 # --------------------------------------------------------------------------
+# Training goldens: loss, LoRA and full fine-tuning gradients, AdamW steps
+
+TRAIN_CONFIGS = ["llama_gqa", "qwen2_bias_tied", "qwen3_qknorm", "llama3_rope", "llama_bf16"]
+FULL_GRADS = ["llama_gqa", "qwen2_bias_tied", "qwen3_qknorm", "llama3_rope"]
+LORA_R, LORA_ALPHA = 4, 8
+LORA_MODULES = [("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
+                ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj")]
+
+
+def peft_name(l, parent, mod, which):
+    return "base_model.model.model.layers.%d.%s.%s.%s.weight" % (l, parent, mod, which)
+
+
+def make_lora(cfg, W, gen):
+    """Random PEFT LoRA tensors for every linear module of every layer. A as
+    PEFT's Kaiming-uniform would give, B non-zero (a fresh adapter has B = 0,
+    which would hide every error in the adapter's forward and dA)."""
+    tensors = {}
+    for l in range(cfg["num_hidden_layers"]):
+        for parent, mod in LORA_MODULES:
+            w = W["model.layers.%d.%s.%s.weight" % (l, parent, mod)]
+            out_f, in_f = w.shape
+            bound = 1.0 / math.sqrt(in_f)
+            A = (torch.rand(LORA_R, in_f, generator=gen) * 2 - 1) * bound
+            Bm = torch.randn(out_f, LORA_R, generator=gen) * 0.3
+            tensors[peft_name(l, parent, mod, "lora_A")] = A
+            tensors[peft_name(l, parent, mod, "lora_B")] = Bm
+    return tensors
+
+
+def lora_dict(cfg, T):
+    """PEFT tensors -> {HF module prefix: (A, B)} for hf_forward."""
+    out = {}
+    for l in range(cfg["num_hidden_layers"]):
+        for parent, mod in LORA_MODULES:
+            out["model.layers.%d.%s.%s" % (l, parent, mod)] = (T[peft_name(l, parent, mod, "lora_A")],
+                                                                T[peft_name(l, parent, mod, "lora_B")])
+    return out
+
+
+def train_batch(cfg, lengths, gen):
+    """Two rows right-padded with id 0; labels = ids with -100 on a prompt
+    span, an inner span and the padding (HF convention, unshifted)."""
+    B, T = len(lengths), max(lengths)
+    V = cfg["vocab_size"]
+    ids = torch.zeros(B, T, dtype=torch.int64)
+    labels = torch.full((B, T), -100, dtype=torch.int64)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.randint(0, V, (n,), generator=gen)
+        labels[b, :n] = ids[b, :n]
+        labels[b, :max(1, n // 4)] = -100          # prompt
+        mid = n // 2
+        labels[b, mid:mid + 2] = -100              # an inner ignored span
+    return ids, labels
+
+
+def causal_lm_loss(cfg, W, ids, labels, lengths, lora=None):
+    """Sum over rows of HF's shifted cross-entropy, each row run alone (no
+    padding in the reference). Returns (loss_sum, n_targets, row_loss)."""
+    total = 0.0
+    n = 0
+    rows = []
+    s = LORA_ALPHA / LORA_R
+    for b, L in enumerate(lengths):
+        logits = hf_forward(cfg, W, ids[b:b + 1, :L], lora, s)[0]
+        tgt = labels[b, 1:L]
+        ls = F.cross_entropy(logits[:-1], tgt, ignore_index=-100, reduction="sum")
+        rows.append(ls)
+        total = total + ls
+        n += int((tgt != -100).sum())
+    return total, n, rows
+
+
+def write_adapter(folder, cfg, T):
+    os.makedirs(folder, exist_ok=True)
+    acfg = {
+        "alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": None, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
+        "layers_pattern": None, "layers_to_transform": None, "lora_alpha": LORA_ALPHA, "lora_dropout": 0.0,
+        "modules_to_save": None, "peft_type": "LORA", "r": LORA_R, "rank_pattern": {}, "revision": None,
+        "target_modules": sorted(m for _, m in LORA_MODULES), "task_type": "CAUSAL_LM", "use_dora": False,
+        "use_rslora": False,
+    }
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(folder, "adapter_model.safetensors"), T)
+
+
+def make_train(root, name, spec):
+    cfg = spec["cfg"]
+    folder = os.path.join(root, name)
+    W = read_safetensors(os.path.join(folder, "model.safetensors"))
+    W32 = {k: v.float() for k, v in W.items()}
+    gen = torch.Generator().manual_seed(1000 + spec["seed"])
+    lora_T = make_lora(cfg, W32, gen)
+    write_adapter(os.path.join(root, name + "_lora"), cfg, lora_T)
+    lengths = spec["lengths"]
+    ids, labels = train_batch(cfg, lengths, gen)
+    out = {"input_ids": ids.to(torch.int32), "labels": labels.to(torch.int32),
+           "lengths": torch.tensor(lengths, dtype=torch.int32)}
+
+    # LoRA: gradients of the mean loss with respect to every A and B
+    P = {k: v.clone().requires_grad_(True) for k, v in lora_T.items()}
+    total, n, rows = causal_lm_loss(cfg, W32, ids, labels, lengths, lora_dict(cfg, P))
+    loss = total / n
+    loss.backward()
+    out["loss"] = loss.detach().reshape(1).float()
+    out["n_targets"] = torch.tensor([n], dtype=torch.int32)
+    out["row_loss"] = torch.stack([r.detach() for r in rows]).float()
+    for k, v in P.items():
+        out["lora." + k] = v.grad.detach().clone()
+
+    # two AdamW steps on the LoRA parameters, same batch
+    P = {k: v.clone().requires_grad_(True) for k, v in lora_T.items()}
+    names = sorted(P)
+    opt = torch.optim.AdamW([P[k] for k in names], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    for _ in range(2):
+        opt.zero_grad()
+        total, n, _ = causal_lm_loss(cfg, W32, ids, labels, lengths, lora_dict(cfg, P))
+        (total / n).backward()
+        opt.step()
+    for k in names:
+        out["adamw." + k] = P[k].detach().clone()
+
+    # full fine-tuning: every weight's gradient, no adapter
+    if name in FULL_GRADS:
+        Wg = {k: v.clone().requires_grad_(True) for k, v in W32.items()}
+        total, n, _ = causal_lm_loss(cfg, Wg, ids, labels, lengths)
+        (total / n).backward()
+        for k, v in Wg.items():
+            out["full." + k] = v.grad.detach().clone()
+    write_safetensors(os.path.join(root, name + ".train.golden.safetensors"), out,
+                      {"format": "pt", "source": "tools/make_goldens.py", "config": name})
+    print("%-16s train: loss %.4f over %d targets, %d LoRA tensors%s" % (
+        name, out["loss"].item(), n, len(lora_T), ", full grads" if name in FULL_GRADS else ""))
+
+
+# --------------------------------------------------------------------------
 # llama2.c (stories260K): an independent reference in the manner of
 # karpathy/llama2.c model.py, on the checkpoint's own weight layout.
 
@@ -535,6 +700,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     for name, spec in CONFIGS.items():
         make_config(args.out, name, spec)
+    for name in TRAIN_CONFIGS:
+        make_train(args.out, name, CONFIGS[name])
     make_stories(args.out, args.stories)
 
 

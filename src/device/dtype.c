@@ -2,6 +2,8 @@
 
 #include <strings.h>
 
+#include "device/quant.h"
+
 const char *at_dtype_name(at_dtype t)
 {
     switch (t) {
@@ -38,7 +40,7 @@ size_t at_dtype_block_elems(at_dtype t)
 {
     switch (t) {
     case AT_Q8_0: case AT_Q4_0: return 32;
-    case AT_NF4: return 2;
+    case AT_NF4: return 64;
     default: return 1;
     }
 }
@@ -50,13 +52,15 @@ size_t at_dtype_block_bytes(at_dtype t)
     case AT_BF16: case AT_F16: return 2;
     case AT_Q8_0: return 34;
     case AT_Q4_0: return 18;
-    case AT_NF4: return 1;
+    case AT_NF4: return 33; /* 32 bytes of nibbles + the absmax code; see at_dtype_bytes */
     default: return 0;
     }
 }
 
 size_t at_dtype_bytes(at_dtype t, size_t n)
 {
+    /* NF4 adds a header and one f32 scale per 256 blocks (device/quant.h) */
+    if (t == AT_NF4) return at_nf4_nbytes((int64_t)n);
     size_t be = at_dtype_block_elems(t);
     return (n + be - 1) / be * at_dtype_block_bytes(t);
 }

@@ -13,7 +13,8 @@ typedef enum {
     AT_I32,  /* token ids, positions, labels, segment ids */
     AT_Q8_0, /* GGUF block: f16 scale + 32 int8 (34 bytes per 32 values) */
     AT_Q4_0, /* GGUF block: f16 scale + 16 bytes of nibbles (18 bytes per 32) */
-    AT_NF4,  /* bitsandbytes NF4: 64-value blocks, absmax kept separately */
+    AT_NF4,  /* bitsandbytes NF4, 64-value blocks, double-quantized absmax: one buffer
+                laid out as device/quant.h says (~0.516 bytes per value) */
     AT_DTYPE_COUNT
 } at_dtype;
 
@@ -27,7 +28,9 @@ int at_dtype_parse(const char *name, at_dtype *out);
 size_t at_dtype_block_elems(at_dtype t);
 size_t at_dtype_block_bytes(at_dtype t);
 /* Bytes needed for n elements (n must be a multiple of the block size for
- * block types; otherwise rounds up to whole blocks). */
+ * block types; otherwise rounds up to whole blocks). For AT_NF4 this is the
+ * size of a whole tensor of n values (header and scales included, see
+ * device/quant.h), not n times a per-value size. */
 size_t at_dtype_bytes(at_dtype t, size_t n);
 
 /* Scalar conversions (round to nearest even, NaN kept). */

@@ -11,6 +11,7 @@
 struct at_decoder_scratch {
     int64_t cap_tokens;
     int cap_batch;
+    int cap_rank;     /* LoRA rank the f32 buffer has room for (u [N, r], shared by the modules) */
     at_tensor *f32;   /* layer acts | residual stream [N, hidden] | rows [B, hidden] | rows_norm [B, hidden] */
     at_tensor *i32;   /* ids [N] | pos [N] | q_index [N] | kv_len [B] | last [B] */
     int32_t *host;    /* staging for i32, same layout */
@@ -70,81 +71,7 @@ void at_decoder_free(at_decoder *d)
     free(d);
 }
 
-/* ---- training forward ------------------------------------------------------------ */
-
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
-
-size_t at_decoder_acts_elems(const at_model_config *c, int B, int T)
-{
-    size_t N = (size_t)B * (size_t)T, hd = (size_t)c->hidden_size;
-    size_t per_layer = at_layer_acts_elems(c, (int64_t)N);
-    return (size_t)(c->num_hidden_layers + 1) * round16(N * hd) + (size_t)c->num_hidden_layers * per_layer +
-           round16(N * hd) + round16(N);
-}
-
-void at_decoder_acts_free(at_decoder_acts *a)
-{
-    if (!a) return;
-    at_tensor_free(a->arena);
-    at_tensor_free(a->pos);
-    free(a->resid);
-    free(a->layers);
-    free(a);
-}
-
-at_status at_decoder_acts_new(const at_decoder *d, int B, int T, at_decoder_acts **out)
-{
-    *out = NULL;
-    if (B <= 0 || T <= 0) return at_error(AT_ERR_INVALID, "decoder acts: batch %d x %d tokens", B, T);
-    const at_model_config *c = &d->cfg;
-    at_status st = AT_OK;
-    int32_t *host = NULL;
-    at_decoder_acts *a = calloc(1, sizeof *a);
-    if (!a) return at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
-    a->B = B;
-    a->T = T;
-    a->n_layers = c->num_hidden_layers;
-    a->resid = calloc((size_t)a->n_layers + 1, sizeof *a->resid);
-    a->layers = calloc((size_t)a->n_layers, sizeof *a->layers);
-    host = malloc((size_t)B * (size_t)T * sizeof *host);
-    if (!a->resid || !a->layers || !host) {
-        st = at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
-        goto done;
-    }
-    int64_t total = (int64_t)at_decoder_acts_elems(c, B, T);
-    AT_CHECK(at_tensor_new(d->be, AT_F32, 1, &total, "decoder.acts", &a->arena));
-    int64_t N = (int64_t)B * T, hd = c->hidden_size;
-    int64_t shape2[2] = {N, hd};
-    size_t off = 0;
-    for (int l = 0; l <= a->n_layers; l++) {
-        at_tensor_view_inplace(&a->resid[l], a->arena, off, 2, shape2);
-        at_tensor_set_name(&a->resid[l], "acts.resid");
-        off += round16((size_t)(N * hd));
-    }
-    for (int l = 0; l < a->n_layers; l++) {
-        at_layer_acts_bind(&a->layers[l], c, B, T, a->arena, off);
-        off += at_layer_acts_elems(c, N);
-    }
-    at_tensor_view_inplace(&a->final_norm, a->arena, off, 2, shape2);
-    at_tensor_set_name(&a->final_norm, "acts.final_norm");
-    off += round16((size_t)(N * hd));
-    at_tensor_view_inplace(&a->final_rstd, a->arena, off, 1, &N);
-    at_tensor_set_name(&a->final_rstd, "acts.final_rstd");
-
-    int64_t pshape[2] = {B, T};
-    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, pshape, "acts.pos", &a->pos));
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) host[(size_t)b * T + t] = t;
-    AT_CHECK(at_tensor_upload(a->pos, host, (size_t)N * sizeof *host));
-done:
-    free(host);
-    if (st != AT_OK) {
-        at_decoder_acts_free(a);
-        return st;
-    }
-    *out = a;
-    return AT_OK;
-}
 
 static at_status check_window(const at_decoder *d, int64_t tokens)
 {
@@ -156,47 +83,50 @@ static at_status check_window(const at_decoder *d, int64_t tokens)
     return AT_OK;
 }
 
-static at_status check_index(const at_tensor *t, int B, int T, const char *what)
+/* ---- LoRA ------------------------------------------------------------------------ */
+
+at_status at_decoder_set_adapter(at_decoder *d, at_adapter *ad)
 {
+    if (!ad) {
+        d->adapter = NULL;
+        return AT_OK;
+    }
+    const at_model_config *c = &d->cfg;
     char buf[200];
-    if (!t) return AT_OK;
-    if (t->dtype != AT_I32 || at_tensor_numel(t) != (int64_t)B * T)
-        return at_error(AT_ERR_INVALID, "decoder forward: %s %s must be i32 [%d, %d]", what,
-                        at_tensor_describe(t, buf, sizeof buf), B, T);
+    if (ad->n_layers != c->num_hidden_layers)
+        return at_error(AT_ERR_INVALID, "adapter: made for %d layers, the model has %d", ad->n_layers,
+                        c->num_hidden_layers);
+    if (ad->backend != d->be)
+        return at_error(AT_ERR_INVALID, "adapter: lives on %s, the model on %s", ad->backend ? ad->backend->name : "?",
+                        d->be->name);
+    for (int l = 0; l < ad->n_layers; l++)
+        for (int m = 0; m < AT_MOD_COUNT; m++) {
+            at_lora_pair *p = at_adapter_pair(ad, l, (at_module)m);
+            int on = (ad->target_mask >> m) & 1;
+            if (!on && !p->A) continue;
+            int64_t in, out;
+            at_module_dims(c, (at_module)m, &in, &out);
+            if (!on || !p->A || !p->B || p->A->dtype != AT_F32 || p->B->dtype != AT_F32 || p->A->ndim != 2 ||
+                p->B->ndim != 2 || p->A->shape[0] != ad->rank || p->A->shape[1] != in || p->B->shape[0] != out ||
+                p->B->shape[1] != ad->rank || p->A->buf->backend != d->be || p->B->buf->backend != d->be)
+                return at_error(AT_ERR_INVALID, "adapter: layer %d %s: %s does not fit the model (want A f32 [%d, "
+                                "%lld], B f32 [%lld, %d] on %s)", l, at_module_name((at_module)m),
+                                p->A ? at_tensor_describe(p->A, buf, sizeof buf) : "A missing", ad->rank,
+                                (long long)in, (long long)out, ad->rank, d->be->name);
+        }
+    d->adapter = ad;
     return AT_OK;
 }
 
-at_status at_decoder_forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
-                             const at_tensor *segments)
+const at_layer_lora *at_decoder_layer_lora(const at_decoder *d, int l, float p, uint64_t seed, at_layer_lora *buf)
 {
-    const at_model_config *c = &d->cfg;
-    int B = a->B, T = a->T;
-    AT_TRY(check_index(ids, B, T, "ids"));
-    AT_TRY(check_index(pos, B, T, "positions"));
-    AT_TRY(check_index(segments, B, T, "segments"));
-    if (!ids) return at_error(AT_ERR_INVALID, "decoder forward: ids missing");
-    AT_TRY(check_window(d, T));
-
-    at_layer_io io = {0};
-    io.B = B;
-    io.T = T;
-    io.pos = pos ? pos : a->pos;
-    io.inv_freq = d->inv_freq;
-    io.attn.scale = d->attn_scale;
-    io.attn.segments = segments;
-    io.save_lse = 1;
-
-    /* x_0 = embed[ids] */
-    AT_TRY(at_embedding_forward(&a->resid[0], ids, d->w->embed));
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        at_layer_acts *la = &a->layers[l];
-        const at_layer_weights *lw = &d->w->layers[l];
-        AT_TRY(at_attention_block_forward(c, lw, la, &la->res_mid, &a->resid[l], &io));
-        AT_TRY(at_mlp_block_forward(c, lw, la, &a->resid[l + 1], &la->res_mid));
-    }
-    AT_TRY(at_rmsnorm_forward(&a->final_norm, &a->final_rstd, &a->resid[c->num_hidden_layers], d->w->final_norm,
-                              (float)c->rms_norm_eps));
-    return AT_OK;
+    if (!d->adapter) return NULL;
+    buf->pairs = at_adapter_pair(d->adapter, l, AT_MOD_Q);
+    buf->scale = (float)d->adapter->scale;
+    buf->dropout = p;
+    buf->seed = seed;
+    buf->offset = (uint64_t)l << 44;
+    return buf;
 }
 
 at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *hidden)
@@ -209,25 +139,28 @@ at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *h
 /* i32 layout: ids [N] | pos [N] | q_index [N] | kv_len [B] | last [B] */
 static size_t i32_elems(int64_t N, int B) { return (size_t)(3 * N + 2 * B); }
 
-static size_t f32_elems(const at_model_config *c, int64_t N, int B)
+static size_t f32_elems(const at_model_config *c, int64_t N, int B, int rank)
 {
     size_t hd = (size_t)c->hidden_size;
-    return at_layer_acts_elems(c, N) + round16((size_t)N * hd) + 2 * round16((size_t)B * hd);
+    return at_layer_acts_elems(c, N) + round16((size_t)N * hd) + 2 * round16((size_t)B * hd) +
+           round16((size_t)N * (size_t)rank);
 }
 
 static at_status scratch_ensure(at_decoder *d, int64_t N, int B)
 {
     at_decoder_scratch *s = d->scratch;
-    if (s && s->cap_tokens >= N && s->cap_batch >= B) return AT_OK;
+    int rank = d->adapter ? d->adapter->rank : 0;
+    if (s && s->cap_tokens >= N && s->cap_batch >= B && s->cap_rank >= rank) return AT_OK;
     /* grow to at least what is asked and what was there */
     int64_t capN = s && s->cap_tokens > N ? s->cap_tokens : N;
     int capB = s && s->cap_batch > B ? s->cap_batch : B;
+    int capR = s && s->cap_rank > rank ? s->cap_rank : rank;
     scratch_free(s);
     d->scratch = NULL;
     s = calloc(1, sizeof *s);
     if (!s) return at_error(AT_ERR_NOMEM, "decoder: out of memory");
     at_status st = AT_OK;
-    int64_t nf = (int64_t)f32_elems(&d->cfg, capN, capB), ni = (int64_t)i32_elems(capN, capB);
+    int64_t nf = (int64_t)f32_elems(&d->cfg, capN, capB, capR), ni = (int64_t)i32_elems(capN, capB);
     AT_CHECK(at_tensor_new(d->be, AT_F32, 1, &nf, "decoder.scratch", &s->f32));
     AT_CHECK(at_tensor_new(d->be, AT_I32, 1, &ni, "decoder.index", &s->i32));
     s->host = malloc((size_t)ni * sizeof *s->host);
@@ -238,6 +171,7 @@ static at_status scratch_ensure(at_decoder *d, int64_t N, int B)
     }
     s->cap_tokens = capN;
     s->cap_batch = capB;
+    s->cap_rank = capR;
 done:
     if (st != AT_OK) {
         scratch_free(s);
@@ -318,6 +252,9 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     at_tensor_view_inplace(&rows, s->f32, off, 2, shr);
     off += round16((size_t)(B * hd));
     at_tensor_view_inplace(&rows_norm, s->f32, off, 2, shr);
+    off += round16((size_t)(B * hd));
+    /* LoRA: one u [N, r] shared by every module (not needed after each product) */
+    if (d->adapter) at_layer_acts_bind_lora(&la, N, d->adapter->rank, d->adapter->target_mask, 1, s->f32, off);
 
     at_layer_io io = {0};
     io.B = B;
@@ -333,10 +270,12 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     AT_TRY(at_embedding_forward(&x, &t_ids, d->w->embed));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const at_layer_weights *lw = &d->w->layers[l];
+        at_layer_lora ll;
+        io.lora = at_decoder_layer_lora(d, l, 0.0f, 0, &ll);
         io.k_cache = cache->k[l];
         io.v_cache = cache->v[l];
         AT_TRY(at_attention_block_forward(c, lw, &la, &x, &x, &io));
-        AT_TRY(at_mlp_block_forward(c, lw, &la, &x, &x));
+        AT_TRY(at_mlp_block_forward(c, lw, &la, &x, &x, &io));
     }
     float eps = (float)c->rms_norm_eps;
     at_tensor lg;

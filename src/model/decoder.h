@@ -8,9 +8,11 @@
  *   logits  = rmsnorm(x_L) · w_norm · W_headᵀ            (W_head = embed when tied)
  *
  * Two ways to run it:
- *  - training forward (at_decoder_forward): a batch [B, T] with positions and
- *    optional segment ids (packed samples), keeping every layer's activations
- *    in an at_decoder_acts for the backward;
+ *  - training (at_decoder_forward_train, at_decoder_loss,
+ *    at_decoder_backward): a batch [B, T] with positions and optional
+ *    segment ids (packed samples), keeping the activations (or, with
+ *    gradient checkpointing, each layer's input) in an at_decoder_acts, the
+ *    loss and the gradients of LoRA adapters or of every weight;
  *  - inference (at_decoder_prefill / at_decoder_decode_step): with a KV cache
  *    (kv_cache.h), a batch of sequences of different lengths, logits for the
  *    last new token of each sequence (or for every new token).
@@ -22,6 +24,7 @@
 #include <stdint.h>
 #include "base/status.h"
 #include "device/tensor.h"
+#include "model/adapter.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/layers.h"
@@ -36,33 +39,94 @@ typedef struct at_decoder {
     at_tensor *inv_freq;   /* f32 [head_dim/2], RoPE after rope_scaling */
     float attn_scale;      /* 1/sqrt(head_dim) */
     at_decoder_scratch *scratch; /* inference buffers, grown on demand */
+    at_adapter *adapter;   /* LoRA applied by every forward; NOT owned; NULL: none (at_decoder_set_adapter) */
 } at_decoder;
 
 /* Makes a decoder over w (checked with at_decoder_weights_check). Takes
  * ownership of w on success only. Caller frees with at_decoder_free. */
 at_status at_decoder_new(at_decoder_weights *w, at_decoder **out);
-void at_decoder_free(at_decoder *d); /* frees the weights too; NULL ok */
+void at_decoder_free(at_decoder *d); /* frees the weights too; NULL ok (never the adapter) */
+
+/* ---- LoRA --------------------------------------------------------------------- */
+
+/* From now on every forward (training forward, prefill, decode) applies the
+ * adapter unmerged: each adapted linear layer computes
+ *     y = x·Wᵀ + b + s · (drop(x)·Aᵀ)·Bᵀ        (s = ad->scale)
+ * with dropout only in at_decoder_forward_train. `ad` is not owned and must
+ * outlive its use; NULL removes the adapter. It must have been made for this
+ * model (layer count, shapes) on the decoder's backend. Activations
+ * (at_decoder_acts) hold the LoRA intermediates of the adapter set when they
+ * were allocated: set the adapter first, then allocate them. */
+at_status at_decoder_set_adapter(at_decoder *d, at_adapter *ad);
+/* The LoRA settings of layer l for a forward with dropout p and seed, filled
+ * into *buf (returns buf), or NULL without an adapter. Dropout masks of
+ * different layers use disjoint counter ranges (layer << 44; module m adds
+ * m << 40). */
+const at_layer_lora *at_decoder_layer_lora(const at_decoder *d, int l, float p, uint64_t seed, at_layer_lora *buf);
 
 /* ---- training forward ------------------------------------------------------ */
+
+/* Flags of at_decoder_acts_new_ex. */
+#define AT_ACTS_TRAIN 1u      /* buffers of the loss and the backward (gradients of the activations,
+                                 one logits chunk, targets, LoRA dropout scratch) */
+#define AT_ACTS_CHECKPOINT 2u /* gradient checkpointing: keep only each layer's input (resid[l]) and
+                                 one layer's activations; the backward recomputes a layer's activations
+                                 right before its backward. Same gradients, far less memory. */
+#define AT_ACTS_LOSS 4u       /* only the loss buffers (evaluation: at_decoder_loss without gradients);
+                                 implied by AT_ACTS_TRAIN */
 
 /* Activations of a [B, T] batch, everything the backward needs. */
 typedef struct at_decoder_acts {
     int B, T, n_layers;
+    unsigned flags;         /* AT_ACTS_* given at allocation */
     at_tensor *arena;       /* f32, owns the memory of every view below */
     at_tensor *resid;       /* [n_layers + 1] views [B·T, hidden]: resid[0] = embeddings,
                                resid[l+1] = output of layer l */
-    at_layer_acts *layers;  /* [n_layers] */
+    at_layer_acts *layers;  /* [n_layers]; with AT_ACTS_CHECKPOINT all alias one set (valid for the
+                               layer computed last) */
     at_tensor final_norm;   /* rmsnorm(resid[L]) · w_norm    [B·T, hidden] */
     at_tensor final_rstd;   /*                               [B·T] */
     at_tensor *pos;         /* i32 [B, T]: 0..T-1 in every row (used when no positions are given) */
+    /* LoRA: rank and modules the LoRA intermediates were laid out for (0, 0: none) */
+    int lora_rank;
+    unsigned lora_mask;
+    /* What the last forward ran on, kept for the loss and the backward: the
+     * caller's tensors (not owned: they must stay alive and unchanged until
+     * the backward), the dropout of the LoRA inputs and its seed. */
+    const at_tensor *ids, *fwd_pos, *segments;
+    float lora_dropout;
+    uint64_t dropout_seed;
+    int forward_done;       /* a forward ran since allocation */
+    int loss_done;          /* at_decoder_loss left d_final ready (with gradients) */
+    /* AT_ACTS_LOSS or AT_ACTS_TRAIN (buf NULL otherwise): */
+    int chunk_rows;         /* rows of logits computed at once */
+    at_tensor logits_chunk; /* [chunk_rows, V] f32: logits, then their gradient */
+    at_tensor chunk_loss;   /* [chunk_rows] f32: loss of each row of the chunk */
+    at_tensor *targets;     /* i32 [B·T]: label predicted at each position (−100: none) */
+    int32_t *host_targets;  /* host [B·T] (owned) */
+    float *host_chunk_loss; /* host [chunk_rows] (owned) */
+    /* AT_ACTS_TRAIN only (buf NULL otherwise): */
+    at_tensor d_final;      /* dL/d final_norm [B·T, hidden], written by at_decoder_loss */
+    at_tensor d_resid;      /* dL/d resid[l] while the backward runs [B·T, hidden] */
+    at_layer_bwd_scratch bwd;
 } at_decoder_acts;
 
-/* Allocates the activations of a [B, T] batch on the decoder's backend.
- * Caller frees with at_decoder_acts_free. */
+/* Allocates the activations of a [B, T] batch on the decoder's backend,
+ * keeping every layer's activations (no checkpointing) and no backward
+ * buffers: the forward-only case. Caller frees with at_decoder_acts_free. */
 at_status at_decoder_acts_new(const at_decoder *d, int B, int T, at_decoder_acts **out);
+/* Same with flags AT_ACTS_*: training uses AT_ACTS_TRAIN, and
+ * AT_ACTS_TRAIN | AT_ACTS_CHECKPOINT for gradient checkpointing (the
+ * default of the trainer). The LoRA intermediates follow d->adapter. */
+at_status at_decoder_acts_new_ex(const at_decoder *d, int B, int T, unsigned flags, at_decoder_acts **out);
 void at_decoder_acts_free(at_decoder_acts *a); /* NULL ok */
 /* f32 elements at_decoder_acts_new allocates for [B, T] (memory planning). */
 size_t at_decoder_acts_elems(const at_model_config *cfg, int B, int T);
+/* f32 elements of at_decoder_acts_new_ex with flags and a LoRA adapter of
+ * lora_rank on the modules of lora_mask (0, 0: none). Index tensors and the
+ * small host arrays are not counted. */
+size_t at_decoder_acts_elems_ex(const at_model_config *cfg, int B, int T, unsigned flags, int lora_rank,
+                                unsigned lora_mask);
 
 /* Forward of a batch. ids: i32 [B, T]; pos: i32 [B, T] positions (NULL:
  * 0..T-1 in every row); segments: i32 [B, T] or NULL. With segments, a token
@@ -71,11 +135,93 @@ size_t at_decoder_acts_elems(const at_model_config *cfg, int B, int T);
  * Leaves the result in acts->final_norm; logits with at_decoder_logits. */
 at_status at_decoder_forward(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids, const at_tensor *pos,
                              const at_tensor *segments);
+/* The training forward: as at_decoder_forward, with dropout p = lora_dropout
+ * (--lora_dropout) on the input of every LoRA module, masks drawn from
+ * `dropout_seed` (counter-based: reproducible at any thread count and
+ * regenerated by the backward; give each micro-batch its own seed). p > 0
+ * needs acts made with AT_ACTS_TRAIN. ids, pos and segments must stay alive
+ * and unchanged until the backward. */
+at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                   const at_tensor *pos, const at_tensor *segments, float lora_dropout,
+                                   uint64_t dropout_seed);
 
 /* logits [n, V] (f32 or bf16) = hidden [n, hidden] · W_headᵀ, for rows of
  * final_norm (a view of some of its rows computes only those: big
  * vocabularies need not be done all at once). */
 at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *hidden);
+
+/* ---- loss, gradients, backward ---------------------------------------------- */
+
+/* Gradient buffers, f32, accumulated into by the loss and the backward
+ * (micro-batches add up) and reset by at_decoder_grads_zero. Frozen tensors
+ * have none. */
+typedef struct at_decoder_grads {
+    /* LoRA training: dA, dB of every adapted module, same structure, shapes
+     * and tensor names as the decoder's adapter (A/B members hold the
+     * gradients; rank, alpha, ... copied). NULL for full fine-tuning. */
+    at_adapter *lora;
+    /* Full fine-tuning (--train_type full): the gradient of every weight,
+     * same shapes and names as d->w (lm_head == embed when tied: both
+     * contributions land in one tensor). NULL for LoRA. */
+    at_decoder_weights *full;
+} at_decoder_grads;
+
+/* Zeroed gradient buffers on the decoder's backend: of its adapter's A and B
+ * (full == 0; an adapter must be set), or of every weight (full == 1; every
+ * weight must then be f32, else an error says to load the model as f32).
+ * Caller frees with at_decoder_grads_free. */
+at_status at_decoder_grads_new(const at_decoder *d, int full, at_decoder_grads **out);
+at_status at_decoder_grads_zero(at_decoder_grads *g);
+void at_decoder_grads_free(at_decoder_grads *g); /* NULL ok */
+
+/* A trainable tensor and its gradient (not owned: views of the decoder's
+ * adapter or weights and of g). */
+typedef struct at_param_grad {
+    at_tensor *param, *grad;
+} at_param_grad;
+/* Lists the trainable tensors of g's kind in a fixed order (layer by layer,
+ * module order, A before B; for full FT: embed, then each layer's tensors in
+ * at_layer_weights order, final_norm, lm_head when not tied). Writes up to
+ * cap entries to out (may be NULL with cap 0) and returns how many there are. */
+int at_decoder_trainables(at_decoder *d, const at_decoder_grads *g, at_param_grad *out, int cap);
+
+/* What the loss reports. The caller may point the arrays at host memory to
+ * get per-row or per-token values (NULL: not wanted). */
+typedef struct at_loss_stats {
+    double loss_sum;       /* out: Σ over the targets of −log p(target) */
+    int64_t n_targets;     /* out: number of targets */
+    double *row_loss;      /* in: NULL or host [B]: filled with each row's loss sum */
+    int64_t *row_targets;  /* in: NULL or host [B]: each row's number of targets */
+    float *token_loss;     /* in: NULL or host [B·T]: −log p of the target predicted at position
+                              (b, t), 0 where there is none */
+} at_loss_stats;
+
+/* Causal-LM loss of the batch of the last forward on acts.
+ * labels: i32 [B, T] on any backend (host is fine), unshifted as in Hugging
+ * Face (labels[b, t] is the token at t; −100 = ignored). Position t predicts
+ * labels[b, t+1]: the last position of each row, and with segments any t
+ * where segments[t+1] != segments[t] (the next sample of a packed row), has
+ * no target. The logits are computed a few rows at a time (never [B·T, V] at
+ * once). acts must be made with AT_ACTS_LOSS (evaluation) or AT_ACTS_TRAIN.
+ * With g != NULL (acts made with AT_ACTS_TRAIN) it also computes the
+ * gradient of loss_sum · grad_scale: dL/d final_norm into acts->d_final for
+ * at_decoder_backward, and for full FT adds the lm_head gradient to g. The
+ * trainer passes grad_scale = 1 / (supervised tokens of the whole optimizer
+ * step), as transformers >= 4.46 does. */
+at_status at_decoder_loss(at_decoder *d, at_decoder_acts *acts, const at_tensor *labels, float grad_scale,
+                          at_decoder_grads *g, at_loss_stats *stats);
+
+/* Backward of the last forward, from the d_final left by at_decoder_loss:
+ * adds the gradients to g (LoRA dA/dB, or every weight for full FT).
+ * With AT_ACTS_CHECKPOINT each layer's activations are recomputed first. */
+at_status at_decoder_backward(at_decoder *d, at_decoder_acts *acts, at_decoder_grads *g);
+
+/* The three in one: at_decoder_forward_train, at_decoder_loss (with g),
+ * at_decoder_backward. */
+at_status at_decoder_forward_backward(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                      const at_tensor *pos, const at_tensor *segments, const at_tensor *labels,
+                                      float lora_dropout, uint64_t dropout_seed, float grad_scale,
+                                      at_decoder_grads *g, at_loss_stats *stats);
 
 /* ---- inference with a KV cache -------------------------------------------- */
 

@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "device/backend.h"
 #include "device/tensor.h"
+#include "model/adapter.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -32,6 +33,13 @@ typedef struct at_layer_acts {
     at_tensor ffn_rstd;       /*                                       [N] */
     at_tensor gate, up;       /* m·Wgᵀ, m·Wuᵀ                          [N, I] */
     at_tensor act;            /* silu(gate) · up                       [N, I] */
+    /* LoRA: u_m = drop(x_m)·A_mᵀ of each adapted module m  [N, r] (buf NULL when
+     * module m is not adapted or no adapter is used). Bound separately
+     * (at_layer_acts_bind_lora); in inference all seven may share one buffer. */
+    at_tensor lora_u[AT_MOD_COUNT];
+    /* Scratch [N, max in-features] for drop(x) when LoRA dropout is on (buf
+     * NULL otherwise). May be shared by all layers. */
+    at_tensor lora_x;
 } at_layer_acts;
 
 /* f32 elements one at_layer_acts needs for B·T = N tokens (with alignment
@@ -43,6 +51,28 @@ size_t at_layer_acts_elems(const at_model_config *cfg, int64_t n_tokens);
  * outlive the views. */
 void at_layer_acts_bind(at_layer_acts *a, const at_model_config *cfg, int B, int T, const at_tensor *arena,
                         size_t elem_offset);
+
+/* f32 elements of the LoRA part of one at_layer_acts (the u_m of the
+ * modules in target_mask, [N, rank] each); 0 without an adapter. */
+size_t at_layer_lora_elems(int64_t n_tokens, int rank, unsigned target_mask);
+/* Binds a->lora_u[m] of the modules in target_mask into arena from
+ * elem_offset (at_layer_lora_elems elements), or every module to the same
+ * [N, rank] region when shared (inference); others get buf NULL. lora_x is
+ * left alone (set it with at_tensor_view_inplace or memset 0). */
+void at_layer_acts_bind_lora(at_layer_acts *a, int64_t n_tokens, int rank, unsigned target_mask, int shared,
+                             const at_tensor *arena, size_t elem_offset);
+
+/* LoRA on one layer's linear modules (model/adapter.h), forward:
+ *   y = x·Wᵀ + b + s · (drop(x)·Aᵀ)·Bᵀ,   drop(x) = x · mask / (1 − p)
+ * mask element i of module m is at_rng_hash_uniform(seed, offset + (m << 40) + i) >= p
+ * (ops.h at_dropout), so the backward regenerates it instead of storing it. */
+typedef struct at_layer_lora {
+    const at_lora_pair *pairs; /* [AT_MOD_COUNT] of this layer; A == NULL: module not adapted */
+    float scale;               /* s = alpha / r (alpha / sqrt(r) with rsLoRA) */
+    float dropout;             /* p; 0 in inference (then a->lora_x is not needed) */
+    uint64_t seed;             /* dropout seed of this forward (kept for the backward) */
+    uint64_t offset;           /* counter base of this layer (the decoder uses layer << 44) */
+} at_layer_lora;
 
 /* How a layer sees its batch. */
 typedef struct at_layer_io {
@@ -59,6 +89,7 @@ typedef struct at_layer_io {
     at_tensor *k_cache, *v_cache;
     const int *cache_start;
     const int *n_new;
+    const at_layer_lora *lora; /* NULL: no adapter */
 } at_layer_io;
 
 /* Attention block.
@@ -71,9 +102,8 @@ typedef struct at_layer_io {
  * y may be x itself (inference: the residual stream updated in place); in
  * training y is acts->res_mid. With io->k_cache the new keys/values are
  * appended to the cache and the queries attend to everything cached.
- * Backward (training; to be added beside): dx = dy + rmsnorm_backward(
- * Wqᵀ-, Wkᵀ-, Wvᵀ-products of dq, dk, dv from attention_backward of
- * rope⁻¹(dq), rope⁻¹(dk), dv with do = dy·Wo), dW = Σ outer products. */
+ * Every projection adds its LoRA term when io->lora adapts it (u = drop(a)·Aᵀ
+ * kept in acts->lora_u). Backward: at_attention_block_backward below. */
 at_status at_attention_block_forward(const at_model_config *cfg, const at_layer_weights *w, at_layer_acts *acts,
                                      at_tensor *y, const at_tensor *x, const at_layer_io *io);
 
@@ -81,9 +111,59 @@ at_status at_attention_block_forward(const at_model_config *cfg, const at_layer_
  *   m = rmsnorm(h) · w_ffn_norm
  *   g = m·Wgᵀ,  u = m·Wuᵀ,  z = silu(g) · u
  *   y = h + z·Wdᵀ
- * y may be h itself. Backward (to be added beside): dz = dy·Wd,
- * dg, du = swiglu_backward(dz), dm = dg·Wg + du·Wu, dh = dy + rmsnorm_backward(dm). */
+ * y may be h itself; LoRA as in the attention block. Backward:
+ * at_mlp_block_backward below. */
 at_status at_mlp_block_forward(const at_model_config *cfg, const at_layer_weights *w, at_layer_acts *acts,
-                               at_tensor *y, const at_tensor *h);
+                               at_tensor *y, const at_tensor *h, const at_layer_io *io);
+
+/* ---- backward ------------------------------------------------------------------ */
+
+/* Gradients of one layer's trainable parameters; every member is
+ * accumulated into (+=), never overwritten. NULL members are frozen. */
+typedef struct at_layer_grads {
+    at_layer_weights *w;   /* full fine-tuning: f32 tensors shaped like the weights; NULL: frozen base */
+    at_lora_pair *lora;    /* [AT_MOD_COUNT] dA [r, in], dB [out, r] f32; NULL: no LoRA training */
+} at_layer_grads;
+
+/* Scratch for the backward of one layer, f32 views reused by every layer
+ * (N = B·T tokens, W = max(I, H·D), Kv = Hkv·D, r = LoRA rank, X = max in-features). */
+typedef struct at_layer_bwd_scratch {
+    at_tensor big[3];   /* [N, W] */
+    at_tensor kv[3];    /* [N, Kv] */
+    at_tensor hd[2];    /* [N, hidden] */
+    at_tensor lora_du;  /* [N, r] (buf NULL without LoRA) */
+    at_tensor lora_x;   /* [N, X] (buf NULL without LoRA) */
+} at_layer_bwd_scratch;
+
+/* f32 elements of at_layer_bwd_scratch (rank 0: no LoRA). */
+size_t at_layer_bwd_elems(const at_model_config *cfg, int64_t n_tokens, int lora_rank);
+void at_layer_bwd_bind(at_layer_bwd_scratch *s, const at_model_config *cfg, int64_t n_tokens, int lora_rank,
+                       const at_tensor *arena, size_t elem_offset);
+
+/* MLP block backward. On entry dres holds dL/dy [N, hidden]; on return
+ * dL/dh (dres += the block's contribution: y = h + f(h) so dh = dy + f'ᵀdy).
+ *   dz = dy·Wd                           dWd += dyᵀ·z
+ *   dg, du = swiglu_backward(dz)         (ops.h)
+ *   dm = dg·Wg + du·Wu                   dWg += dgᵀ·m,  dWu += duᵀ·m
+ *   dh = dy + rmsnorm_backward(dm)       dw_ffn_norm += Σ dm · ĥ
+ * LoRA of module (x → y):  u = drop(x)·Aᵀ
+ *   dB += s·dyᵀ·u,   dU = s·dy·B,   dA += dUᵀ·drop(x),   dx += drop(dU·A)
+ * acts must hold this layer's forward activations (recomputed when
+ * checkpointing). */
+at_status at_mlp_block_backward(const at_model_config *cfg, const at_layer_weights *w, const at_layer_acts *acts,
+                                at_layer_grads *g, at_tensor *dres, const at_tensor *h, const at_layer_io *io,
+                                at_layer_bwd_scratch *s);
+
+/* Attention block backward. dres: dL/dy on entry, dL/dx on return.
+ *   do = dy·Wo                                      dWo += dyᵀ·o,  dbo += Σ dy
+ *   dq, dk, dv = attention_backward(do)             (ops.h, with the saved lse)
+ *   dq, dk = rope⁻¹(dq), rope⁻¹(dk)                 (rotation by −angle)
+ *   qk_norm: dq_raw, dk_raw = rmsnorm_backward_D(dq), (dk)   dw_q_norm, dw_k_norm
+ *   da = dq·Wq + dk·Wk + dv·Wv                     dWq += dqᵀ·a, dbq += Σ dq (k, v alike)
+ *   dx = dy + rmsnorm_backward(da)                  dw_attn_norm
+ * plus LoRA of q, k, v, o as in the MLP block. x is the layer input. */
+at_status at_attention_block_backward(const at_model_config *cfg, const at_layer_weights *w,
+                                      const at_layer_acts *acts, at_layer_grads *g, at_tensor *dres,
+                                      const at_tensor *x, const at_layer_io *io, at_layer_bwd_scratch *s);
 
 #endif

@@ -14,7 +14,7 @@
 
 at_load_options at_load_options_default(void)
 {
-    at_load_options o = {NULL, AT_LOAD_KEEP_DTYPE};
+    at_load_options o = {NULL, AT_LOAD_KEEP_DTYPE, 0};
     return o;
 }
 
@@ -103,11 +103,11 @@ static at_status source_get(source *s, const char *hf_name, at_dtype want, int o
     return AT_OK;
 }
 
-/* Moves a host tensor onto backend `be` (no-op for the CPU). Frees t when it
- * is replaced. */
-static at_status place(at_backend *be, at_tensor **t)
+/* Moves a host tensor onto backend `be` (no-op for the CPU unless it must be
+ * writable and is a view of a mapped file). Frees t when it is replaced. */
+static at_status place(at_backend *be, int writable, at_tensor **t)
 {
-    if (!*t || (*t)->buf->backend == be) return AT_OK;
+    if (!*t || ((*t)->buf->backend == be && !(writable && (*t)->buf->external))) return AT_OK;
     at_tensor *d;
     AT_TRY(at_tensor_new(be, (*t)->dtype, (*t)->ndim, (*t)->shape, (*t)->name, &d));
     at_status st = at_tensor_upload(d, at_tensor_data(*t), at_tensor_nbytes(*t));
@@ -248,12 +248,12 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
         }
         at_tensor **all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv, &L->bo,
                              &L->q_norm, &L->k_norm, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) AT_CHECK(place(be, all[i]));
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) AT_CHECK(place(be, o.writable, all[i]));
     }
 #undef GET
-    AT_CHECK(place(be, &w->embed));
-    AT_CHECK(place(be, &w->final_norm));
-    AT_CHECK(place(be, &w->lm_head));
+    AT_CHECK(place(be, o.writable, &w->embed));
+    AT_CHECK(place(be, o.writable, &w->final_norm));
+    AT_CHECK(place(be, o.writable, &w->lm_head));
     if (cfg.tie_word_embeddings) w->lm_head = w->embed;
     st = at_decoder_weights_check(w);
     if (st != AT_OK) at_error_wrap(st, "%s", path);

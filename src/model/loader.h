@@ -27,6 +27,8 @@
 typedef struct at_load_options {
     at_backend *backend; /* NULL: the CPU */
     at_dtype dtype;      /* AT_LOAD_KEEP_DTYPE, AT_F32, AT_BF16 or AT_F16 */
+    int writable;        /* never zero-copy views of the (read-only) mapped files:
+                            full fine-tuning writes the weights */
 } at_load_options;
 
 /* Default options: CPU, keep the stored dtype. */

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "base/log.h"
 #include "device/cpu/cpu_backend.h"
+#include "device/quant.h"
 
 /* ---- argument checks (messages name the tensors) ---- */
 
@@ -151,8 +152,12 @@ at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
     AT_TRY(need(a, op, "A"));
     AT_TRY(need(b, op, "B"));
     AT_TRY(need_float(a, op));
-    AT_TRY(need_float(b, op));
+    if (!at_dtype_is_quantized(b->dtype)) AT_TRY(need_float(b, op));
     char d1[200], d2[200], d3[200];
+    if (at_dtype_is_quantized(b->dtype) && (matrix_batch(b) != 1 || b->ndim < 2 ||
+                                            b->shape[b->ndim - 1] % at_quant_row_block(b->dtype)))
+        return at_error(AT_ERR_INVALID, "matmul: quantized weight %s must be one matrix whose rows are a multiple "
+                        "of %lld values", desc(b, d1, sizeof d1), (long long)at_quant_row_block(b->dtype));
     if (c->dtype != AT_F32 && c->dtype != AT_BF16)
         return at_error(AT_ERR_INVALID, "matmul: output %s must be f32 or bf16", desc(c, d1, sizeof d1));
     if (a->ndim < 2 || b->ndim < 2 || c->ndim < 2)
@@ -734,4 +739,24 @@ at_status at_read_scalar(const at_tensor *t, float *out)
     if (t->dtype != AT_F32 || at_tensor_numel(t) < 1)
         return at_error(AT_ERR_INVALID, "read_scalar: %s must be f32", t->name);
     return t->buf->backend->download(t->buf->backend, out, (char *)t->buf->ptr + t->offset, sizeof(float));
+}
+
+at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+{
+    const char *op = "dropout";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    if (!(p >= 0.0f && p < 1.0f)) return at_error(AT_ERR_INVALID, "dropout: p = %g must be in [0, 1)", (double)p);
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    BACKEND_OR_FALLBACK(be, dropout, y, x, p, seed, offset);
+    fallback f = {0};
+    at_tensor *hy, *hx;
+    at_status st = fb_add(&f, y, 1, &hy);
+    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
+    if (st == AT_OK) st = cpu_ops()->dropout(hy, hx, p, seed, offset);
+    return fb_finish(&f, st);
 }

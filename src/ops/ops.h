@@ -26,7 +26,12 @@
  * compute format follows the inputs, as autocast does: when either is bf16
  * the product is computed in bf16 (the other input rounded to bf16) with f32
  * accumulation; otherwise in f32 (f16 inputs widened exactly).
- * beta == 0 means C's old contents are ignored (even NaN). */
+ * beta == 0 means C's old contents are ignored (even NaN).
+ * B may also be a quantized weight (q8_0, q4_0, nf4; device/quant.h): one
+ * matrix [out, in] with in a multiple of its block size (32, 32, 64), used
+ * as x · Bᵀ (trans_b = 1, the forward) or dy · B (trans_b = 0, the input
+ * gradient). Its values are the dequantized ones (in bf16 when A is bf16);
+ * the kernels dequantize a tile at a time, never the whole weight. */
 at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                     float alpha, float beta);
 
@@ -119,5 +124,14 @@ at_status at_sumsq(at_tensor *out, const at_tensor *x);
 
 /* Host value of a scalar f32 tensor (downloads when on a device). */
 at_status at_read_scalar(const at_tensor *t, float *out);
+
+/* Inverted dropout with a counter-based mask (LoRA dropout):
+ *   y[i] = x[i] / (1 − p)   when at_rng_hash_uniform(seed, offset + i) >= p   (base/rng.h)
+ *   y[i] = 0                otherwise
+ * The mask depends only on (seed, offset + i): reproducible at any thread
+ * count, and the backward is the same call on dy (dx = dropout(dy), same
+ * seed and offset), so no mask is stored. 0 <= p < 1; p == 0 copies.
+ * x, y: f32/bf16/f16, same number of elements; y may be x (in place). */
+at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset);
 
 #endif

@@ -1,6 +1,7 @@
 #include "device/cpu/cpu_kernels.h"
 
 #include "device/cpu/cpu_attention.h"
+#include "device/cpu/cpu_dropout.h"
 #include "device/cpu/cpu_elementwise.h"
 #include "device/cpu/cpu_embedding.h"
 #include "device/cpu/cpu_loss.h"
@@ -31,6 +32,7 @@ static const at_backend_ops table = {
     .cross_entropy = at_cpu_cross_entropy,
     .adamw = at_cpu_adamw,
     .sumsq = at_cpu_sumsq,
+    .dropout = at_cpu_dropout,
 };
 
 const at_backend_ops *at_cpu_ops(void) { return &table; }

@@ -1,7 +1,9 @@
 #include "device/cpu/cpu_matmul.h"
 
+#include "device/cpu/cpu_qmatmul.h"
 #include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm.h"
+#include "device/quant.h"
 
 static int64_t batch_of(const at_tensor *t)
 {
@@ -17,6 +19,7 @@ static int64_t batch_of(const at_tensor *t)
 at_status at_cpu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
                         float beta)
 {
+    if (at_dtype_is_quantized(b->dtype)) return at_cpu_qmatmul(c, a, b, trans_a, trans_b, alpha, beta);
     int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
     int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
     int64_t M = trans_a ? ac : ar, K = trans_a ? ar : ac, N = trans_b ? br : bc;

@@ -3,18 +3,25 @@
  * gemm_avx512.c and gemm_avx512bf16.c; their contract is gemm_kernels.h.
  *
  * Paths:
- *  - small: M or N tiny (decode, LoRA rank r; see small_side). The tiny operand is
- *    converted once to f32 and the big one streamed in place, threads
- *    splitting the big one; nothing is packed.
+ *  - small: M or N tiny (decode, LoRA rank r; see small_side). The tiny
+ *    operand is converted once to f32 and the big one streamed in place,
+ *    threads splitting the big one; nothing is packed.
  *  - blocked (GotoBLAS): for each NC block of columns and KC block of k, pack
  *    op(B) into NR-wide panels; for each MC block of rows pack op(A) into
- *    MR-high panels; the MRxNR microkernel walks the panels. Threads own
- *    disjoint rectangles of C (split along whichever of M and N makes them
- *    duplicate the least packing) with private packing buffers.
+ *    MR-high panels; the MRxNR microkernel walks the panels. Blocks are cut
+ *    to equal sizes (no thin remainder block). With several threads each
+ *    owns a slice of N (or of M, whichever has more tiles) and the operand
+ *    all of them read is packed once, cooperatively (blocked_team).
+ *  - library: f32 x f32 -> f32 can be handed to oneDNN or OpenBLAS (see
+ *    "libraries" below; off by default, ours measured as fast).
  * Compute format (see gemm.h) is decided here: bf16 if either input is bf16.
  * On CPUs without AVX512_BF16 the f32 kernels run on panels rounded to bf16,
  * which gives the same products (a product of two bf16 values is exact in
- * f32). */
+ * f32).
+ *
+ * Block sizes (gemm_*.c) were chosen by measurement on a 2-core Zen 4 (L1d
+ * 32 KiB, L2 1 MiB per core): f32 kc 512, mc 224, nc 2048; bf16 the same in
+ * bytes (kc 1024 values). */
 #include "device/cpu/gemm.h"
 
 #include <math.h>
@@ -152,7 +159,9 @@ static const at_gemm_blocked *blocked_engine(int bf16)
 
 static const at_gemm_small *small_engine(void)
 {
-    return at_cpu_isa_level() >= AT_ISA_AVX512 ? &at_gemm_small_avx512 : &gemm_small_portable;
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (isa >= AT_ISA_AVX512_BF16) return &at_gemm_small_avx512bf16;
+    return isa >= AT_ISA_AVX512 ? &at_gemm_small_avx512 : &gemm_small_portable;
 }
 
 /* ---- libraries ----
@@ -240,6 +249,38 @@ const char *at_cpu_gemm_engine(at_dtype compute)
     return "anytune scalar";
 }
 
+/* ---- working memory ----
+ * Packing buffers (and the small path's) are kept per thread between calls:
+ * allocating ~1-5 MB afresh each call costs page faults that showed up as a
+ * few percent of a mid-size GEMM and as jitter between threads. Each thread
+ * keeps at most the largest size it needed; at_cpu_gemm_release_buffers()
+ * hands the calling thread's back. */
+enum { BUF_PACK, BUF_SMALL, BUF_COUNT };
+static _Thread_local void *tl_buf[BUF_COUNT];
+static _Thread_local size_t tl_cap[BUF_COUNT];
+
+/* bytes (64-byte aligned) of the calling thread's buffer `slot`; NULL when out of memory. */
+static void *thread_buffer(int slot, size_t bytes)
+{
+    bytes = (bytes + 63) / 64 * 64;
+    if (bytes > tl_cap[slot]) {
+        free(tl_buf[slot]);
+        tl_buf[slot] = aligned_alloc(64, bytes);
+        tl_cap[slot] = tl_buf[slot] ? bytes : 0;
+    }
+    return tl_buf[slot];
+}
+
+void at_cpu_gemm_release_buffers(void)
+{
+    for (int i = 0; i < BUF_COUNT; i++) {
+        free(tl_buf[i]);
+        tl_buf[i] = NULL;
+        tl_cap[i] = 0;
+    }
+    if (at_cpu_get_features()->avx512bf16) at_gemm_bf16_release(); /* plain C, safe on any CPU */
+}
+
 /* ---- the problem ---- */
 
 typedef struct {
@@ -307,13 +348,11 @@ static int gemm_small(const problem *p)
     int a_small = small_side(p) == 'A';
     int64_t S = a_small ? p->M : p->N, K = p->K;
     int64_t ldx = (K + 15) / 16 * 16, spad = (S + AT_GEMM_SMALL_PAD - 1) / AT_GEMM_SMALL_PAD * AT_GEMM_SMALL_PAD;
-    float *x = calloc((size_t)(spad * ldx), sizeof(float));
-    float *out = malloc(sizeof(float) * (size_t)(p->M * p->N));
-    if (!x || !out) {
-        free(x);
-        free(out);
-        return 0;
-    }
+    size_t xbytes = (size_t)(spad * ldx) * sizeof(float);
+    char *buf = thread_buffer(BUF_SMALL, xbytes + sizeof(float) * (size_t)(p->M * p->N));
+    if (!buf) return 0;
+    float *x = (float *)buf, *out = (float *)(buf + xbytes);
+    memset(x + S * ldx, 0, (size_t)((spad - S) * ldx) * sizeof(float)); /* rows past S */
     /* the tiny operand as x[s][k]: rows of op(A), or columns of op(B). That
      * is one f32 panel of ldx lanes (k) by S values (s), so the packing
      * routine of the f32 kernels makes it. */
@@ -363,48 +402,10 @@ static int gemm_small(const problem *p)
         }
     }
     epilogue(p, out, ars, acs);
-    free(x);
-    free(out);
     return 1;
 }
 
 /* ---- blocked path ---- */
-
-static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
-
-/* The rows [m0, m1) x columns [n0, n1) of C, on one thread. */
-static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0, int64_t m1, int64_t n0,
-                          int64_t n1, char *abuf, char *bbuf)
-{
-    size_t ae = esize(p->at), be = esize(p->bt), ce = esize(p->ct);
-    size_t pe = e->kp == 2 ? 2 : 4; /* bytes per packed value */
-    int64_t a_sx = p->ta ? 1 : p->lda, a_sk = p->ta ? p->lda : 1;
-    int64_t b_sx = p->tb ? p->ldb : 1, b_sk = p->tb ? 1 : p->ldb;
-    for (int64_t jc = n0; jc < n1; jc += e->nc) {
-        int64_t nb = n1 - jc < e->nc ? n1 - jc : e->nc;
-        for (int64_t pc = 0; pc < p->K; pc += e->kc) {
-            int64_t kb = p->K - pc < e->kc ? p->K - pc : e->kc;
-            int64_t kbp = (kb + e->kp - 1) / e->kp * e->kp;
-            size_t bpanel = (size_t)(kbp * e->nr) * pe, apanel = (size_t)(kbp * e->mr) * pe;
-            e->pack(bbuf, p->B + (size_t)(jc * b_sx + pc * b_sk) * be, p->bt, b_sx, b_sk, e->nr, nb, kb, p->round_b);
-            float beta = pc == 0 ? p->beta : 1.0f;
-            for (int64_t ic = m0; ic < m1; ic += e->mc) {
-                int64_t mb = m1 - ic < e->mc ? m1 - ic : e->mc;
-                e->pack(abuf, p->A + (size_t)(ic * a_sx + pc * a_sk) * ae, p->at, a_sx, a_sk, e->mr, mb, kb,
-                        p->round_a);
-                for (int64_t jr = 0; jr < nb; jr += e->nr) {
-                    int nv = nb - jr < e->nr ? (int)(nb - jr) : e->nr;
-                    for (int64_t ir = 0; ir < mb; ir += e->mr) {
-                        int mv = mb - ir < e->mr ? (int)(mb - ir) : e->mr;
-                        char *c = p->C + (size_t)((ic + ir) * p->ldc + jc + jr) * ce;
-                        e->kernel(kb, abuf + (ir / e->mr) * apanel, bbuf + (jr / e->nr) * bpanel, c, p->ct, p->ldc,
-                                  mv, nv, p->alpha, beta);
-                    }
-                }
-            }
-        }
-    }
-}
 
 /* The plain triple loop, used when packing buffers cannot be allocated. */
 static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
@@ -426,47 +427,168 @@ static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0
     }
 }
 
+/* Strides of op(A) and op(B) as panels: element (x, k) at x*sx + k*sk. */
+#define A_SX(p) ((p)->ta ? 1 : (p)->lda)
+#define A_SK(p) ((p)->ta ? (p)->lda : 1)
+#define B_SX(p) ((p)->tb ? (p)->ldb : 1)
+#define B_SK(p) ((p)->tb ? 1 : (p)->ldb)
+
+static size_t panel_bytes(const at_gemm_blocked *e, int w, int64_t kb)
+{
+    return (size_t)((kb + e->kp - 1) / e->kp * e->kp * w) * (e->kp == 2 ? 2 : 4);
+}
+
+/* Packs lanes [x0, x0 + n) x k [pc, pc + kb) of op(A) (or op(B)) into panels at dst. */
+static void pack_a(const at_gemm_blocked *e, const problem *p, char *dst, int64_t x0, int64_t n, int64_t pc,
+                   int64_t kb)
+{
+    e->pack(dst, p->A + (size_t)(x0 * A_SX(p) + pc * A_SK(p)) * esize(p->at), p->at, A_SX(p), A_SK(p), e->mr, n, kb,
+            p->round_a);
+}
+
+static void pack_b(const at_gemm_blocked *e, const problem *p, char *dst, int64_t x0, int64_t n, int64_t pc,
+                   int64_t kb)
+{
+    e->pack(dst, p->B + (size_t)(x0 * B_SX(p) + pc * B_SK(p)) * esize(p->bt), p->bt, B_SX(p), B_SK(p), e->nr, n, kb,
+            p->round_b);
+}
+
+/* The step that cuts total into equal blocks of at most max (a multiple of
+ * unit): a remainder block of a few rows would stream a whole B block from
+ * L3 for little work. */
+static int64_t block_step(int64_t total, int64_t max, int64_t unit)
+{
+    if (total <= max) return total > 0 ? total : 1;
+    int64_t n = (total + max - 1) / max, len = (total + n - 1) / n;
+    len = (len + unit - 1) / unit * unit;
+    return len < max ? len : max;
+}
+
+/* C[ic.., jc..] (mb x nb) += the packed A block times the packed B block. */
+static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t ic, int64_t mb, int64_t jc,
+                            int64_t nb, int64_t kb, const char *abuf, const char *bbuf, float beta)
+{
+    size_t ce = esize(p->ct), apanel = panel_bytes(e, e->mr, kb), bpanel = panel_bytes(e, e->nr, kb);
+    for (int64_t jr = 0; jr < nb; jr += e->nr) {
+        int nv = nb - jr < e->nr ? (int)(nb - jr) : e->nr;
+        for (int64_t ir = 0; ir < mb; ir += e->mr) {
+            int mv = mb - ir < e->mr ? (int)(mb - ir) : e->mr;
+            char *c = p->C + (size_t)((ic + ir) * p->ldc + jc + jr) * ce;
+            e->kernel(kb, abuf + (ir / e->mr) * apanel, bbuf + (jr / e->nr) * bpanel, c, p->ct, p->ldc, mv, nv,
+                      p->alpha, beta);
+        }
+    }
+}
+
+/* The whole problem on one thread. */
+static void blocked_serial(const at_gemm_blocked *e, const problem *p, char *abuf, char *bbuf)
+{
+    int64_t ns = block_step(p->N, e->nc, e->nr), ks = block_step(p->K, e->kc, e->kp);
+    int64_t ms = block_step(p->M, e->mc, e->mr);
+    for (int64_t jc = 0; jc < p->N; jc += ns) {
+        int64_t nb = p->N - jc < ns ? p->N - jc : ns;
+        for (int64_t pc = 0; pc < p->K; pc += ks) {
+            int64_t kb = p->K - pc < ks ? p->K - pc : ks;
+            pack_b(e, p, bbuf, jc, nb, pc, kb);
+            for (int64_t ic = 0; ic < p->M; ic += ms) {
+                int64_t mb = p->M - ic < ms ? p->M - ic : ms;
+                pack_a(e, p, abuf, ic, mb, pc, kb);
+                multiply_blocks(e, p, ic, mb, jc, nb, kb, abuf, bbuf, pc == 0 ? p->beta : 1.0f);
+            }
+        }
+    }
+}
+
+/* nt threads, each owning a slice of N (split_n) or of M. The operand they
+ * all need (op(A) when N is split, op(B) when M is) is packed once per block
+ * into `shared`, every thread packing a share of its panels between two
+ * barriers; each thread packs its own slice of the other operand into its
+ * part of `own` (own_bytes each). All threads run the same sequence of
+ * barriers: the loops that contain one do not depend on the slice. */
+static void blocked_team(const at_gemm_blocked *e, const problem *p, int nt, int split_n, char *shared, char *own,
+                         size_t own_bytes)
+{
+    int64_t unit = split_n ? e->nr : e->mr, dim = split_n ? p->N : p->M;
+    int64_t tiles = (dim + unit - 1) / unit, widest = (tiles + nt - 1) / nt * unit;
+    int64_t ks = block_step(p->K, e->kc, e->kp);
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num();
+        int64_t lo = tiles * t / nt * unit, hi = tiles * (t + 1) / nt * unit;
+        if (hi > dim) hi = dim;
+        char *mine = own + (size_t)t * own_bytes;
+        if (split_n) {
+            int64_t ns = block_step(widest, e->nc, e->nr), ms = block_step(p->M, e->mc, e->mr);
+            for (int64_t jo = 0; jo < widest; jo += ns) {
+                int64_t jc = lo + jo, nb = hi - jc < ns ? hi - jc : ns;
+                for (int64_t pc = 0; pc < p->K; pc += ks) {
+                    int64_t kb = p->K - pc < ks ? p->K - pc : ks;
+                    if (nb > 0) pack_b(e, p, mine, jc, nb, pc, kb);
+                    for (int64_t ic = 0; ic < p->M; ic += ms) {
+                        int64_t mb = p->M - ic < ms ? p->M - ic : ms;
+                        int64_t np = (mb + e->mr - 1) / e->mr, p0 = np * t / nt, p1 = np * (t + 1) / nt;
+#pragma omp barrier /* everyone is done with the previous A block */
+                        if (p1 > p0) {
+                            int64_t n = (p1 - p0) * e->mr < mb - p0 * e->mr ? (p1 - p0) * e->mr : mb - p0 * e->mr;
+                            pack_a(e, p, shared + p0 * panel_bytes(e, e->mr, kb), ic + p0 * e->mr, n, pc, kb);
+                        }
+#pragma omp barrier /* the A block is whole */
+                        if (nb > 0) multiply_blocks(e, p, ic, mb, jc, nb, kb, shared, mine, pc == 0 ? p->beta : 1.0f);
+                    }
+                }
+            }
+        } else {
+            int64_t ns = block_step(p->N, e->nc, e->nr), ms = block_step(hi - lo, e->mc, e->mr);
+            for (int64_t jc = 0; jc < p->N; jc += ns) {
+                int64_t nb = p->N - jc < ns ? p->N - jc : ns;
+                for (int64_t pc = 0; pc < p->K; pc += ks) {
+                    int64_t kb = p->K - pc < ks ? p->K - pc : ks;
+                    int64_t np = (nb + e->nr - 1) / e->nr, p0 = np * t / nt, p1 = np * (t + 1) / nt;
+#pragma omp barrier /* everyone is done with the previous B block */
+                    if (p1 > p0) {
+                        int64_t n = (p1 - p0) * e->nr < nb - p0 * e->nr ? (p1 - p0) * e->nr : nb - p0 * e->nr;
+                        pack_b(e, p, shared + p0 * panel_bytes(e, e->nr, kb), jc + p0 * e->nr, n, pc, kb);
+                    }
+#pragma omp barrier /* the B block is whole */
+                    for (int64_t ic = lo; ic < hi; ic += ms) {
+                        int64_t mb = hi - ic < ms ? hi - ic : ms;
+                        pack_a(e, p, mine, ic, mb, pc, kb);
+                        multiply_blocks(e, p, ic, mb, jc, nb, kb, mine, shared, pc == 0 ? p->beta : 1.0f);
+                    }
+                }
+            }
+        }
+    }
+}
+
 static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
 {
     int64_t tiles_m = (p->M + e->mr - 1) / e->mr, tiles_n = (p->N + e->nr - 1) / e->nr;
     int nt = threads_for(2.0 * p->M * p->N * p->K);
-    /* grid tm x tn of threads: the fewest packed values in total (each column
-     * of threads packs all its A rows, each row of threads its B columns) */
-    int tm = 1, tn = 1;
-    for (; nt > 1; nt--) {
-        double best = -1;
-        for (int a = 1; a <= nt; a++) {
-            if (nt % a || a > tiles_m || nt / a > tiles_n) continue;
-            double cost = (double)(nt / a) * p->M * p->K + (double)a * p->K * p->N;
-            if (best < 0 || cost < best) {
-                best = cost;
-                tm = a;
-                tn = nt / a;
-            }
-        }
-        if (best >= 0) break;
-    }
+    /* split the dimension with more tiles (the packing is shared either way) */
+    int split_n = tiles_n >= tiles_m;
+    int64_t tiles = split_n ? tiles_n : tiles_m;
+    if (nt > tiles) nt = (int)tiles;
     int64_t kcb = p->K < e->kc ? p->K : e->kc;
-    kcb = (kcb + e->kp - 1) / e->kp * e->kp;
-    size_t pe = e->kp == 2 ? 2 : 4;
-#pragma omp parallel num_threads(tm * tn)
-    {
-        int t = omp_get_thread_num();
-        int ti = t / tn, tj = t % tn;
-        int64_t m0 = tiles_m * ti / tm * e->mr, m1 = tiles_m * (ti + 1) / tm * e->mr;
-        int64_t n0 = tiles_n * tj / tn * e->nr, n1 = tiles_n * (tj + 1) / tn * e->nr;
-        if (m1 > p->M) m1 = p->M;
-        if (n1 > p->N) n1 = p->N;
-        int64_t mcb = m1 - m0 < e->mc ? (m1 - m0 + e->mr - 1) / e->mr * e->mr : e->mc;
-        int64_t ncb = n1 - n0 < e->nc ? (n1 - n0 + e->nr - 1) / e->nr * e->nr : e->nc;
-        char *abuf = alloc64((size_t)(mcb * kcb) * pe), *bbuf = alloc64((size_t)(ncb * kcb) * pe);
-        if (m1 > m0 && n1 > n0) {
-            if (abuf && bbuf) blocked_range(e, p, m0, m1, n0, n1, abuf, bbuf);
-            else reference_range(p, m0, m1, n0, n1);
-        }
-        free(abuf);
-        free(bbuf);
+    int64_t mcb = p->M < e->mc ? p->M : e->mc, ncb = p->N < e->nc ? p->N : e->nc;
+    size_t ablk = panel_bytes(e, e->mr, kcb) * (size_t)((mcb + e->mr - 1) / e->mr);
+    size_t bblk = panel_bytes(e, e->nr, kcb) * (size_t)((ncb + e->nr - 1) / e->nr);
+    ablk = (ablk + 63) / 64 * 64;
+    bblk = (bblk + 63) / 64 * 64;
+    if (nt <= 1) {
+        char *buf = thread_buffer(BUF_PACK, ablk + bblk);
+        if (buf) blocked_serial(e, p, buf, buf + ablk);
+        else reference_range(p, 0, p->M, 0, p->N);
+        return;
     }
+    /* one shared block and nt private ones, all from the calling thread */
+    size_t shared = split_n ? ablk : bblk, own = split_n ? bblk : ablk;
+    char *buf = thread_buffer(BUF_PACK, shared + (size_t)nt * own);
+    if (!buf) {
+        reference_range(p, 0, p->M, 0, p->N);
+        return;
+    }
+    blocked_team(e, p, nt, split_n, buf, buf + shared, own);
 }
 
 /* ---- entry points ---- */

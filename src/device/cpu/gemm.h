@@ -36,6 +36,11 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
                               const void *B, at_dtype b_type, int64_t ldb,
                               float beta, void *C, at_dtype c_type, int64_t ldc);
 
+/* The engine keeps its packing buffers per thread between calls (a few MB
+ * at most per thread). This frees the calling thread's; the next call
+ * allocates again. */
+void at_cpu_gemm_release_buffers(void);
+
 /* Name of the engine in use for f32 and for bf16 ("anytune avx512", "oneDNN", ...). */
 const char *at_cpu_gemm_engine(at_dtype compute);
 

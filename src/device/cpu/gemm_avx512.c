@@ -98,7 +98,6 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
 #undef S
 }
 
-
 const at_gemm_blocked at_gemm_f32_avx512 = {
     .name = "avx512", .mr = MR, .nr = NR, .kp = 1, .mc = 16 * MR, .kc = 512, .nc = 64 * NR,
     .pack = pack_f32, .kernel = kernel_f32,
@@ -164,7 +163,7 @@ static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, con
     }
 }
 
-#define AXPY_KB 8
+#define AXPY_KB 64
 
 /* out[s][0..lv) (+)= sum over kb (<= AXPY_KB) rows k of x[s][k] * y[k][..]
  * for SS (<= 8) rows of x and NV (<= 4) vectors of 16 lanes; the first k
@@ -230,7 +229,7 @@ static inline __attribute__((always_inline)) void axpy_body(int S, int64_t K, co
         axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l, lds, k0 == 0, sv, L - l);
             if (sv <= 2) { RUN(2, 4) }
             else if (sv <= 4) { RUN(4, 4) }
-            else { RUN(8, 2) }
+            else { RUN(8, 3) }
 #undef RUN
         }
     }

@@ -6,6 +6,7 @@
 #include "device/cpu/gemm_kernels.h"
 
 #include <immintrin.h>
+#include <stdlib.h>
 
 #include "device/cpu/gemm_avx512_inl.h"
 
@@ -132,3 +133,96 @@ const at_gemm_blocked at_gemm_bf16_avx512bf16 = {
     .name = "avx512+bf16", .mr = MR, .nr = NR, .kp = 2, .mc = 16 * MR, .kc = 1024, .nc = 64 * NR,
     .pack = pack_bf16, .kernel = kernel_bf16,
 };
+
+/* ---- small path: the dot form on bf16 rows ----
+ * When the big operand is bf16 along k (a bf16 weight in the decode and
+ * LoRA shapes), vdpbf16ps takes its pairs as stored, two products per lane.
+ * x (f32 values that are exact in bf16, gemm.c rounds them) is converted
+ * once per call into a per-thread buffer of bf16 rows. Everything else goes
+ * to the AVX-512 f32 primitives. */
+
+static _Thread_local uint16_t *xb_buf;
+static _Thread_local size_t xb_cap;
+
+void at_gemm_bf16_release(void)
+{
+    free(xb_buf);
+    xb_buf = NULL;
+    xb_cap = 0;
+}
+
+#define AT_B8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
+#define AT_B4x8(M) AT_B8(M, 0) AT_B8(M, 1) AT_B8(M, 2) AT_B8(M, 3)
+
+/* RR (<= 4) bf16 rows of y against SS (<= 8) bf16 rows of xb (ldxb, a
+ * multiple of 32, zero past K), dot products along k. */
+static inline __attribute__((always_inline)) void dotb_tile(const int RR, const int SS, int64_t K,
+                                                            const uint16_t *xb, int64_t ldxb, const uint16_t *y,
+                                                            int64_t ldy, float *out, int64_t ors, int64_t oss, int sv)
+{
+#define DECL(r, s) __m512 c##r##s = _mm512_setzero_ps();
+    AT_B4x8(DECL)
+#undef DECL
+    for (int64_t k = 0; k < K; k += 32) {
+        __mmask32 km = mask32(K - k);
+        __m512i y0 = _mm512_setzero_si512(), y1 = y0, y2 = y0, y3 = y0;
+#define LY(r)                                                                                                          \
+    if (RR > r) y##r = _mm512_maskz_loadu_epi16(km, y + r * ldy + k);
+        LY(0) LY(1) LY(2) LY(3)
+#undef LY
+#define DP(r, s)                                                                                                       \
+    if (RR > r && SS > s)                                                                                              \
+        c##r##s = _mm512_dpbf16_ps(c##r##s, (__m512bh)_mm512_loadu_si512(xb + s * ldxb + k), (__m512bh)y##r);
+        AT_B4x8(DP)
+#undef DP
+    }
+#define RED(r, s)                                                                                                      \
+    if (RR > r && SS > s && s < sv) out[r * ors + s * oss] = _mm512_reduce_add_ps(c##r##s);
+    AT_B4x8(RED)
+#undef RED
+}
+
+static void dot_bf16(int S, int64_t K, const float *x, int64_t ldx, int64_t R, const void *y_, at_dtype yt,
+                     int64_t ldy, int round, float *out, int64_t ors, int64_t oss)
+{
+    int64_t spad = (S + AT_GEMM_SMALL_PAD - 1) / AT_GEMM_SMALL_PAD * AT_GEMM_SMALL_PAD, ldxb = (K + 31) / 32 * 32;
+    size_t need = (size_t)(spad * ldxb) * 2;
+    if (yt == AT_BF16 && need > xb_cap) {
+        free(xb_buf);
+        xb_buf = aligned_alloc(64, (need + 63) / 64 * 64);
+        xb_cap = xb_buf ? need : 0;
+    }
+    if (yt != AT_BF16 || !xb_buf) {
+        at_gemm_small_avx512.dot(S, K, x, ldx, R, y_, yt, ldy, round, out, ors, oss);
+        return;
+    }
+    for (int64_t s = 0; s < spad; s++) /* x's rows past S are zero (gemm_kernels.h) */
+        for (int64_t k = 0; k < ldxb; k += 32) {
+            __m512 lo = _mm512_maskz_loadu_ps(mask16(K - k), x + s * ldx + k);
+            __m512 hi = _mm512_maskz_loadu_ps(mask16(K - k - 16), x + s * ldx + k + 16);
+            _mm512_storeu_si512(xb_buf + s * ldxb + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    const uint16_t *y = y_;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        int sv = S - s0 < 8 ? S - s0 : 8;
+        const uint16_t *xs = xb_buf + s0 * ldxb;
+        float *os = out + s0 * oss;
+        int64_t r = 0;
+#define RUN(RR, SS)                                                                                                    \
+    for (; r + RR <= R; r += RR) dotb_tile(RR, SS, K, xs, ldxb, y + r * ldy, ldy, os + r * ors, ors, oss, sv);         \
+    for (; r < R; r++) dotb_tile(1, SS, K, xs, ldxb, y + r * ldy, ldy, os + r * ors, ors, oss, sv);
+        if (sv <= 1) { RUN(4, 1) }
+        else if (sv <= 2) { RUN(4, 2) }
+        else if (sv <= 4) { RUN(4, 4) }
+        else { RUN(2, 8) }
+#undef RUN
+    }
+}
+
+static void axpy_bf16(int S, int64_t K, const float *x, int64_t ldx, int64_t L, const void *y, at_dtype yt,
+                      int64_t ldy, int round, float *out, int64_t lds)
+{
+    at_gemm_small_avx512.axpy(S, K, x, ldx, L, y, yt, ldy, round, out, lds);
+}
+
+const at_gemm_small at_gemm_small_avx512bf16 = {.dot = dot_bf16, .axpy = axpy_bf16};

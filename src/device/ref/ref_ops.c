@@ -3,6 +3,8 @@
  * rounded once when stored. Index tensors are read in place. Attention is in
  * ref_attention.c, the conversions in ref_util.c. */
 #include "device/ref/ref_ops.h"
+
+#include "base/rng.h"
 #include "device/ref/ref_util.h"
 
 #include <math.h>
@@ -472,6 +474,23 @@ done:
     return st;
 }
 
+/* y[i] = x[i] / (1 − p) where the counter-based uniform of (seed, offset + i)
+ * is >= p, else 0. The mask is the definition in base/rng.h. */
+at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+{
+    double *X = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, "dropout", &X));
+    for (int64_t i = 0; i < at_tensor_numel(x); i++) {
+        int keep = at_rng_hash_uniform(seed, offset + (uint64_t)i) >= p;
+        X[i] = keep ? X[i] / (1.0 - (double)p) : 0.0;
+    }
+    AT_CHECK(at_ref_store(y, X, "dropout"));
+done:
+    free(X);
+    return st;
+}
+
 static const at_backend_ops ref_ops = {
     .matmul = at_ref_matmul,
     .add = at_ref_add,
@@ -493,6 +512,7 @@ static const at_backend_ops ref_ops = {
     .cross_entropy = at_ref_cross_entropy,
     .adamw = at_ref_adamw,
     .sumsq = at_ref_sumsq,
+    .dropout = at_ref_dropout,
 };
 
 const at_backend_ops *at_ref_ops(void) { return &ref_ops; }

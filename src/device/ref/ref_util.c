@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/quant.h"
+
 const void *at_ref_host(const at_tensor *t, const char *op)
 {
     const void *p = at_tensor_data(t);
@@ -17,6 +19,22 @@ at_status at_ref_zeros(int64_t n, double **out)
     *out = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
     if (!*out) return at_error(AT_ERR_NOMEM, "ref: out of host memory for %lld values", (long long)n);
     return AT_OK;
+}
+
+/* A quantized tensor's values: what at_dequantize (device/quant.c, checked
+ * against the formats' reference implementations) says they are. */
+static at_status load_quantized(const at_tensor *t, const char *op, double *d, int64_t n)
+{
+    float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    at_tensor *view = NULL;
+    at_status st = f ? at_tensor_wrap(f, AT_F32, t->ndim, t->shape, t->name, &view)
+                     : at_error(AT_ERR_NOMEM, "ref %s: out of host memory for %lld values", op, (long long)n);
+    if (st == AT_OK) st = at_dequantize(view, t);
+    if (st == AT_OK)
+        for (int64_t i = 0; i < n; i++) d[i] = f[i];
+    at_tensor_free(view);
+    free(f);
+    return st;
 }
 
 at_status at_ref_load(const at_tensor *t, const char *op, double **out)
@@ -41,6 +59,14 @@ at_status at_ref_load(const at_tensor *t, const char *op, double **out)
     case AT_I32:
         for (int64_t i = 0; i < n; i++) d[i] = ((const int32_t *)p)[i];
         return AT_OK;
+    case AT_Q8_0: case AT_Q4_0: case AT_NF4: {
+        at_status st = load_quantized(t, op, d, n);
+        if (st != AT_OK) {
+            free(*out);
+            *out = NULL;
+        }
+        return st;
+    }
     default:
         free(*out);
         *out = NULL;

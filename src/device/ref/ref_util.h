@@ -13,7 +13,8 @@
 const void *at_ref_host(const at_tensor *t, const char *op);
 /* n zeroed doubles (at least one). Caller frees. */
 at_status at_ref_zeros(int64_t n, double **out);
-/* Every element of t (f32, bf16, f16 or i32) as a double. t may be NULL
+/* Every element of t (f32, bf16, f16, i32, or quantized: the dequantized
+ * values) as a double. t may be NULL
  * (then *out is NULL). Caller frees *out. */
 at_status at_ref_load(const at_tensor *t, const char *op, double **out);
 /* Writes numel(t) values into t (f32, bf16 or f16), each rounded once to

@@ -1,0 +1,252 @@
+/* anytune sft / anytune pt: option names as ms-swift's. With neither --model
+ * nor --dataset, `anytune sft` runs the bundled demo: the stories260K model
+ * learns who it is from identity.json, and answers before and after. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "base/file.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "cli/cli.h"
+#include "data/encode.h"
+#include "model/adapter.h"
+#include "train/schedule.h"
+#include "train/trainer.h"
+
+static const at_opt_spec specs[] = {
+    {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file", NULL},
+    {"dataset", AT_OPT_LIST, NULL, "training data: FILE or FILE#N, several allowed", NULL},
+    {"val_dataset", AT_OPT_LIST, NULL, "validation data", NULL},
+    {"split_dataset_ratio", AT_OPT_FLOAT, "0", "share of --dataset held out for validation", NULL},
+    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default) or chatml, llama-2, llama-3, mistral", NULL},
+    {"train_type", AT_OPT_STRING, "lora", "lora or full", "tuner_type"},
+    {"lora_rank", AT_OPT_INT, "8", "LoRA rank", NULL},
+    {"lora_alpha", AT_OPT_FLOAT, "32", "LoRA alpha (scale alpha/rank)", NULL},
+    {"lora_dropout", AT_OPT_FLOAT, "0.05", "dropout on the LoRA input", NULL},
+    {"target_modules", AT_OPT_LIST, "all-linear", "all-linear or names such as q_proj,v_proj", NULL},
+    {"use_rslora", AT_OPT_BOOL, "false", "scale alpha/sqrt(rank)", NULL},
+    {"adapters", AT_OPT_STRING, NULL, "start from this PEFT adapter folder", NULL},
+    {"max_length", AT_OPT_INT, "2048", "longest sample in tokens", NULL},
+    {"truncation_strategy", AT_OPT_STRING, "delete", "delete, left or right for longer samples", NULL},
+    {"packing", AT_OPT_BOOL, "false", "pack samples into rows of max_length tokens", NULL},
+    {"group_by_length", AT_OPT_BOOL, "false", "batch samples of similar length together", NULL},
+    {"gradient_checkpointing", AT_OPT_BOOL, "true", "recompute activations in the backward", NULL},
+    {"per_device_train_batch_size", AT_OPT_INT, "1", "rows per micro-batch", "batch_size"},
+    {"gradient_accumulation_steps", AT_OPT_INT, "1", "micro-batches per optimizer step", NULL},
+    {"learning_rate", AT_OPT_FLOAT, NULL, "peak learning rate (default 1e-4 for LoRA, 1e-5 for full)", NULL},
+    {"num_train_epochs", AT_OPT_FLOAT, "3", "epochs", NULL},
+    {"max_steps", AT_OPT_INT, "-1", "optimizer steps (overrides epochs when > 0)", NULL},
+    {"lr_scheduler_type", AT_OPT_STRING, "cosine", "cosine, linear, constant, constant_with_warmup", NULL},
+    {"warmup_ratio", AT_OPT_FLOAT, "0", "share of the steps spent warming up", NULL},
+    {"warmup_steps", AT_OPT_INT, "0", "warmup steps (wins over the ratio)", NULL},
+    {"weight_decay", AT_OPT_FLOAT, "0.1", "AdamW decoupled weight decay", NULL},
+    {"adam_beta1", AT_OPT_FLOAT, "0.9", "AdamW beta1", NULL},
+    {"adam_beta2", AT_OPT_FLOAT, "0.95", "AdamW beta2", NULL},
+    {"adam_epsilon", AT_OPT_FLOAT, "1e-8", "AdamW epsilon", NULL},
+    {"max_grad_norm", AT_OPT_FLOAT, "1.0", "clip the global gradient norm (0: off)", NULL},
+    {"logging_steps", AT_OPT_INT, "5", "log every N steps", NULL},
+    {"save_steps", AT_OPT_INT, "500", "checkpoint every N steps (and at the end)", NULL},
+    {"eval_steps", AT_OPT_INT, "500", "evaluate every N steps (and at the end)", NULL},
+    {"save_total_limit", AT_OPT_INT, "0", "keep only the N newest checkpoints (0: all)", NULL},
+    {"output_dir", AT_OPT_STRING, "output", "where runs go (a vN-YYYYMMDD-HHMMSS folder per run)", NULL},
+    {"resume_from_checkpoint", AT_OPT_STRING, NULL, "a checkpoint folder, or 'last'", NULL},
+    {"torch_dtype", AT_OPT_STRING, NULL, "format of the frozen weights: bfloat16, float16, float32", NULL},
+    {"seed", AT_OPT_INT, "42", "seed of everything random", NULL},
+    {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
+    {"strict", AT_OPT_BOOL, "false", "stop at the first bad dataset record", NULL},
+    {"model_name", AT_OPT_STRING, NULL, "fills {{name}} in the data (self-cognition data)", NULL},
+    {"model_author", AT_OPT_STRING, NULL, "fills {{author}} in the data", NULL},
+    {"loss_scale", AT_OPT_STRING, "default", "default (every assistant turn) or last_round", NULL},
+    {"preview", AT_OPT_LIST, NULL, "questions answered before and after training", NULL},
+    {"preview_max_tokens", AT_OPT_INT, "48", "answer length of --preview", NULL},
+};
+#define NSPECS ((int)(sizeof specs / sizeof specs[0]))
+
+/* The demo's files: relative to the working folder, else to the program (build/anytune -> ../demo). */
+static const char *demo_path(const char *rel, char *buf, size_t len)
+{
+    if (at_file_exists(rel)) return rel;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            int w = snprintf(buf, len, "%.*s/../%s", (int)(len > 64 ? len - 64 : 0), exe, rel);
+            if (w > 0 && (size_t)w < len && at_file_exists(buf)) return buf;
+        }
+    }
+    return rel;
+}
+
+static int run(int argc, char **argv, int pt)
+{
+    const char *usage = pt ? "usage: anytune pt --model DIR --dataset FILE [OPTIONS]   continued pre-training on text"
+                           : "usage: anytune sft [--model DIR --dataset FILE] [OPTIONS]   supervised fine-tuning\n"
+                             "  (with neither --model nor --dataset: the bundled demo)";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            at_options_print_help(specs, NSPECS, usage);
+            return 0;
+        }
+    at_options *o = NULL;
+    if (at_options_parse(specs, NSPECS, argc, argv, &o) != AT_OK) {
+        fprintf(stderr, "anytune %s: error: %s\n", pt ? "pt" : "sft", at_last_error());
+        return 2;
+    }
+    int rc = 1;
+    at_train_args a;
+    at_train_args_defaults(&a);
+    const char **ds = NULL, **vds = NULL, **prev = NULL, **tm = NULL;
+    char *args_json = NULL;
+    char mbuf[PATH_MAX], dbuf[PATH_MAX];
+    const char *demo_ds[1];
+    static const char *demo_prompts[] = {"Who are you?", "What is your name?"};
+    int demo = !pt && !at_opt_str(o, "model") && at_opt_list_count(o, "dataset") == 0;
+
+    a.pt = pt;
+    a.model = at_opt_str(o, "model");
+    a.template_name = at_opt_str(o, "template");
+    int nds = at_opt_list_count(o, "dataset"), nv = at_opt_list_count(o, "val_dataset");
+    ds = calloc((size_t)nds + 1, sizeof *ds);
+    vds = calloc((size_t)nv + 1, sizeof *vds);
+    int np = at_opt_list_count(o, "preview"), nt = at_opt_list_count(o, "target_modules");
+    prev = calloc((size_t)np + 1, sizeof *prev);
+    tm = calloc((size_t)nt + 1, sizeof *tm);
+    if (!ds || !vds || !prev || !tm) {
+        fprintf(stderr, "anytune: error: out of memory\n");
+        goto done;
+    }
+    for (int i = 0; i < nds; i++) ds[i] = at_opt_list_get(o, "dataset", i);
+    for (int i = 0; i < nv; i++) vds[i] = at_opt_list_get(o, "val_dataset", i);
+    for (int i = 0; i < np; i++) prev[i] = at_opt_list_get(o, "preview", i);
+    for (int i = 0; i < nt; i++) tm[i] = at_opt_list_get(o, "target_modules", i);
+    a.datasets = ds;
+    a.n_datasets = nds;
+    a.val_datasets = vds;
+    a.n_val_datasets = nv;
+    a.preview_prompts = prev;
+    a.n_preview_prompts = np;
+    a.preview_max_tokens = (int)at_opt_int(o, "preview_max_tokens");
+    a.split_dataset_ratio = at_opt_float(o, "split_dataset_ratio");
+    a.model_name = at_opt_str(o, "model_name");
+    a.model_author = at_opt_str(o, "model_author");
+    if (demo) {
+        a.model = demo_path("demo/stories260K", mbuf, sizeof mbuf);
+        demo_ds[0] = demo_path("demo/identity.json", dbuf, sizeof dbuf);
+        a.datasets = demo_ds;
+        a.n_datasets = 1;
+        if (!a.model_name) a.model_name = "anytune";
+        if (!a.model_author) a.model_author = "the anytune team";
+        if (!np) {
+            a.preview_prompts = demo_prompts;
+            a.n_preview_prompts = 2;
+        }
+        /* A 260K-parameter model and 16 samples: a higher rate and more epochs
+         * than a real model needs, unless the user said otherwise. */
+        if (at_opt_source_of(o, "learning_rate") == AT_SRC_DEFAULT) at_opt_set(o, "learning_rate", "3e-3");
+        if (at_opt_source_of(o, "num_train_epochs") == AT_SRC_DEFAULT) at_opt_set(o, "num_train_epochs", "20");
+        if (at_opt_source_of(o, "per_device_train_batch_size") == AT_SRC_DEFAULT)
+            at_opt_set(o, "per_device_train_batch_size", "4");
+        if (at_opt_source_of(o, "lora_rank") == AT_SRC_DEFAULT) at_opt_set(o, "lora_rank", "16");
+        if (at_opt_source_of(o, "logging_steps") == AT_SRC_DEFAULT) at_opt_set(o, "logging_steps", "10");
+        fprintf(stderr, "anytune sft: no --model or --dataset given: the demo (%s learns its identity from %s)\n",
+                a.model, demo_ds[0]);
+    }
+    const char *tt = at_opt_str(o, "train_type");
+    if (!strcmp(tt, "full")) {
+        a.full = 1;
+    } else if (strcmp(tt, "lora") != 0) {
+        fprintf(stderr, "anytune: error: --train_type %s: use lora or full\n", tt);
+        rc = 2;
+        goto done;
+    }
+    a.lora_rank = (int)at_opt_int(o, "lora_rank");
+    a.lora_alpha = at_opt_float(o, "lora_alpha");
+    a.lora_dropout = at_opt_float(o, "lora_dropout");
+    a.use_rslora = at_opt_bool(o, "use_rslora");
+    a.adapters = at_opt_str(o, "adapters");
+    a.max_length = (int)at_opt_int(o, "max_length");
+    a.packing = at_opt_bool(o, "packing");
+    a.group_by_length = at_opt_bool(o, "group_by_length");
+    a.gradient_checkpointing = at_opt_bool(o, "gradient_checkpointing");
+    a.batch_size = (int)at_opt_int(o, "per_device_train_batch_size");
+    a.grad_accum = (int)at_opt_int(o, "gradient_accumulation_steps");
+    a.learning_rate = at_opt_str(o, "learning_rate") ? at_opt_float(o, "learning_rate") : (a.full ? 1e-5 : 1e-4);
+    a.num_train_epochs = at_opt_float(o, "num_train_epochs");
+    a.max_steps = at_opt_int(o, "max_steps");
+    a.warmup_ratio = at_opt_float(o, "warmup_ratio");
+    a.warmup_steps = at_opt_int(o, "warmup_steps");
+    a.weight_decay = at_opt_float(o, "weight_decay");
+    a.adam_beta1 = at_opt_float(o, "adam_beta1");
+    a.adam_beta2 = at_opt_float(o, "adam_beta2");
+    a.adam_epsilon = at_opt_float(o, "adam_epsilon");
+    a.max_grad_norm = at_opt_float(o, "max_grad_norm");
+    a.logging_steps = (int)at_opt_int(o, "logging_steps");
+    a.save_steps = (int)at_opt_int(o, "save_steps");
+    a.eval_steps = (int)at_opt_int(o, "eval_steps");
+    a.save_total_limit = (int)at_opt_int(o, "save_total_limit");
+    a.output_dir = at_opt_str(o, "output_dir");
+    a.resume_from_checkpoint = at_opt_str(o, "resume_from_checkpoint");
+    a.seed = (uint64_t)at_opt_int(o, "seed");
+    a.device = at_opt_str(o, "device");
+    a.strict = at_opt_bool(o, "strict");
+    const char *ls = at_opt_str(o, "loss_scale");
+    a.loss_last_turn_only = !strcmp(ls, "last_round");
+    if (!a.loss_last_turn_only && strcmp(ls, "default") != 0) {
+        fprintf(stderr, "anytune: error: --loss_scale %s: use default or last_round\n", ls);
+        rc = 2;
+        goto done;
+    }
+    if (at_opt_str(o, "torch_dtype")) {
+        if (at_dtype_parse(at_opt_str(o, "torch_dtype"), &a.dtype) != 0 || a.dtype == AT_I32 || a.dtype >= AT_Q8_0) {
+            fprintf(stderr, "anytune: error: --torch_dtype %s: use bfloat16, float16 or float32\n",
+                    at_opt_str(o, "torch_dtype"));
+            rc = 2;
+            goto done;
+        }
+        a.has_dtype = 1;
+    }
+    if (at_truncation_parse(at_opt_str(o, "truncation_strategy"), &a.truncation) != AT_OK ||
+        at_schedule_parse(at_opt_str(o, "lr_scheduler_type"), &a.scheduler) != AT_OK ||
+        at_parse_target_modules(tm, nt, &a.target_mask) != AT_OK) {
+        fprintf(stderr, "anytune: error: %s\n", at_last_error());
+        rc = 2;
+        goto done;
+    }
+    cJSON *j = at_options_to_json(o);
+    if (j) {
+        /* what the defaults resolved to */
+        cJSON_ReplaceItemInObject(j, "model", cJSON_CreateString(a.model ? a.model : ""));
+        cJSON_ReplaceItemInObject(j, "learning_rate", cJSON_CreateNumber(a.learning_rate));
+        cJSON *dl = cJSON_CreateArray();
+        for (int i = 0; i < a.n_datasets; i++) cJSON_AddItemToArray(dl, cJSON_CreateString(a.datasets[i]));
+        cJSON_ReplaceItemInObject(j, "dataset", dl);
+        cJSON_AddStringToObject(j, "command", pt ? "pt" : "sft");
+        args_json = cJSON_Print(j);
+        cJSON_Delete(j);
+    }
+    a.args_json = args_json;
+    at_train_result res;
+    if (at_train_run(&a, stdout, &res) != AT_OK) {
+        at_cli_fail();
+        goto done;
+    }
+    fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
+            res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
+    rc = 0;
+done:
+    free(args_json);
+    free(ds);
+    free(vds);
+    free(prev);
+    free(tm);
+    at_options_free(o);
+    return rc;
+}
+
+int at_cmd_sft(int argc, char **argv) { return run(argc, argv, 0); }
+int at_cmd_pt(int argc, char **argv) { return run(argc, argv, 1); }

@@ -1,0 +1,31 @@
+#include "device/cpu/cpu_dropout.h"
+
+#include "base/rng.h"
+#include "device/cpu/cpu_simd.h"
+
+/* y[i] = x[i] / (1 − p) if at_rng_hash_uniform(seed, offset + i) >= p, else 0.
+ * Each element's mask bit depends only on its index, so the chunks can be
+ * split across threads in any way and the backward regenerates the mask. */
+at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    int64_t n = at_tensor_numel(x), nc = (n + AT_CPU_CHUNK - 1) / AT_CPU_CHUNK;
+    const void *px = at_tensor_data(x);
+    void *py = at_tensor_data(y);
+    float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
+    for (int64_t u = 0; u < nc; u++) {
+        float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
+        int64_t off = u * AT_CPU_CHUNK, len = n - off < AT_CPU_CHUNK ? n - off : AT_CPU_CHUNK;
+        const float *xi = at_cpu_in(v, bx, px, x->dtype, off, len);
+        float *o = at_cpu_out(by, py, y->dtype, off);
+        if (p == 0.0f) {
+            for (int64_t i = 0; i < len; i++) o[i] = xi[i];
+        } else {
+            for (int64_t i = 0; i < len; i++)
+                o[i] = at_rng_hash_uniform(seed, offset + (uint64_t)(off + i)) >= p ? xi[i] * keep : 0.0f;
+        }
+        at_cpu_out_done(v, o, py, y->dtype, off, len);
+    }
+    return AT_OK;
+}

@@ -1,0 +1,380 @@
+/* Matmul with a quantized weight (see cpu_qmatmul.h): the GotoBLAS loop of
+ * gemm.c with a B packer that dequantizes.
+ *
+ * For each NC block of C's columns and KC block of k, B = op(W) is packed
+ * into NR-wide panels; for trans_b (forward, op(W)[k][n] = W[n][k]) a tile
+ * of NR rows of W over the KC values of k is dequantized into tmp[NR][KC]
+ * and packed from there; otherwise (input backward, op(W)[k][n] = W[k][n])
+ * the KC rows of W are dequantized 64 columns at a time into tmp[KC][64]
+ * (64: a multiple of both NR and every block size). Then, as in gemm.c, each
+ * MC block of op(A) rows is packed and the microkernel walks the panels.
+ * Threads own disjoint column ranges of C (multiples of 64, so each weight
+ * value is dequantized by one thread), or row ranges as well when C has
+ * fewer column units than threads. */
+#include "device/cpu/cpu_qmatmul.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cpu/cpu_features.h"
+#include "device/cpu/cpu_simd.h"
+#include "device/cpu/gemm.h"
+#include "device/cpu/gemm_kernels.h"
+#include "device/quant.h"
+
+/* ---- the scalar dequantizers: device/quant.c's row helpers ---- */
+
+static void q8_0_scalar(float *y, const uint8_t *blk, int64_t nblk) { at_q8_0_dequantize_row(blk, y, nblk * AT_QK8_0); }
+static void q4_0_scalar(float *y, const uint8_t *blk, int64_t nblk) { at_q4_0_dequantize_row(blk, y, nblk * AT_QK4_0); }
+static void nf4_scalar(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
+{
+    at_nf4_dequantize_blocks(nib, absmax, nblk * AT_NF4_BLOCK, y);
+}
+
+static const at_cpu_qdeq qdeq_scalar = {.name = "scalar", .q8_0 = q8_0_scalar, .q4_0 = q4_0_scalar, .nf4 = nf4_scalar};
+
+const at_cpu_qdeq *at_cpu_qdeq_get(void)
+{
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (isa >= AT_ISA_AVX512) return &at_cpu_qdeq_avx512;
+    if (isa >= AT_ISA_AVX2) return &at_cpu_qdeq_avx2;
+    return &qdeq_scalar;
+}
+
+/* ---- the weight ---- */
+
+typedef struct {
+    at_dtype t;
+    const uint8_t *data; /* q8_0 / q4_0 blocks */
+    at_nf4_parts nf4;
+    int64_t rows, cols;
+    size_t row_bytes; /* q8_0 / q4_0 */
+    const at_cpu_qdeq *dq;
+} qweight;
+
+static at_status qweight_of(const at_tensor *w, qweight *q)
+{
+    char d[200];
+    memset(q, 0, sizeof *q);
+    q->t = w->dtype;
+    q->rows = w->shape[w->ndim - 2];
+    q->cols = w->shape[w->ndim - 1];
+    q->dq = at_cpu_qdeq_get();
+    int64_t blk = at_quant_row_block(w->dtype);
+    if (!at_dtype_is_quantized(w->dtype) || q->cols % blk)
+        return at_error(AT_ERR_INVALID, "matmul: quantized weight %s needs rows that are a multiple of %lld",
+                        at_tensor_describe(w, d, sizeof d), (long long)blk);
+    if (w->dtype == AT_NF4) return at_nf4_parts_of(w, &q->nf4);
+    q->data = at_tensor_data(w);
+    q->row_bytes = (size_t)(q->cols / blk) * at_dtype_block_bytes(w->dtype);
+    return AT_OK;
+}
+
+/* y[0, len) = W[r][c0, c0 + len); c0 and len are multiples of the block. */
+static void dequant(const qweight *w, int64_t r, int64_t c0, int64_t len, float *y)
+{
+    switch (w->t) {
+    case AT_Q8_0:
+        w->dq->q8_0(y, w->data + (size_t)r * w->row_bytes + (size_t)(c0 / AT_QK8_0) * (2 + AT_QK8_0), len / AT_QK8_0);
+        break;
+    case AT_Q4_0:
+        w->dq->q4_0(y, w->data + (size_t)r * w->row_bytes + (size_t)(c0 / AT_QK4_0) * (2 + AT_QK4_0 / 2),
+                    len / AT_QK4_0);
+        break;
+    default: {
+        int64_t b0 = (r * w->cols + c0) / AT_NF4_BLOCK, nb = len / AT_NF4_BLOCK;
+        float amax[32];
+        for (int64_t i = 0; i < nb; i += 32) {
+            int64_t n = nb - i < 32 ? nb - i : 32;
+            at_nf4_absmax(&w->nf4, b0 + i, n, amax);
+            w->dq->nf4(y + i * AT_NF4_BLOCK, w->nf4.nibbles + (b0 + i) * (AT_NF4_BLOCK / 2), amax, n);
+        }
+    }
+    }
+}
+
+/* ---- the problem ---- */
+
+#define UNIT 64 /* columns of C a thread owns are multiples of this (and of NR) */
+
+typedef struct {
+    const at_gemm_blocked *e;
+    const qweight *w;
+    int ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    const char *A;
+    at_dtype at;
+    int64_t lda;
+    char *C;
+    at_dtype ct;
+    int64_t ldc;
+    int round; /* compute in bf16 with an f32 engine: round both operands */
+} qproblem;
+
+static size_t esize(at_dtype t) { return t == AT_F32 ? 4 : 2; }
+
+/* Packs the B block of columns [jc, jc + nb) and k in [pc, pc + kb). */
+static void pack_b(const qproblem *p, int64_t jc, int64_t nb, int64_t pc, int64_t kb, char *bbuf, float *tmp)
+{
+    const at_gemm_blocked *e = p->e;
+    size_t pe = e->kp == 2 ? 2 : 4;
+    size_t bpanel = (size_t)((kb + e->kp - 1) / e->kp * e->kp * e->nr) * pe;
+    if (p->tb) {
+        for (int64_t x0 = 0; x0 < nb; x0 += e->nr) {
+            int rows = nb - x0 < e->nr ? (int)(nb - x0) : e->nr;
+            for (int r = 0; r < rows; r++) dequant(p->w, jc + x0 + r, pc, kb, tmp + (size_t)r * kb);
+            e->pack(bbuf + (size_t)(x0 / e->nr) * bpanel, tmp, AT_F32, kb, 1, e->nr, rows, kb, p->round);
+        }
+    } else {
+        for (int64_t x0 = 0; x0 < nb; x0 += UNIT) {
+            int64_t cw = nb - x0 < UNIT ? nb - x0 : UNIT;
+            for (int64_t k = 0; k < kb; k++) dequant(p->w, pc + k, jc + x0, cw, tmp + (size_t)k * UNIT);
+            e->pack(bbuf + (size_t)(x0 / e->nr) * bpanel, tmp, AT_F32, 1, UNIT, e->nr, cw, kb, p->round);
+        }
+    }
+}
+
+/* C's rows [m0, m1) x columns [n0, n1) on one thread (gemm.c's blocked_range). */
+static void run_range(const qproblem *p, int64_t m0, int64_t m1, int64_t n0, int64_t n1, char *abuf, char *bbuf,
+                      float *tmp)
+{
+    const at_gemm_blocked *e = p->e;
+    size_t ae = esize(p->at), ce = esize(p->ct), pe = e->kp == 2 ? 2 : 4;
+    int64_t a_sx = p->ta ? 1 : p->lda, a_sk = p->ta ? p->lda : 1;
+    for (int64_t jc = n0; jc < n1; jc += e->nc) {
+        int64_t nb = n1 - jc < e->nc ? n1 - jc : e->nc;
+        for (int64_t pc = 0; pc < p->K; pc += e->kc) {
+            int64_t kb = p->K - pc < e->kc ? p->K - pc : e->kc;
+            int64_t kbp = (kb + e->kp - 1) / e->kp * e->kp;
+            size_t bpanel = (size_t)(kbp * e->nr) * pe, apanel = (size_t)(kbp * e->mr) * pe;
+            pack_b(p, jc, nb, pc, kb, bbuf, tmp);
+            float beta = pc == 0 ? p->beta : 1.0f;
+            for (int64_t ic = m0; ic < m1; ic += e->mc) {
+                int64_t mb = m1 - ic < e->mc ? m1 - ic : e->mc;
+                e->pack(abuf, p->A + (size_t)(ic * a_sx + pc * a_sk) * ae, p->at, a_sx, a_sk, e->mr, mb, kb,
+                        p->round);
+                for (int64_t jr = 0; jr < nb; jr += e->nr) {
+                    int nv = nb - jr < e->nr ? (int)(nb - jr) : e->nr;
+                    for (int64_t ir = 0; ir < mb; ir += e->mr) {
+                        int mv = mb - ir < e->mr ? (int)(mb - ir) : e->mr;
+                        char *c = p->C + (size_t)((ic + ir) * p->ldc + jc + jr) * ce;
+                        e->kernel(kb, abuf + (ir / e->mr) * apanel, bbuf + (jr / e->nr) * bpanel, c, p->ct, p->ldc,
+                                  mv, nv, p->alpha, beta);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Work buffers kept per thread between calls (as gemm.c does: fresh
+ * megabytes each call cost page faults). */
+static _Thread_local void *tl_buf;
+static _Thread_local size_t tl_cap;
+
+static void *thread_buffer(size_t bytes)
+{
+    if (bytes > tl_cap) {
+        free(tl_buf);
+        tl_buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        tl_cap = tl_buf ? bytes : 0;
+    }
+    return tl_buf;
+}
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+static at_status run_blocked(const qproblem *p)
+{
+    const at_gemm_blocked *e = p->e;
+    int64_t units = (p->N + UNIT - 1) / UNIT, tiles_m = (p->M + e->mr - 1) / e->mr;
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    double flops = 2.0 * p->M * p->N * p->K;
+    if (nt > 1 && flops < 4e6 * nt) nt = flops < 4e6 ? 1 : (int)(flops / 4e6);
+    /* columns first (each weight value dequantized once); rows as well when
+     * there are fewer column units than threads */
+    int tn = units < nt ? (int)units : nt, tm = nt / tn;
+    if (tm > tiles_m) tm = (int)tiles_m;
+    size_t pe = e->kp == 2 ? 2 : 4;
+    int64_t kcb = p->K < e->kc ? p->K : e->kc;
+    kcb = (kcb + e->kp - 1) / e->kp * e->kp;
+    int failed = 0;
+#pragma omp parallel num_threads(tm * tn)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        int tnn = n == tm * tn ? tn : 1, tmm = n == tm * tn ? tm : n; /* the team may be smaller */
+        int ti = t / tnn, tj = t % tnn;
+        int64_t m0 = tiles_m * ti / tmm * e->mr, m1 = tiles_m * (ti + 1) / tmm * e->mr;
+        int64_t n0 = units * tj / tnn * UNIT, n1 = units * (tj + 1) / tnn * UNIT;
+        if (m1 > p->M) m1 = p->M;
+        if (n1 > p->N) n1 = p->N;
+        int64_t mcb = m1 - m0 < e->mc ? (m1 - m0 + e->mr - 1) / e->mr * e->mr : e->mc;
+        int64_t ncb = n1 - n0 < e->nc ? (n1 - n0 + UNIT - 1) / UNIT * UNIT : e->nc;
+        size_t abytes = round64((size_t)(mcb * kcb) * pe), bbytes = round64((size_t)(ncb * kcb) * pe);
+        size_t tbytes = (size_t)kcb * (e->nr > UNIT ? e->nr : UNIT) * sizeof(float);
+        if (m1 > m0 && n1 > n0) {
+            char *buf = thread_buffer(abytes + bbytes + tbytes);
+            if (buf) run_range(p, m0, m1, n0, n1, buf, buf + abytes, (float *)(buf + abytes + bbytes));
+            else {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+    }
+    if (failed) return at_error(AT_ERR_NOMEM, "matmul: no memory for the quantized matmul's work buffers");
+    return AT_OK;
+}
+
+/* The forward of a few tokens (decode): packing panels for 1..4 rows of A
+ * would cost more than the product, so each row of W is dequantized once
+ * into an f32 row (rounded to bf16 when computing in bf16) and dotted with
+ * every row of op(A). Threads split the rows of W. */
+#define SMALL_M 4
+
+/* x rounded to bf16 (nearest even) in place; dequantized values are finite,
+ * so the NaN case of at_f32_to_bf16 is not needed and the loop vectorizes. */
+static void round_bf16_row(float *x, int64_t n)
+{
+    uint32_t *u = (uint32_t *)x;
+    for (int64_t i = 0; i < n; i++) u[i] = (u[i] + 0x7fffu + ((u[i] >> 16) & 1u)) & 0xffff0000u;
+}
+
+static at_status run_small_forward(const qproblem *p)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    float *a32 = malloc((size_t)(p->M * p->K) * sizeof(float));
+    if (!a32) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld rows of A", (long long)p->M);
+    for (int64_t m = 0; m < p->M; m++)
+        for (int64_t k = 0; k < p->K; k++) {
+            const char *e = p->A + (size_t)(p->ta ? k * p->lda + m : m * p->lda + k) * esize(p->at);
+            v->load(a32 + m * p->K + k, e, p->at, 1);
+        }
+    int bf16 = p->at == AT_BF16;
+    int nt = omp_in_parallel() || p->N * p->K < 65536 ? 1 : omp_get_max_threads();
+    int failed = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        int64_t r0 = p->N * t / n, r1 = p->N * (t + 1) / n;
+        float *row = r1 > r0 ? thread_buffer((size_t)p->K * sizeof(float)) : NULL;
+        if (r1 > r0 && !row) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        for (int64_t r = r0; row && r < r1; r++) {
+            dequant(p->w, r, 0, p->K, row);
+            if (bf16) round_bf16_row(row, p->K);
+            for (int64_t m = 0; m < p->M; m++) {
+                float s = p->alpha * v->dot(a32 + m * p->K, row, p->K);
+                size_t at = (size_t)(m * p->ldc + r);
+                if (p->ct == AT_F32) {
+                    float *c = (float *)p->C + at;
+                    *c = p->beta == 0.0f ? s : s + p->beta * *c;
+                } else {
+                    uint16_t *c = (uint16_t *)p->C + at;
+                    *c = at_f32_to_bf16(p->beta == 0.0f ? s : s + p->beta * at_bf16_to_f32(*c));
+                }
+            }
+        }
+    }
+    free(a32);
+    if (failed) return at_error(AT_ERR_NOMEM, "matmul: no memory for a dequantized row");
+    return AT_OK;
+}
+
+/* Without AVX2: 64 rows (forward) or 64 columns (backward) of W at a time
+ * dequantized to f32 and multiplied by at_cpu_gemm. */
+static at_status run_panels(const qproblem *p)
+{
+    const qweight *w = p->w;
+    int64_t len = p->tb ? p->K : UNIT * p->K;
+    float *panel = malloc((size_t)(len > 0 ? len : 1) * UNIT * sizeof(float));
+    if (!panel) return at_error(AT_ERR_NOMEM, "matmul: no memory for a dequantized panel");
+    size_t ce = esize(p->ct);
+    for (int64_t j0 = 0; j0 < p->N; j0 += UNIT) {
+        int64_t nw = p->N - j0 < UNIT ? p->N - j0 : UNIT;
+        if (p->tb) {
+            for (int64_t r = 0; r < nw; r++) dequant(w, j0 + r, 0, p->K, panel + r * p->K);
+            at_cpu_gemm(p->ta, 1, p->M, nw, p->K, p->alpha, p->A, p->at, p->lda, panel, AT_F32, p->K, p->beta,
+                        p->C + (size_t)j0 * ce, p->ct, p->ldc);
+        } else {
+            for (int64_t k = 0; k < p->K; k++) dequant(w, k, j0, nw, panel + k * nw);
+            at_cpu_gemm(p->ta, 0, p->M, nw, p->K, p->alpha, p->A, p->at, p->lda, panel, AT_F32, nw, p->beta,
+                        p->C + (size_t)j0 * ce, p->ct, p->ldc);
+        }
+    }
+    free(panel);
+    return AT_OK;
+}
+
+/* C = beta · C (nothing to multiply: K == 0 or alpha == 0). */
+static void scale_c(const qproblem *p)
+{
+    for (int64_t i = 0; i < p->M; i++) {
+        for (int64_t j = 0; j < p->N; j++) {
+            size_t at = (size_t)(i * p->ldc + j);
+            if (p->ct == AT_F32) {
+                float *c = (float *)p->C + at;
+                *c = p->beta == 0.0f ? 0.0f : p->beta * *c;
+            } else {
+                uint16_t *c = (uint16_t *)p->C + at;
+                *c = at_f32_to_bf16(p->beta == 0.0f ? 0.0f : p->beta * at_bf16_to_f32(*c));
+            }
+        }
+    }
+}
+
+static const at_gemm_blocked *engine(int bf16)
+{
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (bf16 && isa >= AT_ISA_AVX512_BF16) return &at_gemm_bf16_avx512bf16;
+    if (isa >= AT_ISA_AVX512) return &at_gemm_f32_avx512;
+    if (isa >= AT_ISA_AVX2) return &at_gemm_f32_avx2;
+    return NULL;
+}
+
+static int64_t batch_of(const at_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 2; i++) n *= t->shape[i];
+    return n;
+}
+
+at_status at_cpu_qmatmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                         float alpha, float beta)
+{
+    char d[200];
+    qweight w;
+    AT_TRY(qweight_of(b, &w));
+    if (batch_of(b) != 1)
+        return at_error(AT_ERR_INVALID, "matmul: quantized weight %s must be one matrix",
+                        at_tensor_describe(b, d, sizeof d));
+    int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
+    int64_t batch = batch_of(a);
+    int bf16 = a->dtype == AT_BF16;
+    qproblem p = {
+        .e = engine(bf16), .w = &w, .ta = !!trans_a, .tb = !!trans_b,
+        .M = trans_a ? ac : ar, .N = trans_b ? w.rows : w.cols, .K = trans_a ? ar : ac,
+        .alpha = alpha, .beta = beta, .at = a->dtype, .lda = ac, .ct = c->dtype,
+        .round = bf16 && !(engine(bf16) && engine(bf16)->kp == 2),
+    };
+    p.ldc = p.N;
+    if (!trans_a) { /* the batch of A stacked into rows: one weight for all */
+        p.M *= batch;
+        batch = 1;
+    }
+    const char *pa = at_tensor_data(a);
+    char *pc = at_tensor_data(c);
+    for (int64_t i = 0; i < batch; i++) {
+        p.A = pa + (size_t)(i * ar * ac) * esize(a->dtype);
+        p.C = pc + (size_t)(i * p.M * p.N) * esize(c->dtype);
+        if (p.M == 0 || p.N == 0) continue;
+        if (p.K == 0 || alpha == 0.0f) scale_c(&p);
+        else if (p.tb && p.M <= SMALL_M) AT_TRY(run_small_forward(&p));
+        else if (p.e) AT_TRY(run_blocked(&p));
+        else AT_TRY(run_panels(&p));
+    }
+    return AT_OK;
+}

@@ -1,0 +1,82 @@
+/* AVX2 dequantizers of the quantized matmul (see cpu_qmatmul.h); bit-identical
+ * to device/quant.c's (one rounding per value). NF4's code book is two
+ * 8-entry halves: vpermps looks up the low 3 bits of the index in both and
+ * bit 3 picks the half. */
+#include "device/cpu/cpu_qmatmul.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "device/quant.h"
+
+static inline float f16_scale(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline void store8(float *y, __m128i bytes8, __m256 d, int is_signed, int bias)
+{
+    __m256i v = is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8);
+    if (bias) v = _mm256_sub_epi32(v, _mm256_set1_epi32(bias));
+    _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(v), d));
+}
+
+static void q8_0(float *y, const uint8_t *blk, int64_t nblk)
+{
+    for (int64_t b = 0; b < nblk; b++, blk += 2 + AT_QK8_0, y += AT_QK8_0) {
+        __m256 d = _mm256_set1_ps(f16_scale(blk));
+        __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m128i q1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+        store8(y, q0, d, 1, 0);
+        store8(y + 8, _mm_srli_si128(q0, 8), d, 1, 0);
+        store8(y + 16, q1, d, 1, 0);
+        store8(y + 24, _mm_srli_si128(q1, 8), d, 1, 0);
+    }
+}
+
+static void q4_0(float *y, const uint8_t *blk, int64_t nblk)
+{
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t b = 0; b < nblk; b++, blk += 2 + AT_QK4_0 / 2, y += AT_QK4_0) {
+        __m256 d = _mm256_set1_ps(f16_scale(blk));
+        __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+        store8(y, lo, d, 0, 8);
+        store8(y + 8, _mm_srli_si128(lo, 8), d, 0, 8);
+        store8(y + 16, hi, d, 0, 8);
+        store8(y + 24, _mm_srli_si128(hi, 8), d, 0, 8);
+    }
+}
+
+/* code[idx] for 8 indices in 0..15 */
+static inline __m256 lookup16(__m256i idx, __m256 lut_lo, __m256 lut_hi)
+{
+    __m256 lo = _mm256_permutevar8x32_ps(lut_lo, idx), hi = _mm256_permutevar8x32_ps(lut_hi, idx);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+static void nf4(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
+{
+    const __m256 lut_lo = _mm256_loadu_ps(at_nf4_code), lut_hi = _mm256_loadu_ps(at_nf4_code + 8);
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t b = 0; b < nblk; b++, nib += AT_NF4_BLOCK / 2, y += AT_NF4_BLOCK) {
+        __m256 s = _mm256_set1_ps(absmax[b]);
+        for (int h = 0; h < 2; h++) {
+            /* byte i holds value 2i (high nibble) and 2i+1 (low nibble) */
+            __m128i v = _mm_loadu_si128((const __m128i *)(nib + 16 * h));
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4), lo = _mm_and_si128(v, m4);
+            __m128i i0 = _mm_unpacklo_epi8(hi, lo), i1 = _mm_unpackhi_epi8(hi, lo);
+            float *o = y + 32 * h;
+            _mm256_storeu_ps(o, _mm256_mul_ps(lookup16(_mm256_cvtepu8_epi32(i0), lut_lo, lut_hi), s));
+            _mm256_storeu_ps(o + 8,
+                             _mm256_mul_ps(lookup16(_mm256_cvtepu8_epi32(_mm_srli_si128(i0, 8)), lut_lo, lut_hi), s));
+            _mm256_storeu_ps(o + 16, _mm256_mul_ps(lookup16(_mm256_cvtepu8_epi32(i1), lut_lo, lut_hi), s));
+            _mm256_storeu_ps(o + 24,
+                             _mm256_mul_ps(lookup16(_mm256_cvtepu8_epi32(_mm_srli_si128(i1, 8)), lut_lo, lut_hi), s));
+        }
+    }
+}
+
+const at_cpu_qdeq at_cpu_qdeq_avx2 = {.name = "avx2", .q8_0 = q8_0, .q4_0 = q4_0, .nf4 = nf4};

@@ -1,0 +1,188 @@
+/* The export job (export_job.h). */
+#include "export/export_job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "device/cpu/cpu_backend.h"
+#include "export/export_files.h"
+#include "export/export_gguf.h"
+#include "export/export_hf.h"
+#include "export/merge.h"
+#include "model/adapter.h"
+#include "model/gguf.h"
+#include "model/loader.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+const char *at_export_gguf_file_name(const at_export_args *a, at_dtype resolved, char *buf, size_t len)
+{
+    int adapter_only = a->adapters && !a->merge_lora;
+    snprintf(buf, len, "%s-%s.gguf", adapter_only ? "adapter" : "model", at_dtype_name(resolved));
+    return buf;
+}
+
+/* The folder beside a file ("." for a bare name); a new string. */
+static char *dir_of(const char *path)
+{
+    char *d = strdup(path);
+    if (!d) return NULL;
+    char *slash = strrchr(d, '/');
+    if (!slash) {
+        free(d);
+        return strdup(".");
+    }
+    if (slash == d) slash[1] = '\0';
+    else *slash = '\0';
+    return d;
+}
+
+static int has_any(const char *dir, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *p = at_path_join(dir, names[i]);
+        int e = p && at_file_exists(p);
+        free(p);
+        if (e) return 1;
+    }
+    return 0;
+}
+
+/* The tokenizer for a GGUF export from a folder or llama2.c source: the one
+ * asked for, else the model folder's, else tokenizer.bin beside a llama2.c
+ * file. *tok stays NULL (with a warning) when there is none at all. */
+static at_status find_tokenizer(const at_export_args *a, const char *model_dir, at_tokenizer **tok, char **tdir)
+{
+    *tok = NULL;
+    *tdir = NULL;
+    if (a->tokenizer) {
+        AT_TRY(at_tokenizer_load(a->tokenizer, NULL, tok));
+        *tdir = at_is_dir(a->tokenizer) ? strdup(a->tokenizer) : dir_of(a->tokenizer);
+        return AT_OK;
+    }
+    static const char *const files[] = {"tokenizer.json", "vocab.json", "encoder.json", "tokenizer.bin"};
+    if (!has_any(model_dir, files, sizeof files / sizeof files[0])) {
+        at_log_warn("export: no tokenizer found in %s (pass --tokenizer)", model_dir);
+        return AT_OK;
+    }
+    at_status st = at_tokenizer_load(model_dir, NULL, tok);
+    if (st != AT_OK) return at_error_wrap(st, "export: the tokenizer in %s (pass --tokenizer to use another)", model_dir);
+    *tdir = strdup(model_dir);
+    return AT_OK;
+}
+
+at_status at_export_run(const at_export_args *a)
+{
+    if (!a->model) return at_error(AT_ERR_INVALID, "export: --model is required");
+    if (!a->output_dir) return at_error(AT_ERR_INVALID, "export: --output_dir is required");
+    const char *to = a->to ? a->to : "hf";
+    int gguf = !strcmp(to, "gguf");
+    if (!gguf && strcmp(to, "hf") != 0)
+        return at_error(AT_ERR_INVALID, "export: --to \"%s\": expected hf or gguf", to);
+    if (a->merge_lora && !a->adapters) return at_error(AT_ERR_INVALID, "export: --merge_lora needs --adapters");
+    if (!gguf && a->dtype != AT_DTYPE_COUNT && a->dtype != AT_F32 && a->dtype != AT_BF16 && a->dtype != AT_F16)
+        return at_error(AT_ERR_INVALID, "export: Hugging Face folders are f32, bf16 or f16 (q8_0/q4_0 are for GGUF)");
+
+    at_decoder_weights *w = NULL;
+    at_adapter *ad = NULL;
+    at_tokenizer *tok = NULL;
+    at_chat_template *ct = NULL;
+    at_gguf *src_gguf = NULL;
+    char *model_dir = NULL, *tdir = NULL, *staging = NULL, *path = NULL;
+    at_status st;
+    int is_dir = at_is_dir(a->model);
+    model_dir = is_dir ? strdup(a->model) : dir_of(a->model);
+    if (!model_dir) return at_error(AT_ERR_NOMEM, "export: out of memory");
+
+    at_load_options lo = at_load_options_default();
+    lo.backend = at_cpu_backend();
+    /* An HF export in an asked-for float type loads the weights in that type,
+     * so a merge is rounded once, into the type that is stored. */
+    lo.dtype = !gguf && (a->dtype == AT_F32 || a->dtype == AT_BF16 || a->dtype == AT_F16) ? a->dtype
+                                                                                        : AT_LOAD_KEEP_DTYPE;
+    AT_CHECK(at_decoder_weights_load(a->model, &lo, &w));
+    if (a->adapters) {
+        st = at_adapter_load(a->adapters, &w->cfg, at_cpu_backend(), &ad);
+        if (st != AT_OK) {
+            at_error_wrap(st, "export: --adapters %s", a->adapters);
+            goto done;
+        }
+    }
+
+    if (!gguf) {
+        if (ad && !a->merge_lora) {
+            AT_CHECK(at_export_peft(ad, a->output_dir, a->overwrite));
+            at_log_info("export: adapter written in PEFT format to %s", a->output_dir);
+            goto done;
+        }
+        if (ad) AT_CHECK(at_merge_lora(w, ad));
+        at_export_hf_opts ho = {
+            .dtype = a->dtype,
+            .max_shard_size = a->max_shard_size,
+            .source_dir = is_dir ? a->model : NULL,
+            .tokenizer_dir = a->tokenizer ? (at_is_dir(a->tokenizer) ? a->tokenizer : NULL) : model_dir,
+            .overwrite = a->overwrite,
+            .progress = a->progress,
+        };
+        AT_CHECK(at_export_hf(w, a->output_dir, &ho));
+        goto done;
+    }
+
+    /* GGUF */
+    at_dtype q = a->dtype;
+    if (ad && !a->merge_lora) {
+        if (q == AT_DTYPE_COUNT) q = AT_F32;
+    } else if (q == AT_DTYPE_COUNT) {
+        q = w->cfg.has_dtype ? w->cfg.dtype : w->layers[0].wq->dtype;
+        if (q != AT_BF16 && q != AT_F16) q = AT_F32;
+    }
+    char fname[64];
+    at_export_gguf_file_name(a, q, fname, sizeof fname);
+    AT_CHECK(at_export_begin(a->output_dir, a->overwrite, &staging));
+    if (!(path = at_path_join(staging, fname))) {
+        st = at_error(AT_ERR_NOMEM, "export: out of memory");
+        goto done;
+    }
+    if (ad && !a->merge_lora) {
+        AT_CHECK(at_export_gguf_adapter(ad, &w->cfg, path, q));
+    } else {
+        if (ad) AT_CHECK(at_merge_lora(w, ad));
+        at_export_gguf_opts go = {.quant = q, .progress = a->progress};
+        int src_is_gguf = !is_dir && at_gguf_open(a->model, &src_gguf) == AT_OK;
+        at_clear_error();
+        if (src_is_gguf && !a->tokenizer) {
+            go.tok_gguf = src_gguf;
+        } else {
+            AT_CHECK(find_tokenizer(a, model_dir, &tok, &tdir));
+            go.tok = tok;
+            if (tdir) {
+                at_status cs = at_chat_template_load(tdir, NULL, NULL, &ct);
+                if (cs == AT_OK) go.chat_template = at_chat_template_source(ct);
+                else if (cs != AT_ERR_NOT_FOUND) at_log_warn("export: chat template of %s: %s", tdir, at_last_error());
+                at_clear_error();
+            }
+        }
+        const char *slash = strrchr(a->model, '/');
+        char name[128];
+        snprintf(name, sizeof name, "%s", slash && slash[1] ? slash + 1 : a->model);
+        go.name = name;
+        AT_CHECK(at_export_gguf_model(w, path, &go));
+    }
+    AT_CHECK(at_export_commit(staging, a->output_dir));
+    at_log_info("export: wrote %s/%s", a->output_dir, fname);
+done:
+    if (st != AT_OK) at_export_abort(staging);
+    free(staging);
+    free(path);
+    free(model_dir);
+    free(tdir);
+    at_chat_template_free(ct);
+    at_tokenizer_free(tok);
+    at_gguf_close(src_gguf);
+    at_adapter_free(ad);
+    at_decoder_weights_free(w);
+    return st;
+}

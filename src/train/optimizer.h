@@ -1,0 +1,42 @@
+/* AdamW over a list of trainable tensors, with the global gradient norm,
+ * clipping, and its state in a checkpoint (trainer_state.safetensors). */
+#ifndef AT_TRAIN_OPTIMIZER_H
+#define AT_TRAIN_OPTIMIZER_H
+
+#include <stdint.h>
+#include "base/status.h"
+#include "device/tensor.h"
+#include "model/decoder.h"
+
+typedef struct {
+    double beta1, beta2, eps, weight_decay, max_grad_norm; /* max_grad_norm 0: no clipping */
+} at_adamw_config;
+
+typedef struct {
+    at_adamw_config cfg;
+    int n;
+    at_param_grad *params; /* not owned tensors (the decoder's and the gradients') */
+    at_tensor **m, **v;    /* f32 moments, owned */
+    at_tensor *sumsq;      /* f32 [1] scratch */
+    int64_t step;          /* updates done */
+} at_optimizer;
+
+/* Zeroed moments for every trainable of d under g. Free with at_optimizer_free. */
+at_status at_optimizer_init(at_optimizer *o, at_decoder *d, const at_decoder_grads *g, const at_adamw_config *cfg);
+void at_optimizer_free(at_optimizer *o);
+
+/* sqrt(Σ over every gradient of Σ g²) (computed in double across tensors). */
+at_status at_optimizer_grad_norm(at_optimizer *o, double *norm);
+
+/* One update at learning rate lr: gradients multiplied by clip first, where
+ * clip = min(1, max_grad_norm / (norm + 1e-6)) as torch's clip_grad_norm_. */
+at_status at_optimizer_step(at_optimizer *o, double lr, double grad_norm);
+
+/* Moments and step into / from a safetensors file ("exp_avg.<param name>",
+ * "exp_avg_sq.<param name>", metadata "optimizer_step"); meta_kv holds n_meta
+ * more key, value string pairs written into the metadata (read them back with
+ * the safetensors reader). */
+at_status at_optimizer_save(const at_optimizer *o, const char *path, const char *const *meta_kv, int n_meta);
+at_status at_optimizer_load(at_optimizer *o, const char *path);
+
+#endif

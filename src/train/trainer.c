@@ -1,0 +1,816 @@
+#include "train/trainer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include "base/file.h"
+#include "base/json.h"
+#include "base/log.h"
+#include "base/progress.h"
+#include "data/batch.h"
+#include "data/dataset.h"
+#include "device/registry.h"
+#include "model/adapter.h"
+#include "model/decoder.h"
+#include "model/loader.h"
+#include "model/safetensors.h"
+#include "ops/ops.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "train/optimizer.h"
+#include "train/plot.h"
+#include "train/preview.h"
+#include "train/run_files.h"
+#include "train/text_pipeline.h"
+
+void at_train_args_defaults(at_train_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->lora_rank = 8;
+    a->lora_alpha = 32;
+    a->lora_dropout = 0.05;
+    a->target_mask = (1u << AT_MOD_COUNT) - 1;
+    a->max_length = 2048;
+    a->truncation = AT_TRUNCATE_DELETE;
+    a->gradient_checkpointing = 1;
+    a->batch_size = 1;
+    a->grad_accum = 1;
+    a->learning_rate = 1e-4;
+    a->num_train_epochs = 3;
+    a->scheduler = AT_SCHED_COSINE;
+    a->adam_beta1 = 0.9;
+    a->adam_beta2 = 0.999;
+    a->adam_epsilon = 1e-8;
+    a->max_grad_norm = 1.0;
+    a->logging_steps = 5;
+    a->save_steps = 500;
+    a->output_dir = "output";
+    a->seed = 42;
+    a->max_nonfinite_steps = 5;
+    a->preview_max_tokens = 48;
+}
+
+/* Everything a run holds; released by trainer_free on every path. */
+typedef struct {
+    const at_train_args *a;
+    at_backend *be;
+    at_decoder *dec;
+    at_adapter *adapter;
+    at_decoder_grads *grads;
+    at_optimizer opt;
+    int opt_ready;
+    at_tokenizer *tok;
+    at_chat_template *tmpl;
+    at_text_pipeline pipe;
+    int pipe_ready;
+    at_dataset *ds, *val_ds;
+    at_encoded *train, *val;
+    size_t n_train, n_val;
+    size_t *train_len, *val_len;
+    at_decoder_acts *acts;
+    char *run_dir;
+    FILE *log;
+    int64_t steps_per_epoch, total_steps, n_batches;
+    int64_t tokens_seen;  /* input tokens trained on so far (kept across a resume) */
+    /* the current epoch's batch plan */
+    at_batch_plan plan;
+    int64_t plan_epoch;
+    /* history for the SVG */
+    int64_t *hist_step, *eval_step;
+    double *hist_loss, *hist_lr, *eval_loss;
+    int n_hist, cap_hist, n_eval, cap_eval;
+} trainer;
+
+static void free_encoded(at_encoded *e, size_t n)
+{
+    for (size_t i = 0; e && i < n; i++) at_encoded_free(&e[i]);
+    free(e);
+}
+
+static void trainer_free(trainer *t)
+{
+    at_decoder_acts_free(t->acts);
+    if (t->opt_ready) at_optimizer_free(&t->opt);
+    at_decoder_grads_free(t->grads);
+    if (t->dec) at_decoder_set_adapter(t->dec, NULL);
+    at_adapter_free(t->adapter);
+    at_decoder_free(t->dec);
+    if (t->pipe_ready) at_text_pipeline_free(&t->pipe);
+    at_chat_template_free(t->tmpl);
+    at_tokenizer_free(t->tok);
+    free_encoded(t->train, t->n_train);
+    free_encoded(t->val, t->n_val);
+    free(t->train_len);
+    free(t->val_len);
+    at_dataset_free(t->ds);
+    at_dataset_free(t->val_ds);
+    if (t->plan.batch_start) at_batch_plan_free(&t->plan);
+    if (t->log) fclose(t->log);
+    free(t->run_dir);
+    free(t->hist_step);
+    free(t->hist_loss);
+    free(t->hist_lr);
+    free(t->eval_step);
+    free(t->eval_loss);
+}
+
+static double peak_rss_mb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+/* ---- model, text, data ---- */
+
+static at_status load_model(trainer *t)
+{
+    const at_train_args *a = t->a;
+    AT_TRY(at_device_select(a->device, &t->be));
+    at_load_options lo = at_load_options_default();
+    lo.backend = t->be;
+    /* Trainable weights are f32 (DESIGN.md); frozen ones keep their format or --torch_dtype. */
+    if (a->full) {
+        lo.dtype = AT_F32;
+        lo.writable = 1;
+    }
+    else if (a->has_dtype) lo.dtype = a->dtype;
+    AT_TRY(at_decoder_load(a->model, &lo, &t->dec));
+    at_tokenizer_opts to = {0};
+    AT_TRY(at_tokenizer_load(a->model, &to, &t->tok));
+    if (a->template_name && strcmp(a->template_name, "none") != 0) {
+        AT_TRY(at_chat_template_builtin(a->template_name, NULL, &t->tmpl));
+    } else if (!a->template_name) {
+        at_status st = at_chat_template_load(a->model, NULL, NULL, &t->tmpl);
+        if (st != AT_OK && st != AT_ERR_NOT_FOUND) return st;
+        if (st == AT_ERR_NOT_FOUND) at_log_info("%s has no chat template: conversations need --template", a->model);
+    }
+    AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
+    t->pipe_ready = 1;
+    return AT_OK;
+}
+
+/* Adds BOS/EOS around a pre-training text so documents stay apart. */
+static at_status frame_text(const at_tokenizer *tok, at_encoded *e)
+{
+    int32_t bos = at_tokenizer_bos(tok), eos = at_tokenizer_eos(tok);
+    size_t extra = (bos >= 0) + (eos >= 0);
+    if (!extra) return AT_OK;
+    int32_t *ids = malloc((e->n + extra) * sizeof *ids), *labels = malloc((e->n + extra) * sizeof *labels);
+    if (!ids || !labels) {
+        free(ids);
+        free(labels);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    size_t k = 0;
+    if (bos >= 0) ids[k] = bos, labels[k++] = AT_IGNORE_INDEX;
+    memcpy(ids + k, e->ids, e->n * sizeof *ids);
+    memcpy(labels + k, e->labels, e->n * sizeof *labels);
+    k += e->n;
+    if (eos >= 0) ids[k] = eos, labels[k++] = eos;
+    free(e->ids);
+    free(e->labels);
+    e->ids = ids;
+    e->labels = labels;
+    e->n = k;
+    return AT_OK;
+}
+
+static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded **out, size_t **lens, size_t *n_out,
+                             const char *what)
+{
+    const at_train_args *a = t->a;
+    at_encoder enc;
+    at_text_pipeline_encoder(&t->pipe, &enc);
+    enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
+    enc.truncation = a->truncation;
+    at_encoded *e = calloc(list->n ? list->n : 1, sizeof *e);
+    size_t *len = calloc(list->n ? list->n : 1, sizeof *len);
+    if (!e || !len) {
+        free(e);
+        free(len);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    size_t n = 0, dropped = 0, failed = 0, no_labels = 0;
+    at_status st = AT_OK;
+    for (size_t i = 0; i < list->n; i++) {
+        const at_sample *s = list->items[i];
+        int drop = 0;
+        if (s->kind == AT_SAMPLE_PREFERENCE) {
+            st = at_error(AT_ERR_INVALID, "%s:%d: a preference pair; sft and pt take conversations or texts",
+                          s->source, s->line);
+        } else {
+            st = at_encode_sample(&enc, s, &e[n], &drop);
+        }
+        if (st == AT_OK && !drop && s->kind == AT_SAMPLE_TEXT) st = frame_text(t->tok, &e[n]);
+        if (st != AT_OK) {
+            if (a->strict) break;
+            if (failed++ < 5) at_log_warn("skipping a sample: %s", at_last_error());
+            at_encoded_free(&e[n]);
+            st = AT_OK;
+            continue;
+        }
+        if (drop) {
+            dropped++;
+            continue;
+        }
+        int any = 0;
+        for (size_t k = 1; k < e[n].n && !any; k++) any = e[n].labels[k] != AT_IGNORE_INDEX;
+        if (!any) {
+            no_labels++;
+            at_encoded_free(&e[n]);
+            continue;
+        }
+        len[n] = e[n].n;
+        n++;
+    }
+    if (st != AT_OK) {
+        free_encoded(e, n);
+        free(len);
+        return st;
+    }
+    at_log_info("%s: %zu samples encoded (%zu longer than --max_length %d dropped, %zu failed, %zu without "
+                "trained tokens)", what, n, dropped, a->max_length, failed, no_labels);
+    *out = e;
+    *lens = len;
+    *n_out = n;
+    return AT_OK;
+}
+
+static at_status load_data(trainer *t)
+{
+    const at_train_args *a = t->a;
+    at_dataset_options o = {0};
+    o.seed = a->seed;
+    o.strict = a->strict;
+    o.split_ratio = a->n_val_datasets ? 0 : a->split_dataset_ratio;
+    o.model_name = a->model_name;
+    o.model_author = a->model_author;
+    if (a->pt) o.format = AT_FORMAT_TEXT;
+    AT_TRY(at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds));
+    at_log_info("%s", t->ds->summary);
+    if (a->n_val_datasets) {
+        o.split_ratio = 0;
+        AT_TRY(at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds));
+    }
+    AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
+    const at_sample_list *vl = t->val_ds ? &t->val_ds->train : &t->ds->val;
+    if (vl->n) AT_TRY(encode_list(t, vl, &t->val, &t->val_len, &t->n_val, "eval"));
+    if (t->n_train == 0) return at_error(AT_ERR_INVALID, "no training sample left after encoding (see the warnings above)");
+    return AT_OK;
+}
+
+/* ---- batches and steps ---- */
+
+static at_batch_options batch_options(const trainer *t, int64_t epoch)
+{
+    at_batch_options o = {0};
+    o.batch_size = (size_t)t->a->batch_size;
+    o.packing_length = t->a->packing ? (size_t)t->a->max_length : 0;
+    o.group_by_length = t->a->group_by_length && !t->a->packing;
+    o.shuffle = 1;
+    o.seed = t->a->seed + (uint64_t)epoch * 1000003u;
+    return o;
+}
+
+static at_status plan_epoch(trainer *t, int64_t epoch)
+{
+    if (t->plan.batch_start && t->plan_epoch == epoch) return AT_OK;
+    if (t->plan.batch_start) at_batch_plan_free(&t->plan);
+    memset(&t->plan, 0, sizeof t->plan);
+    at_batch_options o = batch_options(t, epoch);
+    AT_TRY(at_batch_plan_make(t->train_len, t->n_train, &o, &t->plan));
+    t->plan_epoch = epoch;
+    return AT_OK;
+}
+
+/* Targets of a batch: positions whose next token is supervised and belongs to
+ * the same sample (the rule of at_decoder_loss). */
+static int64_t count_targets(const at_batch *b)
+{
+    int64_t n = 0;
+    for (size_t r = 0; r < b->rows; r++)
+        for (size_t c = 0; c + 1 < b->cols; c++) {
+            size_t i = r * b->cols + c;
+            if (b->labels[i + 1] == AT_IGNORE_INDEX) continue;
+            if (b->segments && b->segments[i + 1] != b->segments[i]) continue;
+            n++;
+        }
+    return n;
+}
+
+typedef struct {
+    at_tensor *ids, *pos, *seg, *labels;
+} batch_tensors;
+
+static void batch_tensors_free(batch_tensors *bt)
+{
+    at_tensor_free(bt->ids);
+    at_tensor_free(bt->pos);
+    at_tensor_free(bt->seg);
+    at_tensor_free(bt->labels);
+    memset(bt, 0, sizeof *bt);
+}
+
+static at_status upload_i32(at_backend *be, const int32_t *host, size_t rows, size_t cols, const char *name,
+                            at_tensor **out)
+{
+    int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
+    AT_TRY(at_tensor_new(be, AT_I32, 2, shape, name, out));
+    return at_tensor_upload(*out, host, rows * cols * sizeof(int32_t));
+}
+
+static at_status upload_batch(trainer *t, const at_batch *b, batch_tensors *bt)
+{
+    memset(bt, 0, sizeof *bt);
+    at_status st = upload_i32(t->be, b->ids, b->rows, b->cols, "input_ids", &bt->ids);
+    if (st == AT_OK) st = upload_i32(t->be, b->positions, b->rows, b->cols, "position_ids", &bt->pos);
+    if (st == AT_OK && t->a->packing) st = upload_i32(t->be, b->segments, b->rows, b->cols, "segment_ids", &bt->seg);
+    if (st == AT_OK) st = upload_i32(t->be, b->labels, b->rows, b->cols, "labels", &bt->labels);
+    if (st != AT_OK) batch_tensors_free(bt);
+    return st;
+}
+
+static at_status ensure_acts(trainer *t, int B, int T, unsigned flags)
+{
+    if (t->acts && t->acts->B == B && t->acts->T == T && t->acts->flags == flags) return AT_OK;
+    at_decoder_acts_free(t->acts);
+    t->acts = NULL;
+    return at_decoder_acts_new_ex(t->dec, B, T, flags, &t->acts);
+}
+
+/* Loss of the validation samples, token-weighted, no gradients. */
+static at_status evaluate(trainer *t, double *eval_loss)
+{
+    at_batch_options o = batch_options(t, 0);
+    o.shuffle = 0;
+    at_batch_plan plan = {0};
+    AT_TRY(at_batch_plan_make(t->val_len, t->n_val, &o, &plan));
+    double sum = 0;
+    int64_t n = 0;
+    at_status st = AT_OK;
+    for (size_t b = 0; b < plan.n_batches && st == AT_OK; b++) {
+        at_batch batch = {0};
+        batch_tensors bt = {0};
+        st = at_batch_build(&plan, b, t->val, t->n_val, 0, &batch);
+        if (st == AT_OK) st = upload_batch(t, &batch, &bt);
+        if (st == AT_OK) st = ensure_acts(t, (int)batch.rows, (int)batch.cols, AT_ACTS_TRAIN);
+        if (st == AT_OK) st = at_decoder_forward(t->dec, t->acts, bt.ids, bt.pos, bt.seg);
+        at_loss_stats stats = {0};
+        if (st == AT_OK) st = at_decoder_loss(t->dec, t->acts, bt.labels, 1.0f, NULL, &stats);
+        sum += stats.loss_sum;
+        n += stats.n_targets;
+        batch_tensors_free(&bt);
+        at_batch_free(&batch);
+    }
+    at_batch_plan_free(&plan);
+    *eval_loss = n ? sum / (double)n : NAN;
+    return st;
+}
+
+/* ---- logging, checkpoints ---- */
+
+static at_status push_hist(int64_t **steps, double **a, double **b, int *n, int *cap, int64_t s, double va, double vb)
+{
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        int64_t *ns = realloc(*steps, (size_t)nc * sizeof *ns);
+        if (!ns) return at_error(AT_ERR_NOMEM, "out of memory");
+        *steps = ns;
+        double *na = realloc(*a, (size_t)nc * sizeof *na);
+        if (!na) return at_error(AT_ERR_NOMEM, "out of memory");
+        *a = na;
+        if (b) {
+            double *nb = realloc(*b, (size_t)nc * sizeof *nb);
+            if (!nb) return at_error(AT_ERR_NOMEM, "out of memory");
+            *b = nb;
+        }
+        *cap = nc;
+    }
+    (*steps)[*n] = s;
+    (*a)[*n] = va;
+    if (b) (*b)[*n] = vb;
+    (*n)++;
+    return AT_OK;
+}
+
+static at_status log_line(trainer *t, cJSON *obj)
+{
+    char *s = cJSON_PrintUnformatted(obj);
+    if (!s) return at_error(AT_ERR_NOMEM, "out of memory");
+    fprintf(t->log, "%s\n", s);
+    free(s);
+    if (fflush(t->log) != 0) return at_error(AT_ERR_IO, "%s/logging.jsonl: write failed: %s", t->run_dir, strerror(errno));
+    return AT_OK;
+}
+
+static at_status save_checkpoint(trainer *t, int64_t step)
+{
+    char *dir = NULL;
+    AT_TRY(at_ckpt_begin(t->run_dir, step, &dir));
+    at_status st = AT_OK;
+    if (t->a->full) {
+        /* every weight, under its Hugging Face name, with the config beside */
+        int n = at_decoder_trainables(t->dec, t->grads, NULL, 0);
+        at_param_grad *pg = calloc((size_t)n, sizeof *pg);
+        const at_tensor **ts = calloc((size_t)n, sizeof *ts);
+        char *cfg = NULL;
+        if (!pg || !ts) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+        } else {
+            at_decoder_trainables(t->dec, t->grads, pg, n);
+            for (int i = 0; i < n; i++) ts[i] = pg[i].param;
+            char *p = at_path_join(dir, "model.safetensors");
+            st = at_safetensors_write(p, (const at_tensor *const *)ts, NULL, (size_t)n, NULL, 0);
+            free(p);
+            if (st == AT_OK) st = at_model_config_to_json(&t->dec->cfg, &cfg);
+            if (st == AT_OK) {
+                p = at_path_join(dir, "config.json");
+                st = at_write_file_atomic(p, cfg, strlen(cfg));
+                free(p);
+            }
+        }
+        free(cfg);
+        free(pg);
+        free((void *)ts);
+    } else {
+        st = at_adapter_save(t->adapter, dir);
+    }
+    if (st == AT_OK) {
+        char *p = at_path_join(dir, "trainer_state.safetensors");
+        char sstep[32], sseed[32], stok[32];
+        snprintf(sstep, sizeof sstep, "%lld", (long long)step);
+        snprintf(sseed, sizeof sseed, "%llu", (unsigned long long)t->a->seed);
+        snprintf(stok, sizeof stok, "%lld", (long long)t->tokens_seen);
+        const char *meta[] = {"global_step", sstep, "seed", sseed, "train_type", t->a->full ? "full" : "lora",
+                              "tokens_seen", stok};
+        st = at_optimizer_save(&t->opt, p, meta, 4);
+        free(p);
+    }
+    if (st == AT_OK) st = at_ckpt_commit(t->run_dir, step, dir);
+    if (st == AT_OK) st = at_ckpt_prune(t->run_dir, t->a->save_total_limit);
+    free(dir);
+    return st;
+}
+
+/* The checkpoint to resume from: a folder, or "last" = the newest complete
+ * checkpoint of the newest run under output_dir. *run_dir is its parent. */
+static at_status find_resume(const at_train_args *a, char **ckpt, char **run_dir)
+{
+    *ckpt = NULL;
+    *run_dir = NULL;
+    if (strcmp(a->resume_from_checkpoint, "last") != 0) {
+        AT_TRY(at_ckpt_verify(a->resume_from_checkpoint));
+        *ckpt = strdup(a->resume_from_checkpoint);
+        *run_dir = strdup(a->resume_from_checkpoint);
+        if (!*ckpt || !*run_dir) return at_error(AT_ERR_NOMEM, "out of memory");
+        char *slash = strrchr(*run_dir, '/');
+        size_t l = strlen(*run_dir);
+        while (slash && slash[1] == '\0' && l > 1) { /* trailing '/' */
+            (*run_dir)[--l] = '\0';
+            slash = strrchr(*run_dir, '/');
+        }
+        if (slash) *slash = '\0';
+        else strcpy(*run_dir, ".");
+        return AT_OK;
+    }
+    /* newest run folder first (v<N>- with the highest N) */
+    char cmd_dir[1024];
+    snprintf(cmd_dir, sizeof cmd_dir, "%s", a->output_dir);
+    long best = -1;
+    char best_name[256] = {0};
+    DIR *d = opendir(cmd_dir);
+    if (!d) return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint last: %s: no runs (%s)", cmd_dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        if (e->d_name[0] != 'v') continue;
+        long n = strtol(e->d_name + 1, &end, 10);
+        if (end == e->d_name + 1 || *end != '-') continue;
+        char *rd = at_path_join(cmd_dir, e->d_name);
+        char *ck = NULL;
+        int64_t step;
+        if (rd && at_ckpt_find_last(rd, &ck, &step) == AT_OK && n > best) {
+            best = n;
+            snprintf(best_name, sizeof best_name, "%s", e->d_name);
+        }
+        free(ck);
+        free(rd);
+    }
+    closedir(d);
+    if (best < 0) return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint last: no complete checkpoint under %s", cmd_dir);
+    *run_dir = at_path_join(cmd_dir, best_name);
+    int64_t step;
+    return at_ckpt_find_last(*run_dir, ckpt, &step);
+}
+
+/* Keeps the lines of logging.jsonl up to `step` (a resumed run rewrites what came after). */
+static at_status truncate_log(const char *path, int64_t step)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (at_read_file(path, &text, &len) != AT_OK) return AT_OK; /* no log yet */
+    size_t keep = 0;
+    for (char *line = text; line < text + len;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        if (!nl) break; /* a torn last line (the crash) is dropped */
+        cJSON *j = cJSON_ParseWithLength(line, (size_t)(nl - line));
+        const cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+        int ok = s && cJSON_IsNumber(s) && s->valuedouble <= (double)step;
+        cJSON_Delete(j);
+        if (!ok) break;
+        keep = (size_t)(nl + 1 - text);
+        line = nl + 1;
+    }
+    at_status st = at_write_file_atomic(path, text, keep);
+    free(text);
+    return st;
+}
+
+static at_status resume(trainer *t, int64_t *start_step)
+{
+    char *ckpt = NULL, *run_dir = NULL;
+    at_status st = find_resume(t->a, &ckpt, &run_dir);
+    if (st != AT_OK) goto done;
+    char *state = at_path_join(ckpt, "trainer_state.safetensors");
+    at_st_file *f = NULL;
+    st = at_st_open(state, &f);
+    if (st == AT_OK) {
+        const char *gs = at_st_metadata(f, "global_step");
+        const char *tt = at_st_metadata(f, "train_type");
+        if (!gs) st = at_error(AT_ERR_FORMAT, "%s: no global_step", state);
+        else if (tt && strcmp(tt, t->a->full ? "full" : "lora") != 0)
+            st = at_error(AT_ERR_INVALID, "%s was written by a %s run; this run is --train_type %s", ckpt, tt,
+                          t->a->full ? "full" : "lora");
+        else *start_step = strtoll(gs, NULL, 10);
+        const char *ts = at_st_metadata(f, "tokens_seen");
+        if (ts) t->tokens_seen = strtoll(ts, NULL, 10);
+        at_st_close(f);
+    }
+    if (st == AT_OK && !t->a->full) {
+        at_adapter *ad = NULL;
+        st = at_adapter_load(ckpt, &t->dec->cfg, t->be, &ad);
+        if (st == AT_OK) {
+            at_decoder_set_adapter(t->dec, NULL);
+            for (size_t i = 0; i < (size_t)ad->n_layers * AT_MOD_COUNT; i++) {
+                if (!ad->mods[i].A || !t->adapter->mods[i].A) continue;
+                st = at_cast(t->adapter->mods[i].A, ad->mods[i].A);
+                if (st == AT_OK) st = at_cast(t->adapter->mods[i].B, ad->mods[i].B);
+                if (st != AT_OK) break;
+            }
+            at_adapter_free(ad);
+            if (st == AT_OK) st = at_decoder_set_adapter(t->dec, t->adapter);
+        }
+    } else if (st == AT_OK) {
+        char *p = at_path_join(ckpt, "model.safetensors");
+        at_st_model *m = NULL;
+        st = at_st_model_open(p, &m);
+        free(p);
+        for (int i = 0; st == AT_OK && i < t->opt.n; i++) {
+            at_tensor *src = NULL, *dst = t->opt.params[i].param;
+            st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
+            if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
+            at_tensor_free(src);
+        }
+        at_st_model_close(m);
+    }
+    if (st == AT_OK) st = at_optimizer_load(&t->opt, state);
+    free(state);
+    if (st != AT_OK) goto done;
+    t->run_dir = run_dir;
+    run_dir = NULL;
+    char *logp = at_path_join(t->run_dir, "logging.jsonl");
+    st = truncate_log(logp, *start_step);
+    free(logp);
+    at_log_info("resuming from %s at step %lld", ckpt, (long long)*start_step);
+done:
+    free(ckpt);
+    free(run_dir);
+    return st;
+}
+
+/* ---- the loop ---- */
+
+static uint64_t dropout_seed(const trainer *t, int64_t step, int micro)
+{
+    return t->a->seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)step << 16) ^ (uint64_t)micro;
+}
+
+static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
+{
+    const at_train_args *a = t->a;
+    at_schedule sched = {a->scheduler, a->learning_rate,
+                         at_schedule_warmup_steps(a->warmup_steps, a->warmup_ratio, t->total_steps), t->total_steps};
+    unsigned flags = AT_ACTS_TRAIN | (a->gradient_checkpointing ? AT_ACTS_CHECKPOINT : 0);
+    at_progress bar;
+    at_progress_start(&bar, "train", t->total_steps, stderr);
+    at_progress_update(&bar, start_step, NULL);
+    double interval_loss = 0, t0 = at_now_seconds(), interval_t0 = t0;
+    int interval_steps = 0, nonfinite = 0;
+    int64_t interval_tokens = 0, tokens_run = 0;
+    at_status st = AT_OK;
+    res->first_loss = NAN;
+    /* ANYTUNE_DEBUG_KILL_AFTER_STEP=N: the process kills itself (SIGKILL) right
+     * after step N, as a crash would; the resume tests use it. */
+    const char *ks = getenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
+    int64_t kill_after = ks ? strtoll(ks, NULL, 10) : 0;
+    for (int64_t step = start_step; step < t->total_steps && st == AT_OK; step++) {
+        int64_t epoch = step / t->steps_per_epoch;
+        AT_TRY(plan_epoch(t, epoch));
+        int64_t first = (step % t->steps_per_epoch) * a->grad_accum;
+        int64_t last = first + a->grad_accum;
+        if (last > (int64_t)t->plan.n_batches) last = (int64_t)t->plan.n_batches;
+        /* the batches of this step, and their supervised tokens */
+        int nmicro = (int)(last - first);
+        at_batch *batches = calloc((size_t)nmicro, sizeof *batches);
+        if (!batches) return at_error(AT_ERR_NOMEM, "out of memory");
+        int64_t targets = 0, tokens = 0;
+        for (int m = 0; m < nmicro && st == AT_OK; m++) {
+            st = at_batch_build(&t->plan, (size_t)(first + m), t->train, t->n_train,
+                                at_tokenizer_pad(t->tok) >= 0 ? at_tokenizer_pad(t->tok) : 0, &batches[m]);
+            if (st != AT_OK) break;
+            targets += count_targets(&batches[m]);
+            for (size_t r = 0; r < batches[m].rows; r++) tokens += batches[m].lengths[r];
+        }
+        double loss_sum = 0;
+        for (int m = 0; m < nmicro && st == AT_OK && targets > 0; m++) {
+            batch_tensors bt;
+            st = upload_batch(t, &batches[m], &bt);
+            if (st == AT_OK) st = ensure_acts(t, (int)batches[m].rows, (int)batches[m].cols, flags);
+            at_loss_stats stats = {0};
+            if (st == AT_OK)
+                st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
+                                                 (float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step, m),
+                                                 (float)(1.0 / (double)targets), t->grads, &stats);
+            loss_sum += stats.loss_sum;
+            batch_tensors_free(&bt);
+        }
+        for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
+        free(batches);
+        if (st != AT_OK) break;
+        double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
+        AT_TRY(at_optimizer_grad_norm(&t->opt, &norm));
+        double lr = at_schedule_lr(&sched, step);
+        cJSON *line = cJSON_CreateObject();
+        if (!isfinite(loss) || !isfinite(norm)) {
+            nonfinite++;
+            at_log_warn("step %lld: %s (loss %g, grad norm %g): update skipped", (long long)step + 1,
+                        targets ? "non-finite loss or gradient" : "no supervised token", loss, norm);
+            cJSON_AddNumberToObject(line, "step", (double)(step + 1));
+            cJSON_AddBoolToObject(line, "skipped", 1);
+            cJSON_AddStringToObject(line, "reason", targets ? "non-finite" : "no supervised token");
+            st = log_line(t, line);
+            cJSON_Delete(line);
+            if (st == AT_OK) st = at_decoder_grads_zero(t->grads);
+            if (st == AT_OK && nonfinite >= a->max_nonfinite_steps)
+                st = at_error(AT_ERR_INVALID,
+                              "stopping: %d steps in a row had a non-finite loss or gradient (lower the learning "
+                              "rate, or check the data); the last good checkpoint is in %s",
+                              nonfinite, t->run_dir);
+            continue;
+        }
+        nonfinite = 0;
+        AT_TRY(at_optimizer_step(&t->opt, lr, norm));
+        AT_TRY(at_decoder_grads_zero(t->grads));
+        if (isnan(res->first_loss)) res->first_loss = loss;
+        res->last_loss = loss;
+        interval_loss += loss;
+        interval_steps++;
+        interval_tokens += tokens;
+        tokens_run += tokens;
+        t->tokens_seen += tokens;
+        int64_t done = step + 1;
+        int log_now = done % a->logging_steps == 0 || done == t->total_steps || done == 1;
+        if (log_now) {
+            double now = at_now_seconds();
+            double tps = (double)interval_tokens / (now - interval_t0 > 1e-9 ? now - interval_t0 : 1e-9);
+            cJSON_AddNumberToObject(line, "step", (double)done);
+            cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
+            cJSON_AddNumberToObject(line, "loss", interval_loss / interval_steps);
+            cJSON_AddNumberToObject(line, "grad_norm", norm);
+            cJSON_AddNumberToObject(line, "lr", lr);
+            cJSON_AddNumberToObject(line, "tokens", (double)t->tokens_seen);
+            cJSON_AddNumberToObject(line, "tokens_per_s", round(tps * 10) / 10);
+            cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
+            AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
+                             interval_loss / interval_steps, lr));
+            interval_loss = 0;
+            interval_steps = 0;
+            interval_tokens = 0;
+            interval_t0 = now;
+        }
+        if (t->n_val && ((a->eval_steps > 0 && done % a->eval_steps == 0) || done == t->total_steps)) {
+            double el = NAN;
+            AT_TRY(evaluate(t, &el));
+            if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
+            cJSON_AddNumberToObject(line, "eval_loss", el);
+            AT_TRY(push_hist(&t->eval_step, &t->eval_loss, NULL, &t->n_eval, &t->cap_eval, done, el, 0));
+        }
+        if (cJSON_GetObjectItem(line, "step")) st = log_line(t, line);
+        cJSON_Delete(line);
+        char status[160];
+        snprintf(status, sizeof status, "loss %.4f lr %.2e %.0f tok/s mem %.0f MB", loss, lr,
+                 (double)tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
+        at_progress_update(&bar, done, status);
+        if (st == AT_OK && ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps))
+            st = save_checkpoint(t, done);
+        res->steps_done = done;
+        if (kill_after > 0 && done == kill_after) raise(SIGKILL); /* crash tests: die between checkpoints */
+    }
+    at_progress_finish(&bar, NULL);
+    res->train_seconds = at_now_seconds() - t0;
+    return st;
+}
+
+at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
+{
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.a = a;
+    memset(res, 0, sizeof *res);
+    if (!out) out = stdout;
+    at_status st = AT_OK;
+    if (!a->model) return at_error(AT_ERR_INVALID, "--model is required");
+    if (a->n_datasets < 1) return at_error(AT_ERR_INVALID, "--dataset is required");
+    if (a->batch_size < 1 || a->grad_accum < 1 || a->logging_steps < 1)
+        return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
+                                        "--logging_steps must be at least 1");
+    if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
+    AT_CHECK(load_model(&t));
+    AT_CHECK(load_data(&t));
+    if (!a->full) {
+        if (a->adapters) {
+            AT_CHECK(at_adapter_load(a->adapters, &t.dec->cfg, t.be, &t.adapter));
+        } else {
+            AT_CHECK(at_adapter_new(&t.dec->cfg, t.be, a->lora_rank, a->lora_alpha, a->lora_dropout, a->use_rslora,
+                                    a->target_mask, a->seed, &t.adapter));
+        }
+        snprintf(t.adapter->base_model, sizeof t.adapter->base_model, "%s", a->model);
+        AT_CHECK(at_decoder_set_adapter(t.dec, t.adapter));
+    }
+    AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
+    at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
+    AT_CHECK(at_optimizer_init(&t.opt, t.dec, t.grads, &oc));
+    t.opt_ready = 1;
+    /* steps: every epoch's plan has the same number of batches */
+    AT_CHECK(plan_epoch(&t, 0));
+    t.n_batches = (int64_t)t.plan.n_batches;
+    t.steps_per_epoch = (t.n_batches + a->grad_accum - 1) / a->grad_accum;
+    if (t.steps_per_epoch < 1) t.steps_per_epoch = 1;
+    t.total_steps = a->max_steps > 0 ? a->max_steps : (int64_t)ceil(a->num_train_epochs * (double)t.steps_per_epoch);
+    if (t.total_steps < 1) t.total_steps = 1;
+    int64_t start_step = 0;
+    if (a->resume_from_checkpoint) {
+        AT_CHECK(resume(&t, &start_step));
+    } else {
+        AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
+    }
+    if (a->args_json) {
+        char *p = at_path_join(t.run_dir, "args.json");
+        st = at_write_file_atomic(p, a->args_json, strlen(a->args_json));
+        free(p);
+        if (st != AT_OK) goto done;
+    }
+    char *logp = at_path_join(t.run_dir, "logging.jsonl");
+    t.log = logp ? fopen(logp, "a") : NULL;
+    free(logp);
+    if (!t.log) {
+        st = at_error(AT_ERR_IO, "%s/logging.jsonl: cannot open: %s", t.run_dir, strerror(errno));
+        goto done;
+    }
+    snprintf(res->run_dir, sizeof res->run_dir, "%s", t.run_dir);
+    int64_t trainable = 0;
+    for (int i = 0; i < t.opt.n; i++) trainable += at_tensor_numel(t.opt.params[i].param);
+    fprintf(stderr, "anytune: %s on %s: %zu training samples, %lld steps (%lld per epoch), %lld trainable "
+                    "parameters; output in %s\n",
+            a->full ? "full fine-tuning" : "LoRA", t.be->name, t.n_train, (long long)t.total_steps,
+            (long long)t.steps_per_epoch, (long long)trainable, t.run_dir);
+    if (a->n_preview_prompts && start_step == 0) {
+        fprintf(out, "Before training:\n");
+        AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
+    }
+    AT_CHECK(train_loop(&t, start_step, res));
+    if (t.n_hist) {
+        char *img = at_path_join(t.run_dir, "images");
+        if (img) st = at_mkdirs(img);
+        char *svg = img ? at_path_join(img, "train_loss.svg") : NULL;
+        at_plot_series l = {t.hist_step, t.hist_loss, t.n_hist}, e = {t.eval_step, t.eval_loss, t.n_eval},
+                       r = {t.hist_step, t.hist_lr, t.n_hist};
+        if (st == AT_OK && svg) st = at_plot_loss_svg(svg, &l, &e, &r);
+        free(svg);
+        free(img);
+        if (st != AT_OK) goto done;
+    }
+    if (a->n_preview_prompts) {
+        fprintf(out, "After training:\n");
+        AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
+    }
+done:
+    trainer_free(&t);
+    return st;
+}

@@ -1,0 +1,86 @@
+/* The trainer: `anytune sft` and `anytune pt`.
+ *
+ * One run: load the model, tokenizer and chat template; read and encode the
+ * datasets; make (or load) the LoRA adapter, or train every weight; then for
+ * each optimizer step run gradient_accumulation_steps micro-batches through
+ * forward and backward (the loss is the mean over every supervised token of
+ * the step, token-weighted across micro-batches as transformers >= 4.46
+ * does), clip by the global norm, step AdamW with the scheduled rate, log,
+ * evaluate and checkpoint. Everything a run writes is laid out as DESIGN.md
+ * says (run_files.h). The data order, LoRA dropout masks and everything else
+ * random are functions of --seed and the step, so a run resumed from a
+ * checkpoint continues exactly as it would have. */
+#ifndef AT_TRAIN_TRAINER_H
+#define AT_TRAIN_TRAINER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include "base/status.h"
+#include "data/encode.h"
+#include "device/dtype.h"
+#include "train/schedule.h"
+
+typedef struct {
+    /* what */
+    const char *model;              /* model folder / file */
+    const char *template_name;      /* NULL: the model's; else a built-in name */
+    const char *const *datasets;
+    int n_datasets;
+    const char *const *val_datasets;
+    int n_val_datasets;
+    double split_dataset_ratio;
+    int pt;                         /* continued pre-training: every token of text samples */
+    int strict;
+    const char *model_name, *model_author; /* fill {{name}} / {{author}} in the data */
+    int loss_last_turn_only;
+    /* how */
+    int full;                       /* --train_type full */
+    int lora_rank;
+    double lora_alpha, lora_dropout;
+    unsigned target_mask;
+    int use_rslora;
+    const char *adapters;           /* start from this PEFT adapter */
+    int max_length;
+    at_truncation truncation;
+    int packing;
+    int group_by_length;            /* batches of similar lengths (less padding) */
+    int gradient_checkpointing;
+    int batch_size, grad_accum;
+    double learning_rate;
+    double num_train_epochs;
+    int64_t max_steps;              /* > 0 overrides epochs */
+    at_schedule_kind scheduler;
+    double warmup_ratio;
+    int64_t warmup_steps;
+    double weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
+    int logging_steps, save_steps, eval_steps, save_total_limit;
+    const char *output_dir;
+    const char *resume_from_checkpoint; /* a checkpoint folder, or "last" (in output_dir's newest run) */
+    int has_dtype;
+    at_dtype dtype;                 /* --torch_dtype */
+    uint64_t seed;
+    const char *device;
+    int max_nonfinite_steps;        /* stop after this many non-finite steps in a row */
+    /* the demo's before/after answers: prompts asked before and after training */
+    const char *const *preview_prompts;
+    int n_preview_prompts;
+    int preview_max_tokens;
+    const char *args_json;          /* every option as resolved, written to args.json (may be NULL) */
+} at_train_args;
+
+/* Defaults as ms-swift's (LoRA rank 8, alpha 32, dropout 0.05, lr 1e-4, ...). */
+void at_train_args_defaults(at_train_args *a);
+
+typedef struct {
+    char run_dir[1024];
+    int64_t steps_done;
+    double last_loss;
+    double first_loss;
+    double train_seconds;
+} at_train_result;
+
+/* Runs the whole training. Progress goes to stderr, the answers of the
+ * preview prompts to `out` (stdout when NULL). */
+at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res);
+
+#endif

@@ -1,0 +1,47 @@
+// Reads GGUF files with Hugging Face's own parser (@huggingface/gguf) and
+// compares them with what tests/test_export_gguf_js.c expects.
+//
+//   node tests/js/check_gguf.mjs EXPECT.json
+//
+// EXPECT.json: [{ "file": PATH, "metadata": {key: value, ...},
+//                 "array_lengths": {key: n, ...},
+//                 "tensors": [{"name", "shape": [ne0, ne1, ...], "dtype": ggml type}, ...] }, ...]
+// The tensor list must be exactly the file's (same names, shapes, types).
+// Prints one line per file; exits 1 on any difference.
+import { readFileSync } from "node:fs";
+import { gguf } from "@huggingface/gguf";
+
+const expect = JSON.parse(readFileSync(process.argv[2], "utf8"));
+let bad = 0;
+const fail = (file, msg) => {
+  bad++;
+  console.error(`${file}: ${msg}`);
+};
+const norm = (v) => (typeof v === "bigint" ? Number(v) : v);
+
+for (const e of expect) {
+  const { metadata, tensorInfos } = await gguf(e.file, { allowLocalFile: true });
+  for (const [k, want] of Object.entries(e.metadata ?? {})) {
+    const got = norm(metadata[k]);
+    const ok = typeof want === "number" && typeof got === "number" ? Math.abs(got - want) <= 1e-6 * Math.max(1, Math.abs(want)) : got === want;
+    if (!ok) fail(e.file, `metadata ${k} = ${JSON.stringify(got)}, expected ${JSON.stringify(want)}`);
+  }
+  for (const [k, n] of Object.entries(e.array_lengths ?? {})) {
+    const got = metadata[k];
+    if (!Array.isArray(got) || got.length !== n) fail(e.file, `metadata ${k}: ${Array.isArray(got) ? got.length : typeof got} entries, expected ${n}`);
+  }
+  const byName = new Map(tensorInfos.map((t) => [t.name, t]));
+  if (tensorInfos.length !== e.tensors.length) fail(e.file, `${tensorInfos.length} tensors, expected ${e.tensors.length}`);
+  for (const t of e.tensors) {
+    const g = byName.get(t.name);
+    if (!g) {
+      fail(e.file, `tensor ${t.name} missing`);
+      continue;
+    }
+    const shape = g.shape.map(Number);
+    if (JSON.stringify(shape) !== JSON.stringify(t.shape)) fail(e.file, `tensor ${t.name} shape [${shape}], expected [${t.shape}]`);
+    if (g.dtype !== t.dtype) fail(e.file, `tensor ${t.name} type ${g.dtype}, expected ${t.dtype}`);
+  }
+  console.log(`@huggingface/gguf read ${e.file}: ${tensorInfos.length} tensors and ${Object.keys(e.metadata ?? {}).length} expected metadata values as expected`);
+}
+process.exit(bad ? 1 : 0);

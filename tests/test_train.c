@@ -1,0 +1,238 @@
+/* The trainer end to end on the bundled demo model (stories260K) and data:
+ *  - gradient accumulation: 4 micro-batches of 1 equal one batch of 4;
+ *  - a run killed with SIGKILL between checkpoints and resumed logs exactly
+ *    what an uninterrupted run logs;
+ *  - checkpoints hold PEFT files and a verifiable manifest;
+ *  - full fine-tuning runs and lowers the loss;
+ *  - bad input fails with a clear message. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "base/file.h"
+#include "base/json.h"
+#include "model/adapter.h"
+#include "model/safetensors.h"
+#include "train/run_files.h"
+#include "train/trainer.h"
+#include "testing.h"
+
+static const char *MODEL = "demo/stories260K";
+static const char *DATA = "demo/identity.json#24";
+
+static void base_args(at_train_args *a, const char *out)
+{
+    at_train_args_defaults(a);
+    a->model = MODEL;
+    static const char *ds[1];
+    ds[0] = DATA;
+    a->datasets = ds;
+    a->n_datasets = 1;
+    a->model_name = "anytune";
+    a->model_author = "the anytune team";
+    a->output_dir = out;
+    a->learning_rate = 1e-3;
+    a->lora_dropout = 0;
+    a->logging_steps = 1;
+    a->save_steps = 1000;
+    a->max_length = 256;
+}
+
+/* The "loss" values of a logging.jsonl, in order. */
+static int read_losses(const char *run_dir, double *loss, double *gnorm, int cap)
+{
+    char *p = at_path_join(run_dir, "logging.jsonl");
+    char *text = NULL;
+    int n = 0;
+    if (at_read_file(p, &text, NULL) == AT_OK) {
+        for (char *line = strtok(text, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+            cJSON *j = cJSON_Parse(line);
+            const cJSON *l = cJSON_GetObjectItem(j, "loss"), *g = cJSON_GetObjectItem(j, "grad_norm");
+            if (l && g) {
+                loss[n] = l->valuedouble;
+                gnorm[n] = g->valuedouble;
+                n++;
+            }
+            cJSON_Delete(j);
+        }
+    }
+    free(text);
+    free(p);
+    return n;
+}
+
+static void test_accumulation(const char *root)
+{
+    at_train_args a;
+    at_train_result r1, r2;
+    char out1[512], out2[512];
+    snprintf(out1, sizeof out1, "%s/accum-batch4", root);
+    snprintf(out2, sizeof out2, "%s/accum-micro4", root);
+    base_args(&a, out1);
+    a.batch_size = 4;
+    a.grad_accum = 1;
+    a.max_steps = 3;
+    CHECK_OK(at_train_run(&a, stdout, &r1));
+    base_args(&a, out2);
+    a.batch_size = 1;
+    a.grad_accum = 4;
+    a.max_steps = 3;
+    CHECK_OK(at_train_run(&a, stdout, &r2));
+    double l1[8], g1[8], l2[8], g2[8];
+    int n1 = read_losses(r1.run_dir, l1, g1, 8), n2 = read_losses(r2.run_dir, l2, g2, 8);
+    CHECK(n1 == 3 && n2 == 3);
+    for (int i = 0; i < n1 && i < n2; i++) {
+        CHECK_NEAR(l1[i], l2[i], 1e-5 * fabs(l1[i]));
+        CHECK_NEAR(g1[i], g2[i], 1e-4 * fabs(g1[i]));
+    }
+    /* the adapters after three updates agree too */
+    char *c1 = at_path_join(r1.run_dir, "checkpoint-3"), *c2 = at_path_join(r2.run_dir, "checkpoint-3");
+    CHECK_OK(at_ckpt_verify(c1));
+    char *f1 = at_path_join(c1, "adapter_model.safetensors"), *f2 = at_path_join(c2, "adapter_model.safetensors");
+    at_st_file *s1 = NULL, *s2 = NULL;
+    CHECK_OK(at_st_open(f1, &s1));
+    CHECK_OK(at_st_open(f2, &s2));
+    if (s1 && s2) {
+        CHECK(at_st_count(s1) == at_st_count(s2) && at_st_count(s1) == 5 * 7 * 2);
+        double maxd = 0, maxv = 0;
+        for (size_t i = 0; i < at_st_count(s1); i++) {
+            const at_st_info *x = at_st_info_at(s1, i), *y = at_st_find(s2, x->name);
+            CHECK(y != NULL);
+            if (!y) continue;
+            const float *px = (const float *)x->data, *py = (const float *)y->data;
+            for (size_t k = 0; k < x->nbytes / 4; k++) {
+                maxd = fmax(maxd, fabs((double)px[k] - py[k]));
+                maxv = fmax(maxv, fabs((double)px[k]));
+            }
+        }
+        CHECK_MSG(maxd <= 1e-4 * maxv, "adapters differ by %g (max %g)", maxd, maxv);
+    }
+    at_st_close(s1);
+    at_st_close(s2);
+    free(f1);
+    free(f2);
+    free(c1);
+    free(c2);
+}
+
+/* Runs the program with argv; returns its pid. */
+static pid_t spawn(char *const argv[])
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void test_kill_and_resume(const char *root)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (!bin) bin = "build/anytune";
+    char out_a[512], out_b[512];
+    snprintf(out_a, sizeof out_a, "%s/resume-whole", root);
+    snprintf(out_b, sizeof out_b, "%s/resume-killed", root);
+    char *common[] = {"--model", (char *)MODEL, "--dataset", (char *)DATA, "--model_name", "anytune",
+                      "--learning_rate", "1e-3", "--logging_steps", "1", "--save_steps", "3", "--max_steps", "12",
+                      "--lora_dropout", "0.1", "--per_device_train_batch_size", "2", "--seed", "7"};
+    int nc = (int)(sizeof common / sizeof common[0]);
+    char *argv[64];
+    int k = 0;
+    argv[k++] = (char *)bin;
+    argv[k++] = "sft";
+    for (int i = 0; i < nc; i++) argv[k++] = common[i];
+    argv[k++] = "--output_dir";
+    argv[k++] = out_a;
+    argv[k] = NULL;
+    int status = 0;
+    pid_t pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* The same run, killed with SIGKILL after step 7 (checkpoint-6 is the last
+     * one written): the trainer raises it on itself at that point, which is
+     * deterministic where an outside kill would race a fast run. */
+    argv[k - 1] = out_b;
+    setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "7", 1);
+    pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    unsetenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the run was not killed (status %d)", status);
+    argv[k++] = "--resume_from_checkpoint";
+    argv[k++] = "last";
+    argv[k] = NULL;
+    pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* logging.jsonl of both runs: same steps, same losses and norms, bit for bit */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "a=$(ls -d %s/v0-*) && b=$(ls -d %s/v0-*) && "
+             "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' $a/logging.jsonl > %s/a.txt && "
+             "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' $b/logging.jsonl > %s/b.txt && "
+             "test $(wc -l < %s/a.txt) -eq 12 && cmp %s/a.txt %s/b.txt",
+             out_a, out_b, root, root, root, root, root);
+    CHECK_MSG(system(cmd) == 0, "logging.jsonl of the resumed run differs from the uninterrupted one");
+}
+
+static void test_full(const char *root)
+{
+    at_train_args a;
+    at_train_result r;
+    char out[512];
+    snprintf(out, sizeof out, "%s/full", root);
+    base_args(&a, out);
+    a.full = 1;
+    a.learning_rate = 3e-3;
+    a.batch_size = 4;
+    a.max_steps = 12;
+    a.weight_decay = 0;
+    CHECK_OK(at_train_run(&a, stdout, &r));
+    CHECK_MSG(r.last_loss < 0.8 * r.first_loss, "loss %g -> %g", r.first_loss, r.last_loss);
+    char *ck = at_path_join(r.run_dir, "checkpoint-12");
+    CHECK_OK(at_ckpt_verify(ck));
+    char *cfg = at_path_join(ck, "config.json"), *w = at_path_join(ck, "model.safetensors");
+    CHECK(at_file_exists(cfg) && at_file_exists(w));
+    free(cfg);
+    free(w);
+    free(ck);
+}
+
+static void test_errors(const char *root)
+{
+    at_train_args a;
+    at_train_result r;
+    char out[512];
+    snprintf(out, sizeof out, "%s/errors", root);
+    base_args(&a, out);
+    const char *bad[] = {"tests/data/datasets/missing.jsonl"};
+    a.datasets = bad;
+    CHECK(at_train_run(&a, stdout, &r) != AT_OK);
+    CHECK(strstr(at_last_error(), "missing.jsonl") != NULL);
+    base_args(&a, out);
+    a.model = "tests/data/models/no-such-model";
+    CHECK(at_train_run(&a, stdout, &r) != AT_OK);
+    CHECK(strstr(at_last_error(), "no-such-model") != NULL);
+    base_args(&a, out);
+    a.resume_from_checkpoint = "last";
+    a.output_dir = "/tmp/anytune-no-runs-here";
+    CHECK_FAILS(at_train_run(&a, stdout, &r), AT_ERR_NOT_FOUND);
+}
+
+int main(void)
+{
+    char root[] = "/tmp/anytune-train-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    test_accumulation(root);
+    test_kill_and_resume(root);
+    test_full(root);
+    test_errors(root);
+    if (!at_test_failures) at_remove_tree(root);
+    return at_test_result("test_train");
+}
