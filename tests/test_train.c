@@ -225,6 +225,89 @@ static void test_errors(const char *root)
     CHECK_FAILS(at_train_run(&a, stdout, &r), AT_ERR_NOT_FOUND);
 }
 
+/* A learning rate that blows the weights up: the steps with a non-finite loss
+ * are skipped and logged, and after max_nonfinite_steps in a row the run
+ * stops with a message naming the last good checkpoint. */
+static void test_nonfinite(const char *root)
+{
+    at_train_args a;
+    at_train_result r;
+    char out[512];
+    snprintf(out, sizeof out, "%s/nonfinite", root);
+    base_args(&a, out);
+    a.full = 1;
+    a.learning_rate = 1e38;
+    a.scheduler = AT_SCHED_CONSTANT;
+    a.max_grad_norm = 0;
+    a.weight_decay = 0;
+    a.max_steps = 20;
+    a.save_steps = 1;
+    a.max_nonfinite_steps = 3;
+    at_status s = at_train_run(&a, stdout, &r);
+    CHECK(s != AT_OK);
+    CHECK_MSG(strstr(at_last_error(), "non-finite") && strstr(at_last_error(), "checkpoint"), "%s", at_last_error());
+    char *log = at_path_join(r.run_dir, "logging.jsonl"), *text = NULL;
+    CHECK_OK(at_read_file(log, &text, NULL));
+    int skipped = 0;
+    for (char *p = text; p && (p = strstr(p, "\"skipped\":true")); p++) skipped++;
+    CHECK(skipped == 3);
+    char *last = NULL;
+    int64_t step = 0;
+    CHECK_OK(at_ckpt_find_last(r.run_dir, &last, &step));
+    CHECK(step >= 1);
+    free(last);
+    free(text);
+    free(log);
+}
+
+/* Continued pre-training on plain text, with a validation split, and a LoRA
+ * run that starts from an existing adapter. */
+static void test_pt_and_adapters(const char *root)
+{
+    at_train_args a;
+    at_train_result r, r2;
+    char out[512];
+    snprintf(out, sizeof out, "%s/pt", root);
+    base_args(&a, out);
+    const char *txt[] = {"tests/data/datasets/c4_demo.jsonl#40"};
+    a.datasets = txt;
+    a.pt = 1;
+    a.split_dataset_ratio = 0.2;
+    a.max_steps = 4;
+    a.batch_size = 2;
+    a.eval_steps = 2;
+    a.max_length = 128;
+    a.truncation = AT_TRUNCATE_RIGHT;
+    CHECK_OK(at_train_run(&a, stdout, &r));
+    char *log = at_path_join(r.run_dir, "logging.jsonl"), *text = NULL;
+    CHECK_OK(at_read_file(log, &text, NULL));
+    int evals = 0;
+    for (char *p = text; p && (p = strstr(p, "\"eval_loss\":")); p++) evals++;
+    CHECK(evals == 2);
+    free(text);
+    free(log);
+    char *svg = at_path_join(r.run_dir, "images/train_loss.svg");
+    CHECK(at_file_exists(svg));
+    free(svg);
+    /* start from the adapter of that run: its first loss is the pt run's trained state */
+    char *ck = at_path_join(r.run_dir, "checkpoint-4");
+    snprintf(out, sizeof out, "%s/from-adapter", root);
+    base_args(&a, out);
+    a.datasets = txt;
+    a.pt = 1;
+    a.max_steps = 1;
+    a.max_length = 128;
+    a.truncation = AT_TRUNCATE_RIGHT;
+    a.adapters = ck;
+    a.learning_rate = 1e-9;
+    CHECK_OK(at_train_run(&a, stdout, &r2));
+    a.adapters = NULL;
+    at_train_result r3;
+    CHECK_OK(at_train_run(&a, stdout, &r3));
+    CHECK_MSG(r2.first_loss < r3.first_loss, "from adapter %g, fresh %g", r2.first_loss, r3.first_loss);
+    free(ck);
+}
+
 int main(void)
 {
     char root[] = "/tmp/anytune-train-XXXXXX";
@@ -233,6 +316,8 @@ int main(void)
     test_kill_and_resume(root);
     test_full(root);
     test_errors(root);
+    test_nonfinite(root);
+    test_pt_and_adapters(root);
     if (!at_test_failures) at_remove_tree(root);
     return at_test_result("test_train");
 }

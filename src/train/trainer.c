@@ -140,6 +140,14 @@ static at_status load_model(trainer *t)
         lo.writable = 1;
     }
     else if (a->has_dtype) lo.dtype = a->dtype;
+    /* QLoRA: frozen linear matrices quantized; what stays dense (embeddings,
+     * lm_head, rows that are not whole blocks) is bf16 unless --torch_dtype says */
+    AT_TRY(at_quant_from_bits(a->quant_bits, &lo.quant));
+    if (lo.quant != AT_QUANT_NONE && a->full)
+        return at_error(AT_ERR_INVALID, "--quant_bits %d with --train_type full: quantized weights are frozen; "
+                        "full fine-tuning needs f32 weights (train LoRA adapters over the quantized model)",
+                        a->quant_bits);
+    if (lo.quant != AT_QUANT_NONE && !a->has_dtype) lo.dtype = AT_BF16;
     AT_TRY(at_decoder_load(a->model, &lo, &t->dec));
     at_tokenizer_opts to = {0};
     AT_TRY(at_tokenizer_load(a->model, &to, &t->tok));
@@ -359,7 +367,7 @@ static at_status evaluate(trainer *t, double *eval_loss)
         batch_tensors bt = {0};
         st = at_batch_build(&plan, b, t->val, t->n_val, 0, &batch);
         if (st == AT_OK) st = upload_batch(t, &batch, &bt);
-        if (st == AT_OK) st = ensure_acts(t, (int)batch.rows, (int)batch.cols, AT_ACTS_TRAIN);
+        if (st == AT_OK) st = ensure_acts(t, (int)batch.rows, (int)batch.cols, AT_ACTS_LOSS);
         if (st == AT_OK) st = at_decoder_forward(t->dec, t->acts, bt.ids, bt.pos, bt.seg);
         at_loss_stats stats = {0};
         if (st == AT_OK) st = at_decoder_loss(t->dec, t->acts, bt.labels, 1.0f, NULL, &stats);
@@ -788,7 +796,11 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     for (int i = 0; i < t.opt.n; i++) trainable += at_tensor_numel(t.opt.params[i].param);
     fprintf(stderr, "anytune: %s on %s: %zu training samples, %lld steps (%lld per epoch), %lld trainable "
                     "parameters; output in %s\n",
-            a->full ? "full fine-tuning" : "LoRA", t.be->name, t.n_train, (long long)t.total_steps,
+            a->full               ? "full fine-tuning"
+            : a->quant_bits == 4  ? "QLoRA (nf4 weights)"
+            : a->quant_bits == 8  ? "LoRA over q8_0 weights"
+                                  : "LoRA",
+            t.be->name, t.n_train, (long long)t.total_steps,
             (long long)t.steps_per_epoch, (long long)trainable, t.run_dir);
     if (a->n_preview_prompts && start_step == 0) {
         fprintf(out, "Before training:\n");
