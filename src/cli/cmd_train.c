@@ -21,7 +21,8 @@ static const at_opt_spec specs[] = {
     {"val_dataset", AT_OPT_LIST, NULL, "validation data", NULL},
     {"split_dataset_ratio", AT_OPT_FLOAT, "0", "share of --dataset held out for validation", NULL},
     {"template", AT_OPT_STRING, NULL, "chat template: the model's (default) or chatml, llama-2, llama-3, mistral", NULL},
-    {"train_type", AT_OPT_STRING, "lora", "lora or full", "tuner_type"},
+    {"train_type", AT_OPT_STRING, "lora", "lora, qlora (lora with --quant_bits 4) or full", "tuner_type"},
+    {"quant_bits", AT_OPT_INT, "0", "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)", NULL},
     {"lora_rank", AT_OPT_INT, "8", "LoRA rank", NULL},
     {"lora_alpha", AT_OPT_FLOAT, "32", "LoRA alpha (scale alpha/rank)", NULL},
     {"lora_dropout", AT_OPT_FLOAT, "0.05", "dropout on the LoRA input", NULL},
@@ -157,10 +158,24 @@ static int run(int argc, char **argv, int pt)
                 a.model, demo_ds[0]);
     }
     const char *tt = at_opt_str(o, "train_type");
+    a.quant_bits = (int)at_opt_int(o, "quant_bits");
     if (!strcmp(tt, "full")) {
         a.full = 1;
+    } else if (!strcmp(tt, "qlora")) { /* shorthand: LoRA over NF4 weights unless --quant_bits says 8 */
+        if (at_opt_source_of(o, "quant_bits") == AT_SRC_DEFAULT || a.quant_bits == 0) a.quant_bits = 4;
     } else if (strcmp(tt, "lora") != 0) {
-        fprintf(stderr, "anytune: error: --train_type %s: use lora or full\n", tt);
+        fprintf(stderr, "anytune: error: --train_type %s: use lora, qlora or full\n", tt);
+        rc = 2;
+        goto done;
+    }
+    if (a.quant_bits != 0 && a.quant_bits != 4 && a.quant_bits != 8) {
+        fprintf(stderr, "anytune: error: --quant_bits %d: use 4 (NF4), 8 (q8_0) or 0\n", a.quant_bits);
+        rc = 2;
+        goto done;
+    }
+    if (a.full && a.quant_bits) {
+        fprintf(stderr, "anytune: error: --train_type full with --quant_bits %d: quantized weights are frozen; "
+                        "use --train_type lora (QLoRA) or drop --quant_bits\n", a.quant_bits);
         rc = 2;
         goto done;
     }
@@ -222,6 +237,7 @@ static int run(int argc, char **argv, int pt)
         /* what the defaults resolved to */
         cJSON_ReplaceItemInObject(j, "model", cJSON_CreateString(a.model ? a.model : ""));
         cJSON_ReplaceItemInObject(j, "learning_rate", cJSON_CreateNumber(a.learning_rate));
+        cJSON_ReplaceItemInObject(j, "quant_bits", cJSON_CreateNumber(a.quant_bits));
         cJSON *dl = cJSON_CreateArray();
         for (int i = 0; i < a.n_datasets; i++) cJSON_AddItemToArray(dl, cJSON_CreateString(a.datasets[i]));
         cJSON_ReplaceItemInObject(j, "dataset", dl);

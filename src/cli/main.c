@@ -12,14 +12,14 @@ typedef struct {
 
 static const command commands[] = {
     {"env", at_cmd_env, "what devices and features this machine has (--json for programs)"},
+    {"infer", at_cmd_infer, "one-shot or interactive generation"},
+    {"serve", at_cmd_serve, "OpenAI-compatible HTTP API"},
     {"sft", at_cmd_sft, "LoRA or full fine-tuning on conversations (no options: the bundled demo)"},
     {"pt", at_cmd_pt, "continued pre-training on plain text"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
 };
 
 static const char *planned[][2] = {
-    {"infer", "one-shot or interactive generation"},
-    {"serve", "OpenAI-compatible HTTP API"},
     {"rlhf", "preference alignment (dpo, orpo, simpo, ...)"},
     {"eval", "perplexity / multiple-choice accuracy"},
 };

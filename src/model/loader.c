@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
+#include "base/log.h"
 #include "device/cpu/cpu_backend.h"
+#include "device/quant.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
@@ -14,8 +16,160 @@
 
 at_load_options at_load_options_default(void)
 {
-    at_load_options o = {NULL, AT_LOAD_KEEP_DTYPE, 0};
+    at_load_options o = {NULL, AT_LOAD_KEEP_DTYPE, 0, AT_QUANT_NONE};
     return o;
+}
+
+/* ---- quantized formats (QLoRA) ------------------------------------------ */
+
+at_dtype at_quant_dtype(at_quant_kind q)
+{
+    switch (q) {
+    case AT_QUANT_NF4: return AT_NF4;
+    case AT_QUANT_Q8_0: return AT_Q8_0;
+    case AT_QUANT_Q4_0: return AT_Q4_0;
+    default: return AT_DTYPE_COUNT;
+    }
+}
+
+const char *at_quant_name(at_quant_kind q)
+{
+    switch (q) {
+    case AT_QUANT_NF4: return "nf4";
+    case AT_QUANT_Q8_0: return "q8_0";
+    case AT_QUANT_Q4_0: return "q4_0";
+    default: return "none";
+    }
+}
+
+at_status at_quant_from_bits(int bits, at_quant_kind *out)
+{
+    switch (bits) {
+    case 0: *out = AT_QUANT_NONE; return AT_OK;
+    case 4: *out = AT_QUANT_NF4; return AT_OK;
+    case 8: *out = AT_QUANT_Q8_0; return AT_OK;
+    default:
+        return at_error(AT_ERR_INVALID, "quant_bits %d: use 4 (NF4, QLoRA), 8 (q8_0) or 0 (no quantization)", bits);
+    }
+}
+
+at_status at_quant_parse(const char *s, at_quant_kind *out)
+{
+    static const struct { const char *name; at_quant_kind q; } names[] = {
+        {"none", AT_QUANT_NONE}, {"0", AT_QUANT_NONE}, {"nf4", AT_QUANT_NF4}, {"4", AT_QUANT_NF4},
+        {"q8_0", AT_QUANT_Q8_0}, {"8", AT_QUANT_Q8_0}, {"q4_0", AT_QUANT_Q4_0},
+    };
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].q;
+            return AT_OK;
+        }
+    return at_error(AT_ERR_INVALID, "quantization '%s': use none, nf4, q8_0 or q4_0", s ? s : "(null)");
+}
+
+/* Replaces matrix *t (on backend be; host memory when be is NULL) by its
+ * quantization to qt. Leaves it dense (*quantized = 0) when its rows are not
+ * a multiple of qt's block or it is already quantized in another format. */
+static at_status quantize_matrix(at_backend *be, at_dtype qt, at_tensor **t, int *quantized)
+{
+    *quantized = 0;
+    at_tensor *src = *t, *host = NULL, *q = NULL, *d = NULL;
+    if (!src) return AT_OK;
+    if (at_dtype_is_quantized(src->dtype)) {
+        *quantized = src->dtype == qt;
+        return AT_OK;
+    }
+    if (src->ndim != 2 || src->shape[1] % at_quant_row_block(qt)) return AT_OK;
+    at_status st = AT_OK;
+    const at_tensor *in = src;
+    if (be && !be->is_host) { /* through host memory */
+        AT_CHECK(at_tensor_new(at_cpu_backend(), src->dtype, 2, src->shape, src->name, &host));
+        AT_CHECK(at_tensor_download(src, at_tensor_data(host), at_tensor_nbytes(host)));
+        in = host;
+    }
+    AT_CHECK(at_tensor_new(at_cpu_backend(), qt, 2, src->shape, src->name, &q));
+    AT_CHECK(at_quantize(q, in));
+    at_tensor_free(host);
+    host = NULL;
+    if (be && !be->is_host) {
+        AT_CHECK(at_tensor_new(be, qt, 2, q->shape, q->name, &d));
+        AT_CHECK(at_tensor_upload(d, at_tensor_data(q), at_tensor_nbytes(q)));
+        at_tensor_free(q);
+        q = d;
+        d = NULL;
+    }
+    at_tensor_free(src);
+    *t = q;
+    *quantized = 1;
+    return AT_OK;
+done:
+    at_tensor_free(host);
+    at_tensor_free(q);
+    at_tensor_free(d);
+    return st;
+}
+
+/* Which modules stayed dense, for one info line per module. */
+typedef struct {
+    int count[AT_MOD_COUNT];
+    int64_t in[AT_MOD_COUNT];
+} dense_notes;
+
+static at_status quantize_layer(at_backend *be, at_layer_weights *L, at_dtype qt, at_quant_stats *stats,
+                                dense_notes *notes)
+{
+    at_tensor **mats[AT_MOD_COUNT] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        int done = 0;
+        AT_TRY(quantize_matrix(be, qt, mats[m], &done));
+        const at_tensor *t = *mats[m];
+        if (!t) continue;
+        if (done) {
+            stats->n_quantized++;
+            stats->params += at_tensor_numel(t);
+            stats->bytes += at_tensor_nbytes(t);
+        } else if (!at_dtype_is_quantized(t->dtype)) {
+            stats->n_dense++;
+            stats->dense_params += at_tensor_numel(t);
+            notes->count[m]++;
+            notes->in[m] = t->ndim == 2 ? t->shape[1] : 0;
+        }
+    }
+    return AT_OK;
+}
+
+static void log_dense_notes(const dense_notes *n, at_dtype qt, const at_decoder_weights *w)
+{
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        if (!n->count[m]) continue;
+        const at_tensor *t = NULL;
+        for (int l = 0; l < w->cfg.num_hidden_layers && !t; l++) {
+            at_layer_weights *L = &w->layers[l];
+            const at_tensor *mats[AT_MOD_COUNT] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+            if (mats[m] && !at_dtype_is_quantized(mats[m]->dtype)) t = mats[m];
+        }
+        at_log_info("%s.%s of %d layer(s): rows of %lld values are not a multiple of %s's block (%lld): kept "
+                    "unquantized (%s)",
+                    at_module_parent((at_module)m), at_module_name((at_module)m), n->count[m], (long long)n->in[m],
+                    at_dtype_name(qt), (long long)at_quant_row_block(qt), t ? at_dtype_name(t->dtype) : "dense");
+    }
+}
+
+at_status at_decoder_weights_quantize(at_decoder_weights *w, at_quant_kind q, at_quant_stats *stats)
+{
+    at_quant_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    at_dtype qt = at_quant_dtype(q);
+    if (qt == AT_DTYPE_COUNT) return at_error(AT_ERR_INVALID, "quantize weights: no format given");
+    dense_notes notes;
+    memset(&notes, 0, sizeof notes);
+    for (int l = 0; l < w->cfg.num_hidden_layers; l++) {
+        at_status st = quantize_layer(w->backend, &w->layers[l], qt, stats, &notes);
+        if (st != AT_OK) return at_error_wrap(st, "quantizing layer %d to %s", l, at_dtype_name(qt));
+    }
+    log_dense_notes(&notes, qt, w);
+    return AT_OK;
 }
 
 /* ---- one interface over the three sources ------------------------------- */
@@ -74,6 +228,7 @@ static at_status source_get(source *s, const char *hf_name, at_dtype want, int o
             return at_error(AT_ERR_UNSUPPORTED, "%s: tensor %s has type %s (F32, F16, BF16, Q8_0, Q4_0 supported)",
                             s->path, gname, at_ggml_type_name(info->type));
         at_dtype w = want;
+        if (at_dtype_is_quantized(w) && stored != (int)w) w = AT_LOAD_KEEP_DTYPE; /* quantized later */
         if (w == AT_LOAD_KEEP_DTYPE) w = is_float((at_dtype)stored) ? (at_dtype)stored : AT_BF16;
         AT_TRY(at_gguf_tensor(s->gg, info, w, out));
         at_tensor_set_name(*out, hf_name);
@@ -195,6 +350,13 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     at_load_options o = opt ? *opt : at_load_options_default();
     if (o.dtype != AT_LOAD_KEEP_DTYPE && !is_float(o.dtype))
         return at_error(AT_ERR_INVALID, "loader: dtype %s (keep, f32, bf16 or f16)", at_dtype_name(o.dtype));
+    at_dtype qt = at_quant_dtype(o.quant);
+    if (o.quant != AT_QUANT_NONE && qt == AT_DTYPE_COUNT)
+        return at_error(AT_ERR_INVALID, "loader: unknown quantization %d", (int)o.quant);
+    if (o.quant != AT_QUANT_NONE && o.writable)
+        return at_error(AT_ERR_UNSUPPORTED, "%s: full fine-tuning trains every weight and cannot run on quantized "
+                        "(%s) weights: train LoRA adapters over them (--train_type lora --quant_bits N), or load "
+                        "without quantization", path, at_quant_name(o.quant));
     at_backend *be = o.backend ? o.backend : at_cpu_backend();
     source *s = calloc(1, sizeof *s);
     if (!s) return at_error(AT_ERR_NOMEM, "loader: out of memory");
@@ -208,6 +370,12 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     s = NULL; /* owned by w now */
     source *src = w->source;
     at_dtype mat = o.dtype; /* matrices and embeddings */
+    /* GGUF matrices already stored in the asked format are taken as they are */
+    at_dtype lin = qt != AT_DTYPE_COUNT && src->kind == SRC_GGUF && (qt == AT_Q8_0 || qt == AT_Q4_0) ? qt : mat;
+    at_quant_stats qstats;
+    dense_notes notes;
+    memset(&qstats, 0, sizeof qstats);
+    memset(&notes, 0, sizeof notes);
 
 #define GET(slot, name, dtype, optional)                          \
     do {                                                          \
@@ -221,10 +389,10 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
         char n[160];
 #define NAME(label) (snprintf(n, sizeof n, "model.layers.%d.%s", l, label), n)
         GET(L->attn_norm, NAME("input_layernorm.weight"), AT_F32, 0);
-        GET(L->wq, NAME("self_attn.q_proj.weight"), mat, 0);
-        GET(L->wk, NAME("self_attn.k_proj.weight"), mat, 0);
-        GET(L->wv, NAME("self_attn.v_proj.weight"), mat, 0);
-        GET(L->wo, NAME("self_attn.o_proj.weight"), mat, 0);
+        GET(L->wq, NAME("self_attn.q_proj.weight"), lin, 0);
+        GET(L->wk, NAME("self_attn.k_proj.weight"), lin, 0);
+        GET(L->wv, NAME("self_attn.v_proj.weight"), lin, 0);
+        GET(L->wo, NAME("self_attn.o_proj.weight"), lin, 0);
         if (cfg.attn_qkv_bias) {
             GET(L->bq, NAME("self_attn.q_proj.bias"), AT_F32, 0);
             GET(L->bk, NAME("self_attn.k_proj.bias"), AT_F32, 0);
@@ -236,15 +404,23 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
             GET(L->k_norm, NAME("self_attn.k_norm.weight"), AT_F32, 0);
         }
         GET(L->ffn_norm, NAME("post_attention_layernorm.weight"), AT_F32, 0);
-        GET(L->w_gate, NAME("mlp.gate_proj.weight"), mat, 0);
-        GET(L->w_up, NAME("mlp.up_proj.weight"), mat, 0);
-        GET(L->w_down, NAME("mlp.down_proj.weight"), mat, 0);
+        GET(L->w_gate, NAME("mlp.gate_proj.weight"), lin, 0);
+        GET(L->w_up, NAME("mlp.up_proj.weight"), lin, 0);
+        GET(L->w_down, NAME("mlp.down_proj.weight"), lin, 0);
 #undef NAME
         if (src->kind == SRC_GGUF && src->gguf_interleaved) {
             AT_CHECK(unpermute(&L->wq, cfg.num_attention_heads, path));
             AT_CHECK(unpermute(&L->bq, cfg.num_attention_heads, path));
             AT_CHECK(unpermute(&L->wk, cfg.num_key_value_heads, path));
             AT_CHECK(unpermute(&L->bk, cfg.num_key_value_heads, path));
+        }
+        /* quantized on the host before moving to the backend, layer by layer */
+        if (qt != AT_DTYPE_COUNT) {
+            st = quantize_layer(NULL, L, qt, &qstats, &notes);
+            if (st != AT_OK) {
+                at_error_wrap(st, "%s: quantizing layer %d to %s", path, l, at_dtype_name(qt));
+                goto done;
+            }
         }
         at_tensor **all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv, &L->bo,
                              &L->q_norm, &L->k_norm, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
@@ -257,6 +433,12 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     if (cfg.tie_word_embeddings) w->lm_head = w->embed;
     st = at_decoder_weights_check(w);
     if (st != AT_OK) at_error_wrap(st, "%s", path);
+    if (st == AT_OK && qt != AT_DTYPE_COUNT) {
+        log_dense_notes(&notes, qt, w);
+        at_log_info("%s: %d linear matrices quantized to %s (%.1f MiB, %.4f bytes per value); %d kept dense", path,
+                    qstats.n_quantized, at_dtype_name(qt), (double)qstats.bytes / 1048576.0,
+                    qstats.params ? (double)qstats.bytes / (double)qstats.params : 0.0, qstats.n_dense);
+    }
 done:
     source_close(s);
     if (st != AT_OK) {

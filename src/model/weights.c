@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "device/cpu/cpu_backend.h"
+#include "device/quant.h"
 
 at_status at_decoder_weights_alloc(const at_model_config *cfg, at_backend *be, at_decoder_weights **out)
 {
@@ -46,8 +47,9 @@ void at_decoder_weights_free(at_decoder_weights *w)
 
 /* ---- checking ----------------------------------------------------------- */
 
+/* quant_ok: the layers' linear matrices may be quantized (QLoRA, loader.h) */
 static at_status check_one(const at_decoder_weights *w, const at_tensor *t, const char *name, int ndim, int64_t d0,
-                           int64_t d1)
+                           int64_t d1, int quant_ok)
 {
     if (!t) return at_error(AT_ERR_NOT_FOUND, "decoder weights: %s is missing", name);
     char d[200];
@@ -61,9 +63,10 @@ static at_status check_one(const at_decoder_weights *w, const at_tensor *t, cons
         return at_error(AT_ERR_FORMAT, "decoder weights: %s is %s, expected [%lld, %lld]", name,
                         at_tensor_describe(t, d, sizeof d), (long long)d0, (long long)d1);
     }
-    if (t->dtype != AT_F32 && t->dtype != AT_BF16 && t->dtype != AT_F16)
-        return at_error(AT_ERR_UNSUPPORTED, "decoder weights: %s has dtype %s (f32, bf16, f16 supported)", name,
-                        at_dtype_name(t->dtype));
+    if (t->dtype != AT_F32 && t->dtype != AT_BF16 && t->dtype != AT_F16 &&
+        !(quant_ok && at_dtype_is_quantized(t->dtype) && d1 % at_quant_row_block(t->dtype) == 0))
+        return at_error(AT_ERR_UNSUPPORTED, "decoder weights: %s has dtype %s (f32, bf16, f16 supported%s)", name,
+                        at_dtype_name(t->dtype), quant_ok ? "; nf4, q8_0, q4_0 with rows of whole blocks" : "");
     if (!t->buf || t->buf->backend != w->backend)
         return at_error(AT_ERR_INVALID, "decoder weights: %s is not on backend %s", name, w->backend->name);
     return AT_OK;
@@ -80,16 +83,16 @@ at_status at_decoder_weights_check(const at_decoder_weights *w)
     const at_model_config *c = &w->cfg;
     int64_t hd = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, D = c->head_dim;
     int64_t qd = (int64_t)c->num_attention_heads * D, kd = (int64_t)c->num_key_value_heads * D;
-    AT_TRY(check_one(w, w->embed, "model.embed_tokens.weight", 2, V, hd));
-    AT_TRY(check_one(w, w->final_norm, "model.norm.weight", 1, hd, 0));
-    AT_TRY(check_one(w, w->lm_head, "lm_head.weight", 2, V, hd));
+    AT_TRY(check_one(w, w->embed, "model.embed_tokens.weight", 2, V, hd, 0));
+    AT_TRY(check_one(w, w->final_norm, "model.norm.weight", 1, hd, 0, 0));
+    AT_TRY(check_one(w, w->lm_head, "lm_head.weight", 2, V, hd, 0));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const at_layer_weights *L = &w->layers[l];
         char n[128];
 #define CHK(field, label, nd, a, b)                                          \
     do {                                                                     \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, label);               \
-        AT_TRY(check_one(w, L->field, n, nd, a, b));                         \
+        AT_TRY(check_one(w, L->field, n, nd, a, b, (nd) == 2));              \
     } while (0)
 #define ABSENT(field, label)                                                 \
     do {                                                                     \

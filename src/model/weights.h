@@ -5,7 +5,10 @@
  * interleaved order are permuted by the loader). Matrices keep their stored
  * dtype (f32, bf16, f16) or the one the loader was asked for; norm weights
  * and biases are always f32. Optional tensors are NULL when the config does
- * not have them. All tensors live on one backend. */
+ * not have them. All tensors live on one backend. For QLoRA the seven linear
+ * matrices of each layer may instead be quantized (nf4, q8_0, q4_0 with
+ * rows of whole blocks; loader.h at_decoder_weights_quantize): frozen
+ * weights for LoRA training and inference. */
 #ifndef AT_MODEL_WEIGHTS_H
 #define AT_MODEL_WEIGHTS_H
 

@@ -35,6 +35,8 @@ typedef struct {
     int loss_last_turn_only;
     /* how */
     int full;                       /* --train_type full */
+    int quant_bits;                 /* --quant_bits: 0 none, 4 NF4 (QLoRA), 8 q8_0: the frozen linear
+                                       matrices quantized (LoRA only; refused with full) */
     int lora_rank;
     double lora_alpha, lora_dropout;
     unsigned target_mask;

@@ -1,0 +1,358 @@
+/* anytune infer: one answer (--prompt TEXT), or a chat in the terminal.
+ *
+ * With a chat template (the model's, or --template NAME) the prompt is a
+ * user message; without one (or --template none) the text is continued as
+ * it is, and an empty prompt starts from the BOS token alone, as llama2.c's
+ * run does. With no --prompt: an interactive chat that keeps the history
+ * (/reset, /system TEXT, /exit). */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "base/file.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "cli/cli.h"
+#include "device/registry.h"
+#include "infer/bundle.h"
+#include "infer/generate.h"
+#include "model/loader.h"
+
+static const at_opt_spec specs[] = {
+    {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
+    {"adapters", AT_OPT_LIST, NULL, "LoRA adapter folders: DIR or NAME=DIR, several allowed", NULL},
+    {"adapter_name", AT_OPT_STRING, NULL, "which of --adapters to apply (default: the first)", NULL},
+    {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
+    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default), none, chatml, llama-2, llama-3, "
+                                      "mistral, or a .jinja file", NULL},
+    {"prompt", AT_OPT_STRING, NULL, "answer this and exit (\"\" with no template: start from BOS)", NULL},
+    {"system", AT_OPT_STRING, NULL, "system message", NULL},
+    {"max_new_tokens", AT_OPT_INT, "512", "most tokens to generate", NULL},
+    {"temperature", AT_OPT_FLOAT, "0", "0: greedy (reproducible)", NULL},
+    {"top_k", AT_OPT_INT, "0", "keep the k most probable tokens (0: off)", NULL},
+    {"top_p", AT_OPT_FLOAT, "1", "nucleus sampling (1: off)", NULL},
+    {"min_p", AT_OPT_FLOAT, "0", "drop tokens under min_p times the most probable (0: off)", NULL},
+    {"repetition_penalty", AT_OPT_FLOAT, "1", "penalty on tokens already seen (1: off)", NULL},
+    {"presence_penalty", AT_OPT_FLOAT, "0", "OpenAI presence penalty", NULL},
+    {"frequency_penalty", AT_OPT_FLOAT, "0", "OpenAI frequency penalty", NULL},
+    {"seed", AT_OPT_INT, "42", "seed of the sampler", NULL},
+    {"stop", AT_OPT_LIST, NULL, "stop strings", NULL},
+    {"stream", AT_OPT_BOOL, "true", "print tokens as they come", NULL},
+    {"max_model_len", AT_OPT_INT, "0", "context length in tokens (0: the model's, at most 4096)", NULL},
+    {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
+    {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
+    {"verbose", AT_OPT_BOOL, "false", "print prefill and decode speed", NULL},
+};
+#define NSPECS ((int)(sizeof specs / sizeof specs[0]))
+
+/* The bundled demo model: relative to the working folder, else to the program. */
+static const char *demo_model(char *buf, size_t len)
+{
+    const char *rel = "demo/stories260K";
+    if (at_is_dir(rel)) return rel;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            int w = snprintf(buf, len, "%.*s/../%s", (int)(len / 2), exe, rel);
+            if (w > 0 && (size_t)w < len && at_is_dir(buf)) return buf;
+        }
+    }
+    return NULL;
+}
+
+at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
+{
+    *out = NULL;
+    char demo[PATH_MAX];
+    at_bundle_opts bo = {0};
+    bo.model = at_opt_str(o, "model");
+    if (!bo.model) {
+        bo.model = demo_model(demo, sizeof demo);
+        if (!bo.model) return at_error(AT_ERR_INVALID, "no --model given (and no bundled demo model found)");
+        fprintf(stderr, "anytune: no --model given: using the demo model %s\n", bo.model);
+    }
+    bo.tokenizer = at_opt_str(o, "tokenizer");
+    bo.template_name = at_opt_str(o, "template");
+    bo.dtype = AT_LOAD_KEEP_DTYPE;
+    const char *dt = at_opt_str(o, "torch_dtype");
+    if (dt && strcmp(dt, "auto") != 0) {
+        at_dtype d;
+        if (at_dtype_parse(dt, &d) != 0 || (d != AT_F32 && d != AT_BF16 && d != AT_F16))
+            return at_error(AT_ERR_INVALID, "--torch_dtype %s: use bfloat16, float16 or float32", dt);
+        bo.dtype = d;
+    }
+    int na = at_opt_list_count(o, "adapters");
+    const char **ad = calloc((size_t)na + 1, sizeof *ad);
+    if (!ad) return at_error(AT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < na; i++) ad[i] = at_opt_list_get(o, "adapters", i);
+    bo.adapters = ad;
+    bo.n_adapters = na;
+    at_status st = at_device_select(at_opt_str(o, "device"), &bo.backend);
+    if (st == AT_OK) st = at_bundle_load(&bo, out);
+    free(ad);
+    return st;
+}
+
+typedef struct {
+    int stream;
+} print_ctx;
+
+static int print_text(void *user, const char *text, size_t len)
+{
+    print_ctx *pc = user;
+    if (pc->stream) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* Everything a turn needs. */
+typedef struct {
+    at_bundle *b;
+    at_generator *gen;
+    at_gen_params gp;
+    int context;
+    int stream, verbose;
+} session;
+
+static void report_speed(const at_gen_stats *s)
+{
+    double pf = s->prefill_s > 0 ? s->prefilled_tokens / s->prefill_s : 0;
+    int dec = s->new_tokens > 1 ? s->new_tokens - 1 : 0; /* the first token comes from the prefill */
+    double dc = s->decode_s > 0 ? dec / s->decode_s : 0;
+    fprintf(stderr, "[prefill: %d tokens (%d cached) in %.3f s, %.1f tokens/s; decode: %d tokens in %.3f s, "
+            "%.1f tokens/s]\n", s->prefilled_tokens, s->prompt_tokens - s->prefilled_tokens, s->prefill_s, pf, dec,
+            s->decode_s, dc);
+}
+
+/* Generates after ids; prints; *text (may be NULL) gets the answer. */
+static at_status turn(session *ss, const int32_t *ids, size_t n, char **text)
+{
+    print_ctx pc = {ss->stream};
+    at_gen_params gp = ss->gp;
+    int room = ss->context - (int)n;
+    if (gp.max_new_tokens <= 0 || gp.max_new_tokens > room) gp.max_new_tokens = room;
+    char *out = NULL;
+    at_gen_stats stats;
+    at_finish_reason fin;
+    at_status st = at_generator_run(ss->gen, ids, n, &gp, print_text, &pc, &out, &fin, &stats);
+    if (st != AT_OK) return st;
+    if (!ss->stream) fputs(out, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (ss->verbose) report_speed(&stats);
+    if (text) *text = out;
+    else free(out);
+    return AT_OK;
+}
+
+static cJSON *message(const char *role, const char *content)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    return m;
+}
+
+/* Encodes the chat, dropping the oldest exchanges (never the system
+ * message nor the last one) while it does not fit. */
+static at_status encode_history(session *ss, cJSON *history, int32_t **ids, size_t *n)
+{
+    for (;;) {
+        AT_TRY(at_bundle_encode_chat(ss->b, history, ids, n));
+        if ((int)*n < ss->context - 16) return AT_OK;
+        cJSON *first = cJSON_GetArrayItem(history, 0);
+        int skip = first && !strcmp(cJSON_GetObjectItem(first, "role")->valuestring, "system");
+        if (cJSON_GetArraySize(history) - skip <= 1)
+            return at_error(AT_ERR_INVALID, "the message has %zu tokens; the context holds %d", *n, ss->context);
+        free(*ids);
+        *ids = NULL;
+        cJSON_DeleteItemFromArray(history, skip);
+    }
+}
+
+/* Reads one line of any length (without the newline); NULL at the end of input. */
+static char *read_line(FILE *f)
+{
+    size_t cap = 256, len = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    int c;
+    while ((c = fgetc(f)) != EOF && c != '\n') {
+        if (len + 2 > cap) {
+            char *p = realloc(s, cap *= 2);
+            if (!p) {
+                free(s);
+                return NULL;
+            }
+            s = p;
+        }
+        s[len++] = (char)c;
+    }
+    if (c == EOF && len == 0) {
+        free(s);
+        return NULL;
+    }
+    if (len && s[len - 1] == '\r') len--;
+    s[len] = 0;
+    return s;
+}
+
+static int interactive(session *ss, const char *system)
+{
+    int tty = isatty(0);
+    cJSON *history = cJSON_CreateArray();
+    char *sys = system ? strdup(system) : NULL;
+    if (sys) cJSON_AddItemToArray(history, message("system", sys));
+    if (tty)
+        fprintf(stderr, "anytune chat with %s%s. Commands: /reset, /system TEXT, /exit\n", ss->b->name,
+                ss->b->tmpl ? "" : " (no chat template: each line is continued as raw text)");
+    for (;;) {
+        if (tty) {
+            fputs("> ", stdout);
+            fflush(stdout);
+        }
+        char *line = read_line(stdin);
+        if (!line) break;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) {
+            free(line);
+            break;
+        }
+        if (!strcmp(line, "/reset") || !strncmp(line, "/system", 7)) {
+            if (!strncmp(line, "/system", 7)) {
+                const char *t = line + 7;
+                while (*t == ' ') t++;
+                free(sys);
+                sys = *t ? strdup(t) : NULL;
+            }
+            cJSON_Delete(history);
+            history = cJSON_CreateArray();
+            if (sys) cJSON_AddItemToArray(history, message("system", sys));
+            if (tty) fprintf(stderr, "(history cleared%s)\n", sys ? ", system message set" : "");
+            free(line);
+            continue;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        at_status st;
+        char *answer = NULL;
+        if (ss->b->tmpl) {
+            cJSON_AddItemToArray(history, message("user", line));
+            st = encode_history(ss, history, &ids, &n);
+            if (st == AT_OK) st = turn(ss, ids, n, &answer);
+            if (st == AT_OK) cJSON_AddItemToArray(history, message("assistant", answer));
+            else cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
+        } else {
+            st = at_bundle_encode_text(ss->b, line, &ids, &n);
+            if (st == AT_OK) st = turn(ss, ids, n, NULL);
+        }
+        if (st != AT_OK) fprintf(stderr, "anytune: error: %s\n", at_last_error());
+        free(answer);
+        free(ids);
+        free(line);
+    }
+    cJSON_Delete(history);
+    free(sys);
+    return 0;
+}
+
+int at_cmd_infer(int argc, char **argv)
+{
+    const char *usage = "usage: anytune infer [--model DIR] [--adapters DIR] [--prompt TEXT] [OPTIONS]\n"
+                        "  with no --prompt: an interactive chat (/reset, /system TEXT, /exit)";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            at_options_print_help(specs, NSPECS, usage);
+            return 0;
+        }
+    at_options *o = NULL;
+    if (at_options_parse(specs, NSPECS, argc, argv, &o) != AT_OK) {
+        fprintf(stderr, "anytune infer: error: %s\n", at_last_error());
+        return 2;
+    }
+    at_log_set_level(at_opt_bool(o, "verbose") ? AT_LOG_INFO : AT_LOG_WARN);
+    int rc = 1;
+    at_bundle *b = NULL;
+    session ss;
+    memset(&ss, 0, sizeof ss);
+    const char **stops = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    cJSON *msgs = NULL;
+    if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
+    ss.b = b;
+    ss.context = at_bundle_context(b, (int)at_opt_int(o, "max_model_len"));
+    ss.stream = at_opt_bool(o, "stream");
+    ss.verbose = at_opt_bool(o, "verbose");
+    ss.gp = at_gen_params_default();
+    at_sampling_params *sp = &ss.gp.sampling;
+    sp->temperature = (float)at_opt_float(o, "temperature");
+    sp->top_k = (int)at_opt_int(o, "top_k");
+    sp->top_p = (float)at_opt_float(o, "top_p");
+    sp->min_p = (float)at_opt_float(o, "min_p");
+    sp->repetition_penalty = (float)at_opt_float(o, "repetition_penalty");
+    sp->presence_penalty = (float)at_opt_float(o, "presence_penalty");
+    sp->frequency_penalty = (float)at_opt_float(o, "frequency_penalty");
+    sp->seed = (uint64_t)at_opt_int(o, "seed");
+    if (at_sampling_validate(sp) != AT_OK) goto fail;
+    ss.gp.max_new_tokens = (int)at_opt_int(o, "max_new_tokens");
+    int ns = at_opt_list_count(o, "stop");
+    if (ns > AT_GEN_MAX_STOP) {
+        at_error(AT_ERR_INVALID, "--stop: at most %d strings", AT_GEN_MAX_STOP);
+        goto fail;
+    }
+    stops = calloc((size_t)ns + 1, sizeof *stops);
+    if (!stops) goto fail;
+    for (int i = 0; i < ns; i++) stops[i] = at_opt_list_get(o, "stop", i);
+    ss.gp.stop = stops;
+    ss.gp.n_stop = ns;
+    ss.gp.stop_ids = b->stop_ids;
+    ss.gp.n_stop_ids = b->n_stop_ids;
+    if (b->n_adapters) {
+        const char *an = at_opt_str(o, "adapter_name");
+        ss.gp.adapter = an ? at_bundle_adapter_get(b, an) : b->adapters[0].adapter;
+        if (!ss.gp.adapter) {
+            at_error(AT_ERR_NOT_FOUND, "--adapter_name %s: no adapter of that name", an);
+            goto fail;
+        }
+    }
+    if (at_generator_new(b->decoder, b->tokenizer, ss.context, &ss.gen) != AT_OK) goto fail;
+
+    const char *prompt = at_opt_str(o, "prompt");
+    if (!prompt) {
+        rc = interactive(&ss, at_opt_str(o, "system"));
+        goto done;
+    }
+    if (b->tmpl) {
+        msgs = cJSON_CreateArray();
+        if (at_opt_str(o, "system")) cJSON_AddItemToArray(msgs, message("system", at_opt_str(o, "system")));
+        cJSON_AddItemToArray(msgs, message("user", prompt));
+        if (at_bundle_encode_chat(b, msgs, &ids, &n) != AT_OK) goto fail;
+    } else if (at_bundle_encode_text(b, prompt, &ids, &n) != AT_OK) {
+        goto fail;
+    }
+    if ((int)n >= ss.context) {
+        at_error(AT_ERR_INVALID, "the prompt has %zu tokens; the context holds %d (--max_model_len)", n, ss.context);
+        goto fail;
+    }
+    if (turn(&ss, ids, n, NULL) != AT_OK) goto fail;
+    rc = 0;
+    goto done;
+fail:
+    rc = at_cli_fail();
+done:
+    cJSON_Delete(msgs);
+    free(ids);
+    free(stops);
+    at_generator_free(ss.gen);
+    at_bundle_free(b);
+    at_options_free(o);
+    return rc;
+}

@@ -1,0 +1,78 @@
+/* A model ready to generate with: the decoder, its tokenizer, its chat
+ * template (or none), the tokens that end an answer, and LoRA adapters by
+ * name. What anytune infer and anytune serve load.
+ *
+ * Where things come from:
+ *   - a Hugging Face folder: tokenizer files of the folder; the template of
+ *     chat_template.jinja / tokenizer_config.json; generation_config.json's
+ *     eos_token_id joins the stop tokens;
+ *   - a GGUF file: the tokenizer.ggml.* arrays and tokenizer.chat_template;
+ *   - a llama2.c .bin: tokenizer.bin next to it (or the one tok*.bin there);
+ *     no template.
+ * A tokenizer given explicitly (opts->tokenizer) wins. */
+#ifndef AT_INFER_BUNDLE_H
+#define AT_INFER_BUNDLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+#include "base/status.h"
+#include "device/backend.h"
+#include "model/adapter.h"
+#include "model/decoder.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+#define AT_BUNDLE_MAX_STOP_IDS 16
+#define AT_BUNDLE_MAX_ADAPTERS 16
+
+typedef struct at_bundle_adapter {
+    char name[64];
+    char *path;
+    at_adapter *adapter;
+} at_bundle_adapter;
+
+typedef struct at_bundle {
+    at_decoder *decoder;
+    at_tokenizer *tokenizer;
+    at_chat_template *tmpl;   /* NULL: prompts are continued as raw text */
+    char name[128];           /* the model's name (the folder or file name without extension) */
+    int32_t stop_ids[AT_BUNDLE_MAX_STOP_IDS];
+    int n_stop_ids;
+    at_bundle_adapter adapters[AT_BUNDLE_MAX_ADAPTERS];
+    int n_adapters;
+} at_bundle;
+
+typedef struct at_bundle_opts {
+    const char *model;        /* folder, .gguf or llama2.c .bin (required) */
+    const char *tokenizer;    /* NULL: found from the model */
+    const char *template_name;/* NULL: the model's; "none"; a built-in name; a .jinja file */
+    const char *const *adapters; /* "DIR" or "NAME=DIR" items */
+    int n_adapters;
+    at_backend *backend;      /* NULL: the CPU */
+    int dtype;                /* at_dtype, or AT_LOAD_KEEP_DTYPE */
+} at_bundle_opts;
+
+/* Loads everything. Caller frees *out with at_bundle_free. Errors name the
+ * file concerned. */
+at_status at_bundle_load(const at_bundle_opts *opts, at_bundle **out);
+void at_bundle_free(at_bundle *b); /* NULL ok */
+
+/* The adapter named `name`, or NULL. */
+at_adapter *at_bundle_adapter_get(const at_bundle *b, const char *name);
+
+/* Token ids of a prompt:
+ *   - messages (a JSON array of {role, content}) through the chat template
+ *     with the generation prompt (an error when the model has none);
+ *   - else text: empty gives the BOS token alone; otherwise the text with
+ *     the tokenizer's special tokens added (BOS for most models).
+ * *ids is a new array (free()). */
+at_status at_bundle_encode_chat(const at_bundle *b, const cJSON *messages, int32_t **ids, size_t *n);
+at_status at_bundle_encode_text(const at_bundle *b, const char *text, int32_t **ids, size_t *n);
+
+/* The context length to use: `want` when > 0 (capped by the model's
+ * max_position_embeddings when known), else that, capped at 4096 (2048 when
+ * unknown). */
+int at_bundle_context(const at_bundle *b, int want);
+
+#endif

@@ -1,0 +1,272 @@
+#include "serve/request.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "base/json.h"
+
+static at_status bad(at_serve_request *r, const char *param, const char *fmt, const char *detail)
+{
+    snprintf(r->param, sizeof r->param, "%s", param);
+    return at_error(AT_ERR_INVALID, fmt, param, detail ? detail : "");
+}
+
+/* A number field into *out when present (null counts as absent). */
+static at_status number(at_serve_request *r, const cJSON *o, const char *key, double lo, double hi, double *out,
+                        int *present)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (present) *present = 0;
+    if (!v || cJSON_IsNull(v)) return AT_OK;
+    if (!cJSON_IsNumber(v)) return bad(r, key, "'%s' must be a number%s", NULL);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi) {
+        char range[96];
+        snprintf(range, sizeof range, " in [%g, %g] (got %g)", lo, hi, d);
+        return bad(r, key, "'%s' must be a number%s", range);
+    }
+    *out = d;
+    if (present) *present = 1;
+    return AT_OK;
+}
+
+static at_status integer(at_serve_request *r, const cJSON *o, const char *key, double lo, double hi, long long *out,
+                         int *present)
+{
+    double d = 0;
+    int have = 0;
+    AT_TRY(number(r, o, key, lo, hi, &d, &have));
+    if (have && d != floor(d)) return bad(r, key, "'%s' must be an integer%s", NULL);
+    if (have) *out = (long long)d;
+    if (present) *present = have;
+    return AT_OK;
+}
+
+static at_status boolean(at_serve_request *r, const cJSON *o, const char *key, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return AT_OK;
+    if (!cJSON_IsBool(v)) return bad(r, key, "'%s' must be true or false%s", NULL);
+    *out = cJSON_IsTrue(v);
+    return AT_OK;
+}
+
+/* content: a string, null, or a list of text parts (joined). A new string. */
+static at_status content_text(at_serve_request *r, const cJSON *c, char **out)
+{
+    *out = NULL;
+    if (!c || cJSON_IsNull(c)) {
+        *out = strdup("");
+    } else if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+    } else if (cJSON_IsArray(c)) {
+        size_t len = 0;
+        const cJSON *part;
+        cJSON_ArrayForEach(part, c) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+                !cJSON_IsString(text))
+                return bad(r, "messages", "'%s': only text content parts are supported%s", NULL);
+            len += strlen(text->valuestring);
+        }
+        *out = malloc(len + 1);
+        if (*out) {
+            size_t at = 0;
+            cJSON_ArrayForEach(part, c) {
+                const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+                size_t n = strlen(t);
+                memcpy(*out + at, t, n);
+                at += n;
+            }
+            (*out)[at] = 0;
+        }
+    } else {
+        return bad(r, "messages", "'%s': a message's content must be a string or a list of text parts%s", NULL);
+    }
+    if (!*out) return at_error(AT_ERR_NOMEM, "out of memory");
+    return AT_OK;
+}
+
+static at_status parse_messages(at_serve_request *r, const cJSON *o)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!m) return bad(r, "messages", "'%s' is required%s", NULL);
+    if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0)
+        return bad(r, "messages", "'%s' must be a non-empty list of messages%s", NULL);
+    r->messages = cJSON_CreateArray();
+    if (!r->messages) return at_error(AT_ERR_NOMEM, "out of memory");
+    const cJSON *msg;
+    cJSON_ArrayForEach(msg, m) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        if (!cJSON_IsObject(msg) || !cJSON_IsString(role) || !role->valuestring[0])
+            return bad(r, "messages", "'%s': every message needs a string 'role'%s", NULL);
+        char *text = NULL;
+        AT_TRY(content_text(r, cJSON_GetObjectItemCaseSensitive(msg, "content"), &text));
+        cJSON *copy = cJSON_CreateObject();
+        if (!copy || !cJSON_AddStringToObject(copy, "role", role->valuestring) ||
+            !cJSON_AddStringToObject(copy, "content", text)) {
+            free(text);
+            cJSON_Delete(copy);
+            return at_error(AT_ERR_NOMEM, "out of memory");
+        }
+        free(text);
+        cJSON_AddItemToArray(r->messages, copy);
+    }
+    return AT_OK;
+}
+
+static at_status parse_prompt(at_serve_request *r, const cJSON *o)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (!p) return bad(r, "prompt", "'%s' is required%s", NULL);
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
+        p = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(p)) {
+        r->prompt = strdup(p->valuestring);
+        return r->prompt ? AT_OK : at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
+    if (n == 0)
+        return bad(r, "prompt", "'%s' must be a string, a list of one string, or a non-empty list of token ids%s",
+                   NULL);
+    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return at_error(AT_ERR_NOMEM, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, p) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0 ||
+            it->valuedouble != floor(it->valuedouble))
+            return bad(r, "prompt", "'%s': a list prompt must hold one string or token ids (integers >= 0)%s", NULL);
+        r->prompt_ids[r->n_prompt_ids++] = (int32_t)it->valuedouble;
+    }
+    return AT_OK;
+}
+
+static at_status parse_stop(at_serve_request *r, const cJSON *o, const at_request_limits *lim)
+{
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    if (!s || cJSON_IsNull(s)) return AT_OK;
+    int max = lim->max_stop > 0 && lim->max_stop < AT_GEN_MAX_STOP ? lim->max_stop : AT_GEN_MAX_STOP;
+    if (!cJSON_IsString(s) && !cJSON_IsArray(s))
+        return bad(r, "stop", "'%s' must be a string or a list of strings%s", NULL);
+    if (cJSON_IsArray(s) && cJSON_GetArraySize(s) > max) {
+        char d[64];
+        snprintf(d, sizeof d, " (at most %d)", max);
+        return bad(r, "stop", "'%s' has too many strings%s", d);
+    }
+    const cJSON *it;
+    const cJSON *one = cJSON_IsString(s) ? s : NULL;
+    for (it = one ? one : s->child; it; it = one ? NULL : it->next) {
+        if (!cJSON_IsString(it)) return bad(r, "stop", "'%s' must be a string or a list of strings%s", NULL);
+        size_t n = strlen(it->valuestring);
+        if (lim->max_stop_len && n > lim->max_stop_len) return bad(r, "stop", "'%s': a stop string is too long%s", NULL);
+        if (n == 0) continue;
+        r->stop[r->n_stop] = strdup(it->valuestring);
+        if (!r->stop[r->n_stop]) return at_error(AT_ERR_NOMEM, "out of memory");
+        r->n_stop++;
+    }
+    return AT_OK;
+}
+
+at_status at_serve_request_parse(const char *body, size_t len, at_request_kind kind, const at_request_limits *lim,
+                                 at_serve_request *r)
+{
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->sampling = at_sampling_defaults();
+    r->sampling.temperature = 1.0f; /* OpenAI's default */
+    cJSON *o = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_json_parse(body, len, "request body", &o));
+    if (!cJSON_IsObject(o)) {
+        st = at_error(AT_ERR_FORMAT, "the request body must be a JSON object");
+        goto done;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (model && !cJSON_IsNull(model)) {
+        if (!cJSON_IsString(model)) {
+            st = bad(r, "model", "'%s' must be a string%s", NULL);
+            goto done;
+        }
+        r->model = strdup(model->valuestring);
+        if (!r->model) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    if (kind == AT_REQ_CHAT) AT_CHECK(parse_messages(r, o));
+    else AT_CHECK(parse_prompt(r, o));
+
+    double d;
+    long long i;
+    int have;
+    AT_CHECK(integer(r, o, "max_tokens", 1, 1e15, &i, &have));
+    if (!have) AT_CHECK(integer(r, o, "max_completion_tokens", 1, 1e15, &i, &have));
+    if (have) {
+        if (lim->max_tokens > 0 && i > lim->max_tokens) {
+            char detail[96];
+            snprintf(detail, sizeof detail, " (got %lld, at most %d)", i, lim->max_tokens);
+            st = bad(r, "max_tokens", "'%s' is too large%s", detail);
+            goto done;
+        }
+        r->max_tokens = (int)i;
+    }
+    AT_CHECK(integer(r, o, "n", 1, 1e9, &i, &have));
+    if (have && i != 1) {
+        st = bad(r, "n", "'%s': only n = 1 is supported%s", NULL);
+        goto done;
+    }
+    AT_CHECK(integer(r, o, "best_of", 1, 1e9, &i, &have));
+    if (have && i != 1) {
+        st = bad(r, "best_of", "'%s': only best_of = 1 is supported%s", NULL);
+        goto done;
+    }
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
+        st = bad(r, "logprobs", "'%s' is not supported%s", NULL);
+        goto done;
+    }
+    AT_CHECK(number(r, o, "temperature", 0, 2, &d, &have));
+    if (have) r->sampling.temperature = (float)d;
+    AT_CHECK(number(r, o, "top_p", 1e-9, 1, &d, &have));
+    if (have) r->sampling.top_p = (float)d;
+    AT_CHECK(integer(r, o, "top_k", -1, 1e9, &i, &have));
+    if (have) r->sampling.top_k = i < 0 ? 0 : (int)i;
+    AT_CHECK(number(r, o, "min_p", 0, 1, &d, &have));
+    if (have) r->sampling.min_p = (float)d;
+    AT_CHECK(number(r, o, "repetition_penalty", 1e-6, 1e6, &d, &have));
+    if (have) r->sampling.repetition_penalty = (float)d;
+    AT_CHECK(number(r, o, "presence_penalty", -2, 2, &d, &have));
+    if (have) r->sampling.presence_penalty = (float)d;
+    AT_CHECK(number(r, o, "frequency_penalty", -2, 2, &d, &have));
+    if (have) r->sampling.frequency_penalty = (float)d;
+    AT_CHECK(integer(r, o, "seed", -9.2e18, 9.2e18, &i, &have));
+    if (have) {
+        r->sampling.seed = (uint64_t)i;
+        r->has_seed = 1;
+    }
+    AT_CHECK(boolean(r, o, "stream", &r->stream));
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            st = bad(r, "stream_options", "'%s' must be an object%s", NULL);
+            goto done;
+        }
+        AT_CHECK(boolean(r, so, "include_usage", &r->include_usage));
+    }
+    AT_CHECK(parse_stop(r, o, lim));
+done:
+    cJSON_Delete(o);
+    return st;
+}
+
+void at_serve_request_free(at_serve_request *r)
+{
+    free(r->model);
+    cJSON_Delete(r->messages);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}

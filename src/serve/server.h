@@ -1,0 +1,55 @@
+/* anytune serve: an OpenAI-compatible HTTP API on libmicrohttpd.
+ *
+ *   POST /v1/chat/completions   messages through the chat template
+ *   POST /v1/completions        raw prompt continuation
+ *   GET  /v1/models             the base model and each adapter by name
+ *   GET  /health                {"status": "ok", running/waiting counts}
+ *
+ * Streaming answers are server-sent events ("data: {chunk}\n\n" ... "data:
+ * [DONE]\n\n"). Every request runs on the engine (engine.h): concurrent
+ * requests are decoded together in one batch. Errors are OpenAI's
+ * {"error": {...}} with the HTTP status: 400 bad input (malformed JSON,
+ * bad fields, a prompt or max_tokens over the limits), 401 a missing or
+ * wrong API key, 404 an unknown path or model, 405 a wrong method, 413 a
+ * body over the limit, 503 busy or shutting down, 500 a failure while
+ * generating. A client that goes away mid-answer is noticed (the socket
+ * hangs up) and its slot freed.
+ *
+ * Each connection has its own thread (MHD_USE_THREAD_PER_CONNECTION), so a
+ * handler may block while it waits for tokens. */
+#ifndef AT_SERVE_SERVER_H
+#define AT_SERVE_SERVER_H
+
+#include <stddef.h>
+#include "base/status.h"
+#include "infer/bundle.h"
+
+typedef struct at_server_opts {
+    const char *host;         /* numeric IPv4 address; NULL: 127.0.0.1 */
+    int port;                 /* 0: any free port (see at_server_port) */
+    int max_batch_size;       /* sequences decoded together (>= 1) */
+    int max_model_len;        /* tokens per sequence (prompt + answer); 0: from the model */
+    int max_tokens;           /* the largest max_tokens accepted; 0: max_model_len */
+    int default_max_tokens;   /* when a completions request gives none (chat: the rest of the context); 0: 16 */
+    size_t max_body_bytes;    /* 0: 1 MiB */
+    int max_queue;            /* requests waiting for a slot; 0: 64 */
+    int max_connections;      /* 0: 256 */
+    const char *api_key;      /* NULL: no authentication */
+    const char *served_model_name; /* NULL: the bundle's name */
+} at_server_opts;
+
+typedef struct at_server at_server;
+
+/* Starts listening and the engine. b is borrowed and must outlive the
+ * server. Caller stops it with at_server_stop. */
+at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out);
+
+/* The port it listens on. */
+int at_server_port(const at_server *s);
+
+/* Graceful stop: stops accepting connections, lets requests in flight
+ * finish for up to grace_s seconds (then cancels them; their streams end
+ * with finish_reason "abort"), closes every connection and frees s. NULL ok. */
+void at_server_stop(at_server *s, double grace_s);
+
+#endif

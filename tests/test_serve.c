@@ -1,0 +1,713 @@
+/* The HTTP server, driven over real sockets by a small client written here:
+ *  - OpenAI response shapes (completions, chat completions, models, errors);
+ *  - streaming: SSE framing, the role chunk, one finish_reason, the usage
+ *    chunk, the final [DONE], and the same text as the whole answer;
+ *  - concurrent streaming clients get the tokens of sequential greedy runs
+ *    (the generator alone), while the engine decodes them in one batch;
+ *  - stop strings cut where the reference story (stories260K.md) has them;
+ *  - bad input gets an OpenAI error with the right status, never a crash;
+ *  - an API key is required when set; a LoRA adapter is served by name;
+ *  - a client that disconnects mid-stream frees its slot;
+ *  - the program (ANYTUNE_BIN) stops cleanly on SIGTERM, finishing the
+ *    request in flight. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "base/file.h"
+#include "infer/bundle.h"
+#include "infer/generate.h"
+#include "model/loader.h"
+#include "serve/server.h"
+#include "testing.h"
+
+#define BIN "tests/data/models/stories260K.bin"
+#define TOKENIZER "tests/data/goldens/tok512.bin"
+#define STORY_MD "tests/data/goldens/stories260K.md"
+
+/* ---- a small HTTP/1.1 client ---------------------------------------------------- */
+
+static int connect_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {60, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_request(int fd, const char *method, const char *path, const char *headers, const char *body,
+                        size_t body_len)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                     method, path, headers ? headers : "", body ? body_len : 0);
+    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n) return 0;
+    size_t off = 0;
+    while (body && off < body_len) {
+        ssize_t w = send(fd, body + off, body_len - off, MSG_NOSIGNAL);
+        if (w <= 0) return off > 0; /* the server may answer (413) and close before reading it all */
+        off += (size_t)w;
+    }
+    return 1;
+}
+
+typedef struct {
+    int status;
+    char *body; /* de-chunked, NUL-terminated */
+    size_t len;
+} http_resp;
+
+static void dechunk(http_resp *r)
+{
+    char *out = malloc(r->len + 1), *p = r->body, *end = r->body + r->len;
+    size_t n = 0;
+    while (out && p < end) {
+        unsigned long sz = strtoul(p, NULL, 16);
+        char *crlf = strstr(p, "\r\n");
+        if (!crlf || sz == 0) break;
+        p = crlf + 2;
+        if (p + sz > end) sz = (unsigned long)(end - p);
+        memcpy(out + n, p, sz);
+        n += sz;
+        p += sz + 2;
+    }
+    if (!out) return;
+    out[n] = 0;
+    free(r->body);
+    r->body = out;
+    r->len = n;
+}
+
+/* Sends a request and reads the whole answer. */
+static int http(int port, const char *method, const char *path, const char *headers, const char *body,
+                http_resp *r)
+{
+    memset(r, 0, sizeof *r);
+    int fd = connect_to(port);
+    if (fd < 0) return 0;
+    if (!send_request(fd, method, path, headers, body, body ? strlen(body) : 0)) {
+        close(fd);
+        return 0;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
+        if (got <= 0) break;
+        len += (size_t)got;
+    }
+    close(fd);
+    buf[len] = 0;
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (!sep || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
+        free(buf);
+        return 0;
+    }
+    *sep = 0;
+    int chunked = strcasestr(buf, "transfer-encoding: chunked") != NULL;
+    r->len = len - (size_t)(sep + 4 - buf);
+    r->body = malloc(r->len + 1);
+    memcpy(r->body, sep + 4, r->len);
+    r->body[r->len] = 0;
+    free(buf);
+    if (chunked) dechunk(r);
+    return 1;
+}
+
+static cJSON *post_json(int port, const char *path, const char *headers, const char *body, int *status)
+{
+    http_resp r;
+    *status = 0;
+    if (!http(port, "POST", path, headers, body, &r)) return NULL;
+    *status = r.status;
+    cJSON *j = cJSON_Parse(r.body);
+    if (!j) fprintf(stderr, "not JSON (%d): %s\n", r.status, r.body);
+    free(r.body);
+    return j;
+}
+
+static const char *jstr(const cJSON *o, const char *path)
+{
+    /* "a.b.0.c" */
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *cur = o;
+    char *save = NULL; /* strtok_r: the streaming clients parse on several threads */
+    for (char *tok = strtok_r(buf, ".", &save); tok && cur; tok = strtok_r(NULL, ".", &save))
+        cur = (tok[0] >= '0' && tok[0] <= '9') ? cJSON_GetArrayItem(cur, atoi(tok))
+                                                : cJSON_GetObjectItemCaseSensitive(cur, tok);
+    return cJSON_IsString(cur) ? cur->valuestring : NULL;
+}
+
+static double jnum(const cJSON *o, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (b) x = cJSON_GetObjectItemCaseSensitive(x, b);
+    return cJSON_IsNumber(x) ? x->valuedouble : -1;
+}
+
+/* The events of an SSE body: concatenated content, count of finish reasons, etc. */
+typedef struct {
+    char text[8192];
+    int chunks, finishes, role_first, done_last, usage_chunks, bad;
+    char finish[32];
+    int completion_tokens;
+} sse_result;
+
+static void parse_sse(const char *body, int chat, sse_result *s)
+{
+    memset(s, 0, sizeof *s);
+    const char *p = body;
+    int n = 0, saw_done = 0;
+    while (p && *p) {
+        const char *end = strstr(p, "\n\n");
+        if (!end) {
+            s->bad = 1; /* every event ends with a blank line */
+            break;
+        }
+        if (strncmp(p, "data: ", 6)) s->bad = 1;
+        char *data = strndup(p + 6, (size_t)(end - p - 6));
+        if (saw_done) s->bad = 1;
+        if (!strcmp(data, "[DONE]")) {
+            saw_done = 1;
+        } else {
+            cJSON *j = cJSON_Parse(data);
+            if (!j || strcmp(jstr(j, "object") ? jstr(j, "object") : "",
+                             chat ? "chat.completion.chunk" : "text_completion"))
+                s->bad = 1;
+            const cJSON *ch = cJSON_GetObjectItem(j, "choices");
+            if (cJSON_GetArraySize(ch) == 0) {
+                s->usage_chunks++;
+                s->completion_tokens = (int)jnum(j, "usage", "completion_tokens");
+            } else {
+                const char *t = jstr(j, chat ? "choices.0.delta.content" : "choices.0.text");
+                if (n == 0 && chat) s->role_first = jstr(j, "choices.0.delta.role") != NULL;
+                if (t) strncat(s->text, t, sizeof s->text - strlen(s->text) - 1);
+                const char *f = jstr(j, "choices.0.finish_reason");
+                if (f) {
+                    s->finishes++;
+                    snprintf(s->finish, sizeof s->finish, "%s", f);
+                }
+            }
+            cJSON_Delete(j);
+            n++;
+        }
+        free(data);
+        p = end + 2;
+    }
+    s->chunks = n;
+    s->done_last = saw_done;
+}
+
+/* ---- references --------------------------------------------------------------------- */
+
+static char *reference_sampled(at_bundle *b, const char *prompt, const cJSON *messages, int max_new, at_adapter *ad,
+                               int *n_prompt, const at_sampling_params *sp)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (messages) CHECK_OK(at_bundle_encode_chat(b, messages, &ids, &n));
+    else CHECK_OK(at_bundle_encode_text(b, prompt, &ids, &n));
+    at_generator *g = NULL;
+    char *text = NULL;
+    CHECK_OK(at_generator_new(b->decoder, b->tokenizer, 512, &g));
+    at_gen_params p = at_gen_params_default();
+    p.max_new_tokens = max_new;
+    p.stop_ids = b->stop_ids;
+    p.n_stop_ids = b->n_stop_ids;
+    p.adapter = ad;
+    if (sp) p.sampling = *sp;
+    if (g && ids) CHECK_OK(at_generator_run(g, ids, n, &p, NULL, NULL, &text, NULL, NULL));
+    at_generator_free(g);
+    free(ids);
+    if (n_prompt) *n_prompt = (int)n;
+    return text;
+}
+
+static char *reference(at_bundle *b, const char *prompt, const cJSON *messages, int max_new, at_adapter *ad,
+                       int *n_prompt)
+{
+    return reference_sampled(b, prompt, messages, max_new, ad, n_prompt, NULL);
+}
+
+static char *story(void)
+{
+    char *md = NULL, *out = NULL;
+    if (at_read_file(STORY_MD, &md, NULL) != AT_OK) return NULL;
+    char *at = strstr(md, "-t 0.0\n");
+    if (at) {
+        char *start = at + 7, *end = strstr(start, "\n```");
+        if (end) out = strndup(start, (size_t)(end - start));
+    }
+    free(md);
+    return out;
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int port;
+    const char *prompt;
+    const char *want;
+    int ok;
+} client_arg;
+
+static void *stream_client(void *arg)
+{
+    client_arg *c = arg;
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 24, \"temperature\": 0, \"stream\": true}",
+             c->prompt);
+    http_resp r;
+    c->ok = 0;
+    if (http(c->port, "POST", "/v1/completions", NULL, body, &r)) {
+        sse_result s;
+        parse_sse(r.body, 0, &s);
+        c->ok = r.status == 200 && !s.bad && s.done_last && s.finishes == 1 && !strcmp(s.text, c->want);
+        if (!c->ok) fprintf(stderr, "client '%s': status %d, got '%s', want '%s'\n", c->prompt, r.status, s.text, c->want);
+        free(r.body);
+    }
+    return NULL;
+}
+
+static void test_completions(at_bundle *b, int port)
+{
+    /* whole answer */
+    int st, np = 0;
+    char *want = reference(b, "Once upon a time", NULL, 30, NULL, &np);
+    cJSON *j = post_json(port, "/v1/completions", NULL,
+                         "{\"model\": \"stories\", \"prompt\": \"Once upon a time\", \"max_tokens\": 30, "
+                         "\"temperature\": 0}", &st);
+    CHECK(st == 200 && j);
+    CHECK(jstr(j, "object") && !strcmp(jstr(j, "object"), "text_completion"));
+    CHECK(jstr(j, "id") && !strncmp(jstr(j, "id"), "cmpl-", 5));
+    CHECK(jstr(j, "model") && !strcmp(jstr(j, "model"), "stories"));
+    CHECK(jnum(j, "created", NULL) > 1.6e9);
+    CHECK_MSG(want && jstr(j, "choices.0.text") && !strcmp(jstr(j, "choices.0.text"), want), "'%s' != '%s'",
+              jstr(j, "choices.0.text"), want);
+    CHECK(jstr(j, "choices.0.finish_reason") && !strcmp(jstr(j, "choices.0.finish_reason"), "length"));
+    CHECK(jnum(j, "usage", "prompt_tokens") == np && jnum(j, "usage", "completion_tokens") == 30 &&
+          jnum(j, "usage", "total_tokens") == np + 30);
+    cJSON_Delete(j);
+    free(want);
+
+    /* token ids as the prompt, and the default max_tokens (16) */
+    j = post_json(port, "/v1/completions", NULL, "{\"prompt\": [1, 403, 407], \"temperature\": 0}", &st);
+    CHECK(st == 200 && jnum(j, "usage", "prompt_tokens") == 3 && jnum(j, "usage", "completion_tokens") == 16);
+    cJSON_Delete(j);
+
+    /* sampling with a seed: the generator's draws with the same settings */
+    at_sampling_params sp = at_sampling_defaults();
+    sp.temperature = 0.9f;
+    sp.top_p = 0.95f;
+    sp.top_k = 50;
+    sp.seed = 1234;
+    want = reference_sampled(b, "Tom went", NULL, 40, NULL, NULL, &sp);
+    for (int rep = 0; rep < 2; rep++) {
+        j = post_json(port, "/v1/completions", NULL, "{\"prompt\": \"Tom went\", \"max_tokens\": 40, "
+                      "\"temperature\": 0.9, \"top_p\": 0.95, \"top_k\": 50, \"seed\": 1234}", &st);
+        CHECK_MSG(st == 200 && want && jstr(j, "choices.0.text") && !strcmp(jstr(j, "choices.0.text"), want),
+                  "seeded: '%s' != '%s'", jstr(j, "choices.0.text"), want);
+        cJSON_Delete(j);
+    }
+    free(want);
+
+    /* stop strings: the story up to its first "Lily" */
+    char *s = story();
+    j = post_json(port, "/v1/completions", NULL,
+                  "{\"prompt\": \"\", \"max_tokens\": 100, \"temperature\": 0, \"stop\": [\"Lily\", \"zebra\"]}", &st);
+    const char *cut = s ? strstr(s, "Lily") : NULL, *t = jstr(j, "choices.0.text");
+    CHECK(st == 200 && t && cut && strlen(t) == (size_t)(cut - s) && !strncmp(t, s, strlen(t)));
+    CHECK(jstr(j, "choices.0.finish_reason") && !strcmp(jstr(j, "choices.0.finish_reason"), "stop"));
+    cJSON_Delete(j);
+    free(s);
+
+    /* chat: whole and streamed give the reference text */
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"system\", \"content\": \"Tell a story.\"}, "
+                              "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"A dog\"}]}]");
+    cJSON *plain = cJSON_Parse("[{\"role\": \"system\", \"content\": \"Tell a story.\"}, "
+                               "{\"role\": \"user\", \"content\": \"A dog\"}]");
+    want = reference(b, NULL, plain, 25, NULL, &np);
+    const char *chat = "{\"messages\": [{\"role\": \"system\", \"content\": \"Tell a story.\"}, {\"role\": \"user\", "
+                       "\"content\": [{\"type\": \"text\", \"text\": \"A dog\"}]}], \"max_tokens\": 25, "
+                       "\"temperature\": 0%s}";
+    char body[512];
+    snprintf(body, sizeof body, chat, "");
+    j = post_json(port, "/v1/chat/completions", NULL, body, &st);
+    CHECK(st == 200 && jstr(j, "object") && !strcmp(jstr(j, "object"), "chat.completion"));
+    CHECK(jstr(j, "id") && !strncmp(jstr(j, "id"), "chatcmpl-", 9));
+    CHECK(jstr(j, "choices.0.message.role") && !strcmp(jstr(j, "choices.0.message.role"), "assistant"));
+    CHECK_MSG(want && jstr(j, "choices.0.message.content") && !strcmp(jstr(j, "choices.0.message.content"), want),
+              "chat '%s' != '%s'", jstr(j, "choices.0.message.content"), want);
+    CHECK(jnum(j, "usage", "prompt_tokens") == np);
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, chat, ", \"stream\": true, \"stream_options\": {\"include_usage\": true}");
+    http_resp r;
+    CHECK(http(port, "POST", "/v1/chat/completions", NULL, body, &r));
+    sse_result sr;
+    parse_sse(r.body ? r.body : "", 1, &sr);
+    CHECK(r.status == 200 && !sr.bad && sr.done_last && sr.role_first && sr.finishes == 1 && sr.usage_chunks == 1);
+    CHECK(sr.completion_tokens == 25 && !strcmp(sr.finish, "length"));
+    CHECK_MSG(want && !strcmp(sr.text, want), "streamed chat '%s' != '%s'", sr.text, want);
+    CHECK(r.body && strstr(r.body, "data: [DONE]\n\n") == r.body + r.len - 14);
+    free(r.body);
+    free(want);
+    cJSON_Delete(msgs);
+    cJSON_Delete(plain);
+}
+
+static void test_concurrent(at_bundle *b, int port)
+{
+    const char *prompts[4] = {"Once upon a time", "The cat", "Tom had a big red ball", "One day"};
+    char *want[4];
+    client_arg a[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        want[i] = reference(b, prompts[i], NULL, 24, NULL, NULL);
+        a[i] = (client_arg){port, prompts[i], want[i] ? want[i] : "", 0};
+    }
+    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, stream_client, &a[i]);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    int ok = 0;
+    for (int i = 0; i < 4; i++) {
+        ok += a[i].ok;
+        free(want[i]);
+    }
+    CHECK_MSG(ok == 4, "%d of 4 concurrent streams equal their sequential greedy runs", ok);
+    http_resp r;
+    CHECK(http(port, "GET", "/health", NULL, NULL, &r) && r.status == 200);
+    cJSON *h = cJSON_Parse(r.body ? r.body : "");
+    printf("concurrent: 4 streaming clients equal to sequential greedy runs; peak batch %.0f\n",
+           jnum(h, "peak_batch", NULL));
+    CHECK(jnum(h, "peak_batch", NULL) >= 2); /* they were decoded together */
+    cJSON_Delete(h);
+    free(r.body);
+}
+
+static void expect_error(int port, const char *method, const char *path, const char *headers, const char *body,
+                         int status, const char *param)
+{
+    http_resp r;
+    CHECK(http(port, method, path, headers, body, &r));
+    cJSON *j = cJSON_Parse(r.body ? r.body : "");
+    const char *msg = jstr(j, "error.message"), *type = jstr(j, "error.type"), *p = jstr(j, "error.param");
+    CHECK_MSG(r.status == status && msg && msg[0] && type, "%s %s %.60s: status %d (want %d), body %s", method, path,
+              body ? body : "", r.status, status, r.body ? r.body : "");
+    if (param) CHECK_MSG(p && !strcmp(p, param), "%.60s: param %s, want %s", body, p ? p : "null", param);
+    cJSON_Delete(j);
+    free(r.body);
+}
+
+static void test_errors(int port)
+{
+    const char *C = "/v1/chat/completions", *P = "/v1/completions";
+    expect_error(port, "POST", C, NULL, "{\"messages\": [", 400, NULL);
+    expect_error(port, "POST", C, NULL, "", 400, NULL);
+    expect_error(port, "POST", C, NULL, "[1, 2]", 400, NULL);
+    expect_error(port, "POST", C, NULL, "{}", 400, "messages");
+    expect_error(port, "POST", C, NULL, "{\"messages\": []}", 400, "messages");
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"content\": \"hi\"}]}", 400, "messages");
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"temperature\": 9}", 400, "temperature");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"n\": 2}", 400, "n");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"max_tokens\": 1.5}", 400, "max_tokens");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"max_tokens\": 100000}", 400, "max_tokens");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"max_tokens\": 500}", 400, "max_tokens");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"stream\": 1}", 400, "stream");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"stop\": [1]}", 400, "stop");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"logprobs\": 3}", 400, "logprobs");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": [1, -4]}", 400, "prompt");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": [1, 99999]}", 400, "prompt");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": {}}", 400, "prompt");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"model\": \"gpt-5\"}", 404, "model");
+    /* a prompt longer than the context (512) */
+    size_t big = 3000;
+    char *long_prompt = malloc(big + 64);
+    strcpy(long_prompt, "{\"prompt\": \"");
+    for (size_t i = 0; i < big / 4; i++) strcat(long_prompt, "cat ");
+    strcat(long_prompt, "\"}");
+    expect_error(port, "POST", P, NULL, long_prompt, 400, "prompt");
+    free(long_prompt);
+    /* a body over the limit (64 KiB here) */
+    size_t huge = 100000;
+    char *body = malloc(huge + 32);
+    memset(body, ' ', huge);
+    memcpy(body, "{\"prompt\": \"a\"}", 15);
+    body[huge] = 0;
+    expect_error(port, "POST", P, NULL, body, 413, NULL);
+    free(body);
+    expect_error(port, "GET", "/v2/nothing", NULL, NULL, 404, NULL);
+    expect_error(port, "GET", P, NULL, NULL, 405, NULL);
+    expect_error(port, "POST", "/v1/models", NULL, "{}", 405, NULL);
+    expect_error(port, "POST", "/health", NULL, "{}", 405, NULL);
+    /* still serving */
+    int st;
+    cJSON *j = post_json(port, P, NULL, "{\"prompt\": \"a\", \"max_tokens\": 2}", &st);
+    CHECK(st == 200 && jnum(j, "usage", "completion_tokens") == 2);
+    cJSON_Delete(j);
+}
+
+static int health_running(int port, long long *tokens)
+{
+    http_resp r;
+    if (!http(port, "GET", "/health", NULL, NULL, &r)) return -1;
+    cJSON *h = cJSON_Parse(r.body ? r.body : "");
+    int running = (int)jnum(h, "running", NULL);
+    if (tokens) *tokens = (long long)jnum(h, "tokens", NULL);
+    cJSON_Delete(h);
+    free(r.body);
+    return running;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_disconnect(int port)
+{
+    long long before = 0, after = 0;
+    health_running(port, &before);
+    int fd = connect_to(port);
+    const char *body = "{\"prompt\": \"\", \"max_tokens\": 480, \"temperature\": 0, \"stream\": true}";
+    CHECK(fd >= 0 && send_request(fd, "POST", "/v1/completions", NULL, body, strlen(body)));
+    /* read until two text chunks arrived, then hang up */
+    char buf[8192];
+    size_t len = 0;
+    int seen = 0;
+    while (seen < 2 && len < sizeof buf - 1) {
+        ssize_t g = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (g <= 0) break;
+        len += (size_t)g;
+        buf[len] = 0;
+        seen = 0;
+        for (char *p = buf; (p = strstr(p, "\"text\"")) != NULL; p++) seen++;
+    }
+    CHECK(seen >= 2);
+    close(fd);
+    double t0 = now_s();
+    int running = 1;
+    while (now_s() - t0 < 10 && (running = health_running(port, &after)) != 0) usleep(20000);
+    CHECK_MSG(running == 0, "the slot of the client that left is still running");
+    CHECK_MSG(after - before < 400, "%lld tokens were generated for a client that left", after - before);
+    printf("disconnect: slot freed after %.0f ms, %lld tokens generated\n", (now_s() - t0) * 1000, after - before);
+}
+
+static void test_auth_and_adapters(at_bundle *b, at_bundle *ref)
+{
+    at_server_opts o = {0};
+    o.max_batch_size = 2;
+    o.api_key = "sekrit";
+    o.served_model_name = "stories";
+    at_server *s = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    int port = at_server_port(s);
+    const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 3}";
+    expect_error(port, "POST", "/v1/completions", NULL, body, 401, NULL);
+    expect_error(port, "POST", "/v1/completions", "Authorization: Bearer wrong\r\n", body, 401, NULL);
+    expect_error(port, "GET", "/v1/models", "Authorization: sekrit\r\n", NULL, 401, NULL);
+    int st;
+    cJSON *j = post_json(port, "/v1/completions", "Authorization: Bearer sekrit\r\n", body, &st);
+    CHECK(st == 200 && j);
+    cJSON_Delete(j);
+    http_resp r;
+    CHECK(http(port, "GET", "/health", NULL, NULL, &r) && r.status == 200); /* no key needed */
+    free(r.body);
+    CHECK(http(port, "GET", "/v1/models", "Authorization: Bearer sekrit\r\n", NULL, &r) && r.status == 200);
+    j = cJSON_Parse(r.body ? r.body : "");
+    free(r.body);
+    CHECK(jstr(j, "object") && !strcmp(jstr(j, "object"), "list"));
+    CHECK(jstr(j, "data.0.id") && !strcmp(jstr(j, "data.0.id"), "stories"));
+    CHECK(jstr(j, "data.1.id") && !strcmp(jstr(j, "data.1.id"), "tuned"));
+    CHECK(jstr(j, "data.1.parent") && !strcmp(jstr(j, "data.1.parent"), "stories"));
+    CHECK(jstr(j, "data.0.object") && !strcmp(jstr(j, "data.0.object"), "model"));
+    cJSON_Delete(j);
+    at_server_stop(s, 5);
+
+    /* the adapter by name gives the adapter's text */
+    char *want = reference(ref, "Once upon a time", NULL, 20, ref->adapters[0].adapter, NULL);
+    char *base = reference(ref, "Once upon a time", NULL, 20, NULL, NULL);
+    o.api_key = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    port = at_server_port(s);
+    j = post_json(port, "/v1/completions", NULL,
+                  "{\"model\": \"tuned\", \"prompt\": \"Once upon a time\", \"max_tokens\": 20, \"temperature\": 0}",
+                  &st);
+    CHECK_MSG(st == 200 && want && jstr(j, "choices.0.text") && !strcmp(jstr(j, "choices.0.text"), want),
+              "adapter: '%s' != '%s'", jstr(j, "choices.0.text"), want);
+    CHECK(jstr(j, "model") && !strcmp(jstr(j, "model"), "tuned"));
+    CHECK(base && want && strcmp(base, want) != 0);
+    cJSON_Delete(j);
+    free(want);
+    free(base);
+    at_server_stop(s, 5);
+}
+
+/* The program: SIGTERM while a stream runs lets it finish, then exits 0. */
+static void test_sigterm(void)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (!bin || access(bin, X_OK) != 0) {
+        printf("sigterm: ANYTUNE_BIN not set, skipped\n");
+        return;
+    }
+    int err[2];
+    CHECK(pipe(err) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(err[1], 2);
+        close(err[0]);
+        execl(bin, bin, "serve", "--model", BIN, "--tokenizer", TOKENIZER, "--port", "0", "--shutdown_timeout", "20",
+              (char *)NULL);
+        _exit(127);
+    }
+    close(err[1]);
+    /* the port, from the line "... on http://127.0.0.1:PORT/v1 ..." */
+    char line[2048];
+    size_t len = 0;
+    int port = 0;
+    while (!port && len < sizeof line - 1) {
+        struct pollfd p = {err[0], POLLIN, 0};
+        if (poll(&p, 1, 20000) <= 0) break;
+        ssize_t g = read(err[0], line + len, sizeof line - 1 - len);
+        if (g <= 0) break;
+        len += (size_t)g;
+        line[len] = 0;
+        char *at = strstr(line, "http://127.0.0.1:");
+        if (at) port = atoi(at + 17);
+    }
+    CHECK_MSG(port > 0, "no port in: %s", line);
+    if (port > 0) {
+        int fd = connect_to(port);
+        const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 60, \"temperature\": 0, \"stream\": true}";
+        CHECK(fd >= 0 && send_request(fd, "POST", "/v1/completions", NULL, body, strlen(body)));
+        char buf[65536];
+        size_t n = 0;
+        ssize_t g = recv(fd, buf, sizeof buf - 1, 0); /* the stream has begun */
+        CHECK(g > 0);
+        n = g > 0 ? (size_t)g : 0;
+        kill(pid, SIGTERM);
+        while (n < sizeof buf - 1 && (g = recv(fd, buf + n, sizeof buf - 1 - n, 0)) > 0) n += (size_t)g;
+        buf[n] = 0;
+        close(fd);
+        CHECK_MSG(strstr(buf, "data: [DONE]") != NULL, "the stream in flight did not end with [DONE]");
+        CHECK(strstr(buf, "\"finish_reason\":\"length\"") != NULL); /* it finished, not cut */
+        double t0 = now_s();
+        int status = -1;
+        while (now_s() - t0 < 20 && waitpid(pid, &status, WNOHANG) == 0) usleep(20000);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
+        CHECK(connect_to(port) < 0); /* nobody listens any more */
+        printf("sigterm: the stream in flight finished, exit 0 after %.0f ms\n", (now_s() - t0) * 1000);
+    }
+    if (waitpid(pid, NULL, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    close(err[0]);
+}
+
+static at_bundle *load(const char *adapter_item)
+{
+    at_bundle_opts o = {0};
+    o.model = BIN;
+    o.tokenizer = TOKENIZER;
+    o.template_name = "chatml";
+    o.dtype = AT_LOAD_KEEP_DTYPE;
+    const char *items[1] = {adapter_item};
+    o.adapters = items;
+    o.n_adapters = adapter_item ? 1 : 0;
+    at_bundle *b = NULL;
+    CHECK_OK(at_bundle_load(&o, &b));
+    return b;
+}
+
+/* Writes a fresh LoRA adapter with B set (so that it changes the answers) into dir. */
+static void write_adapter(const char *dir)
+{
+    at_bundle *b = load(NULL);
+    at_adapter *ad = NULL;
+    if (b) CHECK_OK(at_adapter_new(&b->decoder->cfg, b->decoder->be, 4, 8.0, 0.0, 0, (1u << AT_MOD_COUNT) - 1, 3, &ad));
+    for (int l = 0; ad && l < ad->n_layers; l++)
+        for (int m = 0; m < AT_MOD_COUNT; m++) {
+            at_lora_pair *pr = at_adapter_pair(ad, l, (at_module)m);
+            float *d = at_tensor_data(pr->B);
+            for (int64_t i = 0; i < at_tensor_numel(pr->B); i++)
+                d[i] = 0.2f * (float)((i * 7 + l * 3 + m) % 11 - 5) / 5;
+        }
+    if (ad) CHECK_OK(at_adapter_save(ad, dir));
+    at_adapter_free(ad);
+    at_bundle_free(b);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/anytune-serve-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    write_adapter(dir);
+    char item[128];
+    snprintf(item, sizeof item, "tuned=%s", dir);
+    /* the server runs on b; references are computed on ref (its own decoder, so
+     * they may run while the server's engine uses b's) */
+    at_bundle *b = load(item), *ref = load(item);
+    if (b && ref) {
+        test_auth_and_adapters(b, ref);
+        at_server_opts o = {0};
+        o.max_batch_size = 4;
+        o.served_model_name = "stories";
+        o.max_body_bytes = 64 * 1024;
+        o.max_tokens = 480;
+        at_server *s = NULL;
+        CHECK_OK(at_server_start(b, &o, &s));
+        if (s) {
+            int port = at_server_port(s);
+            http_resp r;
+            CHECK(http(port, "GET", "/health", NULL, NULL, &r) && r.status == 200 && r.body && strstr(r.body, "\"ok\""));
+            free(r.body);
+            test_completions(ref, port);
+            test_concurrent(ref, port);
+            test_errors(port);
+            test_disconnect(port);
+            at_server_stop(s, 5);
+        }
+    }
+    test_sigterm();
+    at_bundle_free(b);
+    at_bundle_free(ref);
+    char *cfg = at_path_join(dir, "adapter_config.json"), *st = at_path_join(dir, "adapter_model.safetensors");
+    if (cfg) unlink(cfg);
+    if (st) unlink(st);
+    free(cfg);
+    free(st);
+    rmdir(dir);
+    return at_test_result("test_serve");
+}
