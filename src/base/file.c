@@ -98,51 +98,102 @@ at_status at_fsync_dir(const char *dir)
     return AT_OK;
 }
 
-at_status at_write_file_atomic(const char *path, const void *data, size_t len)
+at_status at_atomic_open(at_atomic_file *a, const char *path)
 {
-    size_t pl = strlen(path);
-    char *tmp = malloc(pl + 32);
-    if (!tmp) return at_error(AT_ERR_NOMEM, "out of memory");
-    snprintf(tmp, pl + 32, "%s.tmp.%ld", path, (long)getpid());
-    at_status st = AT_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = at_error(AT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto done;
+    a->fd = -1;
+    a->path = strdup(path);
+    size_t n = strlen(path) + 32;
+    a->tmp = malloc(n);
+    if (!a->path || !a->tmp) {
+        at_atomic_abort(a);
+        return at_error(AT_ERR_NOMEM, "out of memory");
     }
+    snprintf(a->tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (a->fd < 0) {
+        at_status st = at_error(AT_ERR_IO, "%s: cannot create: %s", a->tmp, strerror(errno));
+        at_atomic_abort(a);
+        return st;
+    }
+    return AT_OK;
+}
+
+at_status at_atomic_write(at_atomic_file *a, const void *data, size_t len)
+{
     const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
+    while (len > 0) {
+        ssize_t w = write(a->fd, p, len);
         if (w < 0) {
             if (errno == EINTR) continue;
-            st = at_error(AT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-            break;
+            return at_error(AT_ERR_IO, "%s: write failed: %s", a->tmp, strerror(errno));
         }
         p += w;
-        left -= (size_t)w;
+        len -= (size_t)w;
     }
-    if (st == AT_OK && fsync(fd) != 0) st = at_error(AT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    close(fd);
-    if (st == AT_OK && rename(tmp, path) != 0)
-        st = at_error(AT_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-    if (st != AT_OK) unlink(tmp);
-    if (st == AT_OK) {
-        char *dir = strdup(path);
-        if (dir) {
-            char *slash = strrchr(dir, '/');
-            if (slash) {
-                *slash = '\0';
-                st = at_fsync_dir(slash == dir ? "/" : dir);
-            } else {
-                st = at_fsync_dir(".");
-            }
-            free(dir);
-        }
+    return AT_OK;
+}
+
+at_status at_atomic_zeros(at_atomic_file *a, size_t n)
+{
+    static const char zeros[256];
+    while (n > 0) {
+        size_t k = n < sizeof zeros ? n : sizeof zeros;
+        AT_TRY(at_atomic_write(a, zeros, k));
+        n -= k;
     }
-done:
-    free(tmp);
+    return AT_OK;
+}
+
+void at_atomic_abort(at_atomic_file *a)
+{
+    if (a->fd >= 0) close(a->fd);
+    if (a->tmp) unlink(a->tmp);
+    free(a->tmp);
+    free(a->path);
+    a->fd = -1;
+    a->tmp = NULL;
+    a->path = NULL;
+}
+
+at_status at_atomic_commit(at_atomic_file *a)
+{
+    at_status st = AT_OK;
+    if (fsync(a->fd) != 0) st = at_error(AT_ERR_IO, "%s: fsync failed: %s", a->tmp, strerror(errno));
+    if (close(a->fd) != 0 && st == AT_OK) st = at_error(AT_ERR_IO, "%s: close failed: %s", a->tmp, strerror(errno));
+    a->fd = -1;
+    if (st == AT_OK && rename(a->tmp, a->path) != 0)
+        st = at_error(AT_ERR_IO, "%s: cannot rename into place: %s", a->path, strerror(errno));
+    if (st != AT_OK) {
+        at_atomic_abort(a);
+        return st;
+    }
+    free(a->tmp);
+    a->tmp = NULL;
+    /* the rename itself must reach the disk: fsync the folder */
+    char *slash = strrchr(a->path, '/');
+    if (!slash) {
+        st = at_fsync_dir(".");
+    } else if (slash == a->path) {
+        st = at_fsync_dir("/");
+    } else {
+        *slash = '\0';
+        st = at_fsync_dir(a->path);
+    }
+    free(a->path);
+    a->path = NULL;
     return st;
+}
+
+at_status at_write_file_atomic(const char *path, const void *data, size_t len)
+{
+    at_atomic_file a;
+    AT_TRY(at_atomic_open(&a, path));
+    at_status st = at_atomic_write(&a, data, len);
+    if (st != AT_OK) {
+        at_atomic_abort(&a);
+        return st;
+    }
+    return at_atomic_commit(&a);
 }
 
 at_status at_mkdirs(const char *path)

@@ -23,6 +23,22 @@ at_status at_read_file(const char *path, char **out, size_t *len);
 /* Writes data to path atomically: a temporary file beside it, fsync, rename. */
 at_status at_write_file_atomic(const char *path, const void *data, size_t len);
 
+/* A file written in pieces that appears at its path only when whole: the
+ * bytes go to a temporary name beside it; commit fsyncs, renames it into
+ * place and fsyncs the folder; abort (or a failed commit) removes it. */
+typedef struct {
+    int fd;
+    char *tmp;  /* owned */
+    char *path; /* owned */
+} at_atomic_file;
+
+at_status at_atomic_open(at_atomic_file *a, const char *path);
+at_status at_atomic_write(at_atomic_file *a, const void *data, size_t len);
+/* Writes n zero bytes (padding). */
+at_status at_atomic_zeros(at_atomic_file *a, size_t n);
+at_status at_atomic_commit(at_atomic_file *a);
+void at_atomic_abort(at_atomic_file *a); /* safe after commit and on a zeroed struct with fd -1 */
+
 /* fsyncs a directory (after renames into it). */
 at_status at_fsync_dir(const char *dir);
 

@@ -1040,51 +1040,27 @@ static void put_value(bytebuf *b, const at_gguf_value *v)
     }
 }
 
-/* The same temporary-file-then-rename scheme as safetensors.c. */
+/* Header, then each tensor's bytes at its aligned offset, through an atomic
+ * file (base/file.h): readers never see a half-written GGUF. */
 static at_status write_atomic_parts(const char *path, const bytebuf *hdr, const at_gguf_writer *w, size_t align)
 {
-    at_status st = AT_OK;
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp) return at_error(AT_ERR_NOMEM, "out of memory");
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        st = at_error(AT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return st;
-    }
-    static const uint8_t zeros[64];
+    at_atomic_file f;
+    AT_TRY(at_atomic_open(&f, path));
     size_t pos = hdr->len;
-    if (fwrite(hdr->p, 1, hdr->len, f) != hdr->len) st = at_error(AT_ERR_IO, "%s: write failed", tmp);
+    at_status st = at_atomic_write(&f, hdr->p, hdr->len);
     for (size_t i = 0; st == AT_OK && i < w->n_t; i++) {
         size_t pad = (align - pos % align) % align;
-        while (st == AT_OK && pad > 0) {
-            size_t k = pad < sizeof zeros ? pad : sizeof zeros;
-            if (fwrite(zeros, 1, k, f) != k) st = at_error(AT_ERR_IO, "%s: write failed", tmp);
-            pad -= k;
-            pos += k;
-        }
-        if (st == AT_OK && w->t[i].nbytes && fwrite(w->t[i].data, 1, w->t[i].nbytes, f) != w->t[i].nbytes)
-            st = at_error(AT_ERR_IO, "%s: write failed (tensor %s)", tmp, w->t[i].name);
+        st = at_atomic_zeros(&f, pad);
+        pos += pad;
+        if (st == AT_OK && w->t[i].nbytes) st = at_atomic_write(&f, w->t[i].data, w->t[i].nbytes);
+        if (st != AT_OK) at_error_wrap(st, "tensor %s", w->t[i].name);
         pos += w->t[i].nbytes;
     }
-    if (st == AT_OK && fflush(f) != 0) st = at_error(AT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (st == AT_OK && fsync(fileno(f)) != 0) st = at_error(AT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    if (fclose(f) != 0 && st == AT_OK) st = at_error(AT_ERR_IO, "%s: close failed", tmp);
-    if (st == AT_OK && rename(tmp, path) != 0)
-        st = at_error(AT_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
-    if (st != AT_OK) unlink(tmp);
-    free(tmp);
-    if (st == AT_OK) {
-        const char *slash = strrchr(path, '/');
-        if (!slash) return at_fsync_dir(".");
-        char *dir = strndup(path, slash == path ? 1 : (size_t)(slash - path));
-        if (!dir) return AT_OK;
-        st = at_fsync_dir(dir);
-        free(dir);
+    if (st != AT_OK) {
+        at_atomic_abort(&f);
+        return st;
     }
-    return st;
+    return at_atomic_commit(&f);
 }
 
 at_status at_gguf_write(const at_gguf_writer *w, const char *path)

@@ -711,76 +711,6 @@ at_status at_st_get(const at_st_model *m, const char *name, int ndim, const int6
 
 /* ---- writing ------------------------------------------------------------ */
 
-/* Streams a file to a temporary name beside `path`; commit fsyncs and renames
- * it into place, so readers never see a half-written file. */
-typedef struct {
-    int fd;
-    char *tmp;
-    const char *path;
-} atomic_out;
-
-static at_status ao_open(atomic_out *a, const char *path)
-{
-    a->path = path;
-    a->fd = -1;
-    size_t n = strlen(path) + 32;
-    a->tmp = malloc(n);
-    if (!a->tmp) return at_error(AT_ERR_NOMEM, "out of memory");
-    snprintf(a->tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (a->fd < 0) {
-        at_status st = at_error(AT_ERR_IO, "%s: cannot create: %s", a->tmp, strerror(errno));
-        free(a->tmp);
-        a->tmp = NULL;
-        return st;
-    }
-    return AT_OK;
-}
-
-static at_status ao_write(atomic_out *a, const void *data, size_t len)
-{
-    const char *p = data;
-    while (len > 0) {
-        ssize_t w = write(a->fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return at_error(AT_ERR_IO, "%s: write failed: %s", a->tmp, strerror(errno));
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return AT_OK;
-}
-
-static void ao_abort(atomic_out *a)
-{
-    if (a->fd >= 0) close(a->fd);
-    if (a->tmp) unlink(a->tmp);
-    free(a->tmp);
-    a->fd = -1;
-    a->tmp = NULL;
-}
-
-static at_status ao_commit(atomic_out *a)
-{
-    at_status st = AT_OK;
-    if (fsync(a->fd) != 0) st = at_error(AT_ERR_IO, "%s: fsync failed: %s", a->tmp, strerror(errno));
-    if (close(a->fd) != 0 && st == AT_OK) st = at_error(AT_ERR_IO, "%s: close failed: %s", a->tmp, strerror(errno));
-    a->fd = -1;
-    if (st == AT_OK && rename(a->tmp, a->path) != 0)
-        st = at_error(AT_ERR_IO, "%s: cannot rename into place: %s", a->path, strerror(errno));
-    if (st != AT_OK) {
-        ao_abort(a);
-        return st;
-    }
-    free(a->tmp);
-    a->tmp = NULL;
-    char *dir = dir_of(a->path);
-    if (dir) st = at_fsync_dir(dir);
-    free(dir);
-    return st;
-}
-
 at_status at_safetensors_write(const char *path, const at_tensor *const *tensors, const char *const *names,
                                size_t n, const at_st_kv *metadata, size_t n_meta)
 {
@@ -790,7 +720,7 @@ at_status at_safetensors_write(const char *path, const at_tensor *const *tensors
     size_t *order = NULL;
     const char **nm = NULL;
     uint8_t *tmpbuf = NULL;
-    atomic_out ao = {.fd = -1};
+    at_atomic_file ao = {.fd = -1};
 
     order = malloc((n ? n : 1) * sizeof *order);
     nm = malloc((n ? n : 1) * sizeof *nm);
@@ -873,10 +803,10 @@ at_status at_safetensors_write(const char *path, const at_tensor *const *tensors
     size_t padded = (hl + 7) / 8 * 8;
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    AT_CHECK(ao_open(&ao, path));
-    AT_CHECK(ao_write(&ao, len8, 8));
-    AT_CHECK(ao_write(&ao, hdr, hl));
-    AT_CHECK(ao_write(&ao, "        ", padded - hl));
+    AT_CHECK(at_atomic_open(&ao, path));
+    AT_CHECK(at_atomic_write(&ao, len8, 8));
+    AT_CHECK(at_atomic_write(&ao, hdr, hl));
+    AT_CHECK(at_atomic_write(&ao, "        ", padded - hl));
     for (size_t j = 0; j < n; j++) {
         const at_tensor *t = tensors[order[j]];
         size_t nb = at_tensor_nbytes(t);
@@ -891,11 +821,11 @@ at_status at_safetensors_write(const char *path, const at_tensor *const *tensors
             AT_CHECK(at_tensor_download(t, tmpbuf, nb));
             src = tmpbuf;
         }
-        if (nb > 0) AT_CHECK(ao_write(&ao, src, nb));
+        if (nb > 0) AT_CHECK(at_atomic_write(&ao, src, nb));
     }
-    st = ao_commit(&ao);
+    st = at_atomic_commit(&ao);
 done:
-    if (st != AT_OK) ao_abort(&ao);
+    if (st != AT_OK) at_atomic_abort(&ao);
     free(tmpbuf);
     free(hdr);
     free(order);
