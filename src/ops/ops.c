@@ -99,6 +99,15 @@ static at_status fb_add(fallback *f, const at_tensor *t, int is_out, at_tensor *
     return AT_OK;
 }
 
+/* fb_add for n tensors at once; host copies into h[] (NULL for NULL). */
+static at_status fb_add_all(fallback *f, const at_tensor *const *dev, const int *is_out, int n, at_tensor **h)
+{
+    at_status st = AT_OK;
+    for (int i = 0; i < n; i++) h[i] = NULL;
+    for (int i = 0; i < n && st == AT_OK; i++) st = fb_add(f, dev[i], is_out[i], &h[i]);
+    return st;
+}
+
 static at_status fb_finish(fallback *f, at_status st)
 {
     for (int i = 0; i < f->n; i++) {
@@ -176,11 +185,11 @@ at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
     AT_TRY(need_backend(b, be, op));
     BACKEND_OR_FALLBACK(be, matmul, c, a, b, trans_a, trans_b, alpha, beta);
     fallback f = {0};
-    at_tensor *hc, *ha, *hb;
-    at_status st = fb_add(&f, c, 1, &hc);
-    if (st == AT_OK) st = fb_add(&f, a, 0, &ha);
-    if (st == AT_OK) st = fb_add(&f, b, 0, &hb);
-    if (st == AT_OK) st = cpu_ops()->matmul(hc, ha, hb, trans_a, trans_b, alpha, beta);
+    const at_tensor *dev[] = {c, a, b};
+    const int is_out[] = {1, 0, 0};
+    at_tensor *h[3];
+    at_status st = fb_add_all(&f, dev, is_out, 3, h);
+    if (st == AT_OK) st = cpu_ops()->matmul(h[0], h[1], h[2], trans_a, trans_b, alpha, beta);
     return fb_finish(&f, st);
 }
 
@@ -204,11 +213,11 @@ at_status at_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
     AT_TRY(need_backend(b, be, op));
     BACKEND_OR_FALLBACK(be, add, y, a, b);
     fallback f = {0};
-    at_tensor *hy, *ha, *hb;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, a, 0, &ha);
-    if (st == AT_OK) st = fb_add(&f, b, 0, &hb);
-    if (st == AT_OK) st = cpu_ops()->add(hy, ha, hb);
+    const at_tensor *dev[] = {y, a, b};
+    const int is_out[] = {1, 0, 0};
+    at_tensor *h[3];
+    at_status st = fb_add_all(&f, dev, is_out, 3, h);
+    if (st == AT_OK) st = cpu_ops()->add(h[0], h[1], h[2]);
     return fb_finish(&f, st);
 }
 
@@ -224,10 +233,11 @@ at_status at_scale(at_tensor *y, const at_tensor *x, float s)
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, scale, y, x, s);
     fallback f = {0};
-    at_tensor *hy, *hx;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->scale(hy, hx, s);
+    const at_tensor *dev[] = {y, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->scale(h[0], h[1], s);
     return fb_finish(&f, st);
 }
 
@@ -243,10 +253,11 @@ at_status at_axpy(at_tensor *y, float alpha, const at_tensor *x)
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, axpy, y, alpha, x);
     fallback f = {0};
-    at_tensor *hy, *hx;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->axpy(hy, alpha, hx);
+    const at_tensor *dev[] = {y, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->axpy(h[0], alpha, h[1]);
     return fb_finish(&f, st);
 }
 
@@ -258,9 +269,11 @@ at_status at_fill(at_tensor *y, float value)
     at_backend *be = y->buf->backend;
     BACKEND_OR_FALLBACK(be, fill, y, value);
     fallback f = {0};
-    at_tensor *hy;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = cpu_ops()->fill(hy, value);
+    const at_tensor *dev[] = {y};
+    const int is_out[] = {1};
+    at_tensor *h[1];
+    at_status st = fb_add_all(&f, dev, is_out, 1, h);
+    if (st == AT_OK) st = cpu_ops()->fill(h[0], value);
     return fb_finish(&f, st);
 }
 
@@ -278,10 +291,11 @@ at_status at_cast(at_tensor *y, const at_tensor *x)
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, cast, y, x);
     fallback f = {0};
-    at_tensor *hy, *hx;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->cast(hy, hx);
+    const at_tensor *dev[] = {y, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->cast(h[0], h[1]);
     return fb_finish(&f, st);
 }
 
@@ -297,10 +311,11 @@ at_status at_sum_rows(at_tensor *y, const at_tensor *x, float beta)
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, sum_rows, y, x, beta);
     fallback f = {0};
-    at_tensor *hy, *hx;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->sum_rows(hy, hx, beta);
+    const at_tensor *dev[] = {y, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->sum_rows(h[0], h[1], beta);
     return fb_finish(&f, st);
 }
 
@@ -325,12 +340,11 @@ at_status at_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, 
     AT_TRY(need_backend(w, be, op));
     BACKEND_OR_FALLBACK(be, rmsnorm_forward, y, rstd, x, w, eps);
     fallback f = {0};
-    at_tensor *hy, *hr, *hx, *hw;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, rstd, 1, &hr);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = fb_add(&f, w, 0, &hw);
-    if (st == AT_OK) st = cpu_ops()->rmsnorm_forward(hy, hr, hx, hw, eps);
+    const at_tensor *dev[] = {y, rstd, x, w};
+    const int is_out[] = {1, 1, 0, 0};
+    at_tensor *h[4];
+    at_status st = fb_add_all(&f, dev, is_out, 4, h);
+    if (st == AT_OK) st = cpu_ops()->rmsnorm_forward(h[0], h[1], h[2], h[3], eps);
     return fb_finish(&f, st);
 }
 
@@ -364,14 +378,11 @@ at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy,
     AT_TRY(need_backend(rstd, be, op));
     BACKEND_OR_FALLBACK(be, rmsnorm_backward, dx, dw, dy, x, w, rstd);
     fallback f = {0};
-    at_tensor *hdx, *hdw, *hdy, *hx, *hw, *hr;
-    at_status st = fb_add(&f, dx, 1, &hdx);
-    if (st == AT_OK) st = fb_add(&f, dw, 1, &hdw);
-    if (st == AT_OK) st = fb_add(&f, dy, 0, &hdy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = fb_add(&f, w, 0, &hw);
-    if (st == AT_OK) st = fb_add(&f, rstd, 0, &hr);
-    if (st == AT_OK) st = cpu_ops()->rmsnorm_backward(hdx, hdw, hdy, hx, hw, hr);
+    const at_tensor *dev[] = {dx, dw, dy, x, w, rstd};
+    const int is_out[] = {1, 1, 0, 0, 0, 0};
+    at_tensor *h[6];
+    at_status st = fb_add_all(&f, dev, is_out, 6, h);
+    if (st == AT_OK) st = cpu_ops()->rmsnorm_backward(h[0], h[1], h[2], h[3], h[4], h[5]);
     return fb_finish(&f, st);
 }
 
@@ -399,12 +410,11 @@ at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const 
     AT_TRY(need_backend(inv_freq, be, op));
     BACKEND_OR_FALLBACK(be, rope, y, x, pos, inv_freq, inverse);
     fallback f = {0};
-    at_tensor *hy, *hx, *hp, *hf;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = fb_add(&f, pos, 0, &hp);
-    if (st == AT_OK) st = fb_add(&f, inv_freq, 0, &hf);
-    if (st == AT_OK) st = cpu_ops()->rope(hy, hx, hp, hf, inverse);
+    const at_tensor *dev[] = {y, x, pos, inv_freq};
+    const int is_out[] = {1, 0, 0, 0};
+    at_tensor *h[4];
+    at_status st = fb_add_all(&f, dev, is_out, 4, h);
+    if (st == AT_OK) st = cpu_ops()->rope(h[0], h[1], h[2], h[3], inverse);
     return fb_finish(&f, st);
 }
 
@@ -547,11 +557,11 @@ at_status at_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor
     AT_TRY(need_backend(up, be, op));
     BACKEND_OR_FALLBACK(be, swiglu_forward, y, gate, up);
     fallback f = {0};
-    at_tensor *hy, *hg, *hu;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, gate, 0, &hg);
-    if (st == AT_OK) st = fb_add(&f, up, 0, &hu);
-    if (st == AT_OK) st = cpu_ops()->swiglu_forward(hy, hg, hu);
+    const at_tensor *dev[] = {y, gate, up};
+    const int is_out[] = {1, 0, 0};
+    at_tensor *h[3];
+    at_status st = fb_add_all(&f, dev, is_out, 3, h);
+    if (st == AT_OK) st = cpu_ops()->swiglu_forward(h[0], h[1], h[2]);
     return fb_finish(&f, st);
 }
 
@@ -573,13 +583,11 @@ at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
     }
     BACKEND_OR_FALLBACK(be, swiglu_backward, dgate, dup, dy, gate, up);
     fallback f = {0};
-    at_tensor *hdg, *hdu, *hdy, *hg, *hu;
-    at_status st = fb_add(&f, dgate, 1, &hdg);
-    if (st == AT_OK) st = fb_add(&f, dup, 1, &hdu);
-    if (st == AT_OK) st = fb_add(&f, dy, 0, &hdy);
-    if (st == AT_OK) st = fb_add(&f, gate, 0, &hg);
-    if (st == AT_OK) st = fb_add(&f, up, 0, &hu);
-    if (st == AT_OK) st = cpu_ops()->swiglu_backward(hdg, hdu, hdy, hg, hu);
+    const at_tensor *dev[] = {dgate, dup, dy, gate, up};
+    const int is_out[] = {1, 1, 0, 0, 0};
+    at_tensor *h[5];
+    at_status st = fb_add_all(&f, dev, is_out, 5, h);
+    if (st == AT_OK) st = cpu_ops()->swiglu_backward(h[0], h[1], h[2], h[3], h[4]);
     return fb_finish(&f, st);
 }
 
@@ -602,11 +610,11 @@ at_status at_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tens
     AT_TRY(need_backend(table, be, op));
     BACKEND_OR_FALLBACK(be, embedding_forward, y, ids, table);
     fallback f = {0};
-    at_tensor *hy, *hi, *ht;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, ids, 0, &hi);
-    if (st == AT_OK) st = fb_add(&f, table, 0, &ht);
-    if (st == AT_OK) st = cpu_ops()->embedding_forward(hy, hi, ht);
+    const at_tensor *dev[] = {y, ids, table};
+    const int is_out[] = {1, 0, 0};
+    at_tensor *h[3];
+    at_status st = fb_add_all(&f, dev, is_out, 3, h);
+    if (st == AT_OK) st = cpu_ops()->embedding_forward(h[0], h[1], h[2]);
     return fb_finish(&f, st);
 }
 
@@ -629,11 +637,11 @@ at_status at_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at
     AT_TRY(need_backend(ids, be, op));
     BACKEND_OR_FALLBACK(be, embedding_backward, dtable, dy, ids);
     fallback f = {0};
-    at_tensor *ht, *hdy, *hi;
-    at_status st = fb_add(&f, dtable, 1, &ht);
-    if (st == AT_OK) st = fb_add(&f, dy, 0, &hdy);
-    if (st == AT_OK) st = fb_add(&f, ids, 0, &hi);
-    if (st == AT_OK) st = cpu_ops()->embedding_backward(ht, hdy, hi);
+    const at_tensor *dev[] = {dtable, dy, ids};
+    const int is_out[] = {1, 0, 0};
+    at_tensor *h[3];
+    at_status st = fb_add_all(&f, dev, is_out, 3, h);
+    if (st == AT_OK) st = cpu_ops()->embedding_backward(h[0], h[1], h[2]);
     return fb_finish(&f, st);
 }
 
@@ -649,10 +657,11 @@ at_status at_softmax(at_tensor *y, const at_tensor *x)
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, softmax, y, x);
     fallback f = {0};
-    at_tensor *hy, *hx;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->softmax(hy, hx);
+    const at_tensor *dev[] = {y, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->softmax(h[0], h[1]);
     return fb_finish(&f, st);
 }
 
@@ -679,12 +688,11 @@ at_status at_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_ten
     AT_TRY(need_backend(labels, be, op));
     BACKEND_OR_FALLBACK(be, cross_entropy, row_loss, dlogits, logits, labels, grad_scale);
     fallback f = {0};
-    at_tensor *hr, *hd, *hl, *hlab;
-    at_status st = fb_add(&f, row_loss, 1, &hr);
-    if (st == AT_OK) st = fb_add(&f, dlogits, 1, &hd);
-    if (st == AT_OK) st = fb_add(&f, logits, 0, &hl);
-    if (st == AT_OK) st = fb_add(&f, labels, 0, &hlab);
-    if (st == AT_OK) st = cpu_ops()->cross_entropy(hr, hd, hl, hlab, grad_scale);
+    const at_tensor *dev[] = {row_loss, dlogits, logits, labels};
+    const int is_out[] = {1, 1, 0, 0};
+    at_tensor *h[4];
+    at_status st = fb_add_all(&f, dev, is_out, 4, h);
+    if (st == AT_OK) st = cpu_ops()->cross_entropy(h[0], h[1], h[2], h[3], grad_scale);
     return fb_finish(&f, st);
 }
 
@@ -706,12 +714,11 @@ at_status at_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_ten
     }
     BACKEND_OR_FALLBACK(be, adamw, param, grad, m, v, p);
     fallback f = {0};
-    at_tensor *hp, *hg, *hm, *hv;
-    at_status st = fb_add(&f, param, 1, &hp);
-    if (st == AT_OK) st = fb_add(&f, grad, 0, &hg);
-    if (st == AT_OK) st = fb_add(&f, m, 1, &hm);
-    if (st == AT_OK) st = fb_add(&f, v, 1, &hv);
-    if (st == AT_OK) st = cpu_ops()->adamw(hp, hg, hm, hv, p);
+    const at_tensor *dev[] = {param, grad, m, v};
+    const int is_out[] = {1, 0, 1, 1};
+    at_tensor *h[4];
+    at_status st = fb_add_all(&f, dev, is_out, 4, h);
+    if (st == AT_OK) st = cpu_ops()->adamw(h[0], h[1], h[2], h[3], p);
     return fb_finish(&f, st);
 }
 
@@ -727,10 +734,11 @@ at_status at_sumsq(at_tensor *out, const at_tensor *x)
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, sumsq, out, x);
     fallback f = {0};
-    at_tensor *ho, *hx;
-    at_status st = fb_add(&f, out, 1, &ho);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->sumsq(ho, hx);
+    const at_tensor *dev[] = {out, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->sumsq(h[0], h[1]);
     return fb_finish(&f, st);
 }
 
@@ -754,9 +762,10 @@ at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
     AT_TRY(need_backend(x, be, op));
     BACKEND_OR_FALLBACK(be, dropout, y, x, p, seed, offset);
     fallback f = {0};
-    at_tensor *hy, *hx;
-    at_status st = fb_add(&f, y, 1, &hy);
-    if (st == AT_OK) st = fb_add(&f, x, 0, &hx);
-    if (st == AT_OK) st = cpu_ops()->dropout(hy, hx, p, seed, offset);
+    const at_tensor *dev[] = {y, x};
+    const int is_out[] = {1, 0};
+    at_tensor *h[2];
+    at_status st = fb_add_all(&f, dev, is_out, 2, h);
+    if (st == AT_OK) st = cpu_ops()->dropout(h[0], h[1], p, seed, offset);
     return fb_finish(&f, st);
 }
