@@ -432,10 +432,13 @@ at_status tok_load_llama2c(const char *path, at_tokenizer **out)
     t->bos_id = count > 1 ? 1 : -1;
     t->eos_id = count > 2 ? 2 : -1;
     t->unk_id = 0;
-    /* <unk>, <s>, </s>: special for skip_special; never matched in text as
-     * their pieces there are not their names. */
+    /* <unk>, <s>, </s>: special tokens under the names SentencePiece and
+     * Hugging Face give them (tokenizer.bin stores them as "\n<s>\n" ...), so
+     * a chat template's bos_token/eos_token text becomes these ids when the
+     * caller parses special tokens, as with Llama 2's tokenizer.json. */
+    static const char *const names[3] = {"<unk>", "<s>", "</s>"};
     for (int32_t id = 0; id < 3 && id < count; id++)
-        AT_CHECK(tok_add_token(t, t->model.vocab.str[id], t->model.vocab.len[id], id, 1, 0, 0, 0, 0));
+        AT_CHECK(tok_add_token(t, names[id], strlen(names[id]), id, 1, 0, 0, 0, 0));
     if (t->bos_id >= 0) {
         t->post.pre = malloc(sizeof(int32_t));
         if (!t->post.pre) {

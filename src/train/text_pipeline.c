@@ -3,17 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static at_status add_special(at_text_pipeline *p, const char *text, int32_t id)
-{
-    if (!text || !*text || id < 0 || p->n_special == AT_PIPELINE_MAX_SPECIAL) return AT_OK;
-    /* A string the tokenizer already knows as a special token needs no help. */
-    if (at_tokenizer_special_id(p->tok, text) >= 0) return AT_OK;
-    p->special_text[p->n_special] = strdup(text);
-    if (!p->special_text[p->n_special]) return at_error(AT_ERR_NOMEM, "out of memory");
-    p->special_id[p->n_special++] = id;
-    return AT_OK;
-}
-
 at_status at_text_pipeline_init(at_text_pipeline *p, const at_tokenizer *tok, const at_chat_template *tmpl,
                                 int last_turn_only)
 {
@@ -21,22 +10,10 @@ at_status at_text_pipeline_init(at_text_pipeline *p, const at_tokenizer *tok, co
     p->tok = tok;
     p->tmpl = tmpl;
     p->mask = last_turn_only ? AT_CHAT_MASK_LAST : AT_CHAT_MASK_ALL;
-    if (tmpl) {
-        at_status st = add_special(p, at_chat_template_token(tmpl, "bos_token"), at_tokenizer_bos(tok));
-        if (st == AT_OK) st = add_special(p, at_chat_template_token(tmpl, "eos_token"), at_tokenizer_eos(tok));
-        if (st != AT_OK) {
-            at_text_pipeline_free(p);
-            return st;
-        }
-    }
     return AT_OK;
 }
 
-void at_text_pipeline_free(at_text_pipeline *p)
-{
-    for (int i = 0; i < p->n_special; i++) free(p->special_text[i]);
-    p->n_special = 0;
-}
+void at_text_pipeline_free(at_text_pipeline *p) { memset(p, 0, sizeof *p); }
 
 static at_status render(void *ctx, const at_sample *s, char **text, size_t *len, at_byte_span **spans,
                         size_t *n_spans)
@@ -82,21 +59,6 @@ static at_status render(void *ctx, const at_sample *s, char **text, size_t *len,
     return AT_OK;
 }
 
-/* The next special string at or after `from`: its start, index, or len when none. */
-static size_t next_special(const at_text_pipeline *p, const char *text, size_t len, size_t from, int *which)
-{
-    size_t best = len;
-    *which = -1;
-    for (int i = 0; i < p->n_special; i++) {
-        const char *hit = memmem(text + from, len - from, p->special_text[i], strlen(p->special_text[i]));
-        if (hit && (size_t)(hit - text) < best) {
-            best = (size_t)(hit - text);
-            *which = i;
-        }
-    }
-    return best;
-}
-
 typedef struct {
     int32_t *ids;
     at_byte_span *off;
@@ -122,7 +84,8 @@ static at_status push_token(token_list *l, int32_t id, size_t b, size_t e)
     return AT_OK;
 }
 
-/* Tokenizes text[start, end) and gives each token the bytes it decodes to,
+/* Tokenizes text[start, end) (special tokens written by the template become
+ * their ids) and gives each token the bytes it decodes to,
  * found by streaming decode (which never splits a character, so a token
  * ending inside one covers no bytes and the next covers the whole character). */
 static at_status tokenize_piece(const at_text_pipeline *p, const char *text, size_t start, size_t end, token_list *l)
@@ -152,17 +115,7 @@ static at_status tokenize(void *ctx, const char *text, size_t len, int32_t **ids
 {
     at_text_pipeline *p = ctx;
     token_list l = {0};
-    at_status st = AT_OK;
-    size_t pos = 0;
-    while (st == AT_OK && pos < len) {
-        int which;
-        size_t at = next_special(p, text, len, pos, &which);
-        st = tokenize_piece(p, text, pos, at, &l);
-        if (st != AT_OK || which < 0) break;
-        size_t sl = strlen(p->special_text[which]);
-        st = push_token(&l, p->special_id[which], at, at + sl);
-        pos = at + sl;
-    }
+    at_status st = tokenize_piece(p, text, 0, len, &l);
     if (st != AT_OK) {
         free(l.ids);
         free(l.off);

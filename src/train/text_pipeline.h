@@ -4,11 +4,8 @@
  * tokenize callbacks of data/encode.h, bound to a model's tokenizer and
  * template.
  *
- * Special tokens written by the template (bos_token, eos_token, and the
- * tokenizer's own added tokens) become their ids. Tokenizers that do not list
- * the template's bos/eos strings as added tokens (llama2.c's tokenizer.bin
- * keeps them only as ids) are handled here: those strings are cut out of the
- * text before tokenizing and replaced by the tokenizer's BOS/EOS ids. */
+ * Special tokens written by the template (bos_token, eos_token, <|im_end|>,
+ * ...) become their ids: the text is tokenized with special tokens parsed. */
 #ifndef AT_TRAIN_TEXT_PIPELINE_H
 #define AT_TRAIN_TEXT_PIPELINE_H
 
@@ -17,15 +14,10 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
-#define AT_PIPELINE_MAX_SPECIAL 4
-
 typedef struct {
     const at_tokenizer *tok;
     const at_chat_template *tmpl; /* NULL: conversations cannot be encoded */
     at_chat_mask_mode mask;       /* AT_CHAT_MASK_ALL or AT_CHAT_MASK_LAST */
-    int n_special;
-    char *special_text[AT_PIPELINE_MAX_SPECIAL]; /* cut out and mapped to ids */
-    int32_t special_id[AT_PIPELINE_MAX_SPECIAL];
 } at_text_pipeline;
 
 /* Binds tokenizer and template (both borrowed; they must outlive p).
