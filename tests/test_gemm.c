@@ -181,8 +181,8 @@ static void sweep_large(int full)
         {0, 1, 300, 2100, 20, AT_BF16, AT_F32, AT_F32, 1.0f, 1.0f, 0, 0},
         {1, 0, 90, 100, 1100, AT_F32, AT_BF16, AT_BF16, -1.0f, 0.5f, 2, 0}, /* bf16 C over many k blocks */
         {0, 0, 40, 50, 700, AT_F16, AT_F32, AT_BF16, 1.0f, 0.0f, 0, 1},
-        {0, 1, 20, 4200, 40, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 1, 1},   /* threads split N past NC */
-        {1, 0, 1000, 2100, 10, AT_BF16, AT_BF16, AT_F32, 1.0f, 0.5f, 0, 0}, /* threads split M, B shared */
+        {0, 1, 20, 4200, 40, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 1, 1},   /* a slice of N past NC */
+        {1, 0, 1000, 2100, 10, AT_BF16, AT_BF16, AT_F32, 1.0f, 0.5f, 0, 0}, /* many n blocks, several m blocks */
     };
     size_t n = sizeof big / sizeof big[0];
     for (size_t i = 0; i < n; i++)
@@ -268,7 +268,7 @@ int main(void)
                worst[1]);
     }
     at_cpu_isa_force(hw);
-    /* an odd number of threads: uneven slices, and on a 1-core machine still a team */
+    /* an odd number of threads: uneven slices, and on a 1-core machine still several */
     int nthreads = omp_get_max_threads();
     omp_set_num_threads(3);
     worst[0] = worst[1] = 0;

@@ -9,9 +9,8 @@
  *  - blocked (GotoBLAS): for each NC block of columns and KC block of k, pack
  *    op(B) into NR-wide panels; for each MC block of rows pack op(A) into
  *    MR-high panels; the MRxNR microkernel walks the panels. Blocks are cut
- *    to equal sizes (no thin remainder block). With several threads each
- *    owns a slice of N (or of M, whichever has more tiles) and the operand
- *    all of them read is packed once, cooperatively (blocked_team).
+ *    to equal sizes (no thin remainder block). Threads own disjoint
+ *    rectangles of C with private packing buffers (gemm_blocked says why).
  *  - library: f32 x f32 -> f32 can be handed to oneDNN or OpenBLAS (see
  *    "libraries" below; off by default, ours measured as fast).
  * Compute format (see gemm.h) is decided here: bf16 if either input is bf16.
@@ -480,18 +479,20 @@ static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t 
     }
 }
 
-/* The whole problem on one thread. */
-static void blocked_serial(const at_gemm_blocked *e, const problem *p, char *abuf, char *bbuf)
+/* The rows [m0, m1) x columns [n0, n1) of C, on one thread, with its own
+ * packing buffers. */
+static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0, int64_t m1, int64_t n0,
+                          int64_t n1, char *abuf, char *bbuf)
 {
-    int64_t ns = block_step(p->N, e->nc, e->nr), ks = block_step(p->K, e->kc, e->kp);
-    int64_t ms = block_step(p->M, e->mc, e->mr);
-    for (int64_t jc = 0; jc < p->N; jc += ns) {
-        int64_t nb = p->N - jc < ns ? p->N - jc : ns;
+    int64_t ns = block_step(n1 - n0, e->nc, e->nr), ks = block_step(p->K, e->kc, e->kp);
+    int64_t ms = block_step(m1 - m0, e->mc, e->mr);
+    for (int64_t jc = n0; jc < n1; jc += ns) {
+        int64_t nb = n1 - jc < ns ? n1 - jc : ns;
         for (int64_t pc = 0; pc < p->K; pc += ks) {
             int64_t kb = p->K - pc < ks ? p->K - pc : ks;
             pack_b(e, p, bbuf, jc, nb, pc, kb);
-            for (int64_t ic = 0; ic < p->M; ic += ms) {
-                int64_t mb = p->M - ic < ms ? p->M - ic : ms;
+            for (int64_t ic = m0; ic < m1; ic += ms) {
+                int64_t mb = m1 - ic < ms ? m1 - ic : ms;
                 pack_a(e, p, abuf, ic, mb, pc, kb);
                 multiply_blocks(e, p, ic, mb, jc, nb, kb, abuf, bbuf, pc == 0 ? p->beta : 1.0f);
             }
@@ -499,96 +500,51 @@ static void blocked_serial(const at_gemm_blocked *e, const problem *p, char *abu
     }
 }
 
-/* nt threads, each owning a slice of N (split_n) or of M. The operand they
- * all need (op(A) when N is split, op(B) when M is) is packed once per block
- * into `shared`, every thread packing a share of its panels between two
- * barriers; each thread packs its own slice of the other operand into its
- * part of `own` (own_bytes each). All threads run the same sequence of
- * barriers: the loops that contain one do not depend on the slice. */
-static void blocked_team(const at_gemm_blocked *e, const problem *p, int nt, int split_n, char *shared, char *own,
-                         size_t own_bytes)
-{
-    int64_t unit = split_n ? e->nr : e->mr, dim = split_n ? p->N : p->M;
-    int64_t tiles = (dim + unit - 1) / unit, widest = (tiles + nt - 1) / nt * unit;
-    int64_t ks = block_step(p->K, e->kc, e->kp);
-#pragma omp parallel num_threads(nt)
-    {
-        int t = omp_get_thread_num();
-        int64_t lo = tiles * t / nt * unit, hi = tiles * (t + 1) / nt * unit;
-        if (hi > dim) hi = dim;
-        char *mine = own + (size_t)t * own_bytes;
-        if (split_n) {
-            int64_t ns = block_step(widest, e->nc, e->nr), ms = block_step(p->M, e->mc, e->mr);
-            for (int64_t jo = 0; jo < widest; jo += ns) {
-                int64_t jc = lo + jo, nb = hi - jc < ns ? hi - jc : ns;
-                for (int64_t pc = 0; pc < p->K; pc += ks) {
-                    int64_t kb = p->K - pc < ks ? p->K - pc : ks;
-                    if (nb > 0) pack_b(e, p, mine, jc, nb, pc, kb);
-                    for (int64_t ic = 0; ic < p->M; ic += ms) {
-                        int64_t mb = p->M - ic < ms ? p->M - ic : ms;
-                        int64_t np = (mb + e->mr - 1) / e->mr, p0 = np * t / nt, p1 = np * (t + 1) / nt;
-#pragma omp barrier /* everyone is done with the previous A block */
-                        if (p1 > p0) {
-                            int64_t n = (p1 - p0) * e->mr < mb - p0 * e->mr ? (p1 - p0) * e->mr : mb - p0 * e->mr;
-                            pack_a(e, p, shared + p0 * panel_bytes(e, e->mr, kb), ic + p0 * e->mr, n, pc, kb);
-                        }
-#pragma omp barrier /* the A block is whole */
-                        if (nb > 0) multiply_blocks(e, p, ic, mb, jc, nb, kb, shared, mine, pc == 0 ? p->beta : 1.0f);
-                    }
-                }
-            }
-        } else {
-            int64_t ns = block_step(p->N, e->nc, e->nr), ms = block_step(hi - lo, e->mc, e->mr);
-            for (int64_t jc = 0; jc < p->N; jc += ns) {
-                int64_t nb = p->N - jc < ns ? p->N - jc : ns;
-                for (int64_t pc = 0; pc < p->K; pc += ks) {
-                    int64_t kb = p->K - pc < ks ? p->K - pc : ks;
-                    int64_t np = (nb + e->nr - 1) / e->nr, p0 = np * t / nt, p1 = np * (t + 1) / nt;
-#pragma omp barrier /* everyone is done with the previous B block */
-                    if (p1 > p0) {
-                        int64_t n = (p1 - p0) * e->nr < nb - p0 * e->nr ? (p1 - p0) * e->nr : nb - p0 * e->nr;
-                        pack_b(e, p, shared + p0 * panel_bytes(e, e->nr, kb), jc + p0 * e->nr, n, pc, kb);
-                    }
-#pragma omp barrier /* the B block is whole */
-                    for (int64_t ic = lo; ic < hi; ic += ms) {
-                        int64_t mb = hi - ic < ms ? hi - ic : ms;
-                        pack_a(e, p, mine, ic, mb, pc, kb);
-                        multiply_blocks(e, p, ic, mb, jc, nb, kb, mine, shared, pc == 0 ? p->beta : 1.0f);
-                    }
-                }
-            }
-        }
-    }
-}
-
+/* Threads own disjoint rectangles of C and pack what they need themselves:
+ * no barrier inside, so a thread that the OS preempts delays only its own
+ * part. (Packing the shared operand cooperatively saved a few percent on an
+ * idle machine, but its two barriers per block made every time slice lost
+ * to another process a stall for both threads: 30-40% slower under load.)
+ * The grid tm x tn is the one that packs the fewest values in total: each
+ * column of threads packs all its rows of A, each row of threads its
+ * columns of B. */
 static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
 {
     int64_t tiles_m = (p->M + e->mr - 1) / e->mr, tiles_n = (p->N + e->nr - 1) / e->nr;
     int nt = threads_for(2.0 * p->M * p->N * p->K);
-    /* split the dimension with more tiles (the packing is shared either way) */
-    int split_n = tiles_n >= tiles_m;
-    int64_t tiles = split_n ? tiles_n : tiles_m;
-    if (nt > tiles) nt = (int)tiles;
+    int tm = 1, tn = 1;
+    for (; nt > 1; nt--) {
+        double best = -1;
+        for (int a = 1; a <= nt; a++) {
+            if (nt % a || a > tiles_m || nt / a > tiles_n) continue;
+            double cost = (double)(nt / a) * p->M * p->K + (double)a * p->K * p->N;
+            if (best < 0 || cost < best) {
+                best = cost;
+                tm = a;
+                tn = nt / a;
+            }
+        }
+        if (best >= 0) break;
+    }
     int64_t kcb = p->K < e->kc ? p->K : e->kc;
-    int64_t mcb = p->M < e->mc ? p->M : e->mc, ncb = p->N < e->nc ? p->N : e->nc;
-    size_t ablk = panel_bytes(e, e->mr, kcb) * (size_t)((mcb + e->mr - 1) / e->mr);
-    size_t bblk = panel_bytes(e, e->nr, kcb) * (size_t)((ncb + e->nr - 1) / e->nr);
-    ablk = (ablk + 63) / 64 * 64;
-    bblk = (bblk + 63) / 64 * 64;
-    if (nt <= 1) {
-        char *buf = thread_buffer(BUF_PACK, ablk + bblk);
-        if (buf) blocked_serial(e, p, buf, buf + ablk);
-        else reference_range(p, 0, p->M, 0, p->N);
-        return;
+#pragma omp parallel num_threads(tm * tn) if (tm * tn > 1)
+    {
+        int t = omp_get_thread_num();
+        int ti = t / tn, tj = t % tn;
+        int64_t m0 = tiles_m * ti / tm * e->mr, m1 = tiles_m * (ti + 1) / tm * e->mr;
+        int64_t n0 = tiles_n * tj / tn * e->nr, n1 = tiles_n * (tj + 1) / tn * e->nr;
+        if (m1 > p->M) m1 = p->M;
+        if (n1 > p->N) n1 = p->N;
+        if (m1 > m0 && n1 > n0) {
+            int64_t mcb = m1 - m0 < e->mc ? m1 - m0 : e->mc, ncb = n1 - n0 < e->nc ? n1 - n0 : e->nc;
+            size_t ablk = panel_bytes(e, e->mr, kcb) * (size_t)((mcb + e->mr - 1) / e->mr);
+            size_t bblk = panel_bytes(e, e->nr, kcb) * (size_t)((ncb + e->nr - 1) / e->nr);
+            ablk = (ablk + 63) / 64 * 64;
+            char *buf = thread_buffer(BUF_PACK, ablk + bblk);
+            if (buf) blocked_range(e, p, m0, m1, n0, n1, buf, buf + ablk);
+            else reference_range(p, m0, m1, n0, n1);
+        }
     }
-    /* one shared block and nt private ones, all from the calling thread */
-    size_t shared = split_n ? ablk : bblk, own = split_n ? bblk : ablk;
-    char *buf = thread_buffer(BUF_PACK, shared + (size_t)nt * own);
-    if (!buf) {
-        reference_range(p, 0, p->M, 0, p->N);
-        return;
-    }
-    blocked_team(e, p, nt, split_n, buf, buf + shared, own);
 }
 
 /* ---- entry points ---- */
