@@ -497,6 +497,10 @@ static void test_rope_freqs(void)
             CHECK(worst < 1e-5);
             at_tensor_free(t);
         }
+        /* and the file loads back: the factors give PyTorch's logits */
+        double err = model_err(path, &g, NULL);
+        printf("gguf llama3_rope      loaded back vs PyTorch logits: max rel err %.2e\n", err);
+        CHECK(err < 1e-4);
     }
     at_gguf_close(gg);
     free(path);

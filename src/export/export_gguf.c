@@ -345,7 +345,7 @@ at_status at_export_gguf_model(const at_decoder_weights *wts, const char *path, 
     else at_log_warn("export: no tokenizer to embed in %s: llama.cpp needs one to run the model", path);
     if (o->chat_template) AT_CHECK(at_gguf_add_string(j.w, "tokenizer.chat_template", o->chat_template));
 
-    if (c->rope_type == AT_ROPE_LLAMA3) {
+    if (c->rope_type == AT_ROPE_LLAMA3 || c->rope_type == AT_ROPE_FACTORS) {
         if (strcmp(arch, "llama") != 0) {
             st = at_error(AT_ERR_UNSUPPORTED, "export: llama3 RoPE scaling on arch %s has no GGUF form", arch);
             goto done;

@@ -303,7 +303,8 @@ at_status at_model_config_validate(const at_model_config *c, const char *what)
         return at_error(AT_ERR_FORMAT, "%s: rms_norm_eps %g is out of range", what, c->rms_norm_eps);
     if (!(c->rope_theta > 1) || !isfinite(c->rope_theta))
         return at_error(AT_ERR_FORMAT, "%s: rope_theta %g is out of range", what, c->rope_theta);
-    if (c->rope_type != AT_ROPE_DEFAULT && (!(c->rope_factor > 0) || !isfinite(c->rope_factor)))
+    if ((c->rope_type == AT_ROPE_LINEAR || c->rope_type == AT_ROPE_LLAMA3) &&
+        (!(c->rope_factor > 0) || !isfinite(c->rope_factor)))
         return at_error(AT_ERR_FORMAT, "%s: rope_scaling factor %g must be positive", what, c->rope_factor);
     if (c->rope_type == AT_ROPE_LLAMA3 &&
         (!(c->rope_low_freq_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
@@ -330,6 +331,9 @@ at_status at_model_config_rope_inv_freq(const at_model_config *cfg, float *out)
         /* _compute_linear_scaling_rope_parameters: inv_freq /= factor */
         float f = (float)cfg->rope_factor;
         for (int k = 0; k < half; k++) out[k] = out[k] / f;
+    } else if (cfg->rope_type == AT_ROPE_FACTORS) {
+        if (half > AT_MAX_ROPE_PAIRS) return at_error(AT_ERR_INVALID, "rope: head_dim %d is too large", dim);
+        for (int k = 0; k < half; k++) out[k] = out[k] / cfg->rope_freq_factors[k];
     } else if (cfg->rope_type == AT_ROPE_LLAMA3) {
         /* _compute_llama3_parameters: long wavelengths are divided by factor,
          * short ones kept, the band between blended smoothly. */
@@ -376,6 +380,11 @@ at_status at_model_config_to_json(const at_model_config *c, char **out)
         cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_norm_eps);
     cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    if (c->rope_type == AT_ROPE_FACTORS) {
+        cJSON_Delete(o);
+        return at_error(AT_ERR_UNSUPPORTED, "config.json has no way to hold per-pair RoPE factors "
+                                            "(rope_freqs.weight of a GGUF file)");
+    }
     if (c->rope_type == AT_ROPE_DEFAULT) {
         cJSON_AddNullToObject(o, "rope_scaling");
     } else {
@@ -509,8 +518,33 @@ at_status at_model_config_from_gguf(const at_gguf *g, const char *what, at_model
         cfg->rope_type = AT_ROPE_LINEAR;
         AT_TRY(gguf_opt_float(g, arch, "rope.scaling.factor", &cfg->rope_factor));
     }
-    if (at_gguf_find_tensor(g, "rope_freqs.weight"))
-        return at_error(AT_ERR_UNSUPPORTED, "%s: rope_freqs.weight (per-frequency RoPE factors) is not supported", what);
+    const at_gguf_tensor_info *rf = at_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) {
+        /* Llama 3.1 scaling as llama.cpp converts it: one divisor per rotary pair. */
+        int half = cfg->head_dim / 2;
+        at_tensor *t = NULL;
+        if (half <= 0 || half > AT_MAX_ROPE_PAIRS)
+            return at_error(AT_ERR_UNSUPPORTED, "%s: rope_freqs.weight with head size %d", what, cfg->head_dim);
+        AT_TRY(at_gguf_tensor(g, rf, AT_F32, &t));
+        if (at_tensor_numel(t) != half) {
+            at_tensor_free(t);
+            return at_error(AT_ERR_FORMAT, "%s: rope_freqs.weight has %lld values, the head size needs %d", what,
+                            (long long)at_tensor_numel(t), half);
+        }
+        const float *f = at_tensor_data(t);
+        for (int i = 0; i < half; i++) {
+            if (!(f[i] > 0) || !isfinite(f[i])) {
+                at_tensor_free(t);
+                return at_error(AT_ERR_FORMAT, "%s: rope_freqs.weight[%d] = %g is not a positive factor", what, i,
+                                (double)f[i]);
+            }
+            cfg->rope_freq_factors[i] = f[i];
+        }
+        at_tensor_free(t);
+        if (cfg->rope_type != AT_ROPE_DEFAULT)
+            return at_error(AT_ERR_UNSUPPORTED, "%s: rope_freqs.weight together with rope scaling \"%s\"", what, rs);
+        cfg->rope_type = AT_ROPE_FACTORS;
+    }
 
     /* Vocabulary: the explicit size, else the token list, else the embedding. */
     v = 0;

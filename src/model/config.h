@@ -23,8 +23,12 @@
 typedef enum {
     AT_ROPE_DEFAULT = 0, /* inv_freq[k] = 1 / theta^(2k / head_dim) */
     AT_ROPE_LINEAR,      /* default / factor (position interpolation) */
-    AT_ROPE_LLAMA3       /* Llama 3.1 frequency-dependent scaling */
+    AT_ROPE_LLAMA3,      /* Llama 3.1 frequency-dependent scaling */
+    AT_ROPE_FACTORS      /* default / rope_freq_factors[k]: the per-pair divisors GGUF files store
+                            as rope_freqs.weight (how llama.cpp keeps Llama 3.1 scaling) */
 } at_rope_type;
+
+#define AT_MAX_ROPE_PAIRS 256 /* head_dim up to 512 */
 
 typedef struct at_model_config {
     char model_type[32];     /* "llama", "mistral", "qwen2", "qwen3" (lower case, as in config.json) */
@@ -45,6 +49,7 @@ typedef struct at_model_config {
     double rope_low_freq_factor;   /* llama3 */
     double rope_high_freq_factor;  /* llama3 */
     int64_t rope_original_max_position_embeddings; /* llama3 */
+    float rope_freq_factors[AT_MAX_ROPE_PAIRS];    /* AT_ROPE_FACTORS: head_dim / 2 divisors */
 
     int tie_word_embeddings; /* lm_head shares model.embed_tokens.weight (no lm_head.weight needed) */
     int attn_qkv_bias;       /* q_proj/k_proj/v_proj have a bias: qwen2 always; attention_bias for llama/qwen3 */
