@@ -19,6 +19,7 @@
 #include "infer/bundle.h"
 #include "infer/generate.h"
 #include "model/loader.h"
+#include "plan/planner.h"
 
 static const at_opt_spec specs[] = {
     {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
@@ -44,6 +45,12 @@ static const at_opt_spec specs[] = {
     {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
     {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
     {"verbose", AT_OPT_BOOL, "false", "print prefill and decode speed", NULL},
+    {"dry_run", AT_OPT_BOOL, "false", "print the plan (device, formats, memory: weights and KV cache) and stop", NULL},
+    {"json", AT_OPT_BOOL, "false", "with --dry_run: the plan as JSON", NULL},
+    {"max_memory", AT_OPT_STRING, NULL, "memory budget for --dry_run, e.g. 8GB or 7.5GiB (default: 90% of the free "
+     "memory)", NULL},
+    {"simulate_device", AT_OPT_STRING, NULL, "with --dry_run: plan for a device profile (v100, a100, m2-16gb, "
+     "laptop-8gb, ...)", NULL},
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -263,6 +270,58 @@ static int interactive(session *ss, const char *system)
     return 0;
 }
 
+/* --dry_run: the planner's view of this session (plan/planner.h): the
+ * weights and the KV cache of the context, on this device or a simulated
+ * one. Nothing is loaded. Returns the exit status. */
+static int infer_dry_run(const at_options *o)
+{
+    char demo[PATH_MAX];
+    const char *model = at_opt_str(o, "model");
+    if (!model) model = demo_model(demo, sizeof demo);
+    at_plan_request rq;
+    at_plan_request_defaults(&rq);
+    at_model_config cfg;
+    if (!model) return at_cli_fail();
+    if (at_plan_model_config(model, &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
+    rq.cfg = &cfg;
+    rq.model = model;
+    rq.command = "infer";
+    const char *td = at_opt_str(o, "torch_dtype");
+    if (td) {
+        if (at_dtype_parse(td, &rq.dtype) != 0 || (rq.dtype != AT_F32 && rq.dtype != AT_BF16 && rq.dtype != AT_F16)) {
+            fprintf(stderr, "anytune infer: error: --torch_dtype %s: use bfloat16, float16 or float32\n", td);
+            return 2;
+        }
+        rq.has_dtype = 1;
+    }
+    /* the context as at_bundle_context decides it */
+    int want = (int)at_opt_int(o, "max_model_len");
+    int64_t mp = cfg.max_position_embeddings;
+    rq.max_seq = want > 0 ? (mp > 0 && want > mp ? (int)mp : want) : mp <= 0 ? 2048 : mp > 4096 ? 4096 : (int)mp;
+    const char *mm = at_opt_str(o, "max_memory");
+    if (mm && at_parse_memory_size(mm, &rq.max_memory) != AT_OK) {
+        fprintf(stderr, "anytune infer: error: --max_memory: %s\n", at_last_error());
+        return 2;
+    }
+    at_device_profile dev;
+    if (at_device_profile_get(at_opt_str(o, "simulate_device"), at_opt_str(o, "device"), &dev) != AT_OK)
+        return at_cli_fail();
+    at_plan p;
+    if (at_plan_infer(&rq, &dev, &p) != AT_OK && p.mem.total == 0) return at_cli_fail();
+    char *text = NULL;
+    if (at_opt_bool(o, "json")) {
+        cJSON *j = at_plan_to_json(&p);
+        text = j ? cJSON_Print(j) : NULL;
+        cJSON_Delete(j);
+        if (text) printf("%s\n", text);
+    } else {
+        text = at_plan_to_text(&p);
+        if (text) fputs(text, stdout);
+    }
+    free(text);
+    return p.fits ? 0 : 1;
+}
+
 int at_cmd_infer(int argc, char **argv)
 {
     const char *usage = "usage: anytune infer [--model DIR] [--adapters DIR] [--prompt TEXT] [OPTIONS]\n"
@@ -278,6 +337,14 @@ int at_cmd_infer(int argc, char **argv)
         return 2;
     }
     at_log_set_level(at_opt_bool(o, "verbose") ? AT_LOG_INFO : AT_LOG_WARN);
+    if (at_opt_bool(o, "dry_run") || at_opt_str(o, "simulate_device")) {
+        int drc = at_opt_bool(o, "dry_run") ? infer_dry_run(o) : 2;
+        if (drc == 2 && !at_opt_bool(o, "dry_run"))
+            fprintf(stderr, "anytune infer: error: --simulate_device plans for a device that is not here: add "
+                            "--dry_run\n");
+        at_options_free(o);
+        return drc;
+    }
     int rc = 1;
     at_bundle *b = NULL;
     session ss;

@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "data/encode.h"
 #include "model/adapter.h"
+#include "plan/planner.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 
@@ -23,6 +24,12 @@ static const at_opt_spec specs[] = {
     {"template", AT_OPT_STRING, NULL, "chat template: the model's (default) or chatml, llama-2, llama-3, mistral", NULL},
     {"train_type", AT_OPT_STRING, "lora", "lora, qlora (lora with --quant_bits 4) or full", "tuner_type"},
     {"quant_bits", AT_OPT_INT, "0", "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)", NULL},
+    {"dry_run", AT_OPT_BOOL, "false", "print the plan (device, formats, micro-batch, memory by part) and stop", NULL},
+    {"json", AT_OPT_BOOL, "false", "with --dry_run: the plan as JSON", NULL},
+    {"max_memory", AT_OPT_STRING, NULL, "memory budget, e.g. 8GB or 7.5GiB (default: 90% of the free memory)", NULL},
+    {"simulate_device", AT_OPT_STRING, NULL,
+     "with --dry_run: plan for a device profile (v100, t4, a100, h100, rtx4090, m2-16gb, ascend-910b, laptop-8gb)",
+     NULL},
     {"lora_rank", AT_OPT_INT, "8", "LoRA rank", NULL},
     {"lora_alpha", AT_OPT_FLOAT, "32", "LoRA alpha (scale alpha/rank)", NULL},
     {"lora_dropout", AT_OPT_FLOAT, "0.05", "dropout on the LoRA input", NULL},
@@ -83,6 +90,84 @@ static const char *demo_path(const char *rel, char *buf, size_t len)
     return rel;
 }
 
+/* The resource planner (plan/planner.h): formats, micro-batch, accumulation,
+ * checkpointing and (with --train_type auto) QLoRA, from the device and the
+ * options; the user's explicit choices are kept. Writes the decisions into
+ * *a; with --dry_run prints the plan and stops. Returns -1 to go on training,
+ * else the exit status. *plan_out: the plan as JSON, for args.json. */
+static int plan_run(at_options *o, at_train_args *a, const char *tt, int pt, cJSON **plan_out)
+{
+    int dry = at_opt_bool(o, "dry_run");
+    const char *sim = at_opt_str(o, "simulate_device");
+    if (sim && !dry) {
+        fprintf(stderr, "anytune: error: --simulate_device %s plans for a device that is not here: add --dry_run\n", sim);
+        return 2;
+    }
+    at_plan_request rq;
+    at_plan_request_defaults(&rq);
+    at_model_config cfg;
+    if (at_plan_model_config(a->model, &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
+    rq.cfg = &cfg;
+    rq.model = a->model;
+    rq.command = pt ? "pt" : "sft";
+    rq.train_type = tt;
+    rq.train_type_set = at_opt_source_of(o, "train_type") != AT_SRC_DEFAULT;
+    rq.quant_bits = a->quant_bits;
+    rq.lora_rank = a->lora_rank;
+    rq.target_mask = a->target_mask;
+    rq.max_length = a->max_length;
+    rq.batch_size = a->batch_size;
+    rq.batch_size_set = at_opt_source_of(o, "per_device_train_batch_size") != AT_SRC_DEFAULT;
+    rq.grad_accum = a->grad_accum;
+    rq.grad_accum_set = at_opt_source_of(o, "gradient_accumulation_steps") != AT_SRC_DEFAULT;
+    rq.checkpointing = a->gradient_checkpointing;
+    rq.checkpointing_set = at_opt_source_of(o, "gradient_checkpointing") != AT_SRC_DEFAULT;
+    rq.has_dtype = a->has_dtype;
+    rq.dtype = a->dtype;
+    const char *mm = at_opt_str(o, "max_memory");
+    if (mm && at_parse_memory_size(mm, &rq.max_memory) != AT_OK) {
+        fprintf(stderr, "anytune: error: --max_memory: %s\n", at_last_error());
+        return 2;
+    }
+    at_device_profile dev;
+    if (at_device_profile_get(sim, a->device, &dev) != AT_OK) return at_cli_fail();
+    at_plan p;
+    at_status st = at_plan_train(&rq, &dev, &p);
+    if (st != AT_OK && p.mem.total == 0) return at_cli_fail(); /* a bad request: no plan */
+    if (dry) {
+        char *text = NULL;
+        if (at_opt_bool(o, "json")) {
+            cJSON *j = at_plan_to_json(&p);
+            text = j ? cJSON_Print(j) : NULL;
+            cJSON_Delete(j);
+            if (text) printf("%s\n", text);
+        } else {
+            text = at_plan_to_text(&p);
+            if (text) fputs(text, stdout);
+        }
+        free(text);
+        return p.fits ? 0 : 1;
+    }
+    if (!p.fits) return at_cli_fail();
+    a->batch_size = p.batch_size;
+    a->grad_accum = p.grad_accum;
+    a->gradient_checkpointing = p.checkpointing;
+    if (p.tune == AT_TUNE_QLORA) a->quant_bits = p.quant_dtype == AT_Q8_0 ? 8 : 4;
+    if (p.tune != AT_TUNE_FULL && !a->has_dtype) {
+        a->has_dtype = 1;
+        a->dtype = p.weight_dtype;
+    }
+    char est[32], bud[32];
+    snprintf(est, sizeof est, "%.0f MiB", (double)p.mem.total / 1048576.0);
+    snprintf(bud, sizeof bud, "%.1f GiB", (double)p.budget / 1073741824.0);
+    fprintf(stderr, "anytune: plan: %s, %s weights, micro-batch %d x %d accumulation, checkpointing %s; estimated peak "
+                    "%s of a %s budget (--dry_run shows why)\n",
+            at_tune_kind_name(p.tune), p.quantized ? "nf4/q8_0" : at_dtype_name(p.weight_dtype), p.batch_size,
+            p.grad_accum, p.checkpointing ? "on" : "off", est, bud);
+    *plan_out = at_plan_to_json(&p);
+    return -1;
+}
+
 static int run(int argc, char **argv, int pt)
 {
     const char *usage = pt ? "usage: anytune pt --model DIR --dataset FILE [OPTIONS]   continued pre-training on text"
@@ -103,6 +188,7 @@ static int run(int argc, char **argv, int pt)
     at_train_args_defaults(&a);
     const char **ds = NULL, **vds = NULL, **prev = NULL, **tm = NULL;
     char *args_json = NULL;
+    cJSON *plan_json = NULL;
     char mbuf[PATH_MAX], dbuf[PATH_MAX];
     const char *demo_ds[1];
     static const char *demo_prompts[] = {"Who are you?", "What is your name?"};
@@ -163,8 +249,9 @@ static int run(int argc, char **argv, int pt)
         a.full = 1;
     } else if (!strcmp(tt, "qlora")) { /* shorthand: LoRA over NF4 weights unless --quant_bits says 8 */
         if (at_opt_source_of(o, "quant_bits") == AT_SRC_DEFAULT || a.quant_bits == 0) a.quant_bits = 4;
+    } else if (!strcmp(tt, "auto")) { /* the planner: lora, or qlora when lora cannot fit */
     } else if (strcmp(tt, "lora") != 0) {
-        fprintf(stderr, "anytune: error: --train_type %s: use lora, qlora or full\n", tt);
+        fprintf(stderr, "anytune: error: --train_type %s: use lora, qlora, full or auto\n", tt);
         rc = 2;
         goto done;
     }
@@ -232,7 +319,25 @@ static int run(int argc, char **argv, int pt)
         rc = 2;
         goto done;
     }
+    int prc = plan_run(o, &a, tt, pt, &plan_json);
+    if (prc >= 0) {
+        rc = prc;
+        goto done;
+    }
     cJSON *j = at_options_to_json(o);
+    if (j && plan_json) {
+        /* the planner's decisions are the resolved options */
+        cJSON *tto = cJSON_GetObjectItem(plan_json, "train_type");
+        cJSON_ReplaceItemInObject(j, "train_type", cJSON_CreateString(tto ? tto->valuestring : tt));
+        cJSON_ReplaceItemInObject(j, "per_device_train_batch_size", cJSON_CreateNumber(a.batch_size));
+        cJSON_ReplaceItemInObject(j, "gradient_accumulation_steps", cJSON_CreateNumber(a.grad_accum));
+        cJSON_ReplaceItemInObject(j, "gradient_checkpointing", cJSON_CreateBool(a.gradient_checkpointing));
+        if (a.has_dtype) /* in ms-swift's (torch's) spelling */
+            cJSON_ReplaceItemInObject(j, "torch_dtype", cJSON_CreateString(a.dtype == AT_BF16 ? "bfloat16"
+                                                                           : a.dtype == AT_F16 ? "float16" : "float32"));
+        cJSON_AddItemToObject(j, "plan", plan_json);
+        plan_json = NULL;
+    }
     if (j) {
         /* what the defaults resolved to */
         cJSON_ReplaceItemInObject(j, "model", cJSON_CreateString(a.model ? a.model : ""));
@@ -255,6 +360,7 @@ static int run(int argc, char **argv, int pt)
             res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
     rc = 0;
 done:
+    cJSON_Delete(plan_json);
     free(args_json);
     free(ds);
     free(vds);

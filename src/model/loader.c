@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "base/file.h"
 #include "base/log.h"
 #include "device/cpu/cpu_backend.h"
@@ -67,10 +69,26 @@ at_status at_quant_parse(const char *s, at_quant_kind *out)
     return at_error(AT_ERR_INVALID, "quantization '%s': use none, nf4, q8_0 or q4_0", s ? s : "(null)");
 }
 
+/* A matrix read in place from the mapped file is never read again once
+ * quantized: drop its pages from this process (they stay in the page cache)
+ * so that resident memory holds the quantized model, not the dense file as
+ * well. Only whole pages inside the tensor; the mapping is read-only, so a
+ * page that is touched again is simply read back. */
+static void release_mapped(const at_tensor *t)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!t->buf || !t->buf->external || pg <= 0) return;
+    uintptr_t a = (uintptr_t)at_tensor_data(t), e = a + at_tensor_nbytes(t);
+    uintptr_t a2 = (a + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg, e2 = e / (uintptr_t)pg * (uintptr_t)pg;
+    if (e2 > a2) (void)madvise((void *)a2, e2 - a2, MADV_DONTNEED);
+}
+
 /* Replaces matrix *t (on backend be; host memory when be is NULL) by its
- * quantization to qt. Leaves it dense (*quantized = 0) when its rows are not
+ * quantization to qt; release: *t may be a view of a file the loader mapped
+ * (never set for tensors someone else made: their external memory may be
+ * anything). Leaves it dense (*quantized = 0) when its rows are not
  * a multiple of qt's block or it is already quantized in another format. */
-static at_status quantize_matrix(at_backend *be, at_dtype qt, at_tensor **t, int *quantized)
+static at_status quantize_matrix(at_backend *be, at_dtype qt, at_tensor **t, int release, int *quantized)
 {
     *quantized = 0;
     at_tensor *src = *t, *host = NULL, *q = NULL, *d = NULL;
@@ -98,6 +116,7 @@ static at_status quantize_matrix(at_backend *be, at_dtype qt, at_tensor **t, int
         q = d;
         d = NULL;
     }
+    if (release) release_mapped(src);
     at_tensor_free(src);
     *t = q;
     *quantized = 1;
@@ -115,13 +134,13 @@ typedef struct {
     int64_t in[AT_MOD_COUNT];
 } dense_notes;
 
-static at_status quantize_layer(at_backend *be, at_layer_weights *L, at_dtype qt, at_quant_stats *stats,
+static at_status quantize_layer(at_backend *be, at_layer_weights *L, at_dtype qt, int release, at_quant_stats *stats,
                                 dense_notes *notes)
 {
     at_tensor **mats[AT_MOD_COUNT] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     for (int m = 0; m < AT_MOD_COUNT; m++) {
         int done = 0;
-        AT_TRY(quantize_matrix(be, qt, mats[m], &done));
+        AT_TRY(quantize_matrix(be, qt, mats[m], release, &done));
         const at_tensor *t = *mats[m];
         if (!t) continue;
         if (done) {
@@ -165,7 +184,7 @@ at_status at_decoder_weights_quantize(at_decoder_weights *w, at_quant_kind q, at
     dense_notes notes;
     memset(&notes, 0, sizeof notes);
     for (int l = 0; l < w->cfg.num_hidden_layers; l++) {
-        at_status st = quantize_layer(w->backend, &w->layers[l], qt, stats, &notes);
+        at_status st = quantize_layer(w->backend, &w->layers[l], qt, 0, stats, &notes);
         if (st != AT_OK) return at_error_wrap(st, "quantizing layer %d to %s", l, at_dtype_name(qt));
     }
     log_dense_notes(&notes, qt, w);
@@ -416,7 +435,7 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
         }
         /* quantized on the host before moving to the backend, layer by layer */
         if (qt != AT_DTYPE_COUNT) {
-            st = quantize_layer(NULL, L, qt, &qstats, &notes);
+            st = quantize_layer(NULL, L, qt, 1, &qstats, &notes);
             if (st != AT_OK) {
                 at_error_wrap(st, "%s: quantizing layer %d to %s", path, l, at_dtype_name(qt));
                 goto done;

@@ -77,6 +77,7 @@ typedef struct {
     FILE *log;
     int64_t steps_per_epoch, total_steps, n_batches;
     int64_t tokens_seen;  /* input tokens trained on so far (kept across a resume) */
+    int oom_halvings;     /* micro-batches run in 1 << oom_halvings pieces since an out-of-memory retry */
     /* the current epoch's batch plan */
     at_batch_plan plan;
     int64_t plan_epoch;
@@ -609,6 +610,88 @@ static uint64_t dropout_seed(const trainer *t, int64_t step, int micro)
     return t->a->seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)step << 16) ^ (uint64_t)micro;
 }
 
+/* ---- out of memory: smaller micro-batches ----
+ * When a micro-batch runs out of device memory, the step is run again from
+ * zeroed gradients with every micro-batch cut into 2 (then 4) pieces of
+ * consecutive rows, for the rest of the run. Each piece keeps the step's
+ * grad_scale (1 / supervised tokens of the whole step) and the batch's
+ * column count, so the summed gradients are those of the whole micro-batch:
+ * the results do not change, only the speed (up to the rounding of the sums;
+ * with LoRA dropout the pieces draw their own masks). At most two halvings. */
+#define MAX_OOM_HALVINGS 2
+
+static int is_oom(at_status st) { return st == AT_ERR_DEVICE_OOM || st == AT_ERR_NOMEM; }
+
+/* Rows [r0, r1) of b, as views into b (not to be freed). */
+static at_batch batch_rows(const at_batch *b, size_t r0, size_t r1)
+{
+    at_batch v = *b;
+    size_t off = r0 * b->cols;
+    v.ids = b->ids + off;
+    v.labels = b->labels + off;
+    v.positions = b->positions + off;
+    v.segments = b->segments ? b->segments + off : NULL;
+    v.lengths = b->lengths + r0;
+    v.rows = r1 - r0;
+    return v;
+}
+
+/* Forward and backward of a step's micro-batches, each in 1 << oom_halvings
+ * pieces; adds the loss sums into *loss_sum. */
+static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmicro, int64_t step, int64_t targets,
+                                   unsigned flags, double *loss_sum)
+{
+    const at_train_args *a = t->a;
+    at_status st = AT_OK;
+    *loss_sum = 0;
+    for (int m = 0; m < nmicro && st == AT_OK && targets > 0; m++) {
+        size_t rows = batches[m].rows, np = (size_t)1 << t->oom_halvings;
+        if (np > rows) np = rows;
+        for (size_t k = 0; k < np && st == AT_OK; k++) {
+            at_batch piece = batch_rows(&batches[m], rows * k / np, rows * (k + 1) / np);
+            batch_tensors bt;
+            st = upload_batch(t, &piece, &bt);
+            if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
+            at_loss_stats stats = {0};
+            if (st == AT_OK)
+                st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
+                                                 (float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step, m),
+                                                 (float)(1.0 / (double)targets), t->grads, &stats);
+            *loss_sum += stats.loss_sum;
+            batch_tensors_free(&bt);
+        }
+    }
+    return st;
+}
+
+/* Runs the step's micro-batches, halving them on out-of-memory (see above). */
+static at_status run_step_batches(trainer *t, const at_batch *batches, int nmicro, int64_t step, int64_t targets,
+                                  unsigned flags, double *loss_sum)
+{
+    size_t most = 0;
+    for (int m = 0; m < nmicro; m++)
+        if (batches[m].rows > most) most = batches[m].rows;
+    at_status st = run_micro_batches(t, batches, nmicro, step, targets, flags, loss_sum);
+    while (is_oom(st) && t->oom_halvings < MAX_OOM_HALVINGS && ((size_t)1 << t->oom_halvings) < most) {
+        size_t before = (most + ((size_t)1 << t->oom_halvings) - 1) >> t->oom_halvings;
+        t->oom_halvings++;
+        size_t after = (most + ((size_t)1 << t->oom_halvings) - 1) >> t->oom_halvings;
+        at_log_warn("step %lld: out of memory (%s); retrying the step with micro-batches of %zu rows instead of %zu "
+                    "(twice the accumulation steps: same results, slower)",
+                    (long long)step + 1, at_last_error(), after, before);
+        /* the partial gradients and the bigger activations go first */
+        at_decoder_acts_free(t->acts);
+        t->acts = NULL;
+        st = at_decoder_grads_zero(t->grads);
+        if (st == AT_OK) st = run_micro_batches(t, batches, nmicro, step, targets, flags, loss_sum);
+    }
+    if (is_oom(st) && t->oom_halvings > 0)
+        st = at_error_wrap(st, "out of memory even with micro-batches of %zu rows (halved %d times); lower "
+                           "--max_length, turn --gradient_checkpointing on, or use --train_type qlora",
+                           (most + ((size_t)1 << t->oom_halvings) - 1) >> t->oom_halvings, t->oom_halvings);
+    return st;
+}
+
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
 {
     const at_train_args *a = t->a;
@@ -646,18 +729,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             for (size_t r = 0; r < batches[m].rows; r++) tokens += batches[m].lengths[r];
         }
         double loss_sum = 0;
-        for (int m = 0; m < nmicro && st == AT_OK && targets > 0; m++) {
-            batch_tensors bt;
-            st = upload_batch(t, &batches[m], &bt);
-            if (st == AT_OK) st = ensure_acts(t, (int)batches[m].rows, (int)batches[m].cols, flags);
-            at_loss_stats stats = {0};
-            if (st == AT_OK)
-                st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
-                                                 (float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step, m),
-                                                 (float)(1.0 / (double)targets), t->grads, &stats);
-            loss_sum += stats.loss_sum;
-            batch_tensors_free(&bt);
-        }
+        if (st == AT_OK) st = run_step_batches(t, batches, nmicro, step, targets, flags, &loss_sum);
         for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
         free(batches);
         if (st != AT_OK) break;

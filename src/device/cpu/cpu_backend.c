@@ -4,10 +4,17 @@
 #include <string.h>
 #include "device/cpu/cpu_kernels.h"
 
-/* 64-byte alignment: one cache line, one AVX-512 register. */
+/* 64-byte alignment: one cache line, one AVX-512 register.
+ * ANYTUNE_DEBUG_FAIL_ALLOC_ABOVE=BYTES makes every allocation larger than
+ * that fail as a full device would (AT_ERR_DEVICE_OOM), so tests can drive
+ * the trainer's out-of-memory retry on this machine. */
 static at_status cpu_alloc(at_backend *be, size_t size, void **out)
 {
     (void)be;
+    const char *limit = getenv("ANYTUNE_DEBUG_FAIL_ALLOC_ABOVE");
+    if (limit && *limit && size > strtoull(limit, NULL, 10))
+        return at_error(AT_ERR_DEVICE_OOM, "out of device memory allocating %zu bytes (ANYTUNE_DEBUG_FAIL_ALLOC_ABOVE=%s)",
+                        size, limit);
     size_t rounded = (size + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p) return at_error(AT_ERR_NOMEM, "out of host memory allocating %zu bytes", size);

@@ -1,0 +1,205 @@
+#include "plan/memory.h"
+
+#include <string.h>
+
+#include "device/quant.h"
+#include "model/adapter.h"
+#include "model/decoder.h"
+#include "model/layers.h"
+
+const char *at_tune_kind_name(at_tune_kind k)
+{
+    switch (k) {
+    case AT_TUNE_LORA: return "lora";
+    case AT_TUNE_QLORA: return "qlora";
+    case AT_TUNE_FULL: return "full";
+    }
+    return "?";
+}
+
+/* Every tensor is allocated whole and rounded up to 64 bytes (cpu_backend.c). */
+static int64_t tensor_bytes(at_dtype t, int64_t n) { return ((int64_t)at_dtype_bytes(t, (size_t)n) + 63) / 64 * 64; }
+
+/* Bytes of a matrix [out, in] held as `t`; a quantized format needs rows of
+ * whole blocks, else the matrix stays in `fallback` (as the quantizer would
+ * leave it). */
+static int64_t matrix_bytes(at_dtype t, at_dtype fallback, int64_t out, int64_t in)
+{
+    if (at_dtype_is_quantized(t) && in % at_quant_row_block(t) != 0) t = fallback;
+    return tensor_bytes(t, out * in);
+}
+
+/* Norm weights and biases of one layer (always f32), in elements each. */
+static void layer_small(const at_model_config *c, int64_t *elems, int64_t *bytes)
+{
+    int64_t hd = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim,
+            kd = (int64_t)c->num_key_value_heads * c->head_dim;
+    int64_t e = 0, b = 0;
+#define ADD(n) (e += (n), b += tensor_bytes(AT_F32, (n)))
+    ADD(hd); /* attn_norm */
+    ADD(hd); /* ffn_norm */
+    if (c->attn_qkv_bias) {
+        ADD(qd);
+        ADD(kd);
+        ADD(kd);
+    }
+    if (c->attn_o_bias) ADD(hd);
+    if (c->qk_norm) {
+        ADD(c->head_dim);
+        ADD(c->head_dim);
+    }
+#undef ADD
+    *elems = e;
+    *bytes = b;
+}
+
+int64_t at_mem_param_count(const at_model_config *c)
+{
+    int64_t n = 0, se, sb;
+    layer_small(c, &se, &sb);
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        int64_t in, out;
+        at_module_dims(c, (at_module)m, &in, &out);
+        n += in * out;
+    }
+    n = (n + se) * c->num_hidden_layers;
+    int64_t emb = (int64_t)c->vocab_size * c->hidden_size;
+    n += emb + c->hidden_size + (c->tie_word_embeddings ? 0 : emb);
+    return n;
+}
+
+int64_t at_mem_weight_bytes(const at_model_config *c, at_dtype matrix_dtype, at_dtype embed_dtype)
+{
+    int64_t b = 0, se, sb;
+    layer_small(c, &se, &sb);
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        int64_t in, out;
+        at_module_dims(c, (at_module)m, &in, &out);
+        b += matrix_bytes(matrix_dtype, embed_dtype, out, in);
+    }
+    b = (b + sb) * c->num_hidden_layers;
+    int64_t emb = tensor_bytes(embed_dtype, (int64_t)c->vocab_size * c->hidden_size);
+    b += emb + tensor_bytes(AT_F32, c->hidden_size) + (c->tie_word_embeddings ? 0 : emb);
+    return b;
+}
+
+int64_t at_mem_lora_params(const at_model_config *c, int rank, unsigned mask)
+{
+    int64_t n = 0;
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        if (!(mask & (1u << m))) continue;
+        int64_t in, out;
+        at_module_dims(c, (at_module)m, &in, &out);
+        n += (int64_t)rank * (in + out);
+    }
+    return n * c->num_hidden_layers;
+}
+
+/* LoRA tensors: one A [r, in] and one B [out, r] per adapted module and layer,
+ * each rounded like an allocation. */
+static int64_t lora_bytes(const at_model_config *c, int rank, unsigned mask)
+{
+    int64_t b = 0;
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        if (!(mask & (1u << m))) continue;
+        int64_t in, out;
+        at_module_dims(c, (at_module)m, &in, &out);
+        b += tensor_bytes(AT_F32, rank * in) + tensor_bytes(AT_F32, out * rank);
+    }
+    return b * c->num_hidden_layers;
+}
+
+/* Scratch of the attention kernels (cpu_attention.c): per thread, tiles of
+ * 64 queries × 64 keys (forward: 2·64·D + 3·64·D + 64·64 + 128 floats;
+ * backward: 8·64·D + 2·64·64 + 128), and in the backward one float per
+ * (row, head, query). Device kernels need about the same or less. */
+static int64_t attention_bytes(const at_model_config *c, int64_t rows, int64_t T, int threads, int train)
+{
+    int64_t D = c->head_dim, nt = threads > 1 ? threads : 1;
+    int64_t fwd = nt * (2 * 64 * D + 3 * 64 * D + 64 * 64 + 128);
+    int64_t bwd = train ? nt * (8 * 64 * D + 2 * 64 * 64 + 128) + rows * c->num_attention_heads * T : 0;
+    return 4 * (fwd > bwd ? fwd : bwd);
+}
+
+/* GEMM packing buffers (gemm.c): each thread keeps the largest packed
+ * blocks it needed, at most kc = 1024 values deep and mc = 256 rows of A plus
+ * nc = 2048 columns of B wide (f32 or bf16; counted as f32), for matrices as
+ * wide as W = max(hidden, intermediate); 2 MB for the rest (small-matrix
+ * path, norms, rope). Device runtimes add their own overhead (profile). */
+static int64_t workspace_bytes(const at_model_config *c, int64_t N, int threads, int64_t runtime_overhead)
+{
+    int64_t nt = threads > 1 ? threads : 1;
+    int64_t W = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
+    int64_t kc = W < 1024 ? W : 1024, mc = N < 256 ? N : 256, nc = W < 2048 ? W : 2048;
+    return ((int64_t)2 << 20) + nt * 4 * kc * (mc + nc) + runtime_overhead;
+}
+
+static void total(at_mem_estimate *e)
+{
+    e->total = e->weights + e->trainable + e->gradients + e->optimizer + e->activations + e->attention + e->logits +
+               e->workspace + e->kv_cache;
+}
+
+void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
+{
+    const at_model_config *c = r->cfg;
+    memset(e, 0, sizeof *e);
+    e->n_params = at_mem_param_count(c);
+    int rank = r->tune == AT_TUNE_FULL ? 0 : r->lora_rank;
+    unsigned mask = r->tune == AT_TUNE_FULL ? 0 : r->lora_mask;
+    if (r->tune == AT_TUNE_FULL) {
+        e->weights = at_mem_weight_bytes(c, AT_F32, AT_F32);
+        e->n_trainable = e->n_params;
+        e->gradients = e->weights;
+        e->optimizer = 2 * e->weights;
+        /* DPO's reference model: a frozen copy in the 16-bit format */
+        if (r->preference) e->weights += at_mem_weight_bytes(c, r->weight_dtype, r->weight_dtype);
+    } else {
+        at_dtype mat = r->tune == AT_TUNE_QLORA ? r->quant_dtype : r->weight_dtype;
+        e->weights = at_mem_weight_bytes(c, mat, r->weight_dtype);
+        e->n_trainable = at_mem_lora_params(c, rank, mask);
+        e->trainable = lora_bytes(c, rank, mask);
+        e->gradients = e->trainable;
+        e->optimizer = 2 * e->trainable;
+    }
+    int B = r->batch * (r->preference ? 2 : 1), T = r->seq_len;
+    int64_t N = (int64_t)B * T;
+    unsigned flags = AT_ACTS_TRAIN | (r->checkpointing ? AT_ACTS_CHECKPOINT : 0);
+    size_t all = at_decoder_acts_elems_ex(c, B, T, flags, rank, mask);
+    size_t loss = at_decoder_acts_elems_ex(c, B, T, AT_ACTS_LOSS, rank, mask) -
+                  at_decoder_acts_elems_ex(c, B, T, 0, rank, mask);
+    /* targets on the device and on the host (i32), the loss chunk on the host */
+    e->logits = 4 * (int64_t)loss + 8 * N;
+    /* the arena, the positions tensor of the acts, and the batch: ids, positions, labels, segments */
+    e->activations = 4 * (int64_t)(all - loss) + 4 * N + 16 * N;
+    e->attention = attention_bytes(c, B, T, r->threads, 1);
+    e->workspace = workspace_bytes(c, N, r->threads, r->runtime_overhead);
+    total(e);
+}
+
+void at_mem_estimate_infer(const at_mem_infer_request *r, at_mem_estimate *e)
+{
+    const at_model_config *c = r->cfg;
+    memset(e, 0, sizeof *e);
+    e->n_params = at_mem_param_count(c);
+    at_dtype emb = at_dtype_is_quantized(r->weight_dtype) ? AT_BF16 : r->weight_dtype;
+    e->weights = at_mem_weight_bytes(c, r->weight_dtype, emb);
+    if (r->lora_rank > 0) {
+        e->n_trainable = 0;
+        e->trainable = lora_bytes(c, r->lora_rank, r->lora_mask);
+    }
+    e->kv_per_token = 2 * (int64_t)c->num_hidden_layers * c->num_key_value_heads * c->head_dim *
+                      (int64_t)at_dtype_bytes(r->kv_dtype, 1);
+    e->kv_cache = e->kv_per_token * r->batch * r->max_seq;
+    /* the decoder's scratch (decoder.c): one layer's activations, the residual
+     * stream [N, hidden], two rows [B, hidden] and u [N, r] of the LoRA terms;
+     * i32 indices ids, pos, q_index [N] and kv_len, last [B] */
+    int64_t N = (int64_t)r->batch * (r->prefill_tokens > 0 ? r->prefill_tokens : 1), B = r->batch;
+    int64_t hd = c->hidden_size;
+    int64_t f32 = (int64_t)at_layer_acts_elems(c, N) + N * hd + 2 * B * hd + N * r->lora_rank;
+    e->activations = 4 * f32 + 4 * (3 * N + 2 * B) * 2;
+    e->attention = attention_bytes(c, B, r->prefill_tokens, r->threads, 0);
+    e->logits = 4 * B * (int64_t)c->vocab_size;
+    e->workspace = workspace_bytes(c, N, r->threads, r->runtime_overhead);
+    total(e);
+}

@@ -1,0 +1,96 @@
+/* The memory model of the resource planner: how many bytes a training step
+ * or an inference session needs on the device, part by part, from the model
+ * config and the options alone (nothing is allocated).
+ *
+ * The parts follow what the code really allocates, so that the estimate can
+ * be checked against measured peaks (tests/test_plan.c):
+ *   weights      the model's tensors in the format they are held in: the
+ *                frozen base (bf16 / f16 / f32; QLoRA: the linear layers'
+ *                matrices in NF4 / q8_0 / q4_0 bytes, embeddings, lm_head,
+ *                norms and biases unquantized), or for full fine-tuning every
+ *                weight in f32 (trainer.c loads it so);
+ *   trainable    LoRA A and B of every adapted module, f32 (0 for full
+ *                fine-tuning: the weights themselves are trained);
+ *   gradients    one f32 gradient per trainable value (model/decoder.h
+ *                at_decoder_grads);
+ *   optimizer    AdamW's two f32 moments per trainable value;
+ *   activations  at_decoder_acts_elems_ex (the decoder's own arena plan, so
+ *                checkpointing and LoRA intermediates are counted exactly as
+ *                allocated) less the logits part, plus the batch's index
+ *                tensors;
+ *   attention    the attention kernels' scratch (per-thread tiles and one
+ *                float per query row in the backward; no T×T matrix is ever
+ *                formed);
+ *   logits       one chunk of logits and its loss (the loss never holds
+ *                [B·T, V] at once) and the targets;
+ *   workspace    GEMM packing buffers (per thread on the CPU), library
+ *                workspaces, and the device runtime's own overhead (a CUDA
+ *                context, ...) from the device profile.
+ * Inference: weights + KV cache (per token: 2 · layers · kv_heads ·
+ * head_dim · bytes of the cache format) + the decoder's prefill scratch and
+ * logits. */
+#ifndef AT_PLAN_MEMORY_H
+#define AT_PLAN_MEMORY_H
+
+#include <stdint.h>
+#include "device/dtype.h"
+#include "model/config.h"
+
+typedef enum { AT_TUNE_LORA = 0, AT_TUNE_QLORA, AT_TUNE_FULL } at_tune_kind;
+
+/* "lora", "qlora", "full" */
+const char *at_tune_kind_name(at_tune_kind k);
+
+typedef struct at_mem_train_request {
+    const at_model_config *cfg;
+    at_tune_kind tune;
+    at_dtype weight_dtype;   /* format of the frozen tensors (bf16, f16, f32); ignored for full (f32) */
+    at_dtype quant_dtype;    /* QLoRA: format of the linear layers' matrices (AT_NF4, AT_Q8_0, AT_Q4_0) */
+    int lora_rank;           /* LoRA / QLoRA */
+    unsigned lora_mask;      /* modules adapted, bits 1 << AT_MOD_* */
+    int batch;               /* rows per micro-batch (B) */
+    int seq_len;             /* tokens per row (T) */
+    int checkpointing;       /* gradient checkpointing */
+    int preference;          /* DPO-style objectives: chosen and rejected rows, so 2·B rows run at once,
+                                and for full fine-tuning a frozen reference copy of the weights */
+    int threads;             /* CPU threads (per-thread scratch); 0 or 1 for a GPU */
+    int64_t runtime_overhead;/* bytes the device runtime holds before any tensor (device profile) */
+} at_mem_train_request;
+
+typedef struct at_mem_estimate {
+    int64_t weights, trainable, gradients, optimizer, activations, attention, logits, workspace;
+    int64_t kv_cache;        /* inference */
+    int64_t kv_per_token;    /* inference: bytes of cache per token of one sequence */
+    int64_t total;           /* sum of the parts */
+    int64_t n_params;        /* parameters of the model (the tied head once) */
+    int64_t n_trainable;     /* values trained */
+} at_mem_estimate;
+
+/* Parameters of the model the config describes (as at_decoder_weights_count). */
+int64_t at_mem_param_count(const at_model_config *cfg);
+/* Bytes of the model's weights with the linear layers' matrices in
+ * `matrix_dtype` (may be quantized), embeddings and lm_head in `embed_dtype`,
+ * norms and biases f32. */
+int64_t at_mem_weight_bytes(const at_model_config *cfg, at_dtype matrix_dtype, at_dtype embed_dtype);
+/* LoRA parameters of rank r on the modules of mask, summed over layers. */
+int64_t at_mem_lora_params(const at_model_config *cfg, int rank, unsigned mask);
+
+/* Estimate of one training step's peak. */
+void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *out);
+
+typedef struct at_mem_infer_request {
+    const at_model_config *cfg;
+    at_dtype weight_dtype;   /* bf16, f16, f32, or quantized (q8_0, q4_0, nf4: matrices; the rest bf16) */
+    at_dtype kv_dtype;       /* cache format: f32, bf16, f16 */
+    int batch;               /* sequences at once */
+    int max_seq;             /* cache rows per sequence (prompt + new tokens) */
+    int prefill_tokens;      /* tokens per sequence run at once in the prefill (the prompt) */
+    int lora_rank;           /* adapter applied unmerged (0: none) */
+    unsigned lora_mask;
+    int threads;
+    int64_t runtime_overhead;
+} at_mem_infer_request;
+
+void at_mem_estimate_infer(const at_mem_infer_request *r, at_mem_estimate *out);
+
+#endif
