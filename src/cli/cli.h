@@ -3,7 +3,9 @@
 #ifndef AT_CLI_H
 #define AT_CLI_H
 
+#include "base/options.h"
 #include "base/status.h"
+#include "plan/planner.h"
 
 int at_cmd_env(int argc, char **argv);
 int at_cmd_infer(int argc, char **argv);
@@ -21,5 +23,15 @@ at_status at_cli_load_bundle(const struct at_options *o, struct at_bundle **out)
 
 /* Prints "anytune: error: <message>" for the current error and returns 1. */
 int at_cli_fail(void);
+
+/* Parses a command's options; --help prints `usage` and the table. Returns -1
+ * when the command should go on with *out (caller frees), else the exit
+ * status to return (0 after --help, 2 after an error, already printed). */
+int at_cli_parse(const at_opt_spec *specs, int n, int argc, char **argv, const char *command, const char *usage,
+                 at_options **out);
+
+/* --dry_run output: the plan as text or (json) JSON on stdout. Returns the
+ * exit status: 0 when the plan fits, 1 when it does not. */
+int at_cli_print_plan(const at_plan *p, int json);
 
 #endif

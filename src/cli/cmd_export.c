@@ -28,16 +28,9 @@ int at_cmd_export(int argc, char **argv)
 {
     const char *usage =
         "usage: anytune export --model DIR [--adapters DIR [--merge_lora]] --to hf|gguf --output_dir OUT [OPTIONS]";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            at_options_print_help(specs, NSPECS, usage);
-            return 0;
-        }
     at_options *o = NULL;
-    if (at_options_parse(specs, NSPECS, argc, argv, &o) != AT_OK) {
-        fprintf(stderr, "anytune export: error: %s\n", at_last_error());
-        return 2;
-    }
+    int prc = at_cli_parse(specs, NSPECS, argc, argv, "export", usage, &o);
+    if (prc >= 0) return prc;
     int rc = 2;
     at_export_args a = {
         .model = at_opt_str(o, "model"),

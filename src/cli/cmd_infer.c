@@ -308,34 +308,16 @@ static int infer_dry_run(const at_options *o)
         return at_cli_fail();
     at_plan p;
     if (at_plan_infer(&rq, &dev, &p) != AT_OK && p.mem.total == 0) return at_cli_fail();
-    char *text = NULL;
-    if (at_opt_bool(o, "json")) {
-        cJSON *j = at_plan_to_json(&p);
-        text = j ? cJSON_Print(j) : NULL;
-        cJSON_Delete(j);
-        if (text) printf("%s\n", text);
-    } else {
-        text = at_plan_to_text(&p);
-        if (text) fputs(text, stdout);
-    }
-    free(text);
-    return p.fits ? 0 : 1;
+    return at_cli_print_plan(&p, at_opt_bool(o, "json"));
 }
 
 int at_cmd_infer(int argc, char **argv)
 {
     const char *usage = "usage: anytune infer [--model DIR] [--adapters DIR] [--prompt TEXT] [OPTIONS]\n"
                         "  with no --prompt: an interactive chat (/reset, /system TEXT, /exit)";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            at_options_print_help(specs, NSPECS, usage);
-            return 0;
-        }
     at_options *o = NULL;
-    if (at_options_parse(specs, NSPECS, argc, argv, &o) != AT_OK) {
-        fprintf(stderr, "anytune infer: error: %s\n", at_last_error());
-        return 2;
-    }
+    int prc = at_cli_parse(specs, NSPECS, argc, argv, "infer", usage, &o);
+    if (prc >= 0) return prc;
     at_log_set_level(at_opt_bool(o, "verbose") ? AT_LOG_INFO : AT_LOG_WARN);
     if (at_opt_bool(o, "dry_run") || at_opt_str(o, "simulate_device")) {
         int drc = at_opt_bool(o, "dry_run") ? infer_dry_run(o) : 2;

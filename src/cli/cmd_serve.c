@@ -36,16 +36,9 @@ static const at_opt_spec specs[] = {
 int at_cmd_serve(int argc, char **argv)
 {
     const char *usage = "usage: anytune serve [--model DIR] [--adapters NAME=DIR ...] [--port 8000] [OPTIONS]";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            at_options_print_help(specs, NSPECS, usage);
-            return 0;
-        }
     at_options *o = NULL;
-    if (at_options_parse(specs, NSPECS, argc, argv, &o) != AT_OK) {
-        fprintf(stderr, "anytune serve: error: %s\n", at_last_error());
-        return 2;
-    }
+    int prc = at_cli_parse(specs, NSPECS, argc, argv, "serve", usage, &o);
+    if (prc >= 0) return prc;
     at_log_set_level(at_opt_bool(o, "verbose") ? AT_LOG_DEBUG : AT_LOG_INFO);
     /* the signals are taken by sigwait below: block them before any thread starts */
     sigset_t sigs;

@@ -135,18 +135,7 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, int pt, cJS
     at_status st = at_plan_train(&rq, &dev, &p);
     if (st != AT_OK && p.mem.total == 0) return at_cli_fail(); /* a bad request: no plan */
     if (dry) {
-        char *text = NULL;
-        if (at_opt_bool(o, "json")) {
-            cJSON *j = at_plan_to_json(&p);
-            text = j ? cJSON_Print(j) : NULL;
-            cJSON_Delete(j);
-            if (text) printf("%s\n", text);
-        } else {
-            text = at_plan_to_text(&p);
-            if (text) fputs(text, stdout);
-        }
-        free(text);
-        return p.fits ? 0 : 1;
+        return at_cli_print_plan(&p, at_opt_bool(o, "json"));
     }
     if (!p.fits) return at_cli_fail();
     a->batch_size = p.batch_size;
@@ -173,16 +162,9 @@ static int run(int argc, char **argv, int pt)
     const char *usage = pt ? "usage: anytune pt --model DIR --dataset FILE [OPTIONS]   continued pre-training on text"
                            : "usage: anytune sft [--model DIR --dataset FILE] [OPTIONS]   supervised fine-tuning\n"
                              "  (with neither --model nor --dataset: the bundled demo)";
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            at_options_print_help(specs, NSPECS, usage);
-            return 0;
-        }
     at_options *o = NULL;
-    if (at_options_parse(specs, NSPECS, argc, argv, &o) != AT_OK) {
-        fprintf(stderr, "anytune %s: error: %s\n", pt ? "pt" : "sft", at_last_error());
-        return 2;
-    }
+    int parse_rc = at_cli_parse(specs, NSPECS, argc, argv, pt ? "pt" : "sft", usage, &o);
+    if (parse_rc >= 0) return parse_rc;
     int rc = 1;
     at_train_args a;
     at_train_args_defaults(&a);

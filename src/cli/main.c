@@ -24,12 +24,6 @@ static const char *planned[][2] = {
     {"eval", "perplexity / multiple-choice accuracy"},
 };
 
-int at_cli_fail(void)
-{
-    fprintf(stderr, "anytune: error: %s\n", at_last_error());
-    return 1;
-}
-
 static void usage(FILE *out)
 {
     fprintf(out, "usage: anytune COMMAND [OPTIONS]\n\ncommands:\n");
