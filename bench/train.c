@@ -1,0 +1,551 @@
+/* LoRA training throughput against PyTorch, in one run.
+ *
+ * One training step = forward, loss, backward and the optimizer (global
+ * gradient norm, clipping at 1.0, AdamW on the LoRA parameters), with LoRA
+ * rank 8, alpha 16, dropout 0.05 on q, k, v, o, gate, up, down, on random
+ * weights of the two shapes of the models issue. Formats of the frozen
+ * weights on our side:
+ *   f32         f32 weights, f32 compute;
+ *   bf16        bf16 weights (the GEMM engine computes in bf16, f32 accumulation);
+ *   qlora-nf4   the layers' linear matrices NF4 (embeddings / lm_head bf16);
+ *   qlora-q8_0  the same with q8_0.
+ * Activations, LoRA parameters, gradients and optimizer state are f32.
+ * Each configuration runs in a child process (fork), so its peak resident
+ * memory (wait4's ru_maxrss) is its own; the child also reports the peak
+ * of the training steps alone (VmHWM reset after setup, clear_refs 5).
+ *
+ * PyTorch (tools/bench_train_torch.py, the same step written as Hugging
+ * Face + PEFT run it) runs as a subprocess three times, set up as shared
+ * BENCHMARKING.md says:
+ *   f32 best:       OpenBLAS's OpenMP build preloaded, OPENBLAS_CORETYPE/L2_SIZE unset
+ *   f32 as given:   OpenBLAS's OpenMP build preloaded, environment as given
+ *   bf16 autocast:  bf16 frozen weights, torch.autocast(bf16), environment as given
+ * Both sides: median of --steps steps after one warm-up step. On a shared
+ * machine wall time depends on the other load; each row also shows the rate
+ * from the process's CPU time (tokens / (CPU seconds per step / threads)),
+ * an estimate of the rate on idle cores, and ratios by both. Run with
+ * OMP_WAIT_POLICY=passive on a busy machine (spinning threads waste the
+ * slices of descheduled ones; it applies to the PyTorch peer as well).
+ *
+ * FLOPs per trained token (BENCHMARKING.md): 6·N_lora + 4·N_frozen +
+ * 12·L·T·(H·D), N_frozen counting every frozen matmul weight, the lm_head
+ * even when tied. The matmul peak is at_cpu_gemm on a 2048³ problem
+ * (bf16 × bf16 → f32, and f32), measured in the same run.
+ *
+ *   bench_train [--shape small|qwen|all] [--steps N] [--formats f32,bf16,qlora-nf4,qlora-q8_0]
+ *               [--no-torch] [--checkpointing] [--no-peak]
+ * (--no-peak skips the GEMM peak measurement, for profiling the steps alone)
+ *
+ * Environment: ANYTUNE_PYTHON (default /usr/bin/python3, Debian's, which
+ * has torch), ANYTUNE_OPENBLAS_OPENMP_DIR (the folder of the OpenMP build's
+ * libblas.so.3; default: the Debian multiarch location when present). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "device/cpu/cpu_backend.h"
+#include "device/cpu/gemm.h"
+#include "model/adapter.h"
+#include "model/config.h"
+#include "model/decoder.h"
+#include "model/loader.h"
+#include "model/weights.h"
+#include "ops/ops.h"
+#include "train/optimizer.h"
+
+typedef struct {
+    const char *name;
+    int hidden, inter, layers, heads, kv_heads, vocab, seq, batch, tied, qkv_bias;
+    double theta;
+} shape;
+
+static const shape SHAPES[] = {
+    {"small", 512, 1408, 8, 8, 4, 32000, 256, 4, 0, 0, 10000.0},
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 512, 1, 1, 1, 1000000.0},
+};
+
+enum { F_F32, F_BF16, F_NF4, F_Q8, F_COUNT };
+static const char *FORMAT_NAMES[F_COUNT] = {"f32", "bf16", "qlora-nf4", "qlora-q8_0"};
+
+#define RANK 8
+#define ALPHA 16.0
+#define DROPOUT 0.05
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of this process, every thread. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Threads both sides use: OpenMP's default here, torch.set_num_threads(2) there. */
+static int n_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double vm_hwm_mib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) kb = atof(line + 6);
+    fclose(f);
+    return kb / 1024.0;
+}
+
+/* Resets VmHWM to the current resident size (Linux clear_refs 5). */
+static int reset_hwm(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return 0;
+    int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+static void make_config(const shape *s, at_model_config *c)
+{
+    at_model_config_init(c);
+    snprintf(c->model_type, sizeof c->model_type, "%s", s->qkv_bias ? "qwen2" : "llama");
+    c->hidden_size = s->hidden;
+    c->intermediate_size = s->inter;
+    c->num_hidden_layers = s->layers;
+    c->num_attention_heads = s->heads;
+    c->num_key_value_heads = s->kv_heads;
+    c->head_dim = s->hidden / s->heads;
+    c->vocab_size = s->vocab;
+    c->max_position_embeddings = 32768;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = s->theta;
+    c->tie_word_embeddings = s->tied;
+    c->attn_qkv_bias = s->qkv_bias;
+}
+
+/* FLOPs per trained token and the parameter counts behind them. */
+static double flops_per_token(const shape *s, double *n_lora, double *n_frozen)
+{
+    at_model_config c;
+    make_config(s, &c);
+    double lora = 0, frozen = 0;
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        int64_t in, out;
+        at_module_dims(&c, (at_module)m, &in, &out);
+        lora += (double)RANK * (double)(in + out);
+        frozen += (double)in * (double)out;
+    }
+    lora *= s->layers;
+    frozen = frozen * s->layers + (double)s->vocab * s->hidden;
+    if (n_lora) *n_lora = lora;
+    if (n_frozen) *n_frozen = frozen;
+    return 6 * lora + 4 * frozen + 12.0 * s->layers * s->seq * (double)s->heads * c.head_dim;
+}
+
+/* ---- children ------------------------------------------------------------------- */
+
+typedef struct {
+    int ok;
+    double tok_s, median_s, loss0;
+    double cpu_s;           /* median CPU seconds per step (every thread) */
+    double steps_peak_mib;  /* VmHWM of the training steps (reset after setup), -1 when unknown */
+    double weights_mib;     /* bytes of every weight tensor */
+    double quant_bpp;       /* bytes per quantized parameter (qlora) */
+    double peak_mib;        /* whole child: ru_maxrss (filled by the parent) */
+    double gflops_bf16, gflops_f32; /* the GEMM peak child */
+    char err[256];
+} result;
+
+/* Runs fn(arg, r) in a child process; r comes back through a pipe, with
+ * the child's peak resident memory. */
+static result in_child(void (*fn)(const void *, result *), const void *arg)
+{
+    result r;
+    memset(&r, 0, sizeof r);
+    int fd[2];
+    if (pipe(fd) != 0) {
+        snprintf(r.err, sizeof r.err, "pipe failed");
+        return r;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        result c;
+        memset(&c, 0, sizeof c);
+        fn(arg, &c);
+        ssize_t w = write(fd[1], &c, sizeof c);
+        close(fd[1]);
+        _exit(w == (ssize_t)sizeof c ? 0 : 1);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    while (pid > 0 && got < sizeof r) {
+        ssize_t n = read(fd[0], (char *)&r + got, sizeof r - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd[0]);
+    int status = 0;
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    if (pid < 0 || wait4(pid, &status, 0, &ru) < 0 || got != sizeof r || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+        if (!r.err[0]) snprintf(r.err, sizeof r.err, "child failed (status %d)", status);
+        r.ok = 0;
+        return r;
+    }
+    r.peak_mib = (double)ru.ru_maxrss / 1024.0;
+    return r;
+}
+
+static double gemm_rate(at_dtype t)
+{
+    const int64_t n = 2048;
+    size_t es = t == AT_F32 ? 4 : 2;
+    void *a = calloc((size_t)(n * n), es), *b = calloc((size_t)(n * n), es);
+    float *c = calloc((size_t)(n * n), sizeof(float));
+    double best = 0;
+    if (a && b && c) {
+        if (t == AT_F32) {
+            for (int64_t i = 0; i < n * n; i++) ((float *)a)[i] = 0.5f, ((float *)b)[i] = 0.25f;
+        } else {
+            for (int64_t i = 0; i < n * n; i++)
+                ((uint16_t *)a)[i] = at_f32_to_bf16(0.5f), ((uint16_t *)b)[i] = at_f32_to_bf16(0.25f);
+        }
+        double ts[5];
+        for (int i = 0; i < 6; i++) {
+            double t0 = now();
+            at_cpu_gemm(0, 1, n, n, n, 1.0f, a, t, n, b, t, n, 0.0f, c, AT_F32, n);
+            if (i > 0) ts[i - 1] = now() - t0;
+        }
+        /* the fastest run: the machine may be shared, and the peak is what the engine can do */
+        qsort(ts, 5, sizeof ts[0], cmp_double);
+        best = 2.0 * (double)n * n * n / ts[0] / 1e9;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+static void gemm_child(const void *arg, result *r)
+{
+    (void)arg;
+    r->gflops_bf16 = gemm_rate(AT_BF16);
+    r->gflops_f32 = gemm_rate(AT_F32);
+    r->ok = r->gflops_bf16 > 0;
+}
+
+typedef struct {
+    const shape *s;
+    int format, steps, checkpointing;
+} job;
+
+static size_t weights_bytes(const at_decoder_weights *w)
+{
+    size_t n = at_tensor_nbytes(w->embed) + at_tensor_nbytes(w->final_norm);
+    if (w->lm_head != w->embed) n += at_tensor_nbytes(w->lm_head);
+    for (int l = 0; l < w->cfg.num_hidden_layers; l++) {
+        const at_layer_weights *L = &w->layers[l];
+        const at_tensor *all[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->bq, L->bk, L->bv,
+                                  L->bo, L->q_norm, L->k_norm, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i]) n += at_tensor_nbytes(all[i]);
+    }
+    return n;
+}
+
+/* Our training step on one shape and format (in a child). */
+static void ours_child(const void *arg, result *r)
+{
+    const job *j = arg;
+    const shape *s = j->s;
+    at_model_config cfg;
+    make_config(s, &cfg);
+    at_decoder_weights *w = NULL;
+    at_decoder *d = NULL;
+    at_adapter *ad = NULL;
+    at_decoder_grads *g = NULL;
+    at_decoder_acts *acts = NULL;
+    at_optimizer opt;
+    int opt_ready = 0;
+    at_tensor *t_ids = NULL, *t_lab = NULL;
+    int n = s->batch * s->seq;
+    double *ts = malloc(2 * (size_t)j->steps * sizeof *ts), *cs = ts ? ts + j->steps : NULL;
+    at_status st = at_model_config_validate(&cfg, s->name);
+    at_dtype wt = j->format == F_F32 ? AT_F32 : AT_BF16;
+    if (st == AT_OK) st = at_decoder_weights_random(&cfg, NULL, wt, 1234, &w);
+    if (st == AT_OK && (j->format == F_NF4 || j->format == F_Q8)) {
+        at_quant_stats qs;
+        st = at_decoder_weights_quantize(w, j->format == F_NF4 ? AT_QUANT_NF4 : AT_QUANT_Q8_0, &qs);
+        r->quant_bpp = qs.params ? (double)qs.bytes / (double)qs.params : 0;
+    }
+    if (st == AT_OK) r->weights_mib = (double)weights_bytes(w) / 1048576.0;
+    if (st == AT_OK && (st = at_decoder_new(w, &d)) != AT_OK) at_decoder_weights_free(w);
+    if (st == AT_OK)
+        st = at_adapter_new(&cfg, d->be, RANK, ALPHA, DROPOUT, 0, (1u << AT_MOD_COUNT) - 1, 42, &ad);
+    if (st == AT_OK) st = at_decoder_set_adapter(d, ad);
+    if (st == AT_OK) st = at_decoder_grads_new(d, 0, &g);
+    at_adamw_config oc = {0.9, 0.999, 1e-8, 0.01, 1.0};
+    if (st == AT_OK && (st = at_optimizer_init(&opt, d, g, &oc)) == AT_OK) opt_ready = 1;
+    unsigned flags = AT_ACTS_TRAIN | (j->checkpointing ? AT_ACTS_CHECKPOINT : 0);
+    if (st == AT_OK) st = at_decoder_acts_new_ex(d, s->batch, s->seq, flags, &acts);
+    int64_t sh[2] = {s->batch, s->seq};
+    if (st == AT_OK) st = at_tensor_new(at_cpu_backend(), AT_I32, 2, sh, "ids", &t_ids);
+    if (st == AT_OK) st = at_tensor_new(at_cpu_backend(), AT_I32, 2, sh, "labels", &t_lab);
+    if (st == AT_OK) {
+        int32_t *ids = at_tensor_data(t_ids);
+        uint64_t x = 88172645463325252ull;
+        for (int i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            ids[i] = (int32_t)(x % (uint64_t)s->vocab);
+        }
+        memcpy(at_tensor_data(t_lab), ids, (size_t)n * sizeof *ids);
+    }
+    int hwm = st == AT_OK && reset_hwm();
+    float scale = 1.0f / (float)(s->batch * (s->seq - 1));
+    for (int i = 0; st == AT_OK && i <= j->steps; i++) { /* step 0 warms up */
+        double t0 = now(), c0 = cpu_now(), norm = 0;
+        at_loss_stats ls = {0};
+        st = at_decoder_grads_zero(g);
+        if (st == AT_OK)
+            st = at_decoder_forward_backward(d, acts, t_ids, NULL, NULL, t_lab, (float)DROPOUT, 1000 + (uint64_t)i,
+                                             scale, g, &ls);
+        if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
+        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm);
+        if (i == 0) r->loss0 = ls.n_targets ? ls.loss_sum / (double)ls.n_targets : NAN;
+        else ts[i - 1] = now() - t0, cs[i - 1] = cpu_now() - c0;
+        if (st == AT_OK && !isfinite(ls.loss_sum)) {
+            snprintf(r->err, sizeof r->err, "non-finite loss at step %d", i);
+            st = AT_ERR_INTERNAL;
+        }
+    }
+    if (st == AT_OK) {
+        qsort(ts, (size_t)j->steps, sizeof *ts, cmp_double);
+        qsort(cs, (size_t)j->steps, sizeof *cs, cmp_double);
+        r->median_s = ts[j->steps / 2];
+        r->cpu_s = cs[j->steps / 2];
+        r->tok_s = (double)n / r->median_s;
+        r->steps_peak_mib = hwm ? vm_hwm_mib() : -1;
+        r->ok = 1;
+    } else if (!r->err[0]) {
+        snprintf(r->err, sizeof r->err, "%s", at_last_error());
+    }
+    free(ts);
+    at_tensor_free(t_ids);
+    at_tensor_free(t_lab);
+    at_decoder_acts_free(acts);
+    if (opt_ready) at_optimizer_free(&opt);
+    at_decoder_grads_free(g);
+    at_decoder_free(d);
+    at_adapter_free(ad);
+}
+
+/* ---- PyTorch ---------------------------------------------------------------------- */
+
+static const char *openblas_openmp_dir(void)
+{
+    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
+    if (e && *e) return e;
+    static const char *cands[] = {"/usr/lib/x86_64-linux-gnu/openblas-openmp", "/usr/lib/aarch64-linux-gnu/openblas-openmp",
+                                  "/usr/lib64/openblas-openmp"};
+    static char buf[512];
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        snprintf(buf, sizeof buf, "%s/libblas.so.3", cands[i]);
+        if (access(buf, R_OK) == 0) return cands[i];
+    }
+    return NULL;
+}
+
+/* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
+static result run_torch(const shape *s, int mode, int steps)
+{
+    result r;
+    memset(&r, 0, sizeof r);
+    const char *py = getenv("ANYTUNE_PYTHON");
+    if (!py || !*py) py = "/usr/bin/python3";
+    const char *blas = openblas_openmp_dir();
+    char pre[1200] = "", cmd[4096];
+    if (blas) snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libblas.so.3:%s/liblapack.so.3 ", blas, blas);
+    snprintf(cmd, sizeof cmd,
+             "env %s %s'%s' '%s/tools/bench_train_torch.py' --hidden %d --intermediate %d --layers %d --heads %d "
+             "--kv-heads %d --vocab %d --seq %d --batch %d %s %s --rope-theta %g --rank %d --alpha %g "
+             "--dropout %g --mode %s --steps %d",
+             mode == 0 ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py, AT_SOURCE_DIR, s->hidden, s->inter,
+             s->layers, s->heads, s->kv_heads, s->vocab, s->seq, s->batch, s->tied ? "--tied" : "",
+             s->qkv_bias ? "--qkv-bias" : "", s->theta, RANK, ALPHA, DROPOUT, mode == 2 ? "bf16" : "f32", steps);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        snprintf(r.err, sizeof r.err, "cannot run the torch peer");
+        return r;
+    }
+    char line[8192], last[8192] = "";
+    while (fgets(line, sizeof line, p))
+        if (line[0] == '{') snprintf(last, sizeof last, "%s", line);
+    int rc = pclose(p);
+    cJSON *j = cJSON_Parse(last);
+    if (rc != 0 || !j) {
+        snprintf(r.err, sizeof r.err, "torch peer failed (exit %d)", rc);
+        cJSON_Delete(j);
+        return r;
+    }
+    cJSON *a = cJSON_GetObjectItem(j, "tok_s"), *b = cJSON_GetObjectItem(j, "median_s"),
+          *m = cJSON_GetObjectItem(j, "peak_rss_mib"), *l = cJSON_GetObjectItem(j, "loss0"),
+          *c = cJSON_GetObjectItem(j, "cpu_s");
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
+        r.tok_s = a->valuedouble;
+        r.median_s = b->valuedouble;
+        r.peak_mib = cJSON_IsNumber(m) ? m->valuedouble : -1;
+        r.loss0 = cJSON_IsNumber(l) ? l->valuedouble : NAN;
+        r.cpu_s = cJSON_IsNumber(c) ? c->valuedouble : 0;
+        r.steps_peak_mib = -1;
+        r.ok = 1;
+    }
+    cJSON_Delete(j);
+    return r;
+}
+
+/* ---- report ------------------------------------------------------------------------ */
+
+/* Tokens per second had the process had its threads' cores to itself:
+ * tokens / (CPU seconds per step / threads). */
+static double cpu_tok_s(const result *r)
+{
+    return r->cpu_s > 0 ? r->tok_s * r->median_s / (r->cpu_s / n_threads()) : 0;
+}
+
+static void print_row(const char *who, const result *r, double flops_tok, double peak)
+{
+    if (!r->ok) {
+        printf("  %-22s failed: %s\n", who, r->err);
+        return;
+    }
+    double gf = r->tok_s * flops_tok / 1e9;
+    printf("  %-22s %8.1f tok/s  %7.3f s/step  %7.1f GFLOP/s", who, r->tok_s, r->median_s, gf);
+    if (peak > 0) printf(" %5.1f%% of bf16 peak", 100.0 * gf / peak);
+    if (r->cpu_s > 0) printf("  [cpu-time %7.1f tok/s]", cpu_tok_s(r));
+    printf("  peak %6.0f MiB", r->peak_mib);
+    if (r->steps_peak_mib > 0) printf(" (steps %6.0f)", r->steps_peak_mib);
+    printf("  loss0 %.4f", r->loss0);
+    if (r->weights_mib > 0) printf("  weights %.0f MiB", r->weights_mib);
+    if (r->quant_bpp > 0) printf(" (%.4f B/param quantized)", r->quant_bpp);
+    printf("\n");
+}
+
+static void ratio(const char *what, const result *ours, const result *ref, double target)
+{
+    if (!ref->ok || ref->tok_s <= 0) return;
+    double x = ours->tok_s / ref->tok_s;
+    printf("    %-34s %5.2fx", what, x);
+    if (target > 0) printf("  (target >= %.1fx: %s)", target, x >= target ? "met" : "NOT met");
+    if (cpu_tok_s(ours) > 0 && cpu_tok_s(ref) > 0) printf("   by CPU time %5.2fx", cpu_tok_s(ours) / cpu_tok_s(ref));
+    printf("\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = "all", *formats = "f32,bf16,qlora-nf4,qlora-q8_0";
+    int steps = 5, torch = 1, ckpt = 0, gemm_peak = 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) which = argv[++i];
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--formats") == 0 && i + 1 < argc) formats = argv[++i];
+        else if (strcmp(argv[i], "--no-torch") == 0) torch = 0;
+        else if (strcmp(argv[i], "--checkpointing") == 0) ckpt = 1;
+        else if (strcmp(argv[i], "--no-peak") == 0) gemm_peak = 0; /* profiling the steps alone */
+        else {
+            fprintf(stderr,
+                    "usage: %s [--shape small|qwen|all] [--steps N] [--formats f32,bf16,qlora-nf4,qlora-q8_0] "
+                    "[--no-torch] [--checkpointing] [--no-peak]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (steps < 1) steps = 1;
+    int want[F_COUNT] = {0};
+    for (int f = 0; f < F_COUNT; f++) {
+        const char *p = strstr(formats, FORMAT_NAMES[f]);
+        size_t n = strlen(FORMAT_NAMES[f]);
+        /* whole items only ("f32" is not part of another name here) */
+        while (p && !((p == formats || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))) p = strstr(p + 1, FORMAT_NAMES[f]);
+        want[f] = p != NULL;
+    }
+    double la[3] = {0};
+    if (getloadavg(la, 3) > 0) printf("load average at start: %.2f %.2f %.2f\n", la[0], la[1], la[2]);
+    result gp;
+    memset(&gp, 0, sizeof gp);
+    if (gemm_peak) gp = in_child(gemm_child, NULL);
+    double peak = gp.ok ? gp.gflops_bf16 : 0;
+    printf("GEMM engine (at_cpu_gemm, 2048^3, C f32, best of 5): bf16 %.0f GFLOP/s (%s), f32 %.0f GFLOP/s (%s)\n", gp.gflops_bf16,
+           at_cpu_gemm_engine(AT_BF16), gp.gflops_f32, at_cpu_gemm_engine(AT_F32));
+    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
+        const shape *s = &SHAPES[k];
+        if (strcmp(which, "all") != 0 && strncmp(s->name, which, strlen(which)) != 0) continue;
+        double nl, nf, fl = flops_per_token(s, &nl, &nf);
+        printf("\n%s: hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d%s%s; batch %d x seq %d; LoRA r=%d "
+               "alpha %g dropout %g on all 7 linear layers (%.2fM params), frozen matmul weights %.1fM; %.3f GFLOP "
+               "per token; median of %d steps after 1 warm-up%s\n",
+               s->name, s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->vocab, s->tied ? ", tied" : "",
+               s->qkv_bias ? ", qkv bias" : "", s->batch, s->seq, RANK, ALPHA, DROPOUT, nl / 1e6, nf / 1e6, fl / 1e9,
+               steps, ckpt ? "; gradient checkpointing" : "");
+        result t[3];
+        memset(t, 0, sizeof t);
+        static const char *tn[3] = {"torch f32 (best)", "torch f32 (as given)", "torch bf16 autocast"};
+        for (int m = 0; m < 3; m++) {
+            if (torch) {
+                t[m] = run_torch(s, m, steps);
+                print_row(tn[m], &t[m], fl, peak);
+            } else {
+                snprintf(t[m].err, sizeof t[m].err, "not run (--no-torch)");
+            }
+        }
+        result o[F_COUNT];
+        memset(o, 0, sizeof o);
+        for (int f = 0; f < F_COUNT; f++) {
+            if (!want[f]) continue;
+            job j = {s, f, steps, ckpt};
+            o[f] = in_child(ours_child, &j);
+            char who[64];
+            snprintf(who, sizeof who, "anytune %s", FORMAT_NAMES[f]);
+            print_row(who, &o[f], fl, peak);
+            if (!o[f].ok) continue;
+            if (f == F_F32) {
+                ratio("vs torch f32 (as given)", &o[f], &t[1], 1.5);
+                ratio("vs torch f32 (best)", &o[f], &t[0], 1.2);
+            } else {
+                ratio("vs torch bf16 autocast", &o[f], &t[2], f == F_BF16 ? 2.0 : 0);
+                if (f != F_BF16) {
+                    ratio("vs anytune bf16 LoRA", &o[f], &o[F_BF16], 0.8);
+                    if (o[F_BF16].ok)
+                        printf("    %-34s %+.3f%%\n", "first-step loss vs bf16 LoRA",
+                               100.0 * (o[f].loss0 - o[F_BF16].loss0) / o[F_BF16].loss0);
+                }
+            }
+        }
+    }
+    if (getloadavg(la, 3) > 0) printf("\nload average at end: %.2f %.2f %.2f\n", la[0], la[1], la[2]);
+    return 0;
+}
