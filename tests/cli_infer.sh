@@ -57,4 +57,10 @@ cmp -s "$T/one4" "$T/int4"; check "/system TEXT equals --system" $?
 [ $? -eq 1 ] && grep -q "nosuch" "$T/e3"; check "an unknown template is an error" $?
 "$BIN" infer $MODEL --top_p 0 --prompt x > /dev/null 2> "$T/e4"
 [ $? -eq 1 ] && grep -q "top_p" "$T/e4"; check "top_p 0 is refused" $?
+# quantized weights (QLoRA models): q8_0 keeps the greedy story's opening
+"$BIN" infer $MODEL --prompt "" --max_new_tokens 256 --quant_bits 8 --verbose > "$T/gotq" 2> "$T/errq"
+[ "$(head -c 60 "$T/gotq")" = "$(head -c 60 "$T/want0")" ] && grep -q "quantized to q8_0" "$T/errq"
+check "--quant_bits 8 runs the quantized model and keeps the story's opening" $?
+"$BIN" infer $MODEL --prompt x --quant_bits 3 > /dev/null 2> "$T/e5"
+[ $? -eq 1 ] && grep -q "quant_bits 3" "$T/e5"; check "--quant_bits 3 is refused" $?
 exit $fail

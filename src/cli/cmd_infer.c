@@ -44,6 +44,7 @@ static const at_opt_spec specs[] = {
     {"max_model_len", AT_OPT_INT, "0", "context length in tokens (0: the model's, at most 4096)", NULL},
     {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
     {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
+    {"quant_bits", AT_OPT_INT, "0", "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", NULL},
     {"verbose", AT_OPT_BOOL, "false", "print prefill and decode speed", NULL},
     {"dry_run", AT_OPT_BOOL, "false", "print the plan (device, formats, memory: weights and KV cache) and stop", NULL},
     {"json", AT_OPT_BOOL, "false", "with --dry_run: the plan as JSON", NULL},
@@ -94,6 +95,9 @@ at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
             return at_error(AT_ERR_INVALID, "--torch_dtype %s: use bfloat16, float16 or float32", dt);
         bo.dtype = d;
     }
+    at_quant_kind q = AT_QUANT_NONE;
+    AT_TRY(at_quant_from_bits((int)at_opt_int(o, "quant_bits"), &q));
+    bo.quant = q;
     int na = at_opt_list_count(o, "adapters");
     const char **ad = calloc((size_t)na + 1, sizeof *ad);
     if (!ad) return at_error(AT_ERR_NOMEM, "out of memory");

@@ -363,6 +363,7 @@ at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
     at_load_options lo = at_load_options_default();
     if (o->backend) lo.backend = o->backend;
     lo.dtype = (at_dtype)o->dtype;
+    lo.quant = (at_quant_kind)o->quant;
     AT_CHECK(at_decoder_load(o->model, &lo, &b->decoder));
 
     if (o->tokenizer) {

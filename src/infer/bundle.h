@@ -51,6 +51,7 @@ typedef struct at_bundle_opts {
     int n_adapters;
     at_backend *backend;      /* NULL: the CPU */
     int dtype;                /* at_dtype, or AT_LOAD_KEEP_DTYPE */
+    int quant;                /* at_quant_kind of model/loader.h: quantize the linear matrices (QLoRA models) */
 } at_bundle_opts;
 
 /* Loads everything. Caller frees *out with at_bundle_free. Errors name the
