@@ -70,6 +70,14 @@ void at_progress_update(at_progress *p, int64_t done, const char *status)
     if (now - p->last_draw >= interval) draw(p, status, 0);
 }
 
+void at_progress_note(at_progress *p, const char *line)
+{
+    if (p->tty) fputs("\r\033[K", p->out);
+    fprintf(p->out, "%s\n", line);
+    if (p->tty) p->last_draw = -1e9; /* redraw at the next update */
+    fflush(p->out);
+}
+
 void at_progress_finish(at_progress *p, const char *status)
 {
     draw(p, status, 1);

@@ -23,6 +23,9 @@ typedef struct {
 void at_progress_start(at_progress *p, const char *label, int64_t total, FILE *out);
 /* Sets the count and redraws if due; status may be NULL. */
 void at_progress_update(at_progress *p, int64_t done, const char *status);
+/* Prints a whole line (no newline needed) above the bar: on a terminal the
+ * bar is cleared first and drawn again below the line. */
+void at_progress_note(at_progress *p, const char *line);
 /* Final draw and newline. */
 void at_progress_finish(at_progress *p, const char *status);
 /* Forces plain-line mode (tests) or terminal mode. */

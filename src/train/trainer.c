@@ -779,6 +779,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
             AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
                              interval_loss / interval_steps, lr));
+            char note[200];
+            snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  %.0f tok/s",
+                     (long long)done, (long long)t->total_steps, (double)done / (double)t->steps_per_epoch,
+                     interval_loss / interval_steps, norm, lr, tps);
+            at_progress_note(&bar, note);
             interval_loss = 0;
             interval_steps = 0;
             interval_tokens = 0;
