@@ -34,6 +34,10 @@ static const at_opt_spec specs[] = {
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
 int at_cmd_serve(int argc, char **argv)
 {
     const char *usage = "usage: anytune serve [--model DIR] [--adapters NAME=DIR ...] [--port 8000] [OPTIONS]";
@@ -47,6 +51,12 @@ int at_cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     int rc = 1;
@@ -73,8 +83,16 @@ int at_cmd_serve(int argc, char **argv)
             so.host ? so.host : "127.0.0.1", at_server_port(srv), so.max_batch_size,
             at_bundle_context(b, so.max_model_len), b->n_adapters, b->n_adapters == 1 ? "" : "s");
     fflush(stderr);
+    /* SIGTERM/SIGINT are blocked in every thread we create, but a library may
+     * start threads of its own that do not block them: a handler catches the
+     * signal wherever it lands, and the loop sees either path. */
     int sig = 0;
-    sigwait(&sigs, &sig);
+    while (!sig && !stop_signal) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        int r = sigtimedwait(&sigs, NULL, &ts);
+        if (r > 0) sig = r;
+    }
+    if (!sig) sig = stop_signal;
     fprintf(stderr, "anytune serve: %s: stopping (requests in flight get %.0f s)\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", at_opt_float(o, "shutdown_timeout"));
     at_server_stop(srv, at_opt_float(o, "shutdown_timeout"));
