@@ -216,7 +216,7 @@ static void test_qwen_shape(void)
     for (int k = 0; k < 2 && ref.grads; k++) {
         at_quant_kind q = kinds[k];
         at_dtype qt = at_quant_dtype(q);
-        step_result rq = {0}, rd = {0};
+        step_result rq = {0}, rd = {0}, rb = {0};
         int64_t params = 0;
         size_t bytes = 0;
         at_status st = AT_OK;
@@ -235,7 +235,13 @@ static void test_qwen_shape(void)
         if (st == AT_OK) {
             for (int i = 0; i < n_mats; i++) *mat_slot(d, i) = qm[i];
             CHECK_OK(at_decoder_weights_check(d->w));
+            /* f32 activations: exactly the dequantized model's arithmetic */
+            d->quant_bf16 = 0;
             CHECK_OK(run_model(d, &rq));
+            /* bf16 activations (QLoRA's compute format on fast-bf16 devices) */
+            d->quant_bf16 = 1;
+            CHECK_OK(run_model(d, &rb));
+            d->quant_bf16 = -1;
             for (int i = 0; i < n_mats; i++) *mat_slot(d, i) = fm[i];
             CHECK_OK(run_model(d, &rd));
             for (int i = 0; i < n_mats; i++) *mat_slot(d, i) = orig[i];
@@ -259,6 +265,18 @@ static void test_qwen_shape(void)
             CHECK_MSG(l_deq <= 1e-3, "%s logits vs dequantized f32 model: %g", at_quant_name(q), l_deq);
             CHECK_MSG(l_ref <= logit_tol[k], "%s logits vs bf16: %g", at_quant_name(q), l_ref);
         }
+        if (rb.grads && rd.grads) {
+            /* bf16 rounding of the activations only: bf16-sized differences */
+            double dl = fabs(rb.loss - ref.loss) / ref.loss;
+            double g_deq = rel_l2(rb.grads, rd.grads, rd.n_grads), l_deq = rel_l2(rb.logits, rd.logits, 2 * V);
+            printf("  %-5s with bf16 activations: loss %.6f (%.3f%% from bf16 LoRA); grads vs dequantized %.2e, "
+                   "logits %.2e\n", at_quant_name(q), rb.loss, 100 * dl, g_deq, l_deq);
+            CHECK_MSG(dl <= 0.02, "%s (bf16 activations) loss %.6f vs bf16 %.6f", at_quant_name(q), rb.loss, ref.loss);
+            CHECK_NEAR(rb.loss, rd.loss, 1e-3 * rd.loss);
+            CHECK_MSG(g_deq <= 3e-2, "%s (bf16 activations) grads vs dequantized: %g", at_quant_name(q), g_deq);
+            CHECK_MSG(l_deq <= 2e-2, "%s (bf16 activations) logits vs dequantized: %g", at_quant_name(q), l_deq);
+        }
+        result_free(&rb);
         result_free(&rq);
         result_free(&rd);
         for (int i = 0; i < n_mats; i++) at_tensor_free(fm[i]);

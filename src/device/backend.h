@@ -73,6 +73,7 @@ typedef struct at_backend {
     char name[32];       /* "cpu", "cuda:0" */
     at_device_kind kind;
     int is_host;         /* buffers are host memory the CPU may read directly */
+    int fast_bf16;       /* bf16 matmuls run faster than f32 here (AVX512_BF16, Ampere+ GPUs) */
     void *ctx;           /* backend-private */
     at_status (*alloc)(struct at_backend *be, size_t size, void **out);
     void (*free)(struct at_backend *be, void *ptr);

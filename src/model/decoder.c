@@ -31,6 +31,7 @@ at_status at_decoder_new(at_decoder_weights *w, at_decoder **out)
     d->cfg = w->cfg;
     d->be = w->backend;
     d->attn_scale = 1.0f / sqrtf((float)d->cfg.head_dim);
+    d->quant_bf16 = -1;
     int64_t half = d->cfg.head_dim / 2;
     host = malloc((size_t)half * sizeof *host);
     if (!host) {
@@ -66,12 +67,39 @@ void at_decoder_free(at_decoder *d)
 {
     if (!d) return;
     scratch_free(d->scratch);
+    at_tensor_free(d->qact);
     at_tensor_free(d->inv_freq);
     at_decoder_weights_free(d->w);
     free(d);
 }
 
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+static int is_quantized(at_dtype t) { return t == AT_NF4 || t == AT_Q8_0 || t == AT_Q4_0; }
+
+at_status at_decoder_qact(at_decoder *d, int64_t rows, at_tensor **out)
+{
+    *out = NULL;
+    int on = d->quant_bf16 < 0 ? d->be->fast_bf16 : d->quant_bf16;
+    if (!on || d->cfg.num_hidden_layers < 1) return AT_OK;
+    const at_layer_weights *l0 = &d->w->layers[0];
+    const at_tensor *mats[] = {l0->wq, l0->wk, l0->wv, l0->wo, l0->w_gate, l0->w_up, l0->w_down};
+    int any = 0;
+    for (int i = 0; i < 7; i++) any |= mats[i] && is_quantized(mats[i]->dtype);
+    if (!any) return AT_OK;
+    int64_t width = d->cfg.hidden_size;
+    if (d->cfg.intermediate_size > width) width = d->cfg.intermediate_size;
+    if ((int64_t)d->cfg.num_attention_heads * d->cfg.head_dim > width)
+        width = (int64_t)d->cfg.num_attention_heads * d->cfg.head_dim;
+    if (!d->qact || at_tensor_numel(d->qact) < rows * width) {
+        at_tensor_free(d->qact);
+        d->qact = NULL;
+        int64_t shape[2] = {rows, width};
+        AT_TRY(at_tensor_new(d->be, AT_BF16, 2, shape, "bf16 activations (QLoRA)", &d->qact));
+    }
+    *out = d->qact;
+    return AT_OK;
+}
 
 static at_status check_window(const at_decoder *d, int64_t tokens)
 {
@@ -266,6 +294,7 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     io.attn.kv_len = &t_kvl;
     io.cache_start = cache_start;
     io.n_new = nn;
+    AT_TRY(at_decoder_qact(d, (int64_t)B * T, &io.qact));
 
     AT_TRY(at_embedding_forward(&x, &t_ids, d->w->embed));
     for (int l = 0; l < c->num_hidden_layers; l++) {

@@ -40,7 +40,17 @@ typedef struct at_decoder {
     float attn_scale;      /* 1/sqrt(head_dim) */
     at_decoder_scratch *scratch; /* inference buffers, grown on demand */
     at_adapter *adapter;   /* LoRA applied by every forward; NOT owned; NULL: none (at_decoder_set_adapter) */
+    /* Quantized (QLoRA) weights: whether activations are rounded to bf16
+     * before their products (see at_layer_io.qact): -1 when the backend has
+     * fast bf16 (the default), 0 never, 1 always. */
+    int quant_bf16;
+    at_tensor *qact;       /* the bf16 scratch for that, owned, grown on demand */
 } at_decoder;
+
+/* The bf16 scratch for `rows` tokens when activations times quantized weights
+ * should be computed in bf16 (quant_bf16 above, and some matrix is
+ * quantized); *out NULL otherwise. Owned by d; valid until the next call. */
+at_status at_decoder_qact(at_decoder *d, int64_t rows, at_tensor **out);
 
 /* Makes a decoder over w (checked with at_decoder_weights_check). Takes
  * ownership of w on success only. Caller frees with at_decoder_free. */

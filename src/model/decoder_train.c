@@ -211,7 +211,7 @@ static at_status check_index(const at_tensor *t, int B, int T, const char *what)
 }
 
 /* The layer view of the batch the last forward ran on. */
-static void layer_io(const at_decoder *d, const at_decoder_acts *a, at_layer_io *io)
+static at_status layer_io(at_decoder *d, const at_decoder_acts *a, at_layer_io *io)
 {
     memset(io, 0, sizeof *io);
     io->B = a->B;
@@ -221,6 +221,7 @@ static void layer_io(const at_decoder *d, const at_decoder_acts *a, at_layer_io 
     io->attn.scale = d->attn_scale;
     io->attn.segments = a->segments;
     io->save_lse = 1;
+    return at_decoder_qact(d, (int64_t)a->B * a->T, &io->qact);
 }
 
 at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
@@ -252,7 +253,7 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
     a->forward_done = 0;
     a->loss_done = 0;
     at_layer_io io;
-    layer_io(d, a, &io);
+    AT_TRY(layer_io(d, a, &io));
 
     /* x_0 = embed[ids] */
     AT_TRY(at_embedding_forward(&a->resid[0], ids, d->w->embed));
@@ -566,7 +567,7 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
     at_decoder_weights *gw = g->full;
     at_tensor *dres = &a->d_resid;
     at_layer_io io;
-    layer_io(d, a, &io);
+    AT_TRY(layer_io(d, a, &io));
 
     /* h = rmsnorm(x_L)·w:  dx_L = rmsnorm_backward(dh) */
     AT_TRY(at_rmsnorm_backward(dres, gw ? gw->final_norm : NULL, &a->d_final, &a->resid[L], d->w->final_norm,

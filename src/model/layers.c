@@ -175,12 +175,30 @@ static at_status lora_forward(at_tensor *y, const at_tensor *x, at_layer_acts *a
     return AT_OK;
 }
 
+/* The left operand of a product with weight w: x itself, or (QLoRA with a
+ * bf16 compute format, io->qact) x rounded to bf16 in the scratch `view`. */
+static at_status matmul_input(const at_tensor **out, at_tensor *view, const at_tensor *x, const at_tensor *w,
+                              const at_layer_io *io)
+{
+    *out = x;
+    if (!io->qact || !(w->dtype == AT_NF4 || w->dtype == AT_Q8_0 || w->dtype == AT_Q4_0)) return AT_OK;
+    if (at_tensor_numel(x) > at_tensor_numel(io->qact))
+        return at_error(AT_ERR_INTERNAL, "layer: bf16 scratch too small for %s", x->name);
+    at_tensor_view_inplace(view, io->qact, 0, x->ndim, x->shape);
+    AT_TRY(at_cast(view, x));
+    *out = view;
+    return AT_OK;
+}
+
 /* y = x·Wᵀ (+ b) (+ LoRA of module m): the nn.Linear of PyTorch (peft's
  * lora.Linear when adapted). x [N, in], W [out, in], y [N, out]. */
 static at_status linear(at_tensor *y, const at_tensor *x, const at_tensor *w, const at_tensor *b, at_layer_acts *a,
                         const at_layer_io *io, at_module m)
 {
-    AT_TRY(at_matmul(y, x, w, 0, 1, 1.0f, 0.0f));
+    const at_tensor *xm;
+    at_tensor view;
+    AT_TRY(matmul_input(&xm, &view, x, w, io));
+    AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, 0.0f));
     if (b) AT_TRY(at_add(y, y, b));
     return lora_forward(y, x, a, io, m);
 }
@@ -190,7 +208,10 @@ static at_status linear_residual(at_tensor *y, const at_tensor *r, const at_tens
                                  const at_tensor *b, at_layer_acts *a, const at_layer_io *io, at_module m)
 {
     if (y->buf != r->buf || y->offset != r->offset) AT_TRY(at_cast(y, r));
-    AT_TRY(at_matmul(y, x, w, 0, 1, 1.0f, 1.0f));
+    const at_tensor *xm;
+    at_tensor view;
+    AT_TRY(matmul_input(&xm, &view, x, w, io));
+    AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, 1.0f));
     if (b) AT_TRY(at_add(y, y, b));
     return lora_forward(y, x, a, io, m);
 }
@@ -205,7 +226,12 @@ static at_status linear_backward(at_tensor *dx, float dx_beta, const at_tensor *
                                  const at_layer_grads *g, const at_layer_io *io, at_module m,
                                  at_layer_bwd_scratch *s)
 {
-    if (dx) AT_TRY(at_matmul(dx, dy, w, 0, 0, 1.0f, dx_beta));
+    if (dx) {
+        const at_tensor *dym;
+        at_tensor view;
+        AT_TRY(matmul_input(&dym, &view, dy, w, io));
+        AT_TRY(at_matmul(dx, dym, w, 0, 0, 1.0f, dx_beta));
+    }
     if (dw) AT_TRY(at_matmul(dw, dy, x, 1, 0, 1.0f, 1.0f));
     if (db) AT_TRY(at_sum_rows(db, dy, 1.0f));
     const at_lora_pair *p = lora_of(io, m);

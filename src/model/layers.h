@@ -90,6 +90,12 @@ typedef struct at_layer_io {
     const int *cache_start;
     const int *n_new;
     const at_layer_lora *lora; /* NULL: no adapter */
+    /* QLoRA's compute format: when non-NULL (a bf16 scratch of at least
+     * N × max(hidden, intermediate, heads·head_dim) elements), activations
+     * multiplied by a quantized weight are rounded to bf16 first, so the
+     * product runs on the bf16 kernels, as bitsandbytes' compute_dtype=bf16
+     * does. NULL: they stay f32 (the product is then computed in f32). */
+    at_tensor *qact;
 } at_layer_io;
 
 /* Attention block.

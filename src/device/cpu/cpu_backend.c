@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_kernels.h"
 
 /* 64-byte alignment: one cache line, one AVX-512 register.
@@ -58,6 +59,7 @@ at_backend *at_cpu_backend(void)
 {
     if (!initialized) {
         cpu.ops = *at_cpu_ops();
+        cpu.fast_bf16 = at_cpu_isa_level() >= AT_ISA_AVX512_BF16;
         initialized = 1;
     }
     return &cpu;
