@@ -529,7 +529,7 @@ static void oom_args(at_train_args *a, const char *out)
     a->model_author = "the anytune team";
     a->output_dir = out;
     a->learning_rate = 1e-3;
-    a->lora_dropout = 0;
+    a->lora_dropout = 0.1; /* the pieces of a halved micro-batch draw the whole one's masks */
     a->logging_steps = 1;
     a->save_steps = 1000;
     a->max_length = 64;

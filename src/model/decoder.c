@@ -154,6 +154,7 @@ const at_layer_lora *at_decoder_layer_lora(const at_decoder *d, int l, float p, 
     buf->dropout = p;
     buf->seed = seed;
     buf->offset = (uint64_t)l << 44;
+    buf->token_offset = 0;
     return buf;
 }
 

@@ -106,6 +106,10 @@ typedef struct at_decoder_acts {
     const at_tensor *ids, *fwd_pos, *segments;
     float lora_dropout;
     uint64_t dropout_seed;
+    /* Set by the caller before the forward when this batch is a piece of a
+     * bigger micro-batch (rows cut apart to save memory): the first token's
+     * index in that micro-batch, so the pieces draw its dropout masks. 0 else. */
+    int64_t dropout_token_offset;
     int forward_done;       /* a forward ran since allocation */
     int loss_done;          /* at_decoder_loss left d_final ready (with gradients) */
     /* AT_ACTS_LOSS or AT_ACTS_TRAIN (buf NULL otherwise): */

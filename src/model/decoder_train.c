@@ -262,6 +262,7 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
         const at_layer_weights *lw = &d->w->layers[l];
         at_layer_lora ll;
         io.lora = at_decoder_layer_lora(d, l, lora_dropout, dropout_seed, &ll);
+        ll.token_offset = a->dropout_token_offset;
         AT_TRY(at_attention_block_forward(c, lw, la, &la->res_mid, &a->resid[l], &io));
         AT_TRY(at_mlp_block_forward(c, lw, la, &a->resid[l + 1], &la->res_mid, &io));
     }
@@ -577,6 +578,7 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
         const at_layer_weights *lw = &d->w->layers[l];
         at_layer_lora ll;
         io.lora = at_decoder_layer_lora(d, l, a->lora_dropout, a->dropout_seed, &ll);
+        ll.token_offset = a->dropout_token_offset;
         if (ckpt && l != L - 1) {
             /* recompute layer l from its input (same dropout masks: same seed);
              * the block output goes to scratch, resid[l+1] is already used */

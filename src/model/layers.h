@@ -72,6 +72,8 @@ typedef struct at_layer_lora {
     float dropout;             /* p; 0 in inference (then a->lora_x is not needed) */
     uint64_t seed;             /* dropout seed of this forward (kept for the backward) */
     uint64_t offset;           /* counter base of this layer (the decoder uses layer << 44) */
+    int64_t token_offset;      /* this batch's first token within the batch whose masks it continues
+                                  (a micro-batch cut in pieces draws the masks of the whole) */
 } at_layer_lora;
 
 /* How a layer sees its batch. */

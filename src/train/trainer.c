@@ -617,7 +617,8 @@ static uint64_t dropout_seed(const trainer *t, int64_t step, int micro)
  * grad_scale (1 / supervised tokens of the whole step) and the batch's
  * column count, so the summed gradients are those of the whole micro-batch:
  * the results do not change, only the speed (up to the rounding of the sums;
- * with LoRA dropout the pieces draw their own masks). At most two halvings. */
+ * the pieces draw the LoRA dropout masks of their rows in the whole
+ * micro-batch). At most two halvings. */
 #define MAX_OOM_HALVINGS 2
 
 static int is_oom(at_status st) { return st == AT_ERR_DEVICE_OOM || st == AT_ERR_NOMEM; }
@@ -652,6 +653,8 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
             batch_tensors bt;
             st = upload_batch(t, &piece, &bt);
             if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
+            /* the piece draws the dropout masks of its rows in the whole micro-batch */
+            if (st == AT_OK) t->acts->dropout_token_offset = (int64_t)(rows * k / np) * (int64_t)piece.cols;
             at_loss_stats stats = {0};
             if (st == AT_OK)
                 st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
