@@ -334,7 +334,7 @@ static void ours_child(const void *arg, result *r)
             st = at_decoder_forward_backward(d, acts, t_ids, NULL, NULL, t_lab, (float)DROPOUT, 1000 + (uint64_t)i,
                                              scale, g, &ls);
         if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
-        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm);
+        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm, 1.0);
         if (i == 0) r->loss0 = ls.n_targets ? ls.loss_sum / (double)ls.n_targets : NAN;
         else ts[i - 1] = now() - t0, cs[i - 1] = cpu_now() - c0;
         if (st == AT_OK && !isfinite(ls.loss_sum)) {

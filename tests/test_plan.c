@@ -441,7 +441,7 @@ static int measure(int i)
         st = at_decoder_forward_backward(d, acts, ids, NULL, NULL, labels, full ? 0.0f : 0.05f, 1, 1.0f / (float)N, g,
                                          &ls);
         if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
-        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm);
+        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm, 1.0);
         if (st == AT_OK) st = at_decoder_grads_zero(g);
     }
     if (st != AT_OK) goto done;

@@ -308,6 +308,49 @@ static void test_pt_and_adapters(const char *root)
     free(ck);
 }
 
+/* Dynamic loss scaling (what the planner picks for f16 GPUs): scaling by a
+ * power of two changes nothing in f32 arithmetic, and a scale so large that
+ * the gradients overflow is halved, with those steps skipped and logged. */
+static void test_loss_scaling(const char *root)
+{
+    at_train_args a;
+    at_train_result r1, r2, r3;
+    char out[512];
+    snprintf(out, sizeof out, "%s/ls-off", root);
+    base_args(&a, out);
+    a.max_steps = 4;
+    a.batch_size = 2;
+    CHECK_OK(at_train_run(&a, stdout, &r1));
+    snprintf(out, sizeof out, "%s/ls-on", root);
+    base_args(&a, out);
+    a.max_steps = 4;
+    a.batch_size = 2;
+    a.loss_scaling = 1;
+    CHECK_OK(at_train_run(&a, stdout, &r2));
+    double l1[8], g1[8], l2[8], g2[8];
+    int n1 = read_losses(r1.run_dir, l1, g1, 8), n2 = read_losses(r2.run_dir, l2, g2, 8);
+    CHECK(n1 == 4 && n2 == 4);
+    for (int i = 0; i < n1 && i < n2; i++) {
+        CHECK_NEAR(l1[i], l2[i], 1e-6 * fabs(l1[i]));
+        CHECK_NEAR(g1[i], g2[i], 1e-6 * fabs(g1[i]));
+    }
+    snprintf(out, sizeof out, "%s/ls-overflow", root);
+    base_args(&a, out);
+    a.max_steps = 20;
+    a.batch_size = 2;
+    a.loss_scaling = 1;
+    a.loss_scale_init = ldexp(1.0, 66);
+    CHECK_OK(at_train_run(&a, stdout, &r3));
+    char *log = at_path_join(r3.run_dir, "logging.jsonl"), *text = NULL;
+    CHECK_OK(at_read_file(log, &text, NULL));
+    int overflows = 0;
+    for (char *p = text; p && (p = strstr(p, "loss scale overflow")); p++) overflows++;
+    CHECK_MSG(overflows >= 1 && overflows < 20, "%d overflow steps", overflows);
+    CHECK(isfinite(r3.last_loss));
+    free(text);
+    free(log);
+}
+
 int main(void)
 {
     char root[] = "/tmp/anytune-train-XXXXXX";
@@ -318,6 +361,7 @@ int main(void)
     test_errors(root);
     test_nonfinite(root);
     test_pt_and_adapters(root);
+    test_loss_scaling(root);
     if (!at_test_failures) at_remove_tree(root);
     return at_test_result("test_train");
 }

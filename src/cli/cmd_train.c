@@ -141,6 +141,7 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, int pt, cJS
     a->batch_size = p.batch_size;
     a->grad_accum = p.grad_accum;
     a->gradient_checkpointing = p.checkpointing;
+    a->loss_scaling = p.loss_scaling;
     if (p.tune == AT_TUNE_QLORA) a->quant_bits = p.quant_dtype == AT_Q8_0 ? 8 : 4;
     if (p.tune != AT_TUNE_FULL && !a->has_dtype) {
         a->has_dtype = 1;

@@ -64,13 +64,13 @@ at_status at_optimizer_grad_norm(at_optimizer *o, double *norm)
     return AT_OK;
 }
 
-at_status at_optimizer_step(at_optimizer *o, double lr, double grad_norm)
+at_status at_optimizer_step(at_optimizer *o, double lr, double grad_norm, double unscale)
 {
     double clip = 1.0;
     if (o->cfg.max_grad_norm > 0 && grad_norm > o->cfg.max_grad_norm) clip = o->cfg.max_grad_norm / (grad_norm + 1e-6);
     o->step++;
     at_adamw_params p = {(float)lr, (float)o->cfg.beta1, (float)o->cfg.beta2, (float)o->cfg.eps,
-                         (float)o->cfg.weight_decay, (float)clip, o->step};
+                         (float)o->cfg.weight_decay, (float)(clip * unscale), o->step};
     for (int i = 0; i < o->n; i++) AT_TRY(at_adamw(o->params[i].param, o->params[i].grad, o->m[i], o->v[i], &p));
     return AT_OK;
 }

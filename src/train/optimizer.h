@@ -28,9 +28,11 @@ void at_optimizer_free(at_optimizer *o);
 /* sqrt(Σ over every gradient of Σ g²) (computed in double across tensors). */
 at_status at_optimizer_grad_norm(at_optimizer *o, double *norm);
 
-/* One update at learning rate lr: gradients multiplied by clip first, where
- * clip = min(1, max_grad_norm / (norm + 1e-6)) as torch's clip_grad_norm_. */
-at_status at_optimizer_step(at_optimizer *o, double lr, double grad_norm);
+/* One update at learning rate lr: gradients multiplied by unscale (1 / loss
+ * scale; 1 without loss scaling) and by clip, where clip = min(1,
+ * max_grad_norm / (grad_norm + 1e-6)) as torch's clip_grad_norm_ (grad_norm
+ * of the unscaled gradients). */
+at_status at_optimizer_step(at_optimizer *o, double lr, double grad_norm, double unscale);
 
 /* Moments and step into / from a safetensors file ("exp_avg.<param name>",
  * "exp_avg_sq.<param name>", metadata "optimizer_step"); meta_kv holds n_meta

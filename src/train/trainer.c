@@ -77,6 +77,8 @@ typedef struct {
     FILE *log;
     int64_t steps_per_epoch, total_steps, n_batches;
     int64_t tokens_seen;  /* input tokens trained on so far (kept across a resume) */
+    double loss_scale;    /* dynamic loss scaling (f16): gradients are of loss · loss_scale; 1 when off */
+    int good_steps;       /* steps since the scale last changed */
     int oom_halvings;     /* micro-batches run in 1 << oom_halvings pieces since an out-of-memory retry */
     /* the current epoch's batch plan */
     at_batch_plan plan;
@@ -452,13 +454,15 @@ static at_status save_checkpoint(trainer *t, int64_t step)
     }
     if (st == AT_OK) {
         char *p = at_path_join(dir, "trainer_state.safetensors");
-        char sstep[32], sseed[32], stok[32];
+        char sstep[32], sseed[32], stok[32], sscale[64], sgood[32];
+        snprintf(sscale, sizeof sscale, "%.17g", t->loss_scale);
+        snprintf(sgood, sizeof sgood, "%d", t->good_steps);
         snprintf(sstep, sizeof sstep, "%lld", (long long)step);
         snprintf(sseed, sizeof sseed, "%llu", (unsigned long long)t->a->seed);
         snprintf(stok, sizeof stok, "%lld", (long long)t->tokens_seen);
         const char *meta[] = {"global_step", sstep, "seed", sseed, "train_type", t->a->full ? "full" : "lora",
-                              "tokens_seen", stok};
-        st = at_optimizer_save(&t->opt, p, meta, 4);
+                              "tokens_seen", stok, "loss_scale", sscale, "loss_scale_good_steps", sgood};
+        st = at_optimizer_save(&t->opt, p, meta, 6);
         free(p);
     }
     if (st == AT_OK) st = at_ckpt_commit(t->run_dir, step, dir);
@@ -559,6 +563,9 @@ static at_status resume(trainer *t, int64_t *start_step)
         else *start_step = strtoll(gs, NULL, 10);
         const char *ts = at_st_metadata(f, "tokens_seen");
         if (ts) t->tokens_seen = strtoll(ts, NULL, 10);
+        const char *ls = at_st_metadata(f, "loss_scale"), *lg = at_st_metadata(f, "loss_scale_good_steps");
+        if (ls && t->a->loss_scaling) t->loss_scale = strtod(ls, NULL);
+        if (lg && t->a->loss_scaling) t->good_steps = (int)strtol(lg, NULL, 10);
         at_st_close(f);
     }
     if (st == AT_OK && !t->a->full) {
@@ -604,6 +611,10 @@ done:
 }
 
 /* ---- the loop ---- */
+
+/* GradScaler's defaults: start at 2^16, halve on overflow, double after 2000 clean steps. */
+#define LOSS_SCALE_INIT 65536.0
+#define LOSS_SCALE_GROWTH_INTERVAL 2000
 
 static uint64_t dropout_seed(const trainer *t, int64_t step, int micro)
 {
@@ -659,7 +670,7 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
             if (st == AT_OK)
                 st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
                                                  (float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step, m),
-                                                 (float)(1.0 / (double)targets), t->grads, &stats);
+                                                 (float)(t->loss_scale / (double)targets), t->grads, &stats);
             *loss_sum += stats.loss_sum;
             batch_tensors_free(&bt);
         }
@@ -738,8 +749,24 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         if (st != AT_OK) break;
         double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
         AT_TRY(at_optimizer_grad_norm(&t->opt, &norm));
+        norm /= t->loss_scale; /* the gradients carry the loss scale */
         double lr = at_schedule_lr(&sched, step);
         cJSON *line = cJSON_CreateObject();
+        if (a->loss_scaling && isfinite(loss) && !isfinite(norm) && t->loss_scale > 1) {
+            /* Dynamic loss scaling (f16): an overflow halves the scale and the
+             * step is retried from the next batch, as torch.cuda.amp.GradScaler. */
+            t->loss_scale /= 2;
+            t->good_steps = 0;
+            at_log_info("step %lld: gradient overflow: loss scale lowered to %g", (long long)step + 1, t->loss_scale);
+            cJSON_AddNumberToObject(line, "step", (double)(step + 1));
+            cJSON_AddBoolToObject(line, "skipped", 1);
+            cJSON_AddStringToObject(line, "reason", "loss scale overflow");
+            cJSON_AddNumberToObject(line, "loss_scale", t->loss_scale);
+            st = log_line(t, line);
+            cJSON_Delete(line);
+            if (st == AT_OK) st = at_decoder_grads_zero(t->grads);
+            continue;
+        }
         if (!isfinite(loss) || !isfinite(norm)) {
             nonfinite++;
             at_log_warn("step %lld: %s (loss %g, grad norm %g): update skipped", (long long)step + 1,
@@ -758,7 +785,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             continue;
         }
         nonfinite = 0;
-        AT_TRY(at_optimizer_step(&t->opt, lr, norm));
+        AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->loss_scale));
+        if (a->loss_scaling && ++t->good_steps >= LOSS_SCALE_GROWTH_INTERVAL) {
+            t->loss_scale *= 2;
+            t->good_steps = 0;
+        }
         AT_TRY(at_decoder_grads_zero(t->grads));
         if (isnan(res->first_loss)) res->first_loss = loss;
         res->last_loss = loss;
@@ -852,6 +883,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (t.steps_per_epoch < 1) t.steps_per_epoch = 1;
     t.total_steps = a->max_steps > 0 ? a->max_steps : (int64_t)ceil(a->num_train_epochs * (double)t.steps_per_epoch);
     if (t.total_steps < 1) t.total_steps = 1;
+    t.loss_scale = !a->loss_scaling ? 1.0 : a->loss_scale_init > 0 ? a->loss_scale_init : LOSS_SCALE_INIT;
     int64_t start_step = 0;
     if (a->resume_from_checkpoint) {
         AT_CHECK(resume(&t, &start_step));

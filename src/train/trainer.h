@@ -63,6 +63,8 @@ typedef struct {
     uint64_t seed;
     const char *device;
     int max_nonfinite_steps;        /* stop after this many non-finite steps in a row */
+    int loss_scaling;               /* dynamic loss scaling (the planner's choice for f16 devices) */
+    double loss_scale_init;         /* its first scale; 0: 2^16 as torch's GradScaler */
     /* the demo's before/after answers: prompts asked before and after training */
     const char *const *preview_prompts;
     int n_preview_prompts;
