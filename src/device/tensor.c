@@ -32,22 +32,33 @@ static void init_header(at_tensor *t, at_dtype dtype, int ndim, const int64_t *s
     for (int i = 0; i < AT_MAX_DIMS; i++) t->shape[i] = i < ndim ? shape[i] : 1;
 }
 
+/* A checked tensor header and an empty buffer record (one refcount): the
+ * common start of at_tensor_new and at_tensor_wrap. */
+static at_status new_header(at_dtype dtype, int ndim, const int64_t *shape, const char *name, at_tensor **t,
+                            at_buffer **b)
+{
+    AT_TRY(check_shape(ndim, shape, name));
+    *t = malloc(sizeof **t);
+    *b = calloc(1, sizeof **b);
+    if (!*t || !*b) {
+        free(*t);
+        free(*b);
+        return at_error(AT_ERR_NOMEM, "tensor %s: out of host memory", name ? name : "?");
+    }
+    init_header(*t, dtype, ndim, shape, name);
+    (*b)->refcount = 1;
+    return AT_OK;
+}
+
 at_status at_tensor_new(at_backend *backend, at_dtype dtype, int ndim, const int64_t *shape, const char *name,
                         at_tensor **out)
 {
     *out = NULL;
-    AT_TRY(check_shape(ndim, shape, name));
-    at_tensor *t = malloc(sizeof *t);
-    at_buffer *b = calloc(1, sizeof *b);
-    if (!t || !b) {
-        free(t);
-        free(b);
-        return at_error(AT_ERR_NOMEM, "tensor %s: out of host memory", name ? name : "?");
-    }
-    init_header(t, dtype, ndim, shape, name);
+    at_tensor *t;
+    at_buffer *b;
+    AT_TRY(new_header(dtype, ndim, shape, name, &t, &b));
     size_t bytes = at_tensor_nbytes(t);
     b->backend = backend;
-    b->refcount = 1;
     b->size = bytes;
     at_status st = backend->alloc(backend, bytes ? bytes : 1, &b->ptr);
     if (st != AT_OK) {
@@ -89,19 +100,12 @@ at_status at_tensor_wrap(void *data, at_dtype dtype, int ndim, const int64_t *sh
                          at_tensor **out)
 {
     *out = NULL;
-    AT_TRY(check_shape(ndim, shape, name));
-    at_tensor *t = malloc(sizeof *t);
-    at_buffer *b = calloc(1, sizeof *b);
-    if (!t || !b) {
-        free(t);
-        free(b);
-        return at_error(AT_ERR_NOMEM, "tensor %s: out of host memory", name ? name : "?");
-    }
-    init_header(t, dtype, ndim, shape, name);
+    at_tensor *t;
+    at_buffer *b;
+    AT_TRY(new_header(dtype, ndim, shape, name, &t, &b));
     b->backend = at_cpu_backend();
     b->ptr = data;
     b->size = at_tensor_nbytes(t);
-    b->refcount = 1;
     b->external = 1;
     t->buf = b;
     *out = t;
