@@ -23,72 +23,18 @@
 #include <time.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
+#include "base/progress.h"
+#include "bench_util.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/gemm.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
 
-typedef struct {
-    const char *name;
-    int hidden, inter, layers, heads, kv_heads, vocab, seq, batch, tied, qkv_bias;
-    double theta;
-    int runs;
-} shape;
-
-static const shape SHAPES[] = {
-    {"small", 512, 1408, 8, 8, 4, 32000, 256, 4, 0, 0, 10000.0, 5},
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 512, 1, 1, 1, 1000000.0, 3},
-};
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Peak resident memory of this process so far (VmHWM), MiB. */
-static double peak_rss_mib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    double kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) kb = atof(line + 6);
-    fclose(f);
-    return kb / 1024.0;
-}
-
-static void make_config(const shape *s, at_model_config *c)
-{
-    at_model_config_init(c);
-    snprintf(c->model_type, sizeof c->model_type, "%s", s->qkv_bias ? "qwen2" : "llama");
-    c->hidden_size = s->hidden;
-    c->intermediate_size = s->inter;
-    c->num_hidden_layers = s->layers;
-    c->num_attention_heads = s->heads;
-    c->num_key_value_heads = s->kv_heads;
-    c->head_dim = s->hidden / s->heads;
-    c->vocab_size = s->vocab;
-    c->max_position_embeddings = 32768;
-    c->rms_norm_eps = 1e-6;
-    c->rope_theta = s->theta;
-    c->tie_word_embeddings = s->tied;
-    c->attn_qkv_bias = s->qkv_bias;
-}
-
 /* FLOPs of one prefill: 2 per weight per token for the layer matmuls, the
  * causal attention (q·k and p·v over T/2 keys on average: 2·T·H·D per token
  * and layer, done as T²/2 pairs), and the head for the last rows only. */
-static double prefill_flops(const shape *s)
+static double prefill_flops(const bench_shape *s)
 {
     double D = (double)s->hidden / s->heads, hd = s->hidden;
     double per_layer = hd * s->heads * D * 2 + hd * s->kv_heads * D * 2 + 3.0 * hd * s->inter;
@@ -112,11 +58,11 @@ static double matmul_peak_gflops(at_dtype bt)
         at_fill(b, 0.25f);
         double t[5];
         for (int i = 0; i < 6; i++) {
-            double t0 = now();
+            double t0 = at_now_seconds();
             if (at_matmul(c, a, b, 0, 1, 1.0f, 0.0f) != AT_OK) return 0;
-            if (i > 0) t[i - 1] = now() - t0;
+            if (i > 0) t[i - 1] = at_now_seconds() - t0;
         }
-        qsort(t, 5, sizeof t[0], cmp_double);
+        qsort(t, 5, sizeof t[0], bench_cmp_double);
         best = 2.0 * M * N * K / t[2] / 1e9;
     }
     at_tensor_free(a);
@@ -130,11 +76,11 @@ typedef struct {
     int ok;
 } result;
 
-static result run_ours(const shape *s, at_dtype dt, int runs)
+static result run_ours(const bench_shape *s, at_dtype dt, int runs)
 {
     result r = {0};
     at_model_config cfg;
-    make_config(s, &cfg);
+    bench_make_config(s, &cfg);
     at_decoder_weights *w = NULL;
     at_decoder *d = NULL;
     at_kv_cache *c = NULL;
@@ -154,9 +100,9 @@ static result run_ours(const shape *s, at_dtype dt, int runs)
     }
     for (int i = 0; st == AT_OK && i <= runs; i++) { /* run 0 warms up */
         at_kv_cache_reset(c);
-        double t0 = now();
+        double t0 = at_now_seconds();
         st = at_decoder_prefill(d, c, ids, s->seq, NULL, logits, 0);
-        if (i > 0) t[i - 1] = now() - t0;
+        if (i > 0) t[i - 1] = at_now_seconds() - t0;
     }
     if (st == AT_OK) {
         const float *l = at_tensor_data(logits);
@@ -168,10 +114,10 @@ static result run_ours(const shape *s, at_dtype dt, int runs)
             }
     }
     if (st == AT_OK) {
-        qsort(t, (size_t)runs, sizeof *t, cmp_double);
+        qsort(t, (size_t)runs, sizeof *t, bench_cmp_double);
         r.median_s = t[runs / 2];
         r.tok_s = (double)s->batch * s->seq / r.median_s;
-        r.rss_mib = peak_rss_mib();
+        r.rss_mib = bench_peak_rss_mib();
         r.ok = 1;
     } else {
         fprintf(stderr, "ours (%s): %s\n", at_dtype_name(dt), at_last_error());
@@ -199,7 +145,7 @@ static const char *openblas_openmp_dir(void)
 }
 
 /* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
-static result run_torch(const shape *s, int mode, int runs)
+static result run_torch(const bench_shape *s, int mode, int runs)
 {
     result r = {0};
     const char *py = getenv("ANYTUNE_PYTHON");
@@ -273,8 +219,8 @@ int main(int argc, char **argv)
     printf("GEMM engine: f32 %s, bf16 %s; measured peak (1024x2048x2048, activations f32): f32 %.0f GFLOP/s, "
            "bf16 weights %.0f GFLOP/s\n",
            at_cpu_gemm_engine(AT_F32), at_cpu_gemm_engine(AT_BF16), peak32, peak16);
-    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
-        const shape *s = &SHAPES[k];
+    for (size_t k = 0; k < BENCH_N_SHAPES; k++) {
+        const bench_shape *s = &BENCH_SHAPES[k];
         if (strcmp(which, "all") != 0 && strncmp(s->name, which, strlen(which)) != 0) continue;
         int n = runs > 0 ? runs : s->runs;
         double flops = prefill_flops(s);

@@ -18,6 +18,7 @@
  *
  * Each measurement warms up once, then reports the median GFLOP/s of the
  * repetitions; ratio = ours / best library on that row. */
+#include "bench_util.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/gemm.h"
 #include "device/dtype.h"
@@ -69,11 +70,6 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef struct {
     const shape *s;
@@ -202,7 +198,7 @@ static double measure(ctx *c, engine e, int reps)
         run_once(c, e);
         g[i] = flops / (now() - a) / 1e9;
     }
-    qsort(g, n, sizeof(double), cmp_double);
+    qsort(g, n, sizeof(double), bench_cmp_double);
     double med = bench_best ? g[n - 1] : g[n / 2];
     free(g);
     return med;

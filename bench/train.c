@@ -49,6 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
+#include "base/progress.h"
+#include "bench_util.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/gemm.h"
 #include "model/adapter.h"
@@ -59,30 +61,12 @@
 #include "ops/ops.h"
 #include "train/optimizer.h"
 
-typedef struct {
-    const char *name;
-    int hidden, inter, layers, heads, kv_heads, vocab, seq, batch, tied, qkv_bias;
-    double theta;
-} shape;
-
-static const shape SHAPES[] = {
-    {"small", 512, 1408, 8, 8, 4, 32000, 256, 4, 0, 0, 10000.0},
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 151936, 512, 1, 1, 1, 1000000.0},
-};
-
 enum { F_F32, F_BF16, F_NF4, F_Q8, F_COUNT };
 static const char *FORMAT_NAMES[F_COUNT] = {"f32", "bf16", "qlora-nf4", "qlora-q8_0"};
 
 #define RANK 8
 #define ALPHA 16.0
 #define DROPOUT 0.05
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* CPU seconds of this process, every thread. */
 static double cpu_now(void)
@@ -99,24 +83,6 @@ static int n_threads(void)
     return n > 0 ? (int)n : 1;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double vm_hwm_mib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    double kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) kb = atof(line + 6);
-    fclose(f);
-    return kb / 1024.0;
-}
-
 /* Resets VmHWM to the current resident size (Linux clear_refs 5). */
 static int reset_hwm(void)
 {
@@ -126,29 +92,11 @@ static int reset_hwm(void)
     return fclose(f) == 0 && ok;
 }
 
-static void make_config(const shape *s, at_model_config *c)
-{
-    at_model_config_init(c);
-    snprintf(c->model_type, sizeof c->model_type, "%s", s->qkv_bias ? "qwen2" : "llama");
-    c->hidden_size = s->hidden;
-    c->intermediate_size = s->inter;
-    c->num_hidden_layers = s->layers;
-    c->num_attention_heads = s->heads;
-    c->num_key_value_heads = s->kv_heads;
-    c->head_dim = s->hidden / s->heads;
-    c->vocab_size = s->vocab;
-    c->max_position_embeddings = 32768;
-    c->rms_norm_eps = 1e-6;
-    c->rope_theta = s->theta;
-    c->tie_word_embeddings = s->tied;
-    c->attn_qkv_bias = s->qkv_bias;
-}
-
 /* FLOPs per trained token and the parameter counts behind them. */
-static double flops_per_token(const shape *s, double *n_lora, double *n_frozen)
+static double flops_per_token(const bench_shape *s, double *n_lora, double *n_frozen)
 {
     at_model_config c;
-    make_config(s, &c);
+    bench_make_config(s, &c);
     double lora = 0, frozen = 0;
     for (int m = 0; m < AT_MOD_COUNT; m++) {
         int64_t in, out;
@@ -236,12 +184,12 @@ static double gemm_rate(at_dtype t)
         }
         double ts[5];
         for (int i = 0; i < 6; i++) {
-            double t0 = now();
+            double t0 = at_now_seconds();
             at_cpu_gemm(0, 1, n, n, n, 1.0f, a, t, n, b, t, n, 0.0f, c, AT_F32, n);
-            if (i > 0) ts[i - 1] = now() - t0;
+            if (i > 0) ts[i - 1] = at_now_seconds() - t0;
         }
         /* the fastest run: the machine may be shared, and the peak is what the engine can do */
-        qsort(ts, 5, sizeof ts[0], cmp_double);
+        qsort(ts, 5, sizeof ts[0], bench_cmp_double);
         best = 2.0 * (double)n * n * n / ts[0] / 1e9;
     }
     free(a);
@@ -259,7 +207,7 @@ static void gemm_child(const void *arg, result *r)
 }
 
 typedef struct {
-    const shape *s;
+    const bench_shape *s;
     int format, steps, checkpointing;
 } job;
 
@@ -281,9 +229,9 @@ static size_t weights_bytes(const at_decoder_weights *w)
 static void ours_child(const void *arg, result *r)
 {
     const job *j = arg;
-    const shape *s = j->s;
+    const bench_shape *s = j->s;
     at_model_config cfg;
-    make_config(s, &cfg);
+    bench_make_config(s, &cfg);
     at_decoder_weights *w = NULL;
     at_decoder *d = NULL;
     at_adapter *ad = NULL;
@@ -327,7 +275,7 @@ static void ours_child(const void *arg, result *r)
     int hwm = st == AT_OK && reset_hwm();
     float scale = 1.0f / (float)(s->batch * (s->seq - 1));
     for (int i = 0; st == AT_OK && i <= j->steps; i++) { /* step 0 warms up */
-        double t0 = now(), c0 = cpu_now(), norm = 0;
+        double t0 = at_now_seconds(), c0 = cpu_now(), norm = 0;
         at_loss_stats ls = {0};
         st = at_decoder_grads_zero(g);
         if (st == AT_OK)
@@ -336,19 +284,19 @@ static void ours_child(const void *arg, result *r)
         if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
         if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm, 1.0);
         if (i == 0) r->loss0 = ls.n_targets ? ls.loss_sum / (double)ls.n_targets : NAN;
-        else ts[i - 1] = now() - t0, cs[i - 1] = cpu_now() - c0;
+        else ts[i - 1] = at_now_seconds() - t0, cs[i - 1] = cpu_now() - c0;
         if (st == AT_OK && !isfinite(ls.loss_sum)) {
             snprintf(r->err, sizeof r->err, "non-finite loss at step %d", i);
             st = AT_ERR_INTERNAL;
         }
     }
     if (st == AT_OK) {
-        qsort(ts, (size_t)j->steps, sizeof *ts, cmp_double);
-        qsort(cs, (size_t)j->steps, sizeof *cs, cmp_double);
+        qsort(ts, (size_t)j->steps, sizeof *ts, bench_cmp_double);
+        qsort(cs, (size_t)j->steps, sizeof *cs, bench_cmp_double);
         r->median_s = ts[j->steps / 2];
         r->cpu_s = cs[j->steps / 2];
         r->tok_s = (double)n / r->median_s;
-        r->steps_peak_mib = hwm ? vm_hwm_mib() : -1;
+        r->steps_peak_mib = hwm ? bench_peak_rss_mib() : -1;
         r->ok = 1;
     } else if (!r->err[0]) {
         snprintf(r->err, sizeof r->err, "%s", at_last_error());
@@ -380,7 +328,7 @@ static const char *openblas_openmp_dir(void)
 }
 
 /* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
-static result run_torch(const shape *s, int mode, int steps)
+static result run_torch(const bench_shape *s, int mode, int steps)
 {
     result r;
     memset(&r, 0, sizeof r);
@@ -501,8 +449,8 @@ int main(int argc, char **argv)
     double peak = gp.ok ? gp.gflops_bf16 : 0;
     printf("GEMM engine (at_cpu_gemm, 2048^3, C f32, best of 5): bf16 %.0f GFLOP/s (%s), f32 %.0f GFLOP/s (%s)\n", gp.gflops_bf16,
            at_cpu_gemm_engine(AT_BF16), gp.gflops_f32, at_cpu_gemm_engine(AT_F32));
-    for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
-        const shape *s = &SHAPES[k];
+    for (size_t k = 0; k < BENCH_N_SHAPES; k++) {
+        const bench_shape *s = &BENCH_SHAPES[k];
         if (strcmp(which, "all") != 0 && strncmp(s->name, which, strlen(which)) != 0) continue;
         double nl, nf, fl = flops_per_token(s, &nl, &nf);
         printf("\n%s: hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d%s%s; batch %d x seq %d; LoRA r=%d "

@@ -30,6 +30,11 @@ int at_cli_fail(void);
 int at_cli_parse(const at_opt_spec *specs, int n, int argc, char **argv, const char *command, const char *usage,
                  at_options **out);
 
+/* A file of the bundled demo (e.g. "demo/stories260K"): relative to the
+ * working folder, else to the program (build/anytune -> ../demo); written
+ * into buf when needed. NULL when neither exists. */
+const char *at_cli_demo_path(const char *rel, char *buf, size_t len);
+
 /* --dry_run output: the plan as text or (json) JSON on stdout. Returns the
  * exit status: 0 when the plan fits, 1 when it does not. */
 int at_cli_print_plan(const at_plan *p, int json);

@@ -1,7 +1,10 @@
 /* What every command does alike: option parsing with --help, and printing a plan. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include "base/file.h"
 #include "cli/cli.h"
 
 int at_cli_fail(void)
@@ -40,4 +43,18 @@ int at_cli_print_plan(const at_plan *p, int json)
     }
     free(text);
     return p->fits ? 0 : 1;
+}
+
+const char *at_cli_demo_path(const char *rel, char *buf, size_t len)
+{
+    if (at_file_exists(rel)) return rel;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return NULL;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    *slash = '\0';
+    int w = snprintf(buf, len, "%.*s/../%s", (int)(len > 64 ? len - 64 : 0), exe, rel);
+    return w > 0 && (size_t)w < len && at_file_exists(buf) ? buf : NULL;
 }

@@ -55,25 +55,6 @@ static const at_opt_spec specs[] = {
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
-/* The bundled demo model: relative to the working folder, else to the program. */
-static const char *demo_model(char *buf, size_t len)
-{
-    const char *rel = "demo/stories260K";
-    if (at_is_dir(rel)) return rel;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            int w = snprintf(buf, len, "%.*s/../%s", (int)(len / 2), exe, rel);
-            if (w > 0 && (size_t)w < len && at_is_dir(buf)) return buf;
-        }
-    }
-    return NULL;
-}
-
 at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
 {
     *out = NULL;
@@ -81,7 +62,7 @@ at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
     at_bundle_opts bo = {0};
     bo.model = at_opt_str(o, "model");
     if (!bo.model) {
-        bo.model = demo_model(demo, sizeof demo);
+        bo.model = at_cli_demo_path("demo/stories260K", demo, sizeof demo);
         if (!bo.model) return at_error(AT_ERR_INVALID, "no --model given (and no bundled demo model found)");
         fprintf(stderr, "anytune: no --model given: using the demo model %s\n", bo.model);
     }
@@ -281,7 +262,7 @@ static int infer_dry_run(const at_options *o)
 {
     char demo[PATH_MAX];
     const char *model = at_opt_str(o, "model");
-    if (!model) model = demo_model(demo, sizeof demo);
+    if (!model) model = at_cli_demo_path("demo/stories260K", demo, sizeof demo);
     at_plan_request rq;
     at_plan_request_defaults(&rq);
     at_model_config cfg;

@@ -72,23 +72,6 @@ static const at_opt_spec specs[] = {
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
-/* The demo's files: relative to the working folder, else to the program (build/anytune -> ../demo). */
-static const char *demo_path(const char *rel, char *buf, size_t len)
-{
-    if (at_file_exists(rel)) return rel;
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            int w = snprintf(buf, len, "%.*s/../%s", (int)(len > 64 ? len - 64 : 0), exe, rel);
-            if (w > 0 && (size_t)w < len && at_file_exists(buf)) return buf;
-        }
-    }
-    return rel;
-}
 
 /* The resource planner (plan/planner.h): formats, micro-batch, accumulation,
  * checkpointing and (with --train_type auto) QLoRA, from the device and the
@@ -205,8 +188,10 @@ static int run(int argc, char **argv, int pt)
     a.model_name = at_opt_str(o, "model_name");
     a.model_author = at_opt_str(o, "model_author");
     if (demo) {
-        a.model = demo_path("demo/stories260K", mbuf, sizeof mbuf);
-        demo_ds[0] = demo_path("demo/identity.json", dbuf, sizeof dbuf);
+        a.model = at_cli_demo_path("demo/stories260K", mbuf, sizeof mbuf);
+        if (!a.model) a.model = "demo/stories260K"; /* the load error names it */
+        demo_ds[0] = at_cli_demo_path("demo/identity.json", dbuf, sizeof dbuf);
+        if (!demo_ds[0]) demo_ds[0] = "demo/identity.json";
         a.datasets = demo_ds;
         a.n_datasets = 1;
         if (!a.model_name) a.model_name = "anytune";

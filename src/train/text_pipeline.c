@@ -59,71 +59,40 @@ static at_status render(void *ctx, const at_sample *s, char **text, size_t *len,
     return AT_OK;
 }
 
-typedef struct {
-    int32_t *ids;
-    at_byte_span *off;
-    size_t n, cap;
-} token_list;
-
-static at_status push_token(token_list *l, int32_t id, size_t b, size_t e)
-{
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 256;
-        int32_t *ni = realloc(l->ids, nc * sizeof *ni);
-        if (!ni) return at_error(AT_ERR_NOMEM, "out of memory");
-        l->ids = ni;
-        at_byte_span *no = realloc(l->off, nc * sizeof *no);
-        if (!no) return at_error(AT_ERR_NOMEM, "out of memory");
-        l->off = no;
-        l->cap = nc;
-    }
-    l->ids[l->n] = id;
-    l->off[l->n].begin = b;
-    l->off[l->n].end = e;
-    l->n++;
-    return AT_OK;
-}
-
-/* Tokenizes text[start, end) (special tokens written by the template become
- * their ids) and gives each token the bytes it decodes to,
- * found by streaming decode (which never splits a character, so a token
- * ending inside one covers no bytes and the next covers the whole character). */
-static at_status tokenize_piece(const at_text_pipeline *p, const char *text, size_t start, size_t end, token_list *l)
-{
-    if (end <= start) return AT_OK;
-    int32_t *ids = NULL;
-    size_t n = 0;
-    AT_TRY(at_tokenizer_encode(p->tok, text + start, end - start, AT_TOK_PARSE_SPECIAL, &ids, &n));
-    at_tok_stream *s = NULL;
-    at_status st = at_tok_stream_new(p->tok, 0, &s);
-    size_t pos = start;
-    for (size_t i = 0; st == AT_OK && i < n; i++) {
-        const char *out;
-        size_t olen = 0;
-        st = at_tok_stream_push(s, ids[i], &out, &olen);
-        if (st != AT_OK) break;
-        size_t b = pos, e = pos + olen > end ? end : pos + olen;
-        st = push_token(l, ids[i], b, e);
-        pos = e;
-    }
-    at_tok_stream_free(s);
-    free(ids);
-    return st;
-}
-
+/* Tokenizes text (special tokens written by the template become their ids)
+ * and gives each token the bytes it decodes to, found by streaming decode:
+ * it never splits a character, so a token ending inside one covers no bytes
+ * and the next covers the whole character. */
 static at_status tokenize(void *ctx, const char *text, size_t len, int32_t **ids, at_byte_span **offsets, size_t *n)
 {
-    at_text_pipeline *p = ctx;
-    token_list l = {0};
-    at_status st = tokenize_piece(p, text, 0, len, &l);
+    const at_text_pipeline *p = ctx;
+    *ids = NULL;
+    *offsets = NULL;
+    *n = 0;
+    int32_t *tok = NULL;
+    size_t nt = 0;
+    AT_TRY(at_tokenizer_encode(p->tok, text, len, AT_TOK_PARSE_SPECIAL, &tok, &nt));
+    at_byte_span *off = malloc((nt ? nt : 1) * sizeof *off);
+    at_tok_stream *s = NULL;
+    at_status st = off ? at_tok_stream_new(p->tok, 0, &s) : at_error(AT_ERR_NOMEM, "out of memory");
+    size_t pos = 0;
+    for (size_t i = 0; st == AT_OK && i < nt; i++) {
+        const char *out;
+        size_t olen = 0;
+        st = at_tok_stream_push(s, tok[i], &out, &olen);
+        off[i].begin = pos;
+        pos = pos + olen > len ? len : pos + olen;
+        off[i].end = pos;
+    }
+    at_tok_stream_free(s);
     if (st != AT_OK) {
-        free(l.ids);
-        free(l.off);
+        free(tok);
+        free(off);
         return st;
     }
-    *ids = l.ids;
-    *offsets = l.off;
-    *n = l.n;
+    *ids = tok;
+    *offsets = off;
+    *n = nt;
     return AT_OK;
 }
 
