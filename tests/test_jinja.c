@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/progress.h"
 #include "base/json.h"
 #include "testing.h"
 #include "text/jinja.h"
@@ -117,6 +118,13 @@ static void test_limits(void)
                            NULL, &opt, &out),
                 AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "steps") != NULL);
+    /* an empty sequence repeated a billion times is empty, and quick (a fuzz find) */
+    double t0 = at_now_seconds();
+    CHECK_OK(render_str("{{ ([] * 1000000000) | length }}{{ '' * 1000000000 }}x", NULL, &opt, &out));
+    CHECK(out && !strcmp(out, "0x"));
+    CHECK(at_now_seconds() - t0 < 1.0);
+    free(out);
+    out = NULL;
     /* unbounded recursion */
     CHECK_FAILS(render_str("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &opt, &out), AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "nested") != NULL);

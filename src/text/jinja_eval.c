@@ -346,6 +346,8 @@ static int64_t to_i(at_jx_value v) { return v.type == JX_INT ? v.u.i : v.u.b; }
 static at_status repeat_seq(at_jx_ctx *c, const at_jx_node *site, at_jx_value seq, int64_t times, at_jx_value *out)
 {
     if (times < 0) times = 0;
+    /* nothing repeated any number of times is nothing: no loop of `times` empty turns */
+    if ((seq.type == JX_STR ? seq.u.s->len : seq.u.l->n) == 0) times = 0;
     if (seq.type == JX_STR) {
         if (seq.u.s->len && (uint64_t)times > c->opt.max_output / seq.u.s->len)
             return at_jx_fail(c, site, "string repetition exceeds the output limit");
