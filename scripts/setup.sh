@@ -4,7 +4,7 @@
 set -e
 PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
-libopenblas-dev libdnnl-dev"
+libopenblas-dev libdnnl-dev openmpi-bin"
 if [ "$1" = "--dev" ]; then
   PKGS="$PKGS python3-torch python3-jinja2 python3-numpy libopenblas0-openmp"
 fi

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "device/comm.h"
 #include "data/encode.h"
 #include "model/adapter.h"
 #include "plan/planner.h"
@@ -320,12 +321,17 @@ static int run(int argc, char **argv, int pt)
     }
     a.args_json = args_json;
     at_train_result res;
+    at_comm *comm = NULL;
     if (at_train_run(&a, stdout, &res) != AT_OK) {
         at_cli_fail();
+        /* under mpirun the other ranks may be waiting in a collective: end them too */
+        if (at_comm_world(&comm) == AT_OK) at_comm_abort(comm, 1);
         goto done;
     }
-    fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
-            res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
+    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0)
+        fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
+                res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
+    at_comm_finalize();
     rc = 0;
 done:
     cJSON_Delete(plan_json);

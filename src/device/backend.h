@@ -69,6 +69,8 @@ typedef struct at_backend_ops {
 #define AT_BACKEND_OP_COUNT ((int)(sizeof(at_backend_ops) / sizeof(void (*)(void))))
 const char *at_backend_op_name(int index);
 
+#define AT_COMM_ID_BYTES 128
+
 typedef struct at_backend {
     char name[32];       /* "cpu", "cuda:0" */
     at_device_kind kind;
@@ -81,6 +83,14 @@ typedef struct at_backend {
     at_status (*download)(struct at_backend *be, void *dst, const void *src, size_t n); /* device -> host */
     at_status (*synchronize)(struct at_backend *be);
     at_backend_ops ops;
+    /* Collectives across processes (data parallel, device/comm.h); optional:
+     * when NULL the core stages tensors through host memory and uses MPI.
+     * comm_id writes AT_COMM_ID_BYTES of an id that rank 0 creates and every
+     * rank passes to comm_init (NCCL's unique id); allreduce_sum sums an f32
+     * tensor over every rank, in place. */
+    at_status (*comm_id)(struct at_backend *be, void *id);
+    at_status (*comm_init)(struct at_backend *be, const void *id, int rank, int world);
+    at_status (*allreduce_sum)(struct at_backend *be, at_tensor *t);
     /* Fallback warnings already given, one bit per op. */
     uint64_t fallback_warned;
 } at_backend;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "base/log.h"
 #include "device/cpu/cpu_backend.h"
+#include "device/cuda_loader.h"
 #include "device/cpu/cpu_features.h"
 
 /* ---- host memory ---- */
@@ -140,9 +141,20 @@ static int probe_cuda(at_device_info **list, int *n, int *cap)
                 cuDevicePrimaryCtxRelease(dev);
             }
         }
-        snprintf(d.note, sizeof d.note,
-                 "found, but this build has no CUDA backend: rebuild on a machine with the CUDA toolkit (nvcc, "
-                 "cuBLAS) installed");
+        char lib_path[512];
+        if (d.cc_major * 10 + d.cc_minor < 75) {
+            /* CUDA 13, which builds the backend, compiles for Turing (7.5) and newer */
+            snprintf(d.note, sizeof d.note,
+                     "compute capability %d.%d is older than 7.5, the oldest the CUDA backend is built for",
+                     d.cc_major, d.cc_minor);
+        } else if (at_cuda_library_find(lib_path, sizeof lib_path)) {
+            d.usable = 1;
+        } else {
+            snprintf(d.note, sizeof d.note,
+                     "found, but this build has no CUDA backend (%.120s): rebuild on a machine with the CUDA "
+                     "toolkit (nvcc, cuBLAS) installed, or set ANYTUNE_CUDA_LIBRARY",
+                     lib_path);
+        }
         if (*n == *cap) {
             *cap *= 2;
             at_device_info *nl = realloc(*list, (size_t)*cap * sizeof **list);
@@ -258,7 +270,11 @@ at_status at_devices_probe(at_device_info **out, int *n)
     return AT_OK;
 }
 
-const char *at_compiled_backends(void) { return "cpu"; }
+const char *at_compiled_backends(void)
+{
+    char path[512];
+    return at_cuda_library_find(path, sizeof path) ? "cpu,cuda" : "cpu";
+}
 
 static const char *kind_word(at_device_kind k)
 {
@@ -299,6 +315,7 @@ static at_status backend_for(const at_device_info *d, at_backend **out)
         *out = at_cpu_backend();
         return AT_OK;
     }
+    if (d->kind == AT_DEVICE_CUDA && d->usable) return at_cuda_backend_load(NULL, atoi(d->name + 5), out);
     return at_error(AT_ERR_UNSUPPORTED, "device %s%s%s: %s", d->name, d->model[0] ? " (" : "", d->model[0] ? d->model : "",
                     d->note);
 }

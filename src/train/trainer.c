@@ -26,6 +26,7 @@
 #include "train/plot.h"
 #include "train/preview.h"
 #include "train/run_files.h"
+#include "device/comm.h"
 #include "train/text_pipeline.h"
 
 void at_train_args_defaults(at_train_args *a)
@@ -80,6 +81,13 @@ typedef struct {
     double loss_scale;    /* dynamic loss scaling (f16): gradients are of loss · loss_scale; 1 when off */
     int good_steps;       /* steps since the scale last changed */
     int oom_halvings;     /* micro-batches run in 1 << oom_halvings pieces since an out-of-memory retry */
+    /* data parallel (mpirun -np N): this process is rank `rank` of `world`; each
+     * step's grad_accum · world micro-batches are split in consecutive runs of
+     * grad_accum per rank and the gradients summed, so N processes compute what
+     * one process with N-fold accumulation would. Rank 0 alone writes files. */
+    at_comm *comm;
+    int rank, world;
+    FILE *devnull;
     /* the current epoch's batch plan */
     at_batch_plan plan;
     int64_t plan_epoch;
@@ -114,6 +122,7 @@ static void trainer_free(trainer *t)
     at_dataset_free(t->val_ds);
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     if (t->log) fclose(t->log);
+    if (t->devnull) fclose(t->devnull);
     free(t->run_dir);
     free(t->hist_step);
     free(t->hist_loss);
@@ -412,6 +421,7 @@ static at_status push_hist(int64_t **steps, double **a, double **b, int *n, int 
 
 static at_status log_line(trainer *t, cJSON *obj)
 {
+    if (!t->log) return AT_OK; /* ranks other than 0 */
     char *s = cJSON_PrintUnformatted(obj);
     if (!s) return at_error(AT_ERR_NOMEM, "out of memory");
     fprintf(t->log, "%s\n", s);
@@ -601,7 +611,7 @@ static at_status resume(trainer *t, int64_t *start_step)
     t->run_dir = run_dir;
     run_dir = NULL;
     char *logp = at_path_join(t->run_dir, "logging.jsonl");
-    st = truncate_log(logp, *start_step);
+    if (t->rank == 0) st = truncate_log(logp, *start_step);
     free(logp);
     at_log_info("resuming from %s at step %lld", ckpt, (long long)*start_step);
 done:
@@ -669,7 +679,8 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
             at_loss_stats stats = {0};
             if (st == AT_OK)
                 st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
-                                                 (float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step, m),
+                                                 (float)(a->full ? 0.0 : a->lora_dropout),
+                                                 dropout_seed(t, step, t->rank * a->grad_accum + m),
                                                  (float)(t->loss_scale / (double)targets), t->grads, &stats);
             *loss_sum += stats.loss_sum;
             batch_tensors_free(&bt);
@@ -706,6 +717,16 @@ static at_status run_step_batches(trainer *t, const at_batch *batches, int nmicr
     return st;
 }
 
+/* Data parallel: the loss sum and every gradient summed over the ranks (a
+ * world of one: nothing to do). */
+static at_status sum_over_ranks(trainer *t, double *loss_sum)
+{
+    if (t->world <= 1) return AT_OK;
+    AT_TRY(at_comm_allreduce_f64(t->comm, loss_sum, 1));
+    for (int i = 0; i < t->opt.n; i++) AT_TRY(at_comm_allreduce_tensor(t->comm, t->opt.params[i].grad));
+    return AT_OK;
+}
+
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
 {
     const at_train_args *a = t->a;
@@ -713,7 +734,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
                          at_schedule_warmup_steps(a->warmup_steps, a->warmup_ratio, t->total_steps), t->total_steps};
     unsigned flags = AT_ACTS_TRAIN | (a->gradient_checkpointing ? AT_ACTS_CHECKPOINT : 0);
     at_progress bar;
-    at_progress_start(&bar, "train", t->total_steps, stderr);
+    at_progress_start(&bar, "train", t->total_steps, t->rank == 0 || !t->devnull ? stderr : t->devnull);
     at_progress_update(&bar, start_step, NULL);
     double interval_loss = 0, t0 = at_now_seconds(), interval_t0 = t0;
     int interval_steps = 0, nonfinite = 0;
@@ -727,12 +748,16 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     for (int64_t step = start_step; step < t->total_steps && st == AT_OK; step++) {
         int64_t epoch = step / t->steps_per_epoch;
         AT_TRY(plan_epoch(t, epoch));
-        int64_t first = (step % t->steps_per_epoch) * a->grad_accum;
-        int64_t last = first + a->grad_accum;
-        if (last > (int64_t)t->plan.n_batches) last = (int64_t)t->plan.n_batches;
+        /* this rank's run of the step's grad_accum · world micro-batches */
+        int64_t step_first = (step % t->steps_per_epoch) * a->grad_accum * t->world;
+        int64_t step_last = step_first + (int64_t)a->grad_accum * t->world;
+        if (step_last > (int64_t)t->plan.n_batches) step_last = (int64_t)t->plan.n_batches;
+        int64_t first = step_first + (int64_t)t->rank * a->grad_accum, last = first + a->grad_accum;
+        if (last > step_last) last = step_last;
+        if (first > last) first = last;
         /* the batches of this step, and their supervised tokens */
         int nmicro = (int)(last - first);
-        at_batch *batches = calloc((size_t)nmicro, sizeof *batches);
+        at_batch *batches = calloc((size_t)(nmicro ? nmicro : 1), sizeof *batches);
         if (!batches) return at_error(AT_ERR_NOMEM, "out of memory");
         int64_t targets = 0, tokens = 0;
         for (int m = 0; m < nmicro && st == AT_OK; m++) {
@@ -742,10 +767,15 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             targets += count_targets(&batches[m]);
             for (size_t r = 0; r < batches[m].rows; r++) tokens += batches[m].lengths[r];
         }
+        double counts[2] = {(double)targets, (double)tokens};
+        if (st == AT_OK) st = at_comm_allreduce_f64(t->comm, counts, 2); /* the whole step's, over every rank */
+        targets = (int64_t)counts[0];
+        tokens = (int64_t)counts[1];
         double loss_sum = 0;
         if (st == AT_OK) st = run_step_batches(t, batches, nmicro, step, targets, flags, &loss_sum);
         for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
         free(batches);
+        if (st == AT_OK) st = sum_over_ranks(t, &loss_sum);
         if (st != AT_OK) break;
         double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
         AT_TRY(at_optimizer_grad_norm(&t->opt, &norm));
@@ -823,7 +853,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             interval_tokens = 0;
             interval_t0 = now;
         }
-        if (t->n_val && ((a->eval_steps > 0 && done % a->eval_steps == 0) || done == t->total_steps)) {
+        if (t->rank == 0 && t->n_val && ((a->eval_steps > 0 && done % a->eval_steps == 0) || done == t->total_steps)) {
             double el = NAN;
             AT_TRY(evaluate(t, &el));
             if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
@@ -836,7 +866,8 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         snprintf(status, sizeof status, "loss %.4f lr %.2e %.0f tok/s mem %.0f MB", loss, lr,
                  (double)tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
         at_progress_update(&bar, done, status);
-        if (st == AT_OK && ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps))
+        if (st == AT_OK && t->rank == 0 &&
+            ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps))
             st = save_checkpoint(t, done);
         res->steps_done = done;
         if (kill_after > 0 && done == kill_after) raise(SIGKILL); /* crash tests: die between checkpoints */
@@ -860,6 +891,10 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
     if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
+    AT_CHECK(at_comm_world(&t.comm));
+    t.rank = at_comm_rank(t.comm);
+    t.world = at_comm_size(t.comm);
+    if (t.rank != 0) t.devnull = fopen("/dev/null", "w");
     AT_CHECK(load_model(&t));
     AT_CHECK(load_data(&t));
     if (!a->full) {
@@ -879,7 +914,8 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     /* steps: every epoch's plan has the same number of batches */
     AT_CHECK(plan_epoch(&t, 0));
     t.n_batches = (int64_t)t.plan.n_batches;
-    t.steps_per_epoch = (t.n_batches + a->grad_accum - 1) / a->grad_accum;
+    int64_t per_step = (int64_t)a->grad_accum * t.world; /* micro-batches per step, all ranks together */
+    t.steps_per_epoch = (t.n_batches + per_step - 1) / per_step;
     if (t.steps_per_epoch < 1) t.steps_per_epoch = 1;
     t.total_steps = a->max_steps > 0 ? a->max_steps : (int64_t)ceil(a->num_train_epochs * (double)t.steps_per_epoch);
     if (t.total_steps < 1) t.total_steps = 1;
@@ -887,9 +923,10 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     int64_t start_step = 0;
     if (a->resume_from_checkpoint) {
         AT_CHECK(resume(&t, &start_step));
-    } else {
+    } else if (t.rank == 0) {
         AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
     }
+    if (t.rank != 0) goto train; /* rank 0 writes the run's files and prints */
     if (a->args_json) {
         char *p = at_path_join(t.run_dir, "args.json");
         st = at_write_file_atomic(p, a->args_json, strlen(a->args_json));
@@ -914,11 +951,16 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
                                   : "LoRA",
             t.be->name, t.n_train, (long long)t.total_steps,
             (long long)t.steps_per_epoch, (long long)trainable, t.run_dir);
+    if (t.world > 1)
+        fprintf(stderr, "anytune: data parallel over %d processes: %d micro-batches of %d per step\n", t.world,
+                a->grad_accum * t.world, a->batch_size);
     if (a->n_preview_prompts && start_step == 0) {
         fprintf(out, "Before training:\n");
         AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
     }
+train:
     AT_CHECK(train_loop(&t, start_step, res));
+    if (t.rank != 0) goto done;
     if (t.n_hist) {
         char *img = at_path_join(t.run_dir, "images");
         if (img) st = at_mkdirs(img);

@@ -1,0 +1,160 @@
+/* Data parallel training through MPI on the CPU:
+ *  - `mpirun -np 2 anytune sft … --gradient_accumulation_steps 2` logs what one
+ *    process with --gradient_accumulation_steps 4 logs: the same tokens, the
+ *    same first loss and gradient norm (up to the order of the sums: 1e-6),
+ *    and later steps within 2e-3 (AdamW's first steps divide by sqrt(v), so a
+ *    last-bit difference in a tiny gradient moves a weight by up to lr);
+ *  - rank 0 alone writes the run (one run folder, a verified checkpoint);
+ *  - an error on the ranks (a missing dataset) ends the job with the message,
+ *    it does not hang in a collective.
+ * Needs OpenMPI's mpirun (scripts/setup.sh installs it). */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "base/file.h"
+#include "base/json.h"
+#include "train/run_files.h"
+#include "testing.h"
+
+#define COMMON                                                                                              \
+    " sft --model demo/stories260K --dataset demo/identity.json --max_steps 4 --per_device_train_batch_size " \
+    "1 --logging_steps 1 --lora_dropout 0.05 --seed 7 --learning_rate 1e-3"
+#define MPIRUN "mpirun -np 2 --oversubscribe"
+
+/* The only v*-* run folder under dir (NULL if none or several). */
+static char *run_folder(const char *dir, int *count)
+{
+    char *found = NULL;
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] != 'v' || !strchr(e->d_name, '-')) continue;
+        (*count)++;
+        free(found);
+        found = at_path_join(dir, e->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
+typedef struct {
+    int n;
+    double loss[16], norm[16], tokens[16];
+} log_rows;
+
+static int read_log(const char *run, log_rows *r)
+{
+    memset(r, 0, sizeof *r);
+    char *p = at_path_join(run, "logging.jsonl"), *text = NULL;
+    size_t len = 0;
+    int ok = p && at_read_file(p, &text, &len) == AT_OK;
+    free(p);
+    for (char *line = text; ok && line < text + len && r->n < 16;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        if (!nl) break;
+        cJSON *j = NULL;
+        if (at_json_parse(line, (size_t)(nl - line), "logging.jsonl", &j) != AT_OK) {
+            ok = 0;
+            break;
+        }
+        const cJSON *l = cJSON_GetObjectItem(j, "loss"), *g = cJSON_GetObjectItem(j, "grad_norm"),
+                    *t = cJSON_GetObjectItem(j, "tokens");
+        if (l && g && t) {
+            r->loss[r->n] = l->valuedouble;
+            r->norm[r->n] = g->valuedouble;
+            r->tokens[r->n] = t->valuedouble;
+            r->n++;
+        }
+        cJSON_Delete(j);
+        line = nl + 1;
+    }
+    free(text);
+    return ok;
+}
+
+static int run(const char *cmd)
+{
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + (WIFSIGNALED(rc) ? WTERMSIG(rc) : 0);
+}
+
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12); }
+
+int main(void)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    CHECK_MSG(bin != NULL, "ANYTUNE_BIN is not set (run through ctest)");
+    CHECK_MSG(run("command -v mpirun > /dev/null") == 0, "mpirun not found: run scripts/setup.sh (OpenMPI)");
+    if (!bin || at_test_failures) return at_test_result("test_mpi");
+    /* as root in a container; one thread per rank (2 ranks on 2 cores); leak
+     * reports of the MPI library itself are not ours */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    char tmpl[] = "/tmp/anytune-mpi-XXXXXX";
+    char *T = mkdtemp(tmpl);
+    CHECK(T != NULL);
+    if (!T) return at_test_result("test_mpi");
+    char cmd[2048];
+
+    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" COMMON " --gradient_accumulation_steps 2 --output_dir %s/mpi > %s/mpi.out 2>&1",
+             bin, T, T);
+    int rc = run(cmd);
+    CHECK_MSG(rc == 0, "mpirun -np 2 anytune sft exited with %d (see below)", rc);
+    if (rc) {
+        snprintf(cmd, sizeof cmd, "tail -20 %s/mpi.out >&2", T);
+        run(cmd);
+    }
+    snprintf(cmd, sizeof cmd, "timeout 300 %s" COMMON " --gradient_accumulation_steps 4 --output_dir %s/one > %s/one.out 2>&1",
+             bin, T, T);
+    CHECK(run(cmd) == 0);
+
+    char dir[1024];
+    int n_mpi = 0, n_one = 0;
+    snprintf(dir, sizeof dir, "%s/mpi", T);
+    char *run_mpi = run_folder(dir, &n_mpi);
+    snprintf(dir, sizeof dir, "%s/one", T);
+    char *run_one = run_folder(dir, &n_one);
+    CHECK_MSG(n_mpi == 1, "the 2-rank job made %d run folders (rank 0 alone writes)", n_mpi);
+    CHECK(n_one == 1);
+    log_rows a, b;
+    if (run_mpi && run_one && read_log(run_mpi, &a) && read_log(run_one, &b)) {
+        CHECK_MSG(a.n == 4 && b.n == 4, "logged steps: %d (2 ranks) and %d (1 process)", a.n, b.n);
+        for (int i = 0; i < a.n && i < b.n; i++) {
+            CHECK_MSG(a.tokens[i] == b.tokens[i], "step %d: tokens %.0f vs %.0f", i + 1, a.tokens[i], b.tokens[i]);
+            double tol = i == 0 ? 1e-6 : 2e-3;
+            CHECK_MSG(rel(a.loss[i], b.loss[i]) <= tol, "step %d: loss %.9g (2 ranks) vs %.9g", i + 1, a.loss[i],
+                      b.loss[i]);
+            CHECK_MSG(rel(a.norm[i], b.norm[i]) <= tol, "step %d: grad_norm %.9g (2 ranks) vs %.9g", i + 1,
+                      a.norm[i], b.norm[i]);
+            printf("step %d: loss %.9f / %.9f, grad_norm %.9f / %.9f\n", i + 1, a.loss[i], b.loss[i], a.norm[i],
+                   b.norm[i]);
+        }
+        char *ck = at_path_join(run_mpi, "checkpoint-4");
+        CHECK_OK(at_ckpt_verify(ck));
+        free(ck);
+    } else {
+        CHECK_MSG(0, "could not read both runs' logging.jsonl");
+    }
+    free(run_mpi);
+    free(run_one);
+
+    /* every rank fails (the dataset is missing): the job ends with the message */
+    snprintf(cmd, sizeof cmd, "timeout 120 " MPIRUN " %s sft --model demo/stories260K --dataset %s/missing.jsonl --output_dir %s/bad > %s/bad.out 2>&1",
+             bin, T, T, T);
+    rc = run(cmd);
+    CHECK_MSG(rc != 0 && rc != 124, "a failing 2-rank job exited with %d (124: it hung)", rc);
+    snprintf(cmd, sizeof cmd, "grep -q 'missing.jsonl' %s/bad.out", T);
+    CHECK_MSG(run(cmd) == 0, "the error does not name the missing dataset");
+
+    snprintf(cmd, sizeof cmd, "rm -rf %s", T);
+    run(cmd);
+    return at_test_result("test_mpi");
+}
