@@ -8,8 +8,12 @@
  *  - full fine-tuning: the gradient of every weight (tied embeddings get the
  *    head's and the embedding's contributions);
  *  - the same LoRA gradients on the reference-kernel backend;
+ *  - LoRA and full fine-tuning gradients and AdamW steps on the CUDA backend,
+ *    its kernels run by the CUDA emulator (when the build has it), and on a
+ *    real GPU when the machine has one;
  *  - errors: backward before the loss, full FT on bf16 weights, mismatched
  *    activations. */
+#include "device/cuda_loader.h"
 #include "train_goldens.h"
 
 #define TOL 1e-4
@@ -74,10 +78,11 @@ static void test_lora_grads(const char *name, at_backend *be)
 }
 
 /* Two AdamW steps on the LoRA parameters, as torch.optim.AdamW. */
-static void test_adamw_steps(const char *name)
+static void test_adamw_steps(const char *name, at_backend *be)
 {
     train_case c;
-    CHECK_OK(tc_open(&c, name, at_cpu_backend(), AT_F32, 1));
+    printf("%s (AdamW, %s backend)\n", name, be->name);
+    CHECK_OK(tc_open(&c, name, be, AT_F32, 1));
     if (!c.d) return;
     at_decoder_grads *g = NULL;
     CHECK_OK(at_decoder_grads_new(c.d, 0, &g));
@@ -117,10 +122,11 @@ static void test_adamw_steps(const char *name)
 }
 
 /* Full fine-tuning: every weight's gradient. */
-static void test_full_grads(const char *name)
+static void test_full_grads(const char *name, at_backend *be)
 {
     train_case c;
-    CHECK_OK(tc_open(&c, name, at_cpu_backend(), AT_F32, 0));
+    printf("%s (full fine-tuning, %s backend)\n", name, be->name);
+    CHECK_OK(tc_open(&c, name, be, AT_F32, 0));
     if (!c.d) return;
     at_decoder_grads *g = NULL;
     CHECK_OK(at_decoder_grads_new(c.d, 1, &g));
@@ -228,10 +234,23 @@ int main(void)
 {
     for (int i = 0; i < N_F32; i++) {
         test_lora_grads(F32_CONFIGS[i], at_cpu_backend());
-        test_full_grads(F32_CONFIGS[i]);
+        test_full_grads(F32_CONFIGS[i], at_cpu_backend());
     }
-    test_adamw_steps("llama_gqa");
-    test_adamw_steps("qwen3_qknorm");
+    test_adamw_steps("llama_gqa", at_cpu_backend());
+    test_adamw_steps("qwen3_qknorm", at_cpu_backend());
+    /* the same goldens on the CUDA backend: its kernels run by the emulator,
+     * and on a real GPU when the machine has one */
+    at_backend *cuda[2] = {NULL, at_test_gpu_backend()};
+#ifdef AT_CUDA_EMU_LIBRARY
+    CHECK_OK(at_cuda_backend_load(AT_CUDA_EMU_LIBRARY, 0, &cuda[0]));
+#endif
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; cuda[b] && i < N_F32; i++) {
+            test_lora_grads(F32_CONFIGS[i], cuda[b]);
+            test_full_grads(F32_CONFIGS[i], cuda[b]);
+        }
+        if (cuda[b]) test_adamw_steps("qwen3_qknorm", cuda[b]);
+    }
     /* the reference kernels (device/ref), written independently of the CPU ones */
     test_lora_grads("qwen2_bias_tied", golden_ref_backend());
     test_errors();

@@ -15,8 +15,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/progress.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cuda_loader.h"
 #include "device/quant.h"
 #include "device/ref/ref_ops.h"
 #include "ops/ops.h"
@@ -1033,8 +1035,24 @@ typedef struct {
     int cpu_isa_levels; /* run once per ISA level of this machine */
 } backend_entry;
 
+#ifdef AT_CUDA_EMU_LIBRARY
+/* The CUDA backend's sources built against the CUDA emulator (set by CMake),
+ * loaded through the same dlopen path as the real library. */
+static at_backend *cuda_emu_backend(void)
+{
+    at_backend *be = NULL;
+    at_status st = at_cuda_backend_load(AT_CUDA_EMU_LIBRARY, 0, &be);
+    CHECK_MSG(st == AT_OK, "loading %s: %s", AT_CUDA_EMU_LIBRARY, at_last_error());
+    return st == AT_OK ? be : NULL;
+}
+#endif
+
 static const backend_entry BACKENDS[] = {
     {"cpu", at_cpu_backend, 1},
+    {"cuda", at_test_gpu_backend, 0}, /* a real GPU, when the machine has one */
+#ifdef AT_CUDA_EMU_LIBRARY
+    {"cuda-emu", cuda_emu_backend, 0},
+#endif
 };
 
 int main(void)
@@ -1051,7 +1069,10 @@ int main(void)
         }
         if (!BACKENDS[b].cpu_isa_levels) {
             snprintf(g_tag, sizeof g_tag, "%s", be->name);
-            run_backend(be);
+            double t0 = at_now_seconds();
+            int f = run_backend(be);
+            printf("[%-14s] %s (%.1f s)\n", g_tag, f ? "DISAGREES with the reference" : "agrees with the reference",
+                   at_now_seconds() - t0);
             continue;
         }
         at_cpu_isa top = at_cpu_isa_level();

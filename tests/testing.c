@@ -1,6 +1,9 @@
 #include "testing.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "device/registry.h"
 
 int at_test_failures;
 int at_test_checks;
@@ -25,4 +28,38 @@ double at_test_max_rel_err(const float *got, const float *want, size_t n, double
         if (d > maxd || isnan(d)) maxd = isnan(d) ? INFINITY : d;
     }
     return maxd / maxw;
+}
+
+struct at_backend *at_test_gpu_backend(void)
+{
+    static int tried;
+    static at_backend *gpu;
+    if (tried) return gpu;
+    tried = 1;
+    const char *emu = getenv("ANYTUNE_CUDA_EMULATE");
+    if (emu && *emu) {
+        printf("GPU runs: skipped (ANYTUNE_CUDA_EMULATE is set: cuda:0 is the emulator)\n");
+        return NULL;
+    }
+    at_device_info *list = NULL;
+    int n = 0;
+    const at_device_info *found = NULL;
+    if (at_devices_probe(&list, &n) == AT_OK)
+        for (int i = 0; i < n && !found; i++)
+            if (list[i].kind == AT_DEVICE_CUDA && list[i].present) found = &list[i];
+    if (!found) {
+        printf("GPU runs: no NVIDIA GPU on this machine\n");
+    } else if (!found->usable) {
+        printf("GPU runs: %s (%s) not usable: %s\n", found->name, found->model, found->note);
+    } else if (at_device_select("cuda:0", &gpu) != AT_OK) {
+        at_test_checks++;
+        at_test_failures++;
+        fprintf(stderr, "GPU runs: %s (%s) is usable but does not open: %s\n", found->name, found->model,
+                at_last_error());
+        gpu = NULL;
+    } else {
+        printf("GPU runs: %s (%s)\n", found->name, found->model);
+    }
+    free(list);
+    return gpu;
 }

@@ -34,4 +34,10 @@ int at_test_result(const char *name);
  * max |g - w| / max(max |w|, floor). */
 double at_test_max_rel_err(const float *got, const float *want, size_t n, double floor);
 
+/* The backend of a real CUDA GPU (cuda:0) when this machine has one and the
+ * build has the CUDA backend library; NULL otherwise (with a line saying
+ * why). The GPU runs of the suite: conformance and the training goldens. */
+struct at_backend;
+struct at_backend *at_test_gpu_backend(void);
+
 #endif

@@ -68,8 +68,37 @@ typedef int (*cu_ctx_release_fn)(int);
 typedef int (*cu_ctx_set_fn)(void *);
 typedef int (*cu_meminfo_fn)(size_t *, size_t *);
 
+/* ANYTUNE_CUDA_EMULATE=LIBRARY (tests): one CUDA device served by the
+ * emulator build of the backend (device/cuda/emu), which runs the CUDA
+ * kernels on the CPU; the whole program then runs "on CUDA" without a GPU. */
+static int probe_cuda_emulated(at_device_info **list, int *n, int *cap)
+{
+    const char *lib = getenv("ANYTUNE_CUDA_EMULATE");
+    if (!lib || !*lib) return 0;
+    at_device_info d;
+    memset(&d, 0, sizeof d);
+    d.kind = AT_DEVICE_CUDA;
+    d.present = d.usable = 1;
+    snprintf(d.name, sizeof d.name, "cuda:0");
+    snprintf(d.model, sizeof d.model, "CUDA emulator on the CPU (%.80s)", lib);
+    snprintf(d.driver, sizeof d.driver, "emulated");
+    int limited = 0;
+    at_host_memory(&d.mem_total, &d.mem_free, &limited);
+    d.cc_major = 9;
+    d.fast_bf16 = d.fast_f16 = d.tf32 = 1;
+    if (*n == *cap) {
+        at_device_info *nl = realloc(*list, (size_t)(*cap * 2) * sizeof **list);
+        if (!nl) return 0;
+        *list = nl;
+        *cap *= 2;
+    }
+    (*list)[(*n)++] = d;
+    return 1;
+}
+
 static int probe_cuda(at_device_info **list, int *n, int *cap)
 {
+    if (probe_cuda_emulated(list, n, cap)) return 1;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
     at_device_info info;
@@ -315,7 +344,10 @@ static at_status backend_for(const at_device_info *d, at_backend **out)
         *out = at_cpu_backend();
         return AT_OK;
     }
-    if (d->kind == AT_DEVICE_CUDA && d->usable) return at_cuda_backend_load(NULL, atoi(d->name + 5), out);
+    if (d->kind == AT_DEVICE_CUDA && d->usable) {
+        const char *emu = getenv("ANYTUNE_CUDA_EMULATE");
+        return at_cuda_backend_load(emu && *emu ? emu : NULL, atoi(d->name + 5), out);
+    }
     return at_error(AT_ERR_UNSUPPORTED, "device %s%s%s: %s", d->name, d->model[0] ? " (" : "", d->model[0] ? d->model : "",
                     d->note);
 }

@@ -61,6 +61,15 @@ at_status at_device_profile_find(const char *name, at_device_profile *out)
                     names);
 }
 
+/* The probe's entry for a selected backend: the same name, or the same kind
+ * and index ("cuda:0" is the backend "cuda-emu:0" under the emulator). */
+static int same_device(const at_device_info *d, const at_backend *be)
+{
+    if (!strcmp(d->name, be->name)) return 1;
+    const char *a = strchr(d->name, ':'), *b = strchr(be->name, ':');
+    return d->kind == be->kind && a && b && !strcmp(a, b);
+}
+
 at_status at_device_profile_probe(const char *spec, at_device_profile *out)
 {
     memset(out, 0, sizeof *out);
@@ -71,7 +80,7 @@ at_status at_device_profile_probe(const char *spec, at_device_profile *out)
     AT_TRY(at_devices_probe(&list, &n));
     const at_device_info *d = NULL;
     for (int i = 0; i < n && !d; i++)
-        if (!strcmp(list[i].name, be->name)) d = &list[i];
+        if (same_device(&list[i], be)) d = &list[i];
     if (!d) {
         free(list);
         return at_error(AT_ERR_INTERNAL, "device %s was selected but not found by the probe", be->name);

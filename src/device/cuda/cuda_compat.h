@@ -1,0 +1,178 @@
+/* What the CUDA sources of the backend may use, in one place, so that the
+ * same files compile with nvcc (the real backend) and with the host C++
+ * compiler under -DAT_CUDA_EMULATE (emu/cuda_emu.h runs the kernels on the
+ * CPU, one fiber per CUDA thread, for the conformance suite).
+ *
+ * Kernels use only:
+ *   __global__ __device__ __host__ __forceinline__ __restrict__,
+ *   static __shared__ arrays (fixed size) and AT_DYNAMIC_SHARED below,
+ *   threadIdx / blockIdx / blockDim / gridDim (.x .y .z),
+ *   __syncthreads(), __syncwarp(), __shfl_xor_sync, __shfl_sync, __shfl_down_sync (full mask),
+ *   atomicAdd on float, expf / logf / sqrtf / rsqrtf / fmaxf / fminf / fabsf / __expf,
+ *   __float_as_uint / __uint_as_float,
+ *   the helpers of this header.
+ * Kernels are launched only with AT_LAUNCH. Warp shuffles must be reached by
+ * every thread of the warp (all 32 lanes, blockDim a multiple of 32). */
+#ifndef AT_DEVICE_CUDA_COMPAT_H
+#define AT_DEVICE_CUDA_COMPAT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef AT_CUDA_EMULATE
+#include "device/cuda/emu/cuda_emu.h"
+#define AT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    at_emu_launch((grid), (block), (shared_bytes), (stream), [=]() { kernel(__VA_ARGS__); })
+#define AT_DYNAMIC_SHARED(type, name) type *name = (type *)at_emu_dynamic_shared()
+#else
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#define AT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+    kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+#define AT_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+#define AT_WARP 32
+
+/* ---- number formats (bit manipulation, the same results as device/dtype.h) ---- */
+
+/* Bit casts usable in __host__ __device__ code: __float_as_uint and
+ * __uint_as_float are device-only under nvcc, so the host pass uses memcpy. */
+__host__ __device__ __forceinline__ uint32_t at_cu_f2u(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+__host__ __device__ __forceinline__ float at_cu_u2f(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+__host__ __device__ __forceinline__ float at_cu_bf16_to_f32(uint16_t h) { return at_cu_u2f((uint32_t)h << 16); }
+
+/* Round to nearest even; NaN stays a (quiet) NaN. */
+__host__ __device__ __forceinline__ uint16_t at_cu_f32_to_bf16(float f)
+{
+    uint32_t u = at_cu_f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__host__ __device__ __forceinline__ float at_cu_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);      /* inf / NaN */
+    else if (exp) u = sign | ((exp + 112u) << 23) | (man << 13); /* normal */
+    else if (man) {                                               /* subnormal: normalize */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    } else
+        u = sign;
+    return at_cu_u2f(u);
+}
+
+/* Round to nearest even, overflow to inf, NaN kept quiet. */
+__host__ __device__ __forceinline__ uint16_t at_cu_f32_to_f16(float f)
+{
+    uint32_t u = at_cu_f2u(f);
+    uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN, as device/dtype.c */
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65536: inf */
+    if (abs < 0x38800000u) {                                    /* below the smallest normal */
+        if (abs < 0x33000000u) return (uint16_t)sign;           /* below half the smallest subnormal */
+        uint32_t e = abs >> 23, man = (abs & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e; /* 14..24 */
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
+        if (rem > mid || (rem == mid && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u) - (112u << 23);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+/* Element i of a float tensor of dtype dt (at_dtype: 0 f32, 1 bf16, 2 f16). */
+__device__ __forceinline__ float at_cu_load(const void *p, int dt, int64_t i)
+{
+    if (dt == 0) return ((const float *)p)[i];
+    if (dt == 1) return at_cu_bf16_to_f32(((const uint16_t *)p)[i]);
+    return at_cu_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+__device__ __forceinline__ void at_cu_store(void *p, int dt, int64_t i, float v)
+{
+    if (dt == 0) ((float *)p)[i] = v;
+    else if (dt == 1) ((uint16_t *)p)[i] = at_cu_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = at_cu_f32_to_f16(v);
+}
+
+/* ---- reductions ---- */
+
+__device__ __forceinline__ float at_cu_warp_sum(float v)
+{
+    for (int o = AT_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float at_cu_warp_max(float v)
+{
+    for (int o = AT_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the result. `scratch` is __shared__ float[32]; the block may
+ * reuse it after the call (the trailing barrier). */
+__device__ __forceinline__ float at_cu_block_sum(float v, float *scratch)
+{
+    int lane = threadIdx.x % AT_WARP, warp = threadIdx.x / AT_WARP, nwarps = blockDim.x / AT_WARP;
+    v = at_cu_warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : 0.0f;
+    t = at_cu_warp_sum(t);
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float at_cu_block_max(float v, float *scratch)
+{
+    int lane = threadIdx.x % AT_WARP, warp = threadIdx.x / AT_WARP, nwarps = blockDim.x / AT_WARP;
+    v = at_cu_warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : -INFINITY;
+    t = at_cu_warp_max(t);
+    __syncthreads();
+    return t;
+}
+
+/* base/rng.h's at_rng_hash_uniform (splitmix64 of seed ^ index·constant, top
+ * 24 bits): dropout masks equal the CPU's bit for bit. */
+__host__ __device__ __forceinline__ float at_cu_hash_uniform(uint64_t seed, uint64_t index)
+{
+    uint64_t z = seed ^ (index * 0xd1342543de82ef95ull);
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+#endif

@@ -1,0 +1,127 @@
+/* Inside the CUDA backend library: the per-device context, the helpers every
+ * source file uses, and the operation entries each file defines (their
+ * signatures are those of at_backend_ops, their math that of ops/ops.h).
+ *
+ * The dispatcher of ops/ has already checked shapes, dtypes and that every
+ * tensor lives on this backend; an entry checks only what is particular to
+ * the device (a dtype combination it has no kernel for returns
+ * AT_ERR_UNSUPPORTED with a message) and reports CUDA / cuBLAS failures as
+ * AT_ERR_DEVICE (AT_ERR_DEVICE_OOM for allocations) naming the operation.
+ *
+ * Work is queued on the context's stream; nothing waits for the GPU except
+ * download, synchronize, and the operations that return a value to the host
+ * (none of the entries do: at_read_scalar downloads). */
+#ifndef AT_DEVICE_CUDA_INTERNAL_H
+#define AT_DEVICE_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "device/cuda/cuda_compat.h"
+
+extern "C" {
+#include "device/backend.h"
+#include "device/cuda/cuda_api.h"
+}
+
+/* dtype codes as device/dtype.h (at_cu_load / at_cu_store take the first three). */
+enum { CU_F32 = AT_F32, CU_BF16 = AT_BF16, CU_F16 = AT_F16, CU_I32 = AT_I32 };
+
+typedef struct cuda_ctx {
+    int device;
+    const at_cuda_host_api *host;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    int cc_major, cc_minor, sm_count;
+    int allow_tf32;     /* ANYTUNE_ALLOW_TF32=1: f32 matmuls may use TF32 tensor cores */
+    void *scratch;      /* grown on demand by cu_scratch; one user at a time (stream order) */
+    size_t scratch_size;
+    float *nf4_code;    /* device copies of the code books (16 and 256 floats) */
+    float *dyn8_code;
+} cuda_ctx;
+
+/* The context of the backend a tensor lives on. */
+static inline cuda_ctx *cu_ctx(const at_tensor *t) { return (cuda_ctx *)t->buf->backend->ctx; }
+
+/* Device address of the tensor's first element. */
+static inline void *cu_ptr(const at_tensor *t) { return (char *)t->buf->ptr + t->offset; }
+
+static inline int64_t cu_numel(const at_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+static inline int64_t cu_cols(const at_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+static inline int64_t cu_rows(const at_tensor *t) { return cu_cols(t) ? cu_numel(t) / cu_cols(t) : 0; }
+
+/* Blocks of `threads` to cover n elements (at least 1). */
+static inline unsigned cu_blocks(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* Reports a CUDA runtime error (AT_OK when e == cudaSuccess): "what: CUDA error
+ * cudaErrorX (text)". cudaErrorMemoryAllocation becomes AT_ERR_DEVICE_OOM. */
+at_status cu_check(cuda_ctx *c, cudaError_t e, const char *what);
+/* The same for a cuBLAS status. */
+at_status cu_check_blas(cuda_ctx *c, cublasStatus_t s, const char *what);
+/* After AT_LAUNCH: reports a launch failure of kernel `what`. */
+at_status cu_launched(cuda_ctx *c, const char *what);
+/* A device buffer of at least `bytes`, valid until the next cu_scratch call
+ * (operations on the one stream run in order, so reuse is safe). */
+at_status cu_scratch(cuda_ctx *c, size_t bytes, void **out);
+/* A second, independent scratch area for operations that need two. */
+at_status cu_scratch2(cuda_ctx *c, size_t bytes, void **out);
+
+#define CU_TRY(expr)                               \
+    do {                                           \
+        at_status cu_try_s_ = (expr);              \
+        if (cu_try_s_ != AT_OK) return cu_try_s_;  \
+    } while (0)
+
+/* ---- operation entries (cuda_<op>.cu) ---- */
+
+/* cuda_matmul.cu: cuBLAS for f32/bf16/f16, dequantizing tiles for q8_0, q4_0, nf4. */
+at_status cu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
+                    float beta);
+/* cuda_elementwise.cu */
+at_status cu_add(at_tensor *y, const at_tensor *a, const at_tensor *b);
+at_status cu_scale(at_tensor *y, const at_tensor *x, float s);
+at_status cu_axpy(at_tensor *y, float alpha, const at_tensor *x);
+at_status cu_fill(at_tensor *y, float value);
+at_status cu_cast(at_tensor *y, const at_tensor *x);
+at_status cu_sum_rows(at_tensor *y, const at_tensor *x, float beta);
+at_status cu_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up);
+at_status cu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
+                             const at_tensor *up);
+at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset);
+/* cuda_norm.cu */
+at_status cu_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps);
+at_status cu_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
+                              const at_tensor *w, const at_tensor *rstd);
+at_status cu_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse);
+/* cuda_attention.cu: tiled, online softmax (FlashAttention's scheme). */
+at_status cu_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
+                               const at_tensor *v, const at_attn_params *p);
+at_status cu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
+                                const at_tensor *q, const at_tensor *k, const at_tensor *v, const at_tensor *out,
+                                const at_tensor *lse, const at_attn_params *p);
+/* cuda_embedding.cu */
+at_status cu_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table);
+at_status cu_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
+/* cuda_loss.cu: softmax, and cross-entropy fused with the softmax over the vocabulary. */
+at_status cu_softmax(at_tensor *y, const at_tensor *x);
+at_status cu_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
+                           const at_tensor *labels, float grad_scale);
+/* cuda_optim.cu */
+at_status cu_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v, const at_adamw_params *p);
+at_status cu_sumsq(at_tensor *out, const at_tensor *x);
+
+/* cuda_nccl.cu: the backend's collectives (at_backend comm_id, comm_init,
+ * allreduce_sum; device/comm.h), NCCL loaded with dlopen. */
+at_status cu_comm_id(at_backend *be, void *id);
+at_status cu_comm_init(at_backend *be, const void *id, int rank, int world);
+at_status cu_allreduce_sum(at_backend *be, at_tensor *t);
+
+#endif
