@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model/adapter.h"
 #include "model/config.h"
 
 /* A model shape of the benchmarks (random weights of this shape). */
@@ -41,6 +42,29 @@ static inline void bench_make_config(const bench_shape *s, at_model_config *c)
     c->rope_theta = s->theta;
     c->tie_word_embeddings = s->tied;
     c->attn_qkv_bias = s->qkv_bias;
+}
+
+/* FLOPs per trained token of LoRA rank `rank` on all 7 linear modules of
+ * shape s (BENCHMARKING.md): 6·N_lora + 4·N_frozen + 12·L·T·(H·D), N_frozen
+ * counting every frozen matmul weight, the lm_head even when tied; T =
+ * s->seq. The parameter counts behind it go to *n_lora, *n_frozen (either
+ * may be NULL). */
+static inline double bench_flops_per_token(const bench_shape *s, int rank, double *n_lora, double *n_frozen)
+{
+    at_model_config c;
+    bench_make_config(s, &c);
+    double lora = 0, frozen = 0;
+    for (int m = 0; m < AT_MOD_COUNT; m++) {
+        int64_t in, out;
+        at_module_dims(&c, (at_module)m, &in, &out);
+        lora += (double)rank * (double)(in + out);
+        frozen += (double)in * (double)out;
+    }
+    lora *= s->layers;
+    frozen = frozen * s->layers + (double)s->vocab * s->hidden;
+    if (n_lora) *n_lora = lora;
+    if (n_frozen) *n_frozen = frozen;
+    return 6 * lora + 4 * frozen + 12.0 * s->layers * s->seq * (double)s->heads * c.head_dim;
 }
 
 /* qsort comparator of doubles, ascending. */

@@ -92,25 +92,6 @@ static int reset_hwm(void)
     return fclose(f) == 0 && ok;
 }
 
-/* FLOPs per trained token and the parameter counts behind them. */
-static double flops_per_token(const bench_shape *s, double *n_lora, double *n_frozen)
-{
-    at_model_config c;
-    bench_make_config(s, &c);
-    double lora = 0, frozen = 0;
-    for (int m = 0; m < AT_MOD_COUNT; m++) {
-        int64_t in, out;
-        at_module_dims(&c, (at_module)m, &in, &out);
-        lora += (double)RANK * (double)(in + out);
-        frozen += (double)in * (double)out;
-    }
-    lora *= s->layers;
-    frozen = frozen * s->layers + (double)s->vocab * s->hidden;
-    if (n_lora) *n_lora = lora;
-    if (n_frozen) *n_frozen = frozen;
-    return 6 * lora + 4 * frozen + 12.0 * s->layers * s->seq * (double)s->heads * c.head_dim;
-}
-
 /* ---- children ------------------------------------------------------------------- */
 
 typedef struct {
@@ -452,7 +433,7 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < BENCH_N_SHAPES; k++) {
         const bench_shape *s = &BENCH_SHAPES[k];
         if (strcmp(which, "all") != 0 && strncmp(s->name, which, strlen(which)) != 0) continue;
-        double nl, nf, fl = flops_per_token(s, &nl, &nf);
+        double nl, nf, fl = bench_flops_per_token(s, RANK, &nl, &nf);
         printf("\n%s: hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d%s%s; batch %d x seq %d; LoRA r=%d "
                "alpha %g dropout %g on all 7 linear layers (%.2fM params), frozen matmul weights %.1fM; %.3f GFLOP "
                "per token; median of %d steps after 1 warm-up%s\n",

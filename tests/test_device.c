@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include "base/json.h"
 #include "device/registry.h"
+#include "device/cuda_loader.h"
 #include "testing.h"
 
 static void test_probe(void)
@@ -103,10 +104,37 @@ static void test_env_json(void)
     cJSON_Delete(j);
 }
 
+#ifdef AT_CUDA_BUILT
+/* The CUDA backend library this build made (nvcc) is found, loads with every
+ * symbol resolved (cuBLAS included), and opening a device either works (a
+ * GPU is here) or says why not (no driver / no GPU), never crashes. */
+static void test_cuda_library(void)
+{
+    char path[1024];
+    CHECK_MSG(at_cuda_library_find(path, sizeof path), "libanytune_cuda.so not found (%s)", path);
+    at_backend *be = NULL;
+    at_status st = at_cuda_backend_load(path, 0, &be);
+    printf("CUDA backend library %s: %s\n", path, st == AT_OK ? be->name : at_last_error());
+    if (st == AT_OK) {
+        CHECK(be->kind == AT_DEVICE_CUDA && !be->is_host);
+        for (int i = 0; i < AT_BACKEND_OP_COUNT; i++)
+            CHECK_MSG(((void (*const *)(void))&be->ops)[i] != NULL, "CUDA backend lacks %s", at_backend_op_name(i));
+    } else {
+        CHECK_MSG(st == AT_ERR_DEVICE && strstr(at_last_error(), "CUDA"), "unexpected: %s", at_last_error());
+    }
+    /* a file that is not a backend library is refused with its name */
+    CHECK_FAILS(at_cuda_backend_load("tests/data/no-such-library.so", 0, &be), AT_ERR_NOT_FOUND);
+    CHECK(strstr(at_last_error(), "no-such-library.so") != NULL);
+}
+#endif
+
 int main(void)
 {
     test_probe();
     test_select();
     test_env_json();
+#ifdef AT_CUDA_BUILT
+    test_cuda_library();
+#endif
     return at_test_result("test_device");
 }

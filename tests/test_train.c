@@ -5,8 +5,8 @@
  *  - checkpoints hold PEFT files and a verifiable manifest;
  *  - full fine-tuning runs and lowers the loss;
  *  - bad input fails with a clear message;
- *  - on the CUDA backend under the emulator, LoRA and full fine-tuning log
- *    what the CPU logs. */
+ *  - on the CUDA backend (under the emulator, and on a real GPU when there is
+ *    one), LoRA and full fine-tuning log what the CPU logs. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -353,20 +353,20 @@ static void test_loss_scaling(const char *root)
     free(log);
 }
 
-#ifdef AT_CUDA_EMU_LIBRARY
-/* The whole trainer on the CUDA backend (its kernels run by the CUDA
- * emulator; ANYTUNE_CUDA_EMULATE makes the registry offer it as cuda:0):
- * LoRA and full fine-tuning in f32 log what the CPU logs (only the order of
- * sums differs), and the checkpoint verifies. */
-static void test_on_cuda(const char *root)
+/* The whole trainer on the CUDA backend: on a real GPU when the machine has
+ * one, and with its kernels run by the CUDA emulator (emulator != NULL: the
+ * registry offers it as cuda:0). LoRA and full fine-tuning in f32 log what
+ * the CPU logs (only the order of sums differs), and the checkpoint
+ * verifies. */
+static void test_on_cuda(const char *root, const char *emulator)
 {
-    setenv("ANYTUNE_CUDA_EMULATE", AT_CUDA_EMU_LIBRARY, 1);
+    if (emulator) setenv("ANYTUNE_CUDA_EMULATE", emulator, 1);
     for (int full = 0; full <= 1; full++) {
         at_train_args a;
         at_train_result rc, rg;
         char out1[512], out2[512];
-        snprintf(out1, sizeof out1, "%s/cuda-%d-cpu", root, full);
-        snprintf(out2, sizeof out2, "%s/cuda-%d-gpu", root, full);
+        snprintf(out1, sizeof out1, "%s/cuda-%d-%d-cpu", root, !!emulator, full);
+        snprintf(out2, sizeof out2, "%s/cuda-%d-%d-gpu", root, !!emulator, full);
         for (int dev = 0; dev < 2; dev++) {
             base_args(&a, dev ? out2 : out1);
             a.device = dev ? "cuda" : "cpu";
@@ -384,7 +384,7 @@ static void test_on_cuda(const char *root)
         int n1 = read_losses(rc.run_dir, l1, g1, 8), n2 = read_losses(rg.run_dir, l2, g2, 8);
         CHECK_MSG(n1 == 3 && n2 == 3, "%s: logged %d (cpu) and %d (cuda) steps", full ? "full" : "lora", n1, n2);
         for (int i = 0; i < n1 && i < n2; i++) {
-            printf("cuda (emulated) %s step %d: loss %.9f vs cpu %.9f, grad_norm %.9f vs %.9f\n",
+            printf("cuda%s %s step %d: loss %.9f vs cpu %.9f, grad_norm %.9f vs %.9f\n", emulator ? " (emulated)" : "",
                    full ? "full" : "lora", i + 1, l2[i], l1[i], g2[i], g1[i]);
             CHECK_NEAR(l2[i], l1[i], 1e-5 * fabs(l1[i]));
             CHECK_NEAR(g2[i], g1[i], 1e-4 * fabs(g1[i]));
@@ -393,9 +393,8 @@ static void test_on_cuda(const char *root)
         CHECK_OK(at_ckpt_verify(ck));
         free(ck);
     }
-    unsetenv("ANYTUNE_CUDA_EMULATE");
+    if (emulator) unsetenv("ANYTUNE_CUDA_EMULATE");
 }
-#endif
 
 int main(void)
 {
@@ -409,8 +408,9 @@ int main(void)
     test_pt_and_adapters(root);
     test_loss_scaling(root);
 #ifdef AT_CUDA_EMU_LIBRARY
-    test_on_cuda(root);
+    test_on_cuda(root, AT_CUDA_EMU_LIBRARY);
 #endif
+    if (at_test_gpu_backend()) test_on_cuda(root, NULL);
     if (!at_test_failures) at_remove_tree(root);
     return at_test_result("test_train");
 }

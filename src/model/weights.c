@@ -150,10 +150,12 @@ int64_t at_decoder_weights_count(const at_decoder_weights *w)
 
 /* ---- random weights ----------------------------------------------------- */
 
-/* splitmix64: a fast generator good enough for benchmark weights. */
-static uint64_t next_u64(uint64_t *s)
+/* splitmix64: a fast generator good enough for benchmark weights. Its state
+ * only adds a constant per draw, so draw i after state s is mix(s + (i+1)·γ):
+ * the fill below runs in parallel and gives the sequential values. */
+#define SPLITMIX_GAMMA 0x9e3779b97f4a7c15ull
+static uint64_t splitmix_mix(uint64_t z)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -173,13 +175,17 @@ static at_status random_tensor(at_backend *be, at_dtype dtype, int ndim, const i
         *out = NULL;
         return at_error(AT_ERR_NOMEM, "random weights: out of memory for %s", name);
     }
+    const uint64_t s0 = *seed;
+#pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
-        float u = (float)((double)(next_u64(seed) >> 11) * (1.0 / 9007199254740992.0)); /* [0, 1) */
+        uint64_t r = splitmix_mix(s0 + (uint64_t)(i + 1) * SPLITMIX_GAMMA);
+        float u = (float)((double)(r >> 11) * (1.0 / 9007199254740992.0)); /* [0, 1) */
         float x = center + range * (2.0f * u - 1.0f);
         if (dtype == AT_F32) ((float *)host)[i] = x;
         else if (dtype == AT_BF16) ((uint16_t *)host)[i] = at_f32_to_bf16(x);
         else ((uint16_t *)host)[i] = at_f32_to_f16(x);
     }
+    *seed = s0 + (uint64_t)n * SPLITMIX_GAMMA;
     at_status st = AT_OK;
     if (!be->is_host) {
         st = at_tensor_upload(*out, host, (size_t)n * esz);
