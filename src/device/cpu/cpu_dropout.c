@@ -1,7 +1,19 @@
 #include "device/cpu/cpu_dropout.h"
 
 #include "base/rng.h"
+#include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_simd.h"
+
+/* ceil(p · 2²⁴) << 40: at_rng_hash_uniform's value is k · 2⁻²⁴ for the top 24
+ * bits k of its hash (exact in f32), and k · 2⁻²⁴ >= p ⇔ k >= ceil(p · 2²⁴)
+ * (p · 2²⁴ is exact in double). */
+static uint64_t keep_threshold(float p)
+{
+    double s = (double)p * 16777216.0;
+    uint64_t k = (uint64_t)s;
+    if ((double)k < s) k++;
+    return k << 40;
+}
 
 /* y[i] = x[i] / (1 − p) if at_rng_hash_uniform(seed, offset + i) >= p, else 0.
  * Each element's mask bit depends only on its index, so the chunks can be
@@ -9,10 +21,12 @@
 at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
+    int avx512 = at_cpu_isa_level() >= AT_ISA_AVX512;
     int64_t n = at_tensor_numel(x), nc = (n + AT_CPU_CHUNK - 1) / AT_CPU_CHUNK;
     const void *px = at_tensor_data(x);
     void *py = at_tensor_data(y);
     float keep = 1.0f / (1.0f - p);
+    uint64_t thresh = keep_threshold(p);
 #pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
     for (int64_t u = 0; u < nc; u++) {
         float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
@@ -21,6 +35,8 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
         float *o = at_cpu_out(by, py, y->dtype, off);
         if (p == 0.0f) {
             for (int64_t i = 0; i < len; i++) o[i] = xi[i];
+        } else if (avx512) {
+            at_cpu_dropout_chunk_avx512(o, xi, len, seed, offset + (uint64_t)off, thresh, keep);
         } else {
             for (int64_t i = 0; i < len; i++)
                 o[i] = at_rng_hash_uniform(seed, offset + (uint64_t)(off + i)) >= p ? xi[i] * keep : 0.0f;

@@ -1,0 +1,99 @@
+/* The CPU dropout at every ISA level of this machine gives, bit for bit, the
+ * mask and values its definition in ops/ops.h says: element i kept when
+ * at_rng_hash_uniform(seed, offset + i) >= p (base/rng.c, the scalar hash),
+ * kept values x[i] · (1 / (1 − p)) in f32, dropped ones +0. Covers the SIMD
+ * path's tails (n not a multiple of 16, chunk edges), counters that wrap
+ * past 2⁶⁴, in-place calls and probabilities on the 2⁻²⁴ grid of the hash,
+ * where a threshold off by one would show. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "device/cpu/cpu_backend.h"
+#include "device/cpu/cpu_features.h"
+#include "ops/ops.h"
+#include "testing.h"
+
+static uint32_t bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Runs at_dropout on n values (in place or not) and counts elements that
+ * differ from the definition. */
+static int64_t mismatches(int64_t n, float p, uint64_t seed, uint64_t offset, int in_place, int64_t *kept)
+{
+    at_tensor *x = NULL, *y = NULL;
+    int64_t bad = -1;
+    CHECK_OK(at_tensor_new(at_cpu_backend(), AT_F32, 1, &n, "x", &x));
+    CHECK_OK(at_tensor_new(at_cpu_backend(), AT_F32, 1, &n, "y", &y));
+    float *want = malloc((size_t)n * sizeof *want);
+    if (x && y && want) {
+        float *xd = at_tensor_data(x), *yd = at_tensor_data(y);
+        at_rng r;
+        at_rng_seed(&r, seed ^ 0x5eed);
+        float keep = 1.0f / (1.0f - p);
+        *kept = 0;
+        for (int64_t i = 0; i < n; i++) {
+            xd[i] = (float)(at_rng_uniform(&r) * 6.0 - 3.0);
+            int k = at_rng_hash_uniform(seed, offset + (uint64_t)i) >= p;
+            *kept += k;
+            want[i] = k ? xd[i] * keep : 0.0f;
+            yd[i] = NAN;
+        }
+        CHECK_OK(at_dropout(in_place ? x : y, x, p, seed, offset));
+        const float *got = in_place ? xd : yd;
+        bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += bits(got[i]) != bits(want[i]);
+    }
+    free(want);
+    at_tensor_free(x);
+    at_tensor_free(y);
+    return bad;
+}
+
+int main(void)
+{
+    static const int64_t sizes[] = {1, 15, 16, 17, 31, 2047, 2048, 2049, 40000};
+    static const uint64_t offsets[] = {0, 1, 7, (3ull << 40) + 5, UINT64_MAX - 20};
+    /* 0.05: LoRA's default; 0.5 and 0.25 lie on the hash's 2⁻²⁴ grid;
+     * 2⁻²⁴ and 1 − 2⁻²⁴ are the extremes; 0.1 is not on the grid */
+    static const float ps[] = {0.05f, 0.1f, 0.25f, 0.5f, 5.9604645e-8f, 0.99999994f};
+    at_cpu_isa top = at_cpu_isa_level();
+    for (int l = AT_ISA_SCALAR; l <= (int)top; l++) {
+        at_cpu_isa_force((at_cpu_isa)l);
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++)
+                for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+                    uint64_t seed = 0x9e3779b97f4a7c15ull * (s * 131 + o * 17 + k + 1);
+                    int64_t kept = 0, bad = mismatches(sizes[s], ps[k], seed, offsets[o], (int)((s + k) & 1), &kept);
+                    CHECK_MSG(bad == 0, "isa %s n %lld offset %llu p %g: %lld elements differ",
+                              at_cpu_isa_name((at_cpu_isa)l), (long long)sizes[s], (unsigned long long)offsets[o],
+                              (double)ps[k], (long long)bad);
+                }
+        /* p exactly on an element's own value (kept: u >= p) and just above
+         * it (dropped): a threshold off by one shows here and nowhere else */
+        for (uint64_t i = 0; i < 40; i++) {
+            uint64_t seed = 1000 + i, offset = (i << 40) + 3;
+            float u = at_rng_hash_uniform(seed, offset + 17 + i);
+            if (!(u > 0.0f)) continue;
+            float pk[2] = {u, nextafterf(u, 1.0f)};
+            for (int j = 0; j < 2; j++) {
+                int64_t kept = 0;
+                CHECK_MSG(mismatches(33 + (int64_t)i, pk[j], seed, offset, j, &kept) == 0,
+                          "isa %s: p %.9g on element %llu's value", at_cpu_isa_name((at_cpu_isa)l), (double)pk[j],
+                          (unsigned long long)(17 + i));
+            }
+        }
+        /* the mask is not trivial: on 40000 values p = 0.5 keeps about half */
+        int64_t kept = 0;
+        CHECK(mismatches(40000, 0.5f, 42, 0, 0, &kept) == 0);
+        CHECK_MSG(kept > 19000 && kept < 21000, "p 0.5 kept %lld of 40000", (long long)kept);
+    }
+    at_cpu_isa_force(top);
+    return at_test_result("test_dropout");
+}
