@@ -1,14 +1,21 @@
 /* What the benchmarks share: the two model shapes the issues name, sorting
- * timings for medians, and the process's peak resident memory. Wall time is
- * at_now_seconds (base/progress.h). */
+ * timings for medians, the process's peak resident memory, the token stream,
+ * the LoRA training step of bench/train and bench/train_gpu, and running a
+ * PyTorch peer (tools/bench_*_torch*.py) and reading its JSON line. Wall
+ * time is at_now_seconds (base/progress.h). */
 #ifndef AT_BENCH_UTIL_H
 #define AT_BENCH_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
 #include "model/adapter.h"
 #include "model/config.h"
+#include "model/decoder.h"
+#include "train/optimizer.h"
 
 /* A model shape of the benchmarks (random weights of this shape). */
 typedef struct {
@@ -85,6 +92,205 @@ static inline double bench_peak_rss_mib(void)
         if (strncmp(line, "VmHWM:", 6) == 0) kb = atof(line + 6);
     fclose(f);
     return kb / 1024.0;
+}
+
+/* Random weights of shape s as every benchmark makes them (seed 1234),
+ * stored as dt on be (NULL: the CPU); the caller frees *w. */
+static inline at_status bench_random_weights(const bench_shape *s, at_backend *be, at_dtype dt, at_decoder_weights **w)
+{
+    at_model_config cfg;
+    bench_make_config(s, &cfg);
+    at_status st = at_model_config_validate(&cfg, s->name);
+    return st == AT_OK ? at_decoder_weights_random(&cfg, be, dt, 1234, w) : st;
+}
+
+/* ---- the LoRA training step of bench/train and bench/train_gpu ------------------ */
+
+/* LoRA on all 7 linear modules, as the torch peers' defaults (add_lora_args). */
+#define BENCH_LORA_RANK 8
+#define BENCH_LORA_ALPHA 16.0
+#define BENCH_LORA_DROPOUT 0.05
+
+/* The token stream both sides of every benchmark use (xorshift64), ids in [0, vocab). */
+static inline void bench_token_ids(int32_t *ids, int64_t n, int vocab)
+{
+    uint64_t x = 88172645463325252ull;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+/* Sorts t[0..n) and returns its median t[n / 2]. */
+static inline double bench_median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
+    return t[n / 2];
+}
+
+/* What one training step needs; every pointer owned (bench_lora_free). */
+typedef struct {
+    at_decoder *d;
+    at_adapter *ad;
+    at_decoder_grads *g;
+    at_decoder_acts *acts;
+    at_optimizer opt;
+    int opt_ready;
+    at_tensor *ids, *labels; /* [batch, seq] on the weights' backend; labels = ids (the loss shifts them) */
+    float scale;             /* 1 / targets: the mean loss of HF's causal LM */
+} bench_lora;
+
+/* Sets up the step of shape s on weights w, taken (freed here on failure):
+ * the decoder, LoRA (BENCH_LORA_*, seed 42), gradients, AdamW (0.9, 0.999,
+ * 1e-8, weight decay 0.01, clip 1.0), activations (gradient checkpointing
+ * when ckpt) and the token stream as ids and labels. On failure what was
+ * made is freed. */
+static inline at_status bench_lora_new(bench_lora *b, at_decoder_weights *w, const bench_shape *s, int ckpt)
+{
+    memset(b, 0, sizeof *b);
+    int64_t n = (int64_t)s->batch * s->seq, sh[2] = {s->batch, s->seq};
+    int32_t *host = NULL;
+    at_status st = at_decoder_new(w, &b->d);
+    if (st != AT_OK) {
+        at_decoder_weights_free(w);
+        return st;
+    }
+    st = at_adapter_new(&b->d->cfg, b->d->be, BENCH_LORA_RANK, BENCH_LORA_ALPHA, BENCH_LORA_DROPOUT, 0,
+                        (1u << AT_MOD_COUNT) - 1, 42, &b->ad);
+    if (st == AT_OK) st = at_decoder_set_adapter(b->d, b->ad);
+    if (st == AT_OK) st = at_decoder_grads_new(b->d, 0, &b->g);
+    at_adamw_config oc = {0.9, 0.999, 1e-8, 0.01, 1.0};
+    if (st == AT_OK && (st = at_optimizer_init(&b->opt, b->d, b->g, &oc)) == AT_OK) b->opt_ready = 1;
+    unsigned flags = AT_ACTS_TRAIN | (ckpt ? AT_ACTS_CHECKPOINT : 0);
+    if (st == AT_OK) st = at_decoder_acts_new_ex(b->d, s->batch, s->seq, flags, &b->acts);
+    if (st == AT_OK) st = at_tensor_new(b->d->be, AT_I32, 2, sh, "ids", &b->ids);
+    if (st == AT_OK) st = at_tensor_new(b->d->be, AT_I32, 2, sh, "labels", &b->labels);
+    if (st == AT_OK && !(host = malloc((size_t)n * sizeof *host))) st = at_error(AT_ERR_NOMEM, "out of memory");
+    if (st == AT_OK) {
+        bench_token_ids(host, n, s->vocab);
+        st = at_tensor_upload(b->ids, host, (size_t)n * sizeof *host);
+    }
+    if (st == AT_OK) st = at_tensor_upload(b->labels, host, (size_t)n * sizeof *host);
+    free(host);
+    b->scale = 1.0f / (float)(s->batch * (s->seq - 1));
+    return st;
+}
+
+/* Step i (the dropout seed 1000 + i): zeroed gradients, forward and
+ * backward, the global gradient norm, AdamW at lr 1e-4 clipped at norm 1.
+ * The loss sums go to *ls. */
+static inline at_status bench_lora_step(bench_lora *b, int i, at_loss_stats *ls)
+{
+    double norm = 0;
+    at_status st = at_decoder_grads_zero(b->g);
+    if (st == AT_OK)
+        st = at_decoder_forward_backward(b->d, b->acts, b->ids, NULL, NULL, b->labels, (float)BENCH_LORA_DROPOUT,
+                                         1000 + (uint64_t)i, b->scale, b->g, ls);
+    if (st == AT_OK) st = at_optimizer_grad_norm(&b->opt, &norm);
+    if (st == AT_OK) st = at_optimizer_step(&b->opt, 1e-4, norm, 1.0);
+    return st;
+}
+
+static inline void bench_lora_free(bench_lora *b)
+{
+    at_tensor_free(b->ids);
+    at_tensor_free(b->labels);
+    at_decoder_acts_free(b->acts);
+    if (b->opt_ready) at_optimizer_free(&b->opt);
+    at_decoder_grads_free(b->g);
+    at_decoder_free(b->d);
+    at_adapter_free(b->ad);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- the PyTorch peers (tools/bench_*_torch*.py), run as subprocesses ------------ */
+
+/* The peers' model-shape options (add_shape_args there) into buf. */
+static inline void bench_shape_args(const bench_shape *s, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "--hidden %d --intermediate %d --layers %d --heads %d --kv-heads %d --vocab %d --seq %d --batch %d %s %s "
+             "--rope-theta %g",
+             s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->vocab, s->seq, s->batch,
+             s->tied ? "--tied" : "", s->qkv_bias ? "--qkv-bias" : "", s->theta);
+}
+
+/* The folder of OpenBLAS's OpenMP build (libblas.so.3): ANYTUNE_OPENBLAS_OPENMP_DIR,
+ * else the Debian multiarch location when present; NULL when none. */
+static inline const char *bench_openblas_openmp_dir(void)
+{
+    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
+    if (e && *e) return e;
+    static const char *cands[] = {"/usr/lib/x86_64-linux-gnu/openblas-openmp", "/usr/lib/aarch64-linux-gnu/openblas-openmp",
+                                  "/usr/lib64/openblas-openmp"};
+    static char buf[512];
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        snprintf(buf, sizeof buf, "%s/libblas.so.3", cands[i]);
+        if (access(buf, R_OK) == 0) return cands[i];
+    }
+    return NULL;
+}
+
+/* The start of a CPU peer's command line, up to the script (shared
+ * BENCHMARKING.md): `env`, for "f32 best" (best != 0) OPENBLAS_CORETYPE and
+ * OPENBLAS_L2_SIZE unset, OpenBLAS's OpenMP build preloaded when found, and
+ * the quoted Python: ANYTUNE_PYTHON, default /usr/bin/python3 (Debian's,
+ * which has torch). */
+static inline void bench_cpu_peer_prefix(int best, char *buf, size_t n)
+{
+    const char *py = getenv("ANYTUNE_PYTHON");
+    if (!py || !*py) py = "/usr/bin/python3";
+    const char *blas = bench_openblas_openmp_dir();
+    char pre[1200] = "";
+    if (blas) snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libblas.so.3:%s/liblapack.so.3 ", blas, blas);
+    snprintf(buf, n, "env %s %s'%s'", best ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py);
+}
+
+/* Runs the shell line cmd (stdout flushed first, so the peer's messages
+ * come in order; its stderr passes through) and parses the last line of its
+ * output that starts with '{'. Returns that JSON (the caller cJSON_Deletes
+ * it) with its numbers tok_s and median_s in *tok_s, *median_s; NULL with
+ * the reason in err when the command could not start, exited non-zero,
+ * printed no such line, or the line lacks those numbers. */
+static inline cJSON *bench_run_peer(const char *cmd, double *tok_s, double *median_s, char *err, size_t errlen)
+{
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        snprintf(err, errlen, "cannot run the torch peer");
+        return NULL;
+    }
+    char line[8192], last[8192] = "";
+    while (fgets(line, sizeof line, p))
+        if (line[0] == '{') snprintf(last, sizeof last, "%s", line);
+    int rc = pclose(p);
+    cJSON *j = cJSON_Parse(last);
+    const cJSON *a = cJSON_GetObjectItem(j, "tok_s"), *b = cJSON_GetObjectItem(j, "median_s");
+    if (rc != 0 || !j) {
+        snprintf(err, errlen, "torch peer failed (exit status %d; its messages are above)", rc);
+    } else if (!cJSON_IsNumber(a) || !cJSON_IsNumber(b)) {
+        snprintf(err, errlen, "torch peer printed no tok_s");
+    } else {
+        *tok_s = a->valuedouble;
+        *median_s = b->valuedouble;
+        return j;
+    }
+    cJSON_Delete(j);
+    return NULL;
+}
+
+/* The number at key of j, dflt when absent or not a number. */
+static inline double bench_json_num(const cJSON *j, const char *key, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+/* The string at key of j, dflt when absent or not a string. */
+static inline const char *bench_json_str(const cJSON *j, const char *key, const char *dflt)
+{
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    return cJSON_IsString(v) ? v->valuestring : dflt;
 }
 
 #endif

@@ -62,8 +62,7 @@ static double matmul_peak_gflops(at_dtype bt)
             if (at_matmul(c, a, b, 0, 1, 1.0f, 0.0f) != AT_OK) return 0;
             if (i > 0) t[i - 1] = at_now_seconds() - t0;
         }
-        qsort(t, 5, sizeof t[0], bench_cmp_double);
-        best = 2.0 * M * N * K / t[2] / 1e9;
+        best = 2.0 * M * N * K / bench_median(t, 5) / 1e9;
     }
     at_tensor_free(a);
     at_tensor_free(b);
@@ -79,8 +78,6 @@ typedef struct {
 static result run_ours(const bench_shape *s, at_dtype dt, int runs)
 {
     result r = {0};
-    at_model_config cfg;
-    bench_make_config(s, &cfg);
     at_decoder_weights *w = NULL;
     at_decoder *d = NULL;
     at_kv_cache *c = NULL;
@@ -88,16 +85,11 @@ static result run_ours(const bench_shape *s, at_dtype dt, int runs)
     int32_t *ids = malloc((size_t)s->batch * s->seq * sizeof *ids);
     double *t = malloc((size_t)runs * sizeof *t);
     int64_t sl[2] = {s->batch, s->vocab};
-    at_status st = at_model_config_validate(&cfg, s->name);
-    if (st == AT_OK) st = at_decoder_weights_random(&cfg, NULL, dt, 1234, &w);
+    at_status st = bench_random_weights(s, NULL, dt, &w);
     if (st == AT_OK && (st = at_decoder_new(w, &d)) != AT_OK) at_decoder_weights_free(w);
-    if (st == AT_OK) st = at_kv_cache_new(&cfg, NULL, AT_F32, s->batch, s->seq, &c);
+    if (st == AT_OK) st = at_kv_cache_new(&d->cfg, NULL, AT_F32, s->batch, s->seq, &c);
     if (st == AT_OK) st = at_tensor_new(at_cpu_backend(), AT_F32, 2, sl, "logits", &logits);
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < s->batch * s->seq; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        ids[i] = (int32_t)(x % (uint64_t)s->vocab);
-    }
+    bench_token_ids(ids, (int64_t)s->batch * s->seq, s->vocab);
     for (int i = 0; st == AT_OK && i <= runs; i++) { /* run 0 warms up */
         at_kv_cache_reset(c);
         double t0 = at_now_seconds();
@@ -114,8 +106,7 @@ static result run_ours(const bench_shape *s, at_dtype dt, int runs)
             }
     }
     if (st == AT_OK) {
-        qsort(t, (size_t)runs, sizeof *t, bench_cmp_double);
-        r.median_s = t[runs / 2];
+        r.median_s = bench_median(t, runs);
         r.tok_s = (double)s->batch * s->seq / r.median_s;
         r.rss_mib = bench_peak_rss_mib();
         r.ok = 1;
@@ -130,58 +121,23 @@ static result run_ours(const bench_shape *s, at_dtype dt, int runs)
     return r;
 }
 
-static const char *openblas_openmp_dir(void)
-{
-    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
-    if (e && *e) return e;
-    static const char *cands[] = {"/usr/lib/x86_64-linux-gnu/openblas-openmp", "/usr/lib/aarch64-linux-gnu/openblas-openmp",
-                                  "/usr/lib64/openblas-openmp"};
-    static char buf[512];
-    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-        snprintf(buf, sizeof buf, "%s/libblas.so.3", cands[i]);
-        if (access(buf, R_OK) == 0) return cands[i];
-    }
-    return NULL;
-}
-
 /* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
 static result run_torch(const bench_shape *s, int mode, int runs)
 {
     result r = {0};
-    const char *py = getenv("ANYTUNE_PYTHON");
-    if (!py || !*py) py = "/usr/bin/python3";
-    const char *blas = openblas_openmp_dir();
-    char pre[1200] = "", cmd[4096];
-    if (blas) snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libblas.so.3:%s/liblapack.so.3 ", blas, blas);
-    snprintf(cmd, sizeof cmd,
-             "env %s %s'%s' '%s/tools/bench_forward_torch.py' --hidden %d --intermediate %d --layers %d --heads %d "
-             "--kv-heads %d --vocab %d --seq %d --batch %d %s %s --rope-theta %g --mode %s --runs %d",
-             mode == 0 ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py, AT_SOURCE_DIR, s->hidden, s->inter,
-             s->layers, s->heads, s->kv_heads, s->vocab, s->seq, s->batch, s->tied ? "--tied" : "",
-             s->qkv_bias ? "--qkv-bias" : "", s->theta, mode == 2 ? "bf16" : "f32", runs);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        fprintf(stderr, "cannot run: %s\n", cmd);
+    char pre[2048], shape[512], cmd[4096];
+    bench_cpu_peer_prefix(mode == 0, pre, sizeof pre);
+    bench_shape_args(s, shape, sizeof shape);
+    snprintf(cmd, sizeof cmd, "%s '%s/tools/bench_forward_torch.py' %s --mode %s --runs %d", pre, AT_SOURCE_DIR, shape,
+             mode == 2 ? "bf16" : "f32", runs);
+    char err[256];
+    cJSON *j = bench_run_peer(cmd, &r.tok_s, &r.median_s, err, sizeof err);
+    if (!j) {
+        fprintf(stderr, "%s: %s\n", err, cmd);
         return r;
     }
-    char line[8192], last[8192] = "";
-    while (fgets(line, sizeof line, p))
-        if (line[0] == '{') snprintf(last, sizeof last, "%s", line);
-    int rc = pclose(p);
-    cJSON *j = cJSON_Parse(last);
-    if (rc != 0 || !j) {
-        fprintf(stderr, "torch peer failed (exit %d): %s\n", rc, cmd);
-        cJSON_Delete(j);
-        return r;
-    }
-    cJSON *a = cJSON_GetObjectItem(j, "tok_s"), *b = cJSON_GetObjectItem(j, "median_s"),
-          *m = cJSON_GetObjectItem(j, "peak_rss_mib");
-    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
-        r.tok_s = a->valuedouble;
-        r.median_s = b->valuedouble;
-        r.rss_mib = cJSON_IsNumber(m) ? m->valuedouble : -1;
-        r.ok = 1;
-    }
+    r.rss_mib = bench_json_num(j, "peak_rss_mib", -1);
+    r.ok = 1;
     cJSON_Delete(j);
     return r;
 }

@@ -64,9 +64,9 @@
 enum { F_F32, F_BF16, F_NF4, F_Q8, F_COUNT };
 static const char *FORMAT_NAMES[F_COUNT] = {"f32", "bf16", "qlora-nf4", "qlora-q8_0"};
 
-#define RANK 8
-#define ALPHA 16.0
-#define DROPOUT 0.05
+#define RANK BENCH_LORA_RANK
+#define ALPHA BENCH_LORA_ALPHA
+#define DROPOUT BENCH_LORA_DROPOUT
 
 /* CPU seconds of this process, every thread. */
 static double cpu_now(void)
@@ -211,59 +211,24 @@ static void ours_child(const void *arg, result *r)
 {
     const job *j = arg;
     const bench_shape *s = j->s;
-    at_model_config cfg;
-    bench_make_config(s, &cfg);
     at_decoder_weights *w = NULL;
-    at_decoder *d = NULL;
-    at_adapter *ad = NULL;
-    at_decoder_grads *g = NULL;
-    at_decoder_acts *acts = NULL;
-    at_optimizer opt;
-    int opt_ready = 0;
-    at_tensor *t_ids = NULL, *t_lab = NULL;
+    bench_lora b = {0};
     int n = s->batch * s->seq;
     double *ts = malloc(2 * (size_t)j->steps * sizeof *ts), *cs = ts ? ts + j->steps : NULL;
-    at_status st = at_model_config_validate(&cfg, s->name);
-    at_dtype wt = j->format == F_F32 ? AT_F32 : AT_BF16;
-    if (st == AT_OK) st = at_decoder_weights_random(&cfg, NULL, wt, 1234, &w);
+    at_status st = bench_random_weights(s, NULL, j->format == F_F32 ? AT_F32 : AT_BF16, &w);
     if (st == AT_OK && (j->format == F_NF4 || j->format == F_Q8)) {
         at_quant_stats qs;
         st = at_decoder_weights_quantize(w, j->format == F_NF4 ? AT_QUANT_NF4 : AT_QUANT_Q8_0, &qs);
         r->quant_bpp = qs.params ? (double)qs.bytes / (double)qs.params : 0;
     }
     if (st == AT_OK) r->weights_mib = (double)weights_bytes(w) / 1048576.0;
-    if (st == AT_OK && (st = at_decoder_new(w, &d)) != AT_OK) at_decoder_weights_free(w);
-    if (st == AT_OK)
-        st = at_adapter_new(&cfg, d->be, RANK, ALPHA, DROPOUT, 0, (1u << AT_MOD_COUNT) - 1, 42, &ad);
-    if (st == AT_OK) st = at_decoder_set_adapter(d, ad);
-    if (st == AT_OK) st = at_decoder_grads_new(d, 0, &g);
-    at_adamw_config oc = {0.9, 0.999, 1e-8, 0.01, 1.0};
-    if (st == AT_OK && (st = at_optimizer_init(&opt, d, g, &oc)) == AT_OK) opt_ready = 1;
-    unsigned flags = AT_ACTS_TRAIN | (j->checkpointing ? AT_ACTS_CHECKPOINT : 0);
-    if (st == AT_OK) st = at_decoder_acts_new_ex(d, s->batch, s->seq, flags, &acts);
-    int64_t sh[2] = {s->batch, s->seq};
-    if (st == AT_OK) st = at_tensor_new(at_cpu_backend(), AT_I32, 2, sh, "ids", &t_ids);
-    if (st == AT_OK) st = at_tensor_new(at_cpu_backend(), AT_I32, 2, sh, "labels", &t_lab);
-    if (st == AT_OK) {
-        int32_t *ids = at_tensor_data(t_ids);
-        uint64_t x = 88172645463325252ull;
-        for (int i = 0; i < n; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            ids[i] = (int32_t)(x % (uint64_t)s->vocab);
-        }
-        memcpy(at_tensor_data(t_lab), ids, (size_t)n * sizeof *ids);
-    }
+    if (st == AT_OK) st = bench_lora_new(&b, w, s, j->checkpointing);
+    else at_decoder_weights_free(w);
     int hwm = st == AT_OK && reset_hwm();
-    float scale = 1.0f / (float)(s->batch * (s->seq - 1));
     for (int i = 0; st == AT_OK && i <= j->steps; i++) { /* step 0 warms up */
-        double t0 = at_now_seconds(), c0 = cpu_now(), norm = 0;
+        double t0 = at_now_seconds(), c0 = cpu_now();
         at_loss_stats ls = {0};
-        st = at_decoder_grads_zero(g);
-        if (st == AT_OK)
-            st = at_decoder_forward_backward(d, acts, t_ids, NULL, NULL, t_lab, (float)DROPOUT, 1000 + (uint64_t)i,
-                                             scale, g, &ls);
-        if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
-        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm, 1.0);
+        st = bench_lora_step(&b, i, &ls);
         if (i == 0) r->loss0 = ls.n_targets ? ls.loss_sum / (double)ls.n_targets : NAN;
         else ts[i - 1] = at_now_seconds() - t0, cs[i - 1] = cpu_now() - c0;
         if (st == AT_OK && !isfinite(ls.loss_sum)) {
@@ -272,10 +237,8 @@ static void ours_child(const void *arg, result *r)
         }
     }
     if (st == AT_OK) {
-        qsort(ts, (size_t)j->steps, sizeof *ts, bench_cmp_double);
-        qsort(cs, (size_t)j->steps, sizeof *cs, bench_cmp_double);
-        r->median_s = ts[j->steps / 2];
-        r->cpu_s = cs[j->steps / 2];
+        r->median_s = bench_median(ts, j->steps);
+        r->cpu_s = bench_median(cs, j->steps);
         r->tok_s = (double)n / r->median_s;
         r->steps_peak_mib = hwm ? bench_peak_rss_mib() : -1;
         r->ok = 1;
@@ -283,72 +246,27 @@ static void ours_child(const void *arg, result *r)
         snprintf(r->err, sizeof r->err, "%s", at_last_error());
     }
     free(ts);
-    at_tensor_free(t_ids);
-    at_tensor_free(t_lab);
-    at_decoder_acts_free(acts);
-    if (opt_ready) at_optimizer_free(&opt);
-    at_decoder_grads_free(g);
-    at_decoder_free(d);
-    at_adapter_free(ad);
+    bench_lora_free(&b);
 }
 
 /* ---- PyTorch ---------------------------------------------------------------------- */
-
-static const char *openblas_openmp_dir(void)
-{
-    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
-    if (e && *e) return e;
-    static const char *cands[] = {"/usr/lib/x86_64-linux-gnu/openblas-openmp", "/usr/lib/aarch64-linux-gnu/openblas-openmp",
-                                  "/usr/lib64/openblas-openmp"};
-    static char buf[512];
-    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-        snprintf(buf, sizeof buf, "%s/libblas.so.3", cands[i]);
-        if (access(buf, R_OK) == 0) return cands[i];
-    }
-    return NULL;
-}
 
 /* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
 static result run_torch(const bench_shape *s, int mode, int steps)
 {
     result r;
     memset(&r, 0, sizeof r);
-    const char *py = getenv("ANYTUNE_PYTHON");
-    if (!py || !*py) py = "/usr/bin/python3";
-    const char *blas = openblas_openmp_dir();
-    char pre[1200] = "", cmd[4096];
-    if (blas) snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libblas.so.3:%s/liblapack.so.3 ", blas, blas);
+    char pre[2048], shape[512], cmd[4096];
+    bench_cpu_peer_prefix(mode == 0, pre, sizeof pre);
+    bench_shape_args(s, shape, sizeof shape);
     snprintf(cmd, sizeof cmd,
-             "env %s %s'%s' '%s/tools/bench_train_torch.py' --hidden %d --intermediate %d --layers %d --heads %d "
-             "--kv-heads %d --vocab %d --seq %d --batch %d %s %s --rope-theta %g --rank %d --alpha %g "
-             "--dropout %g --mode %s --steps %d",
-             mode == 0 ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py, AT_SOURCE_DIR, s->hidden, s->inter,
-             s->layers, s->heads, s->kv_heads, s->vocab, s->seq, s->batch, s->tied ? "--tied" : "",
-             s->qkv_bias ? "--qkv-bias" : "", s->theta, RANK, ALPHA, DROPOUT, mode == 2 ? "bf16" : "f32", steps);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(r.err, sizeof r.err, "cannot run the torch peer");
-        return r;
-    }
-    char line[8192], last[8192] = "";
-    while (fgets(line, sizeof line, p))
-        if (line[0] == '{') snprintf(last, sizeof last, "%s", line);
-    int rc = pclose(p);
-    cJSON *j = cJSON_Parse(last);
-    if (rc != 0 || !j) {
-        snprintf(r.err, sizeof r.err, "torch peer failed (exit %d)", rc);
-        cJSON_Delete(j);
-        return r;
-    }
-    cJSON *a = cJSON_GetObjectItem(j, "tok_s"), *b = cJSON_GetObjectItem(j, "median_s"),
-          *m = cJSON_GetObjectItem(j, "peak_rss_mib"), *l = cJSON_GetObjectItem(j, "loss0"),
-          *c = cJSON_GetObjectItem(j, "cpu_s");
-    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
-        r.tok_s = a->valuedouble;
-        r.median_s = b->valuedouble;
-        r.peak_mib = cJSON_IsNumber(m) ? m->valuedouble : -1;
-        r.loss0 = cJSON_IsNumber(l) ? l->valuedouble : NAN;
-        r.cpu_s = cJSON_IsNumber(c) ? c->valuedouble : 0;
+             "%s '%s/tools/bench_train_torch.py' %s --rank %d --alpha %g --dropout %g --mode %s --steps %d", pre,
+             AT_SOURCE_DIR, shape, RANK, ALPHA, DROPOUT, mode == 2 ? "bf16" : "f32", steps);
+    cJSON *j = bench_run_peer(cmd, &r.tok_s, &r.median_s, r.err, sizeof r.err);
+    if (j) {
+        r.peak_mib = bench_json_num(j, "peak_rss_mib", -1);
+        r.loss0 = bench_json_num(j, "loss0", NAN);
+        r.cpu_s = bench_json_num(j, "cpu_s", 0);
         r.steps_peak_mib = -1;
         r.ok = 1;
     }

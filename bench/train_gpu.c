@@ -82,9 +82,9 @@
 #include "plan/profiles.h"
 #include "train/optimizer.h"
 
-#define RANK 8
-#define ALPHA 16.0
-#define DROPOUT 0.05
+#define RANK BENCH_LORA_RANK
+#define ALPHA BENCH_LORA_ALPHA
+#define DROPOUT BENCH_LORA_DROPOUT
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -205,16 +205,8 @@ static result run_ours(at_backend *be, const at_device_profile *prof, const benc
     result r;
     memset(&r, 0, sizeof r);
     r.in_use_mib = -1;
-    at_model_config cfg;
-    bench_make_config(s, &cfg);
     at_decoder_weights *w = NULL;
-    at_decoder *d = NULL;
-    at_adapter *ad = NULL;
-    at_decoder_grads *g = NULL;
-    at_decoder_acts *acts = NULL;
-    at_optimizer opt;
-    int opt_ready = 0;
-    at_tensor *t_ids = NULL, *t_lab = NULL;
+    bench_lora b = {0};
     int n = s->batch * s->seq;
     double *ts = malloc((size_t)steps * sizeof *ts);
     int emulated = strstr(prof->description, "emulator") != NULL;
@@ -222,46 +214,16 @@ static result run_ours(at_backend *be, const at_device_profile *prof, const benc
     g_mem.peak = g_mem.cur;
     size_t base = g_mem.cur;
     double t_setup = at_now_seconds();
-    at_status st = ts ? at_model_config_validate(&cfg, s->name) : at_error(AT_ERR_NOMEM, "out of memory");
-    if (st == AT_OK) st = at_decoder_weights_random(&cfg, be, AT_BF16, 1234, &w);
-    if (st == AT_OK && (st = at_decoder_new(w, &d)) != AT_OK) at_decoder_weights_free(w);
-    if (st == AT_OK)
-        st = at_adapter_new(&cfg, d->be, RANK, ALPHA, DROPOUT, 0, (1u << AT_MOD_COUNT) - 1, 42, &ad);
-    if (st == AT_OK) st = at_decoder_set_adapter(d, ad);
-    if (st == AT_OK) st = at_decoder_grads_new(d, 0, &g);
-    at_adamw_config oc = {0.9, 0.999, 1e-8, 0.01, 1.0};
-    if (st == AT_OK && (st = at_optimizer_init(&opt, d, g, &oc)) == AT_OK) opt_ready = 1;
-    unsigned flags = AT_ACTS_TRAIN | (ckpt ? AT_ACTS_CHECKPOINT : 0);
-    if (st == AT_OK) st = at_decoder_acts_new_ex(d, s->batch, s->seq, flags, &acts);
-    int64_t sh[2] = {s->batch, s->seq};
-    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, sh, "ids", &t_ids);
-    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, sh, "labels", &t_lab);
-    if (st == AT_OK) {
-        /* the token stream of bench/train.c; labels = ids (HF's causal LM shifts them) */
-        int32_t *ids = malloc((size_t)n * sizeof *ids);
-        uint64_t x = 88172645463325252ull;
-        for (int i = 0; ids && i < n; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            ids[i] = (int32_t)(x % (uint64_t)s->vocab);
-        }
-        st = ids ? at_tensor_upload(t_ids, ids, (size_t)n * sizeof *ids) : at_error(AT_ERR_NOMEM, "out of memory");
-        if (st == AT_OK) st = at_tensor_upload(t_lab, ids, (size_t)n * sizeof *ids);
-        free(ids);
-    }
+    at_status st = ts ? bench_random_weights(s, be, AT_BF16, &w) : at_error(AT_ERR_NOMEM, "out of memory");
+    /* the step and token stream of bench/train.c; labels = ids (HF's causal LM shifts them) */
+    if (st == AT_OK) st = bench_lora_new(&b, w, s, ckpt);
     if (st == AT_OK) st = be->synchronize(be);
     r.setup_s = at_now_seconds() - t_setup;
-    float scale = 1.0f / (float)(s->batch * (s->seq - 1));
     for (int i = 0; st == AT_OK && i < warmup + steps; i++) {
-        double norm = 0;
         at_loss_stats ls = {0};
         st = be->synchronize(be);
         double t0 = at_now_seconds();
-        if (st == AT_OK) st = at_decoder_grads_zero(g);
-        if (st == AT_OK)
-            st = at_decoder_forward_backward(d, acts, t_ids, NULL, NULL, t_lab, (float)DROPOUT, 1000 + (uint64_t)i,
-                                             scale, g, &ls);
-        if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
-        if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm, 1.0);
+        if (st == AT_OK) st = bench_lora_step(&b, i, &ls);
         if (st == AT_OK) st = be->synchronize(be);
         double dt = at_now_seconds() - t0;
         if (i == 0) r.loss0 = ls.n_targets ? ls.loss_sum / (double)ls.n_targets : NAN;
@@ -282,8 +244,7 @@ static result run_ours(at_backend *be, const at_device_profile *prof, const benc
         }
     }
     if (st == AT_OK) {
-        qsort(ts, (size_t)steps, sizeof *ts, bench_cmp_double);
-        r.median_s = ts[steps / 2];
+        r.median_s = bench_median(ts, steps);
         r.tok_s = (double)n / r.median_s;
         r.peak_mib = (double)(g_mem.peak - base) / MIB;
         int64_t free1 = free0 >= 0 ? device_free_now(prof->name) : -1;
@@ -293,13 +254,7 @@ static result run_ours(at_backend *be, const at_device_profile *prof, const benc
         snprintf(r.err, sizeof r.err, "%s", at_last_error());
     }
     free(ts);
-    at_tensor_free(t_ids);
-    at_tensor_free(t_lab);
-    at_decoder_acts_free(acts);
-    if (opt_ready) at_optimizer_free(&opt);
-    at_decoder_grads_free(g);
-    at_decoder_free(d);
-    at_adapter_free(ad);
+    bench_lora_free(&b);
     return r;
 }
 
@@ -324,47 +279,21 @@ static result run_torch(const bench_shape *s, int steps, int warmup, int ckpt, c
     result r;
     memset(&r, 0, sizeof r);
     r.in_use_mib = -1;
-    char cmd[4096];
+    char shape[512], cmd[4096];
+    bench_shape_args(s, shape, sizeof shape);
     snprintf(cmd, sizeof cmd,
-             "'%s' '%s/tools/bench_train_torch_gpu.py' --hidden %d --intermediate %d --layers %d --heads %d "
-             "--kv-heads %d --vocab %d --seq %d --batch %d %s %s --rope-theta %g --rank %d --alpha %g "
-             "--dropout %g --steps %d --warmup %d --device %s %s",
-             python(), AT_SOURCE_DIR, s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->vocab, s->seq,
-             s->batch, s->tied ? "--tied" : "", s->qkv_bias ? "--qkv-bias" : "", s->theta, RANK, ALPHA, DROPOUT,
-             steps, warmup, device, ckpt ? "--checkpointing" : "");
-    fflush(stdout);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(r.err, sizeof r.err, "cannot run the torch peer");
-        return r;
-    }
-    char line[8192], last[8192] = "";
-    while (fgets(line, sizeof line, p))
-        if (line[0] == '{') snprintf(last, sizeof last, "%s", line);
-    int rc = pclose(p);
-    cJSON *j = cJSON_Parse(last);
-    if (rc != 0 || !j) {
-        snprintf(r.err, sizeof r.err, "torch peer failed (exit status %d; its messages are above)", rc);
-        cJSON_Delete(j);
-        return r;
-    }
-    cJSON *a = cJSON_GetObjectItem(j, "tok_s"), *b = cJSON_GetObjectItem(j, "median_s"),
-          *m = cJSON_GetObjectItem(j, "peak_mem_mib"), *l = cJSON_GetObjectItem(j, "loss0"),
-          *su = cJSON_GetObjectItem(j, "setup_s"), *lo = cJSON_GetObjectItem(j, "lora"),
-          *at = cJSON_GetObjectItem(j, "attention"), *op = cJSON_GetObjectItem(j, "optimizer"),
-          *tv = cJSON_GetObjectItem(j, "torch");
-    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
-        r.tok_s = a->valuedouble;
-        r.median_s = b->valuedouble;
-        r.peak_mib = cJSON_IsNumber(m) ? m->valuedouble : -1;
-        r.loss0 = cJSON_IsNumber(l) ? l->valuedouble : NAN;
-        r.setup_s = cJSON_IsNumber(su) ? su->valuedouble : 0;
-        snprintf(r.note, sizeof r.note, "torch %s, %s, %s, %s", cJSON_IsString(tv) ? tv->valuestring : "?",
-                 cJSON_IsString(lo) ? lo->valuestring : "?", cJSON_IsString(at) ? at->valuestring : "?",
-                 cJSON_IsString(op) ? op->valuestring : "?");
+             "'%s' '%s/tools/bench_train_torch_gpu.py' %s --rank %d --alpha %g --dropout %g --steps %d --warmup %d "
+             "--device %s %s",
+             python(), AT_SOURCE_DIR, shape, RANK, ALPHA, DROPOUT, steps, warmup, device, ckpt ? "--checkpointing" : "");
+    cJSON *j = bench_run_peer(cmd, &r.tok_s, &r.median_s, r.err, sizeof r.err);
+    if (j) {
+        r.peak_mib = bench_json_num(j, "peak_mem_mib", -1);
+        r.loss0 = bench_json_num(j, "loss0", NAN);
+        r.setup_s = bench_json_num(j, "setup_s", 0);
+        snprintf(r.note, sizeof r.note, "torch %s, %s, %s, %s", bench_json_str(j, "torch", "?"),
+                 bench_json_str(j, "lora", "?"), bench_json_str(j, "attention", "?"),
+                 bench_json_str(j, "optimizer", "?"));
         r.ok = 1;
-    } else {
-        snprintf(r.err, sizeof r.err, "torch peer printed no tok_s");
     }
     cJSON_Delete(j);
     return r;

@@ -38,6 +38,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -77,12 +78,30 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+class EagerAttention:
+    """transformers' eager attention: q k^T scaled plus the causal mask
+    (made once per forward by mask()), softmax in f32."""
+
+    def mask(self, T, dtype, device):
+        return torch.full((T, T), torch.finfo(dtype).min, device=device).triu(1).to(dtype)
+
+    def __call__(self, q, k, v, scale, mask):
+        s = torch.matmul(q, k.transpose(2, 3)) * scale + mask
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(p, v)
+
+
 class Layer(nn.Module):
-    def __init__(self, a):
+    """A decoder layer; linear(fin, fout, bias) makes each of the 7 projections
+    (default: LoraLinear with a.rank, a.alpha, a.dropout), attn the attention
+    (default: EagerAttention)."""
+
+    def __init__(self, a, linear=None, attn=None):
         super().__init__()
         D = a.hidden // a.heads
         self.H, self.Hkv, self.D = a.heads, a.kv_heads, D
-        L = lambda i, o, b: LoraLinear(i, o, b, a.rank, a.alpha, a.dropout)
+        L = linear or (lambda i, o, b: LoraLinear(i, o, b, a.rank, a.alpha, a.dropout))
+        self.attn = attn or EagerAttention()
         self.input_layernorm = RMSNorm(a.hidden, 1e-6)
         self.q_proj = L(a.hidden, a.heads * D, a.qkv_bias)
         self.k_proj = L(a.hidden, a.kv_heads * D, a.qkv_bias)
@@ -102,47 +121,60 @@ class Layer(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         rep = self.H // self.Hkv
-        k = k[:, :, None].expand(B, self.Hkv, rep, T, self.D).reshape(B, self.H, T, self.D)
-        v = v[:, :, None].expand(B, self.Hkv, rep, T, self.D).reshape(B, self.H, T, self.D)
-        s = torch.matmul(q, k.transpose(2, 3)) * (self.D ** -0.5) + mask
-        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-        o = torch.matmul(p, v).transpose(1, 2).reshape(B, T, self.H * self.D)
+        if rep > 1:  # transformers' repeat_kv
+            k = k[:, :, None].expand(B, self.Hkv, rep, T, self.D).reshape(B, self.H, T, self.D)
+            v = v[:, :, None].expand(B, self.Hkv, rep, T, self.D).reshape(B, self.H, T, self.D)
+        o = self.attn(q, k, v, self.D ** -0.5, mask).transpose(1, 2).reshape(B, T, self.H * self.D)
         x = x + self.o_proj(o)
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
 class Model(nn.Module):
-    def __init__(self, a):
+    """The causal LM; linear and attn as Layer's. a.checkpointing (when
+    present): torch.utils.checkpoint around each layer, as HF's gradient
+    checkpointing."""
+
+    def __init__(self, a, linear=None, attn=None):
         super().__init__()
+        self.checkpointing = getattr(a, "checkpointing", False)
+        self.attn = attn or EagerAttention()
         self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList([Layer(a) for _ in range(a.layers)])
+        self.layers = nn.ModuleList([Layer(a, linear, self.attn) for _ in range(a.layers)])
         self.norm = RMSNorm(a.hidden, 1e-6)
         self.lm_head = nn.Linear(a.hidden, a.vocab, bias=False)
         if a.tied:
             self.lm_head.weight = self.embed_tokens.weight
         D = a.hidden // a.heads
-        self.inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+        inv = 1.0 / (a.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+        self.register_buffer("inv_freq", inv, persistent=False)  # moves with model.to(device)
 
-    def forward(self, ids, labels):
+    def hidden(self, ids):
+        """The last layer's output (before the final norm)."""
         B, T = ids.shape
         x = self.embed_tokens(ids)
-        pos = torch.arange(T, dtype=torch.float32)
-        with torch.autocast("cpu", enabled=False):
-            freqs = torch.outer(pos, self.inv_freq)
+        pos = torch.arange(T, dtype=torch.float32, device=ids.device)
+        with torch.autocast(ids.device.type, enabled=False):
+            freqs = torch.outer(pos, self.inv_freq.float())
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        mask = torch.full((T, T), torch.finfo(x.dtype).min).triu(1).to(x.dtype)
+        mask = self.attn.mask(T, x.dtype, x.device)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        logits = self.lm_head(self.norm(x)).float()
+            if self.checkpointing:
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask)
+        return x
+
+    def forward(self, ids, labels):
+        logits = self.lm_head(self.norm(self.hidden(ids))).float()
         # transformers' ForCausalLMLoss: shift, mean over the targets
         return F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                ignore_index=-100)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_shape_args(ap):
+    """The model-shape options every torch peer takes (bench_util.h's bench_shape)."""
     ap.add_argument("--hidden", type=int, required=True)
     ap.add_argument("--intermediate", type=int, required=True)
     ap.add_argument("--layers", type=int, required=True)
@@ -154,9 +186,52 @@ def main():
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--qkv-bias", action="store_true")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
+
+
+def add_lora_args(ap):
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--alpha", type=float, default=16.0)
     ap.add_argument("--dropout", type=float, default=0.05)
+
+
+def freeze_base(model, base_bf16):
+    """Marks the LoRA parameters trainable and f32 (PEFT's autocast_adapter_dtype),
+    freezes the rest, stored in bf16 when base_bf16 (torch_dtype=bfloat16);
+    returns the LoRA parameters."""
+    lora = []
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.requires_grad_(True)
+            p.data = p.data.float()
+            lora.append(p)
+        else:
+            p.requires_grad_(False)
+            if base_bf16:
+                p.data = p.data.to(torch.bfloat16)
+    return lora
+
+
+def adamw(lora, **kw):
+    """A Trainer's AdamW: lr 1e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.01."""
+    return torch.optim.AdamW(lora, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kw)
+
+
+def train_step(model, opt, lora, ids, labels, bf16):
+    """One Trainer step: forward (under bf16 autocast when bf16), backward,
+    clip_grad_norm_(1.0), AdamW; returns the loss."""
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = model(ids, labels)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(lora, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_shape_args(ap)
+    add_lora_args(ap)
     ap.add_argument("--mode", choices=["f32", "bf16"], required=True)
     ap.add_argument("--base-dtype", choices=["f32", "bf16"], default=None,
                     help="dtype of the frozen weights (default: bf16 in bf16 mode, f32 in f32 mode)")
@@ -167,30 +242,16 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Model(a)
-    lora = []
-    for name, p in model.named_parameters():
-        if "lora_" in name:
-            lora.append(p)
-        else:
-            p.requires_grad_(False)
     base = a.base_dtype or a.mode
-    if base == "bf16":
-        for name, p in model.named_parameters():
-            if "lora_" not in name:
-                p.data = p.data.to(torch.bfloat16)
-    opt = torch.optim.AdamW(lora, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    lora = freeze_base(model, base == "bf16")
+    opt = adamw(lora)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq))
     labels = ids.clone()
     model.train()
     times, cpu, loss0 = [], [], None
     for i in range(a.steps + 1):  # the first step warms up
         t0, c0 = time.perf_counter(), time.process_time()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(a.mode == "bf16")):
-            loss = model(ids, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lora, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(model, opt, lora, ids, labels, a.mode == "bf16")
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if i == 0:
             loss0 = loss.item()

@@ -4,7 +4,8 @@ step (forward, backward, gradient clipping, AdamW) on a random Llama-family
 decoder on a GPU, as ms-swift runs it with Hugging Face + PEFT.
 
 The model is tools/bench_train_torch.py's hand-written LlamaForCausalLM /
-Qwen2ForCausalLM (transformers need not be installed; RMSNorm in f32,
+Qwen2ForCausalLM, imported from there with its LoRA, optimizer and step
+(transformers need not be installed; RMSNorm in f32,
 rotate_half RoPE, repeat_kv GQA, SiLU MLP, logits upcast to f32 for HF's
 shifted causal-LM loss), with transformers' "sdpa" attention path:
 F.scaled_dot_product_attention(q, k, v, is_causal=True) on the repeated keys
@@ -37,54 +38,23 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import resource
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_train_torch import (EagerAttention, LoraLinear, Model, adamw, add_lora_args,  # noqa: E402
+                               add_shape_args, freeze_base, train_step)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, n, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.eps = eps
-
-    def forward(self, x):
-        dt = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dt)
-
-
-class LoraLinear(nn.Module):
-    """peft.tuners.lora.Linear written by hand (when peft is not installed)."""
-
-    def __init__(self, fin, fout, bias, r, alpha, dropout):
-        super().__init__()
-        self.base = nn.Linear(fin, fout, bias=bias)
-        self.lora_A = nn.Linear(fin, r, bias=False)
-        self.lora_B = nn.Linear(r, fout, bias=False)
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_B.weight)
-        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.scale = alpha / r
-
-    def forward(self, x):
-        y = self.base(x)
-        return y + self.lora_B(self.lora_A(self.drop(x))) * self.scale
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-class Attention:
+class Attention(EagerAttention):
     """transformers' sdpa attention (or the eager one where torch has no SDPA)."""
 
     def __init__(self, device, mode):
@@ -105,83 +75,14 @@ class Attention:
         except ImportError:
             return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
 
-    def __call__(self, q, k, v, scale):
-        if self.has_sdpa:
-            with self.context():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        T = q.shape[2]
-        mask = torch.full((T, T), torch.finfo(q.dtype).min, device=q.device).triu(1).to(q.dtype)
-        s = torch.matmul(q, k.transpose(2, 3)) * scale + mask
-        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(p, v)
+    def mask(self, T, dtype, device):
+        return None if self.has_sdpa else super().mask(T, dtype, device)
 
-
-class Layer(nn.Module):
-    def __init__(self, a, linear, attn):
-        super().__init__()
-        D = a.hidden // a.heads
-        self.H, self.Hkv, self.D = a.heads, a.kv_heads, D
-        self.attn = attn
-        self.input_layernorm = RMSNorm(a.hidden, 1e-6)
-        self.q_proj = linear(a.hidden, a.heads * D, a.qkv_bias)
-        self.k_proj = linear(a.hidden, a.kv_heads * D, a.qkv_bias)
-        self.v_proj = linear(a.hidden, a.kv_heads * D, a.qkv_bias)
-        self.o_proj = linear(a.heads * D, a.hidden, False)
-        self.post_attention_layernorm = RMSNorm(a.hidden, 1e-6)
-        self.gate_proj = linear(a.hidden, a.intermediate, False)
-        self.up_proj = linear(a.hidden, a.intermediate, False)
-        self.down_proj = linear(a.intermediate, a.hidden, False)
-
-    def forward(self, x, cos, sin):
-        B, T, _ = x.shape
-        h = self.input_layernorm(x)
-        q = self.q_proj(h).view(B, T, self.H, self.D).transpose(1, 2)
-        k = self.k_proj(h).view(B, T, self.Hkv, self.D).transpose(1, 2)
-        v = self.v_proj(h).view(B, T, self.Hkv, self.D).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        rep = self.H // self.Hkv
-        if rep > 1:  # transformers' repeat_kv
-            k = k[:, :, None].expand(B, self.Hkv, rep, T, self.D).reshape(B, self.H, T, self.D)
-            v = v[:, :, None].expand(B, self.Hkv, rep, T, self.D).reshape(B, self.H, T, self.D)
-        o = self.attn(q, k, v, self.D ** -0.5).transpose(1, 2).reshape(B, T, self.H * self.D)
-        x = x + self.o_proj(o)
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-class Model(nn.Module):
-    def __init__(self, a, linear, attn):
-        super().__init__()
-        self.device_type = a.device
-        self.checkpointing = a.checkpointing
-        self.embed_tokens = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleList([Layer(a, linear, attn) for _ in range(a.layers)])
-        self.norm = RMSNorm(a.hidden, 1e-6)
-        self.lm_head = nn.Linear(a.hidden, a.vocab, bias=False)
-        if a.tied:
-            self.lm_head.weight = self.embed_tokens.weight
-        D = a.hidden // a.heads
-        inv = 1.0 / (a.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def forward(self, ids, labels):
-        B, T = ids.shape
-        x = self.embed_tokens(ids)
-        with torch.autocast(self.device_type, enabled=False):
-            pos = torch.arange(T, dtype=torch.float32, device=ids.device)
-            freqs = torch.outer(pos, self.inv_freq.float())
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer in self.layers:
-            if self.checkpointing:
-                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin)
-        logits = self.lm_head(self.norm(x)).float()
-        # transformers' ForCausalLMLoss: shift, mean over the targets
-        return F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                               ignore_index=-100)
+    def __call__(self, q, k, v, scale, mask):
+        if not self.has_sdpa:
+            return super().__call__(q, k, v, scale, mask)
+        with self.context():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def build(a, attn):
@@ -199,34 +100,13 @@ def build(a, attn):
     else:
         model = Model(a, lambda i, o, b: LoraLinear(i, o, b, a.rank, a.alpha, a.dropout), attn)
         how = "hand-written PEFT LoRA (peft not importable: %s)" % why
-    lora = []
-    for name, p in model.named_parameters():
-        if "lora_" in name:
-            p.requires_grad_(True)
-            p.data = p.data.float()  # PEFT's autocast_adapter_dtype: adapters f32
-            lora.append(p)
-        else:
-            p.requires_grad_(False)
-            p.data = p.data.to(torch.bfloat16)  # torch_dtype=bfloat16
-    return model, lora, how
+    return model, freeze_base(model, True), how
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", type=int, required=True)
-    ap.add_argument("--intermediate", type=int, required=True)
-    ap.add_argument("--layers", type=int, required=True)
-    ap.add_argument("--heads", type=int, required=True)
-    ap.add_argument("--kv-heads", type=int, required=True)
-    ap.add_argument("--vocab", type=int, required=True)
-    ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--tied", action="store_true")
-    ap.add_argument("--qkv-bias", action="store_true")
-    ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--alpha", type=float, default=16.0)
-    ap.add_argument("--dropout", type=float, default=0.05)
+    add_shape_args(ap)
+    add_lora_args(ap)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -249,16 +129,15 @@ def main():
     with where:
         model, lora, how = build(a, attn)
     model = model.to(a.device)
-    fused = ""
     opt = None
     if cuda:
         try:
-            opt = torch.optim.AdamW(lora, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True)
+            opt = adamw(lora, fused=True)
             fused = "AdamW fused"
         except (TypeError, RuntimeError, ValueError):
             opt = None
     if opt is None:
-        opt = torch.optim.AdamW(lora, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        opt = adamw(lora)
         fused = "AdamW (default implementation)"
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(a.device)
@@ -270,13 +149,7 @@ def main():
             torch.cuda.synchronize()
 
     def step():
-        with torch.autocast(a.device, dtype=torch.bfloat16):
-            loss = model(ids, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(lora, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(model, opt, lora, ids, labels, True)
 
     sync()
     setup_s = time.perf_counter() - t_setup

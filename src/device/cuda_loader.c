@@ -77,7 +77,11 @@ at_status at_cuda_backend_load(const char *library, int device_index, at_backend
     at_cuda_open_fn open_fn = (at_cuda_open_fn)dlsym(lib, AT_CUDA_OPEN_SYMBOL);
     if (!open_fn)
         return at_error(AT_ERR_FORMAT, "%s is not an anytune CUDA backend (no %s)", path, AT_CUDA_OPEN_SYMBOL);
+    at_clear_error();
     at_status st = open_fn(&host_api, device_index, out);
+    if (st != AT_OK && !*at_last_error()) /* refused before it could report: another interface version */
+        return at_error(st, "%s was built for another version of anytune (interface %d expected): rebuild it", path,
+                        AT_CUDA_API_VERSION);
     if (st != AT_OK) return at_error_wrap(st, "CUDA device %d (backend %s)", device_index, path);
     at_log_debug("loaded CUDA backend %s for device %d: %s", path, device_index, (*out)->name);
     return AT_OK;
