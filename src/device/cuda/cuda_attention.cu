@@ -2,6 +2,11 @@
  * at_attention_forward / at_attention_backward; the CPU model is
  * device/cpu/cpu_attention.c, whose comment has the math).
  *
+ * Two sets of kernels: the scalar f32-FMA ones described here (any float
+ * dtypes, head_dim up to 512), and tensor-core ones (WMMA, "tensor cores"
+ * below) that take over when q, k, v and the outputs are all bf16 or all f16
+ * with head_dim a multiple of 16 up to 256, on sm_80 or later.
+ *
  * Work split. A row (a query, or in the dK/dV pass a key) belongs to a group
  * of TP consecutive threads of a block; thread `sub` of the group holds the
  * dims d = sub + TP·u (u < 16) of that row in registers, so TP·16 >= D
@@ -37,6 +42,8 @@
  * hold garbage there), and with segments a chunk no pair of which is
  * visible is skipped whole. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include "device/cuda/cuda_internal.h"
 
 #define ATT_THREADS 256 /* per block, every kernel */
@@ -384,6 +391,623 @@ static __global__ void k_att_dq(att_geo g, const void *q, int tq, const void *k,
     }
 }
 
+/* ---- tensor cores: bf16 / f16 inputs and outputs, head_dim a multiple of 16 up to 256, sm_80+ ----
+ *
+ * The same math as above, FlashAttention-2's schedule with WMMA 16x16x16
+ * tiles (f32 accumulation). A block is 4 warps; each warp owns 16 rows (queries
+ * in the forward and dQ passes, keys in the dK/dV pass) and every product of
+ * the block's tiles (S = Q·Kᵀ, P·V, dP = dO·Vᵀ, dS·K, Pᵀ·dO, dSᵀ·Q) is an
+ * mma over 16-row slices held in shared memory as 16-bit values (rows padded by
+ * 8 elements against bank conflicts; WMMA needs 32-byte aligned pointers and
+ * ldm a multiple of 16 bytes). Between the products the warp stores its S (and
+ * dP) rows to shared memory as f32 and works on them row by row: scale, masks
+ * (exactly those of the scalar path), online softmax in f32 with exp2 (the
+ * scale folded with log2 e), then P (or dS) rounded to the input type for the
+ * next mma — as FlashAttention does; the row sums l use the unrounded f32 p.
+ *
+ * The online softmax rescales the output accumulators of a row by
+ * alpha = exp(m_old − m_new); WMMA does not say which row an accumulator
+ * element belongs to, so each warp learns it once: it loads an accumulator
+ * from a 16×16 matrix holding r·16 + c. That mapping is fixed for a fragment
+ * type (a loaded accumulator, the mma result and the store agree), on the
+ * GPU as in the emulator, whose mapping is deliberately scrambled.
+ *
+ * Used only when q, k, v, out (and dout, dq, dk, dv) all have the same 16-bit
+ * dtype, are 16-byte aligned, and the kernel was compiled for sm_80 or later
+ * (cudaFuncGetAttributes' ptxVersion: the sm_75 PTX has no body here); f32 or
+ * mixed dtypes keep the scalar kernels, whose outputs must meet the f32
+ * tolerance that rounding P to 16 bits would not. ANYTUNE_CUDA_ATTENTION_SCALAR=1
+ * forces the scalar kernels (to compare speed). */
+
+#if defined(AT_CUDA_EMULATE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+#define ATT_TC 1
+#endif
+
+#define TC_THREADS 128 /* 4 warps of 16 rows */
+#define TC_ROWS 64     /* queries of a forward / dQ block, keys of a dK/dV block */
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+/* The columns of one tile of the other side: keys in the forward (64, or 32
+ * above head_dim 128 to bound shared memory), queries in dK/dV and keys in dQ (32). */
+template <int NFM> struct tc_cfg {
+    enum { FWD_COLS = NFM <= 8 ? 64 : 32, BWD_COLS = 32 };
+};
+
+/* Shared memory, carved in 128-byte aligned pieces (all of it dynamic, so the
+ * base is the block's shared window, aligned for WMMA). */
+__host__ __device__ static inline int tc_take(int *off, int bytes)
+{
+    int o = *off;
+    *off += (bytes + 127) & ~127;
+    return o;
+}
+
+/* a, b: the two 16-bit row tiles of one side (Q, or K / V ...); c, d: of the
+ * other; s, t: f32 score tiles; p, u: their 16-bit results; then row data. */
+struct tc_plan {
+    int a, b, c, d, s, t, p, u, f0, f1, f2, i0, i1, i2, red, pos, total;
+};
+
+/* rows_ab rows of A and B, rows_cd of C and D, cols: the score tiles' width. */
+__host__ __device__ static inline tc_plan tc_layout(int D, int rows_ab, int rows_cd, int cols, int two_scores)
+{
+    tc_plan P;
+    int o = 0, ldh = D + 8;
+    P.a = tc_take(&o, rows_ab * ldh * 2);
+    P.b = tc_take(&o, rows_ab * ldh * 2);
+    P.c = tc_take(&o, rows_cd * ldh * 2);
+    P.d = tc_take(&o, rows_cd * ldh * 2);
+    P.s = tc_take(&o, TC_ROWS * (cols + 4) * 4);
+    P.t = two_scores ? tc_take(&o, TC_ROWS * (cols + 4) * 4) : P.s;
+    P.p = tc_take(&o, TC_ROWS * (cols + 8) * 2);
+    P.u = two_scores ? tc_take(&o, TC_ROWS * (cols + 8) * 2) : P.p;
+    P.f0 = tc_take(&o, TC_ROWS * 4);
+    P.f1 = tc_take(&o, TC_ROWS * 4);
+    P.f2 = tc_take(&o, TC_ROWS * 4);
+    P.i0 = tc_take(&o, TC_ROWS * 4);
+    P.i1 = tc_take(&o, TC_ROWS * 4);
+    P.i2 = tc_take(&o, TC_ROWS * 4);
+    P.red = tc_take(&o, 32 * 4);
+    P.pos = tc_take(&o, 256 * 4);
+    P.total = o;
+    return P;
+}
+
+/* forward: a = Q (64 rows), c, d = K, V (FWD_COLS rows); s = S, p = P. */
+template <int NFM> __host__ __device__ static inline tc_plan tc_fwd_layout(int D)
+{
+    return tc_layout(D, TC_ROWS, tc_cfg<NFM>::FWD_COLS, tc_cfg<NFM>::FWD_COLS, 0);
+}
+/* dK/dV: a, b = K, V (64 rows), c, d = Q, dO (32 rows); s, t = Sᵀ, dPᵀ; p, u = Pᵀ, dSᵀ. */
+/* dQ: a, b = Q, dO (64 rows), c, d = K, V (32 rows); s, t = S, dP; p = dS. */
+template <int NFM> __host__ __device__ static inline tc_plan tc_bwd_layout(int D)
+{
+    return tc_layout(D, TC_ROWS, tc_cfg<NFM>::BWD_COLS, tc_cfg<NFM>::BWD_COLS, 1);
+}
+
+#ifdef ATT_TC
+/* Rows [r0, r0 + n) of a [B, T, H, D] 16-bit tensor at (b, head h) into
+ * dst[rows][D + 8]; rows n.. are zeros (and never read from src: keys at or
+ * past kv_len may be garbage). 16-byte copies, consecutive threads on
+ * consecutive pieces of a row. */
+static __device__ __forceinline__ void tc_load_rows(uint16_t *dst, int rows, const void *src, int64_t T, int64_t H,
+                                                    int D, int64_t b, int64_t h, int64_t r0, int64_t n)
+{
+    int cpr = D / 8, total = rows * cpr, ld = D + 8;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        int r = e / cpr, c = e % cpr;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < n) v = ((const uint4 *)((const uint16_t *)src + ((b * T + r0 + r) * H + h) * D))[c];
+        *(uint4 *)(dst + r * ld + c * 8) = v;
+    }
+}
+
+static __device__ __forceinline__ void tc_put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+static __device__ __forceinline__ void tc_put(__half *p, float v) { *p = __float2half(v); }
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> tc_acc;
+
+/* The row (0..15) of each element of an accumulator fragment: pos holds r·16 + c. */
+static __device__ __forceinline__ void tc_rows_of(int *prow, const float *pos)
+{
+    tc_acc f;
+    nvcuda::wmma::load_matrix_sync(f, pos, 16, nvcuda::wmma::mem_row_major);
+    for (int e = 0; e < tc_acc::num_elements; e++) prow[e] = (int)f.x[e] >> 4;
+}
+
+/* Writes the warp's 16 rows of nf accumulators, times mul[row] and scale, to
+ * dst[base + row·rowstride + col] (rows < nrows), staging 16×COLS floats at a
+ * time through stage (ld COLS + 4): consecutive lanes write consecutive
+ * elements of a row. */
+template <int NFM, int COLS>
+static __device__ __forceinline__ void tc_write_rows(tc_acc *acc, int nf, float *stage, void *dst, int dt,
+                                                     int64_t base, int64_t rowstride, int64_t nrows,
+                                                     const float *mul, float scale)
+{
+    using namespace nvcuda;
+    const int PER = COLS / 16, LDS = COLS + 4;
+    int lane = threadIdx.x % 32;
+    ATT_UNROLL
+    for (int nb = 0; nb < NFM; nb += PER) {
+        if (nb >= nf) break;
+        __syncwarp();
+        ATT_UNROLL
+        for (int c = 0; c < PER; c++)
+            if (nb + c < nf) wmma::store_matrix_sync(stage + c * 16, acc[nb + c], LDS, wmma::mem_row_major);
+        __syncwarp();
+        int nc = (nf - nb < PER ? nf - nb : PER) * 16;
+        for (int t = lane; t < 16 * nc; t += 32) {
+            int rr = t / nc, cc = t % nc;
+            if (rr < nrows)
+                at_cu_store(dst, dt, base + rr * rowstride + nb * 16 + cc,
+                            stage[rr * LDS + cc] * (mul ? mul[rr] : 1.0f) * scale);
+        }
+    }
+    __syncwarp();
+}
+#endif
+
+/* Forward: a block per (batch, query head, 64 queries). */
+template <int NFM, class ET>
+static __global__ void __launch_bounds__(TC_THREADS)
+    k_att_tc_forward(att_geo g, const void *q, const void *k, const void *v, void *out, int to, float *lse)
+{
+#ifdef ATT_TC
+    using namespace nvcuda;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, ET, wmma::row_major> fa_row;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::col_major> fb_col;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::row_major> fb_row;
+    const int BK = tc_cfg<NFM>::FWD_COLS, D = (int)g.D, NF = D / 16, LDH = D + 8, LDS = BK + 4, LDP = BK + 8;
+    AT_DYNAMIC_SHARED(uint4, smv);
+    unsigned char *sm = (unsigned char *)smv;
+    const tc_plan P = tc_fwd_layout<NFM>(D);
+    uint16_t *Qs = (uint16_t *)(sm + P.a), *Ks = (uint16_t *)(sm + P.c), *Vs = (uint16_t *)(sm + P.d);
+    const ET *Qh = (const ET *)Qs, *Kh = (const ET *)Ks, *Vh = (const ET *)Vs;
+    ET *Ph = (ET *)(sm + P.p);
+    float *Ss = (float *)(sm + P.s), *rm = (float *)(sm + P.f0), *rl = (float *)(sm + P.f1),
+          *ral = (float *)(sm + P.f2), *red = (float *)(sm + P.red), *pos = (float *)(sm + P.pos);
+    int *lims = (int *)(sm + P.i0), *segq = (int *)(sm + P.i1), *segk = (int *)(sm + P.i2);
+
+    int64_t nqb = (g.Tq + TC_ROWS - 1) / TC_ROWS, blk = blockIdx.x;
+    int64_t qb = blk % nqb, h = (blk / nqb) % g.Hq, b = blk / (nqb * g.Hq), kvh = h / g.G, i0 = qb * TC_ROWS;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int64_t kvl = att_kvl(g, b);
+    float mylim = -1.0f;
+    for (int r = tid; r < TC_ROWS; r += TC_THREADS) {
+        int64_t i = i0 + r, lim = i < g.Tq ? att_lim(g, b, i, kvl) : -1;
+        lims[r] = (int)lim;
+        segq[r] = i < g.Tq && g.seg ? g.seg[b * g.Tq + i] : 0;
+        rm[r] = -INFINITY;
+        rl[r] = 0.0f;
+        mylim = fmaxf(mylim, (float)lim);
+    }
+    for (int t = tid; t < 256; t += TC_THREADS) pos[t] = (float)t;
+    tc_load_rows(Qs, TC_ROWS, q, g.Tq, g.Hq, D, b, h, i0, g.Tq - i0);
+    int64_t maxlim = (int64_t)at_cu_block_max(mylim, red); /* its barrier publishes the rows, pos and Q */
+    int prow[tc_acc::num_elements];
+    tc_rows_of(prow, pos);
+    tc_acc O[NFM], acc[BK / 16];
+    ATT_UNROLL
+    for (int n = 0; n < NFM; n++) wmma::fill_fragment(O[n], 0.0f);
+    const float sl2 = g.scale * TC_LOG2E;
+    float *Sw = Ss + warp * 16 * LDS;
+    for (int64_t j0 = 0; j0 <= maxlim; j0 += BK) {
+        int64_t nk = maxlim + 1 - j0 < BK ? maxlim + 1 - j0 : BK;
+        if (g.seg && !att_any_visible(g, b, lims, segq, TC_ROWS, j0, nk, red)) continue;
+        __syncthreads(); /* the previous tile is no longer read */
+        tc_load_rows(Ks, BK, k, g.Tk, g.Hkv, D, b, kvh, j0, nk);
+        tc_load_rows(Vs, BK, v, g.Tk, g.Hkv, D, b, kvh, j0, nk);
+        if (g.seg)
+            for (int t = tid; t < nk; t += TC_THREADS) segk[t] = g.seg[b * g.Tk + j0 + t];
+        __syncthreads();
+        /* S = Q·Kᵀ for the warp's 16 queries */
+        ATT_UNROLL
+        for (int c = 0; c < BK / 16; c++) wmma::fill_fragment(acc[c], 0.0f);
+        ATT_UNROLL
+        for (int kk = 0; kk < NFM; kk++) {
+            if (kk >= NF) break;
+            fa_row fa;
+            wmma::load_matrix_sync(fa, Qh + warp * 16 * LDH + kk * 16, LDH);
+            ATT_UNROLL
+            for (int c = 0; c < BK / 16; c++) {
+                fb_col fb;
+                wmma::load_matrix_sync(fb, Kh + c * 16 * LDH + kk * 16, LDH);
+                wmma::mma_sync(acc[c], fa, fb, acc[c]);
+            }
+        }
+        ATT_UNROLL
+        for (int c = 0; c < BK / 16; c++) wmma::store_matrix_sync(Sw + c * 16, acc[c], LDS, wmma::mem_row_major);
+        __syncwarp();
+        { /* online softmax of the warp's rows, two lanes a row (even / odd keys) */
+            int rr = lane >> 1, odd = lane & 1, r = warp * 16 + rr, lim = lims[r], si = segq[r];
+            float *srow = Sw + rr * LDS;
+            ET *prw = Ph + r * LDP;
+            float mloc = -INFINITY;
+            for (int t = 0; t < BK / 2; t++) {
+                int c = odd + 2 * t;
+                bool vis = j0 + c <= lim && (!g.seg || segk[c] == si);
+                float s = vis ? srow[c] * sl2 : -INFINITY;
+                srow[c] = s;
+                mloc = fmaxf(mloc, s);
+            }
+            mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, 1));
+            float mold = rm[r], mnew = fmaxf(mold, mloc);
+            float alpha = mnew == -INFINITY ? 1.0f : exp2f(mold - mnew); /* 0 while mold = −inf */
+            float lsum = 0.0f;
+            for (int t = 0; t < BK / 2; t++) {
+                int c = odd + 2 * t;
+                float s = srow[c], p = s == -INFINITY ? 0.0f : exp2f(s - mnew);
+                tc_put(prw + c, p);
+                lsum += p;
+            }
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1); /* both lanes have read rm[r] */
+            if (!odd) {
+                rm[r] = mnew;
+                rl[r] = rl[r] * alpha + lsum;
+                ral[r] = alpha;
+            }
+        }
+        __syncwarp();
+        /* O = alpha·O + P·V */
+        ATT_UNROLL
+        for (int n = 0; n < NFM; n++)
+            for (int e = 0; e < tc_acc::num_elements; e++) O[n].x[e] *= ral[warp * 16 + prow[e]];
+        ATT_UNROLL
+        for (int kk = 0; kk < BK / 16; kk++) {
+            fa_row fa;
+            wmma::load_matrix_sync(fa, Ph + warp * 16 * LDP + kk * 16, LDP);
+            ATT_UNROLL
+            for (int n = 0; n < NFM; n++) {
+                if (n >= NF) break;
+                fb_row fb;
+                wmma::load_matrix_sync(fb, Vh + kk * 16 * LDH + n * 16, LDH);
+                wmma::mma_sync(O[n], fa, fb, O[n]);
+            }
+        }
+    }
+    /* out = O / l (0 for a query that sees nothing), lse = ln 2 · (m + log2 l) */
+    int r0 = warp * 16;
+    if (lane < 16) {
+        float l = rl[r0 + lane];
+        ral[r0 + lane] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    __syncwarp();
+    int64_t nrows = g.Tq - (i0 + r0);
+    tc_write_rows<NFM, BK>(O, NF, Sw, out, to, ((b * g.Tq + i0 + r0) * g.Hq + h) * D, g.Hq * D, nrows, ral + r0,
+                           1.0f);
+    if (lse && lane < 16 && lane < nrows) {
+        float l = rl[r0 + lane];
+        lse[(b * g.Hq + h) * g.Tq + i0 + r0 + lane] = l > 0.0f ? (rm[r0 + lane] + log2f(l)) * TC_LN2 : -INFINITY;
+    }
+#else
+    (void)g, (void)q, (void)k, (void)v, (void)out, (void)to, (void)lse;
+#ifdef __CUDA_ARCH__
+    __trap(); /* never launched: the host checks ptxVersion */
+#endif
+#endif
+}
+
+/* dK, dV: a block per (batch, kv head, 64 keys), each warp 16 keys, over
+ * tiles of 32 queries of every query head of the group:
+ *   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, p = exp(scale·s − lse), ds = p (dp − D_i),
+ *   dV += Pᵀ·dO, dK += dSᵀ·Q (times scale at the end). */
+template <int NFM, class ET>
+static __global__ void __launch_bounds__(TC_THREADS)
+    k_att_tc_dkdv(att_geo g, const void *q, const void *k, const void *v, const void *dout, const float *lse,
+                  const float *Di, void *dk, void *dv, int dt)
+{
+#ifdef ATT_TC
+    using namespace nvcuda;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, ET, wmma::row_major> fa_row;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::col_major> fb_col;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::row_major> fb_row;
+    const int BQ = tc_cfg<NFM>::BWD_COLS, D = (int)g.D, NF = D / 16, LDH = D + 8, LDS = BQ + 4, LDP = BQ + 8;
+    AT_DYNAMIC_SHARED(uint4, smv);
+    unsigned char *sm = (unsigned char *)smv;
+    const tc_plan P = tc_bwd_layout<NFM>(D);
+    uint16_t *Ks = (uint16_t *)(sm + P.a), *Vs = (uint16_t *)(sm + P.b), *Qs = (uint16_t *)(sm + P.c),
+             *dOs = (uint16_t *)(sm + P.d);
+    const ET *Kh = (const ET *)Ks, *Vh = (const ET *)Vs, *Qh = (const ET *)Qs, *dOh = (const ET *)dOs;
+    ET *Pt = (ET *)(sm + P.p), *dSt = (ET *)(sm + P.u);
+    float *St = (float *)(sm + P.s), *dPt = (float *)(sm + P.t), *Ls = (float *)(sm + P.f0),
+          *Ds = (float *)(sm + P.f1), *red = (float *)(sm + P.red);
+    int *lims = (int *)(sm + P.i0), *segs = (int *)(sm + P.i1), *segk = (int *)(sm + P.i2);
+
+    int64_t nkb = (g.Tk + TC_ROWS - 1) / TC_ROWS, blk = blockIdx.x;
+    int64_t kb = blk % nkb, kvh = (blk / nkb) % g.Hkv, b = blk / (nkb * g.Hkv), j0 = kb * TC_ROWS;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int64_t kvl = att_kvl(g, b);
+    int64_t nk = kvl - j0 < TC_ROWS ? kvl - j0 : TC_ROWS; /* the tile's readable keys (may be <= 0) */
+    tc_load_rows(Ks, TC_ROWS, k, g.Tk, g.Hkv, D, b, kvh, j0, nk);
+    tc_load_rows(Vs, TC_ROWS, v, g.Tk, g.Hkv, D, b, kvh, j0, nk);
+    for (int t = tid; t < TC_ROWS; t += TC_THREADS) segk[t] = j0 + t < g.Tk && g.seg ? g.seg[b * g.Tk + j0 + t] : 0;
+    tc_acc dK[NFM], dV[NFM], s[BQ / 16], dp[BQ / 16];
+    ATT_UNROLL
+    for (int n = 0; n < NFM; n++) {
+        wmma::fill_fragment(dK[n], 0.0f);
+        wmma::fill_fragment(dV[n], 0.0f);
+    }
+    const float sl2 = g.scale * TC_LOG2E;
+    float *Sw = St + warp * 16 * LDS, *dPw = dPt + warp * 16 * LDS;
+    for (int64_t h = kvh * g.G; h < (kvh + 1) * g.G && nk > 0; h++) {
+        for (int64_t i0 = 0; i0 < g.Tq; i0 += BQ) {
+            int nq = (int)(g.Tq - i0 < BQ ? g.Tq - i0 : BQ);
+            __syncthreads(); /* the previous tile is no longer read */
+            for (int t = tid; t < BQ; t += TC_THREADS) {
+                int64_t i = i0 + t;
+                bool ok = t < nq;
+                lims[t] = ok ? (int)att_lim(g, b, i, kvl) : -1;
+                segs[t] = ok && g.seg ? g.seg[b * g.Tq + i] : 0;
+                Ls[t] = ok ? lse[(b * g.Hq + h) * g.Tq + i] * TC_LOG2E : -INFINITY;
+                Ds[t] = ok ? Di[(b * g.Hq + h) * g.Tq + i] : 0.0f;
+            }
+            __syncthreads();
+            if (!att_any_visible(g, b, lims, segs, nq, j0, nk, red)) continue;
+            tc_load_rows(Qs, BQ, q, g.Tq, g.Hq, D, b, h, i0, nq);
+            tc_load_rows(dOs, BQ, dout, g.Tq, g.Hq, D, b, h, i0, nq);
+            __syncthreads();
+            ATT_UNROLL
+            for (int c = 0; c < BQ / 16; c++) {
+                wmma::fill_fragment(s[c], 0.0f);
+                wmma::fill_fragment(dp[c], 0.0f);
+            }
+            ATT_UNROLL
+            for (int kk = 0; kk < NFM; kk++) {
+                if (kk >= NF) break;
+                fa_row fk, fv;
+                wmma::load_matrix_sync(fk, Kh + warp * 16 * LDH + kk * 16, LDH);
+                wmma::load_matrix_sync(fv, Vh + warp * 16 * LDH + kk * 16, LDH);
+                ATT_UNROLL
+                for (int c = 0; c < BQ / 16; c++) {
+                    fb_col fb;
+                    wmma::load_matrix_sync(fb, Qh + c * 16 * LDH + kk * 16, LDH);
+                    wmma::mma_sync(s[c], fk, fb, s[c]);
+                    wmma::load_matrix_sync(fb, dOh + c * 16 * LDH + kk * 16, LDH);
+                    wmma::mma_sync(dp[c], fv, fb, dp[c]);
+                }
+            }
+            ATT_UNROLL
+            for (int c = 0; c < BQ / 16; c++) {
+                wmma::store_matrix_sync(Sw + c * 16, s[c], LDS, wmma::mem_row_major);
+                wmma::store_matrix_sync(dPw + c * 16, dp[c], LDS, wmma::mem_row_major);
+            }
+            __syncwarp();
+            for (int t = lane; t < 16 * BQ; t += 32) {
+                int rr = t / BQ, cc = t % BQ, jj = warp * 16 + rr;
+                float L = Ls[cc];
+                bool vis = j0 + jj <= lims[cc] && (!g.seg || segs[cc] == segk[jj]) && L != -INFINITY;
+                float p = vis ? exp2f(Sw[rr * LDS + cc] * sl2 - L) : 0.0f;
+                tc_put(Pt + jj * LDP + cc, p);
+                tc_put(dSt + jj * LDP + cc, p * (dPw[rr * LDS + cc] - Ds[cc]));
+            }
+            __syncwarp();
+            ATT_UNROLL
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                fa_row fp, fs;
+                wmma::load_matrix_sync(fp, Pt + warp * 16 * LDP + kk * 16, LDP);
+                wmma::load_matrix_sync(fs, dSt + warp * 16 * LDP + kk * 16, LDP);
+                ATT_UNROLL
+                for (int n = 0; n < NFM; n++) {
+                    if (n >= NF) break;
+                    fb_row fb;
+                    wmma::load_matrix_sync(fb, dOh + kk * 16 * LDH + n * 16, LDH);
+                    wmma::mma_sync(dV[n], fp, fb, dV[n]);
+                    wmma::load_matrix_sync(fb, Qh + kk * 16 * LDH + n * 16, LDH);
+                    wmma::mma_sync(dK[n], fs, fb, dK[n]);
+                }
+            }
+        }
+    }
+    /* keys at or past kv_len saw nothing: their zeros are written too */
+    int64_t nrows = g.Tk - (j0 + warp * 16), base = ((b * g.Tk + j0 + warp * 16) * g.Hkv + kvh) * D;
+    tc_write_rows<NFM, BQ>(dK, NF, Sw, dk, dt, base, g.Hkv * D, nrows, NULL, g.scale);
+    tc_write_rows<NFM, BQ>(dV, NF, Sw, dv, dt, base, g.Hkv * D, nrows, NULL, 1.0f);
+#else
+    (void)g, (void)q, (void)k, (void)v, (void)dout, (void)lse, (void)Di, (void)dk, (void)dv, (void)dt;
+#ifdef __CUDA_ARCH__
+    __trap();
+#endif
+#endif
+}
+
+/* dQ: a block per (batch, query head, 64 queries), each warp 16 queries, over
+ * tiles of 32 keys: S = Q·Kᵀ, dP = dO·Vᵀ, ds as above, dQ += dS·K (times scale). */
+template <int NFM, class ET>
+static __global__ void __launch_bounds__(TC_THREADS)
+    k_att_tc_dq(att_geo g, const void *q, const void *k, const void *v, const void *dout, const float *lse,
+                const float *Di, void *dq, int dt)
+{
+#ifdef ATT_TC
+    using namespace nvcuda;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, ET, wmma::row_major> fa_row;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::col_major> fb_col;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::row_major> fb_row;
+    const int BK = tc_cfg<NFM>::BWD_COLS, D = (int)g.D, NF = D / 16, LDH = D + 8, LDS = BK + 4, LDP = BK + 8;
+    AT_DYNAMIC_SHARED(uint4, smv);
+    unsigned char *sm = (unsigned char *)smv;
+    const tc_plan P = tc_bwd_layout<NFM>(D);
+    uint16_t *Qs = (uint16_t *)(sm + P.a), *dOs = (uint16_t *)(sm + P.b), *Ks = (uint16_t *)(sm + P.c),
+             *Vs = (uint16_t *)(sm + P.d);
+    const ET *Qh = (const ET *)Qs, *dOh = (const ET *)dOs, *Kh = (const ET *)Ks, *Vh = (const ET *)Vs;
+    ET *dSs = (ET *)(sm + P.p);
+    float *Ss = (float *)(sm + P.s), *dPs = (float *)(sm + P.t), *Ls = (float *)(sm + P.f0),
+          *Dd = (float *)(sm + P.f1), *red = (float *)(sm + P.red);
+    int *lims = (int *)(sm + P.i0), *segq = (int *)(sm + P.i1), *segk = (int *)(sm + P.i2);
+
+    int64_t nqb = (g.Tq + TC_ROWS - 1) / TC_ROWS, blk = blockIdx.x;
+    int64_t qb = blk % nqb, h = (blk / nqb) % g.Hq, b = blk / (nqb * g.Hq), kvh = h / g.G, i0 = qb * TC_ROWS;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int64_t kvl = att_kvl(g, b);
+    float mylim = -1.0f;
+    for (int r = tid; r < TC_ROWS; r += TC_THREADS) {
+        int64_t i = i0 + r;
+        float L = i < g.Tq ? lse[(b * g.Hq + h) * g.Tq + i] : -INFINITY;
+        /* a query that sees nothing (lse = −inf) gets dq = 0 */
+        int64_t lim = i < g.Tq && L != -INFINITY ? att_lim(g, b, i, kvl) : -1;
+        lims[r] = (int)lim;
+        segq[r] = i < g.Tq && g.seg ? g.seg[b * g.Tq + i] : 0;
+        Ls[r] = L * TC_LOG2E;
+        Dd[r] = i < g.Tq ? Di[(b * g.Hq + h) * g.Tq + i] : 0.0f;
+        mylim = fmaxf(mylim, (float)lim);
+    }
+    tc_load_rows(Qs, TC_ROWS, q, g.Tq, g.Hq, D, b, h, i0, g.Tq - i0);
+    tc_load_rows(dOs, TC_ROWS, dout, g.Tq, g.Hq, D, b, h, i0, g.Tq - i0);
+    int64_t maxlim = (int64_t)at_cu_block_max(mylim, red);
+    tc_acc dQ[NFM], s[BK / 16], dp[BK / 16];
+    ATT_UNROLL
+    for (int n = 0; n < NFM; n++) wmma::fill_fragment(dQ[n], 0.0f);
+    const float sl2 = g.scale * TC_LOG2E;
+    float *Sw = Ss + warp * 16 * LDS, *dPw = dPs + warp * 16 * LDS;
+    for (int64_t j0 = 0; j0 <= maxlim; j0 += BK) {
+        int64_t nk = maxlim + 1 - j0 < BK ? maxlim + 1 - j0 : BK;
+        if (g.seg && !att_any_visible(g, b, lims, segq, TC_ROWS, j0, nk, red)) continue;
+        __syncthreads();
+        tc_load_rows(Ks, BK, k, g.Tk, g.Hkv, D, b, kvh, j0, nk);
+        tc_load_rows(Vs, BK, v, g.Tk, g.Hkv, D, b, kvh, j0, nk);
+        if (g.seg)
+            for (int t = tid; t < nk; t += TC_THREADS) segk[t] = g.seg[b * g.Tk + j0 + t];
+        __syncthreads();
+        ATT_UNROLL
+        for (int c = 0; c < BK / 16; c++) {
+            wmma::fill_fragment(s[c], 0.0f);
+            wmma::fill_fragment(dp[c], 0.0f);
+        }
+        ATT_UNROLL
+        for (int kk = 0; kk < NFM; kk++) {
+            if (kk >= NF) break;
+            fa_row fq, fo;
+            wmma::load_matrix_sync(fq, Qh + warp * 16 * LDH + kk * 16, LDH);
+            wmma::load_matrix_sync(fo, dOh + warp * 16 * LDH + kk * 16, LDH);
+            ATT_UNROLL
+            for (int c = 0; c < BK / 16; c++) {
+                fb_col fb;
+                wmma::load_matrix_sync(fb, Kh + c * 16 * LDH + kk * 16, LDH);
+                wmma::mma_sync(s[c], fq, fb, s[c]);
+                wmma::load_matrix_sync(fb, Vh + c * 16 * LDH + kk * 16, LDH);
+                wmma::mma_sync(dp[c], fo, fb, dp[c]);
+            }
+        }
+        ATT_UNROLL
+        for (int c = 0; c < BK / 16; c++) {
+            wmma::store_matrix_sync(Sw + c * 16, s[c], LDS, wmma::mem_row_major);
+            wmma::store_matrix_sync(dPw + c * 16, dp[c], LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        for (int t = lane; t < 16 * BK; t += 32) {
+            int rr = t / BK, cc = t % BK, r = warp * 16 + rr;
+            bool vis = j0 + cc <= lims[r] && (!g.seg || segk[cc] == segq[r]);
+            float p = vis ? exp2f(Sw[rr * LDS + cc] * sl2 - Ls[r]) : 0.0f;
+            tc_put(dSs + r * LDP + cc, p * (dPw[rr * LDS + cc] - Dd[r]));
+        }
+        __syncwarp();
+        ATT_UNROLL
+        for (int kk = 0; kk < BK / 16; kk++) {
+            fa_row fs;
+            wmma::load_matrix_sync(fs, dSs + warp * 16 * LDP + kk * 16, LDP);
+            ATT_UNROLL
+            for (int n = 0; n < NFM; n++) {
+                if (n >= NF) break;
+                fb_row fb;
+                wmma::load_matrix_sync(fb, Kh + kk * 16 * LDH + n * 16, LDH);
+                wmma::mma_sync(dQ[n], fs, fb, dQ[n]);
+            }
+        }
+    }
+    int64_t nrows = g.Tq - (i0 + warp * 16);
+    tc_write_rows<NFM, BK>(dQ, NF, Sw, dq, dt, ((b * g.Tq + i0 + warp * 16) * g.Hq + h) * D, g.Hq * D, nrows,
+                           NULL, g.scale);
+#else
+    (void)g, (void)q, (void)k, (void)v, (void)dout, (void)lse, (void)Di, (void)dq, (void)dt;
+#ifdef __CUDA_ARCH__
+    __trap();
+#endif
+#endif
+}
+
+/* Host side of the tensor-core path. */
+
+/* Whether the tensor-core kernels may take tensors ts (all the same 16-bit
+ * dtype, 16-byte aligned) of head_dim D. */
+static bool att_tc_eligible(const at_tensor *const *ts, int n, int64_t D)
+{
+    const char *e = getenv("ANYTUNE_CUDA_ATTENTION_SCALAR");
+    if (e && *e && strcmp(e, "0") != 0) return false;
+    if (D < 16 || D > 256 || D % 16) return false;
+    if (ts[0]->dtype != AT_BF16 && ts[0]->dtype != AT_F16) return false;
+    for (int i = 0; i < n; i++)
+        if (ts[i]->dtype != ts[0]->dtype || (uintptr_t)cu_ptr(ts[i]) % 16) return false;
+    return true;
+}
+
+/* Whether `kernel` has a tensor-core body on this device (compiled for sm_80
+ * or later) and `bytes` of dynamic shared memory fit (asking for them above
+ * the default 48 KiB). A refusal leaves no CUDA error behind. */
+template <class K> static bool att_tc_ready(cuda_ctx *c, K *kernel, size_t bytes)
+{
+    cudaFuncAttributes fa;
+    int optin = 0;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.ptxVersion < 80 ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device) != cudaSuccess ||
+        bytes > (size_t)optin ||
+        (bytes > 48 * 1024 &&
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+/* Launches the forward; *done = false (nothing launched) when the kernel cannot run here. */
+template <int NFM, class ET>
+static at_status att_tc_forward(cuda_ctx *c, const att_geo &g, at_tensor *out, float *lse, const at_tensor *q,
+                                const at_tensor *k, const at_tensor *v, bool *done)
+{
+    size_t bytes = (size_t)tc_fwd_layout<NFM>((int)g.D).total;
+    *done = att_tc_ready(c, k_att_tc_forward<NFM, ET>, bytes);
+    if (!*done) return AT_OK;
+    int64_t blocks = g.B * g.Hq * ((g.Tq + TC_ROWS - 1) / TC_ROWS);
+    auto kern = k_att_tc_forward<NFM, ET>;
+    AT_LAUNCH(kern, (unsigned)blocks, TC_THREADS, bytes, c->stream, g, cu_ptr(q), cu_ptr(k), cu_ptr(v), cu_ptr(out),
+              (int)out->dtype, lse);
+    return cu_launched(c, "attention_forward (tensor cores)");
+}
+
+/* The dK/dV and dQ kernels (after D_i); *done as above, checked for both before either runs. */
+template <int NFM, class ET>
+static at_status att_tc_backward(cuda_ctx *c, const att_geo &g, at_tensor *dq, at_tensor *dk, at_tensor *dv,
+                                 const at_tensor *dout, const at_tensor *q, const at_tensor *k, const at_tensor *v,
+                                 const float *lse, const float *Di, bool *done)
+{
+    size_t bytes = (size_t)tc_bwd_layout<NFM>((int)g.D).total;
+    *done = att_tc_ready(c, k_att_tc_dkdv<NFM, ET>, bytes) && att_tc_ready(c, k_att_tc_dq<NFM, ET>, bytes);
+    if (!*done) return AT_OK;
+    int dt = (int)dq->dtype;
+    int64_t kblocks = g.B * g.Hkv * ((g.Tk + TC_ROWS - 1) / TC_ROWS);
+    if (kblocks > 0) {
+        auto kern = k_att_tc_dkdv<NFM, ET>;
+        AT_LAUNCH(kern, (unsigned)kblocks, TC_THREADS, bytes, c->stream, g, cu_ptr(q), cu_ptr(k), cu_ptr(v),
+                  cu_ptr(dout), lse, Di, cu_ptr(dk), cu_ptr(dv), dt);
+        CU_TRY(cu_launched(c, "attention_backward (dk, dv; tensor cores)"));
+    }
+    int64_t qblocks = g.B * g.Hq * ((g.Tq + TC_ROWS - 1) / TC_ROWS);
+    if (qblocks > 0) {
+        auto kern = k_att_tc_dq<NFM, ET>;
+        AT_LAUNCH(kern, (unsigned)qblocks, TC_THREADS, bytes, c->stream, g, cu_ptr(q), cu_ptr(k), cu_ptr(v),
+                  cu_ptr(dout), lse, Di, cu_ptr(dq), dt);
+        CU_TRY(cu_launched(c, "attention_backward (dq; tensor cores)"));
+    }
+    return AT_OK;
+}
+
+/* FN<NFM, ET>(args) for the dtype and head_dim (NFM: fragments of 16 dims, 4, 8 or 16). */
+#define ATT_TC_CALL(dtype, D, FN, ...)                                                          \
+    ((dtype) == AT_BF16 ? ((D) <= 64    ? FN<4, __nv_bfloat16>(__VA_ARGS__)                     \
+                           : (D) <= 128 ? FN<8, __nv_bfloat16>(__VA_ARGS__)                     \
+                                        : FN<16, __nv_bfloat16>(__VA_ARGS__))                   \
+                        : ((D) <= 64 ? FN<4, __half>(__VA_ARGS__)                               \
+                           : (D) <= 128 ? FN<8, __half>(__VA_ARGS__) : FN<16, __half>(__VA_ARGS__)))
+
 /* ---- host side ---- */
 
 static at_status att_geometry(cuda_ctx *c, const at_tensor *q, const at_tensor *k, const at_attn_params *p,
@@ -437,6 +1061,12 @@ at_status cu_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *
     if (blocks == 0) return AT_OK;
     size_t shared = (size_t)(2 * kc * g.D) * sizeof(float);
     float *pl = lse ? (float *)cu_ptr(lse) : NULL;
+    const at_tensor *ts[] = {q, k, v, out};
+    if (att_tc_eligible(ts, 4, g.D)) {
+        bool done = false;
+        at_status s = ATT_TC_CALL(q->dtype, g.D, att_tc_forward, c, g, out, pl, q, k, v, &done);
+        if (done || s != AT_OK) return s;
+    }
 #define ATT_FWD(T)                                                                                              \
     AT_LAUNCH(k_att_forward<T>, (unsigned)blocks, ATT_THREADS, shared, c->stream, g, cu_ptr(q), (int)q->dtype, \
               cu_ptr(k), (int)k->dtype, cu_ptr(v), (int)v->dtype, cu_ptr(out), (int)out->dtype, pl, kc)
@@ -472,6 +1102,12 @@ at_status cu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, con
         ATT_DISPATCH(tp, ATT_ROWDOT)
 #undef ATT_ROWDOT
         CU_TRY(cu_launched(c, "attention_backward (dout·out)"));
+    }
+    const at_tensor *ts[] = {dq, dk, dv, dout, q, k, v, out};
+    if (nrows > 0 && att_tc_eligible(ts, 8, g.D)) {
+        bool done = false;
+        at_status s = ATT_TC_CALL(q->dtype, g.D, att_tc_backward, c, g, dq, dk, dv, dout, q, k, v, pl, Di, &done);
+        if (done || s != AT_OK) return s;
     }
     int64_t kblocks = g.B * g.Hkv * ((g.Tk + rpb - 1) / rpb);
     if (kblocks > 0) {

@@ -10,6 +10,11 @@
  *   __syncthreads(), __syncwarp(), __shfl_xor_sync, __shfl_sync, __shfl_down_sync (full mask),
  *   atomicAdd on float, expf / logf / sqrtf / rsqrtf / fmaxf / fminf / fabsf / __expf,
  *   __float_as_uint / __uint_as_float,
+ *   __nv_bfloat16 / __half with __float2bfloat16, __bfloat162float,
+ *   __float2half, __half2float, __ushort_as_bfloat16, __ushort_as_half,
+ *   WMMA 16x16x16 (nvcuda::wmma: bf16 / f16 matrix_a, matrix_b, f32
+ *   accumulator; fill_fragment, load_matrix_sync, store_matrix_sync,
+ *   mma_sync; needs sm_80 for bf16: guard with __CUDA_ARCH__ >= 800),
  *   the helpers of this header.
  * Kernels are launched only with AT_LAUNCH. Warp shuffles must be reached by
  * every thread of the warp (all 32 lanes, blockDim a multiple of 32). */
@@ -26,7 +31,10 @@
 #define AT_DYNAMIC_SHARED(type, name) type *name = (type *)at_emu_dynamic_shared()
 #else
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #define AT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
     kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
 #define AT_DYNAMIC_SHARED(type, name) extern __shared__ type name[]

@@ -581,3 +581,15 @@ cudaError_t at_emu_func_set_attribute(cudaFuncAttribute attr, int value)
     if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
     return at_emu_fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d is not emulated", (int)attr);
 }
+
+cudaError_t at_emu_func_get_attributes(cudaFuncAttributes *attr)
+{
+    if (!attr) return at_emu_fail(cudaErrorInvalidValue, "cudaFuncGetAttributes: attr is NULL");
+    memset(attr, 0, sizeof *attr);
+    attr->maxThreadsPerBlock = 1024;
+    attr->numRegs = 32;
+    attr->ptxVersion = attr->binaryVersion = 90;
+    attr->maxDynamicSharedSizeBytes = (int)at_emu_shared_optin;
+    attr->preferredShmemCarveout = -1;
+    return cudaSuccess;
+}

@@ -272,6 +272,97 @@ static inline typename std::common_type<A, B>::type max(A a, B b)
     return (C)a > (C)b ? (C)a : (C)b;
 }
 
+/* ---- __half and __nv_bfloat16 (cuda_fp16.h, cuda_bf16.h) ---- */
+
+/* Round to nearest even, as the hardware conversions (and device/dtype.h). */
+static inline unsigned short at_emu_f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+static inline float at_emu_bf2f(unsigned short h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned short at_emu_f2h(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+    if (abs >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+    if (abs < 0x38800000u) {
+        if (abs < 0x33000000u) return (unsigned short)sign;
+        uint32_t e = abs >> 23, man = (abs & 0x7fffffu) | 0x800000u, shift = 126u - e;
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
+        if (rem > mid || (rem == mid && (half & 1u))) half++;
+        return (unsigned short)(sign | half);
+    }
+    uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u) - (112u << 23);
+    return (unsigned short)(sign | (r >> 13));
+}
+static inline float at_emu_h2f(unsigned short h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);
+    else if (exp) u = sign | ((exp + 112u) << 23) | (man << 13);
+    else if (man) {
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400u));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    } else
+        u = sign;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The storage is the bits (__x, as in the real headers); conversions from and
+ * to float round to nearest even. */
+struct __nv_bfloat16 {
+    unsigned short __x;
+    __nv_bfloat16() = default;
+    __nv_bfloat16(float f) : __x(at_emu_f2bf(f)) {}
+    operator float() const { return at_emu_bf2f(__x); }
+};
+struct __half {
+    unsigned short __x;
+    __half() = default;
+    __half(float f) : __x(at_emu_f2h(f)) {}
+    operator float() const { return at_emu_h2f(__x); }
+};
+typedef __nv_bfloat16 nv_bfloat16;
+typedef __half half;
+static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+static inline float __bfloat162float(__nv_bfloat16 h) { return at_emu_bf2f(h.__x); }
+static inline __half __float2half(float f) { return __half(f); }
+static inline __half __float2half_rn(float f) { return __half(f); }
+static inline float __half2float(__half h) { return at_emu_h2f(h.__x); }
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u)
+{
+    __nv_bfloat16 h;
+    h.__x = u;
+    return h;
+}
+static inline unsigned short __half_as_ushort(__half h) { return h.__x; }
+static inline __half __ushort_as_half(unsigned short u)
+{
+    __half h;
+    h.__x = u;
+    return h;
+}
+
 /* ---- CUDA runtime subset ---- */
 
 typedef enum cudaError {
@@ -405,6 +496,20 @@ template <class T> static inline cudaError_t cudaFuncSetAttribute(T *entry, cuda
     return at_emu_func_set_attribute(attr, value);
 }
 
+/* cudaFuncGetAttributes: the emulator "compiles" every kernel for the device
+ * it emulates (compute capability 9.0): ptxVersion = binaryVersion = 90. */
+struct cudaFuncAttributes {
+    size_t sharedSizeBytes, constSizeBytes, localSizeBytes;
+    int maxThreadsPerBlock, numRegs, ptxVersion, binaryVersion, cacheModeCA, maxDynamicSharedSizeBytes,
+        preferredShmemCarveout;
+};
+cudaError_t at_emu_func_get_attributes(cudaFuncAttributes *attr);
+template <class T> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, T *entry)
+{
+    (void)entry;
+    return at_emu_func_get_attributes(attr);
+}
+
 /* ---- kernel launch (AT_LAUNCH of cuda_compat.h) ---- */
 
 /* Runs body(arg) once per CUDA thread of grid × block; shared_bytes is the
@@ -507,5 +612,130 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
 
 /* The detail of the last cuBLAS error for status s ("" when none). */
 const char *at_emu_blas_error_detail(cublasStatus_t s);
+
+/* ---- WMMA (mma.h, namespace nvcuda::wmma): 16×16×16 tiles ----
+ *
+ * fragment<matrix_a | matrix_b, 16, 16, 16, __nv_bfloat16 | __half,
+ * row_major | col_major> and fragment<accumulator, 16, 16, 16, float>;
+ * fill_fragment, load_matrix_sync, store_matrix_sync, mma_sync.
+ *
+ * CUDA leaves the mapping of tile elements to (lane, x[i]) unspecified; the
+ * emulator's is deliberately scrambled so that a kernel relying on some
+ * particular hardware layout fails here: every fragment holds num_elements =
+ * 8 elements per lane, and element e of lane l is the tile element
+ * t = ((8·l + e)·P + Q) mod 256, (row, col) = (t / 16, t % 16), with (P, Q) =
+ * (37, 5) for matrix_a (rows m, cols k), (101, 77) for matrix_b (rows k, cols
+ * n), (149, 200) for the accumulator (rows m, cols n). The mapping is fixed
+ * per fragment kind, as on a GPU: an accumulator loaded from memory, the
+ * result of mma_sync and the layout store_matrix_sync writes agree.
+ *
+ * load_matrix_sync, store_matrix_sync and mma_sync are warp-collective: all 32
+ * lanes must reach the same call with the same pointer, ldm and layout
+ * (checked, like the warp shuffles); the pointer must be 32-byte aligned and
+ * ldm a multiple of 16 bytes (8 elements of 16 bits, 4 floats), as CUDA
+ * requires. fill_fragment and x[] are each lane's own. mma_sync computes
+ * d = a·b + c exactly in double and rounds once to float (the hardware sums
+ * the exact products at about f32 precision: a last-bit difference). Only
+ * inside kernels. */
+namespace nvcuda {
+namespace wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use> struct at_emu_use;
+template <> struct at_emu_use<matrix_a> { enum { kind = 0 }; };
+template <> struct at_emu_use<matrix_b> { enum { kind = 1 }; };
+template <> struct at_emu_use<accumulator> { enum { kind = 2 }; };
+
+/* The tile index (row·16 + col) of element e of lane `lane` of a fragment of kind `kind` (0 a, 1 b, 2 accumulator). */
+static inline int at_emu_wmma_index(int kind, int lane, int e)
+{
+    static const int P[3] = {37, 101, 149}, Q[3] = {5, 77, 200};
+    return ((8 * lane + e) * P[kind] + Q[kind]) & 255;
+}
+
+template <class Use, int M, int N, int K, class T, class Layout = void> class fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "the emulator has the 16x16x16 WMMA shape only");
+    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<T, float>::value
+                                                        : (std::is_same<T, __nv_bfloat16>::value ||
+                                                           std::is_same<T, __half>::value),
+                  "emulated WMMA fragments: matrix_a / matrix_b of __nv_bfloat16 or __half, accumulator of float");
+    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<Layout, void>::value
+                                                        : (std::is_same<Layout, row_major>::value ||
+                                                           std::is_same<Layout, col_major>::value),
+                  "matrix_a / matrix_b fragments take row_major or col_major, accumulators no layout");
+
+  public:
+    typedef T element_type;
+    enum { num_elements = 8 };
+    T x[num_elements];
+};
+
+/* Emulator internals (cuda_emu_launch.cpp). at_emu_wmma_collective: every lane
+ * of the warp reaches operation `op` (0 load, 1 store, 2 mma) with the same
+ * pointer / ldm / layout, checked with CUDA's alignment rules (esize: bytes
+ * per element); returns the calling lane. at_emu_wmma_mma: the lane's 8
+ * elements of a, b, c in, its 8 elements of d = a·b + c out. */
+int at_emu_wmma_collective(int op, const void *p, unsigned ldm, int col_major, size_t esize);
+void at_emu_wmma_mma(float *d, const float *a, const float *b, const float *c);
+
+template <class Use, class T, class L, class V> static inline void fill_fragment(fragment<Use, 16, 16, 16, T, L> &f, V v)
+{
+    for (int e = 0; e < 8; e++) f.x[e] = T(v);
+}
+
+template <class Use, class T, class L>
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm)
+{
+    static_assert(!std::is_same<Use, accumulator>::value, "an accumulator load takes a layout_t");
+    const int col = std::is_same<L, col_major>::value;
+    int lane = at_emu_wmma_collective(0, p, ldm, col, sizeof(T)), kind = at_emu_use<Use>::kind;
+    for (int e = 0; e < 8; e++) {
+        int t = at_emu_wmma_index(kind, lane, e), r = t / 16, c = t % 16;
+        f.x[e] = col ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
+    }
+}
+
+static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm,
+                                    layout_t layout)
+{
+    const int col = layout == mem_col_major;
+    int lane = at_emu_wmma_collective(0, p, ldm, col, sizeof(float));
+    for (int e = 0; e < 8; e++) {
+        int t = at_emu_wmma_index(2, lane, e), r = t / 16, c = t % 16;
+        f.x[e] = col ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
+    }
+}
+
+static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
+                                     layout_t layout)
+{
+    const int col = layout == mem_col_major;
+    int lane = at_emu_wmma_collective(1, p, ldm, col, sizeof(float));
+    for (int e = 0; e < 8; e++) {
+        int t = at_emu_wmma_index(2, lane, e), r = t / 16, c = t % 16;
+        (col ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]) = f.x[e];
+    }
+}
+
+template <class T, class La, class Lb>
+static inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, La> &a,
+                            const fragment<matrix_b, 16, 16, 16, T, Lb> &b,
+                            const fragment<accumulator, 16, 16, 16, float> &c, bool satf = false)
+{
+    (void)satf;
+    float fa[8], fb[8], fc[8], fd[8];
+    for (int e = 0; e < 8; e++) fa[e] = (float)a.x[e], fb[e] = (float)b.x[e], fc[e] = c.x[e];
+    at_emu_wmma_mma(fd, fa, fb, fc);
+    for (int e = 0; e < 8; e++) d.x[e] = fd[e];
+}
+
+} // namespace wmma
+} // namespace nvcuda
 
 #endif

@@ -51,6 +51,7 @@ struct block_state {
     int sync_acc, sync_result, sync_n; /* __syncthreads_count / _and / _or: sum of predicates, arrivals */
     std::vector<int> warp_arrived, warp_size, warp_kind;
     std::vector<uint64_t> warp_slots, warp_result;
+    std::vector<float> wmma_in, wmma_out; /* per warp: the a, b, c tiles of mma_sync (3 × 256), d (256) */
     bool failed;
 };
 
@@ -255,6 +256,21 @@ int __syncthreads_or(int p)
     return sync_block(p, &n) != 0;
 }
 
+enum { KIND_WMMA_LOAD = 10, KIND_WMMA_STORE = 11, KIND_MMA = 12 };
+
+/* d = a·b + c of warp w's published tiles, in double, rounded once. */
+static void wmma_compute(int w)
+{
+    const float *a = &g_blk.wmma_in[(size_t)w * 768], *b = a + 256, *c = a + 512;
+    float *d = &g_blk.wmma_out[(size_t)w * 256];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            double s = c[r * 16 + n];
+            for (int k = 0; k < 16; k++) s += (double)a[r * 16 + k] * b[k * 16 + n];
+            d[r * 16 + n] = (float)s;
+        }
+}
+
 /* The barrier of the warp of f; kind names the operation so that lanes
  * meeting at different warp operations are reported. The releasing lane
  * snapshots the published slots, which stay valid until the next release
@@ -276,6 +292,7 @@ static void sync_warp(fiber *f, int kind, const char *what, unsigned int mask)
     if (++g_blk.warp_arrived[w] == 32) {
         g_blk.warp_arrived[w] = 0;
         memcpy(&g_blk.warp_result[(size_t)w * 32], &g_blk.warp_slots[(size_t)w * 32], 32 * sizeof(uint64_t));
+        if (kind == KIND_MMA) wmma_compute(w);
         for (int l = 0; l < 32; l++) {
             fiber *o = g_fibers[(size_t)w * 32 + l];
             if (o->state == F_WAIT_WARP) o->state = F_RUNNABLE;
@@ -319,6 +336,48 @@ uint64_t at_emu_warp_exchange(unsigned int mask, uint64_t bits, int mode, int ar
         if (src >= base + width) src = lane; /* a later group: own value */
     }
     return r[src];
+}
+
+int nvcuda::wmma::at_emu_wmma_collective(int op, const void *p, unsigned ldm, int col_major, size_t esize)
+{
+    fiber *f = g_cur;
+    if (!f) return 0;
+    static const char *NAMES[] = {"wmma::load_matrix_sync", "wmma::store_matrix_sync"};
+    if ((uintptr_t)p % 32)
+        kernel_fail("%s at %p: the pointer must be 256-bit (32-byte) aligned", NAMES[op], p);
+    if (ldm == 0 || ((size_t)ldm * esize) % 16)
+        kernel_fail("%s with ldm %u: ldm must be a multiple of %zu elements (16 bytes)", NAMES[op], ldm, 16 / esize);
+    int w = f->warp, lane = f->lane;
+    uint64_t key = (uint64_t)(uintptr_t)p * 0x9e3779b97f4a7c15ull ^ ((uint64_t)ldm << 1 | (uint64_t)col_major);
+    g_blk.warp_slots[(size_t)w * 32 + lane] = key;
+    sync_warp(f, KIND_WMMA_LOAD + op, NAMES[op], 0xffffffffu);
+    const uint64_t *r = &g_blk.warp_result[(size_t)w * 32];
+    for (int l = 0; l < 32; l++)
+        if (r[l] != key)
+            kernel_fail("%s: lanes %d and %d of warp %d passed different pointers, ldm or layouts (%p, ldm %u); "
+                        "every lane must pass the same",
+                        NAMES[op], lane, l, w, p, ldm);
+    return lane;
+}
+
+void nvcuda::wmma::at_emu_wmma_mma(float *d, const float *a, const float *b, const float *c)
+{
+    fiber *f = g_cur;
+    if (!f) {
+        for (int e = 0; e < 8; e++) d[e] = NAN;
+        return;
+    }
+    int w = f->warp, lane = f->lane;
+    float *in = &g_blk.wmma_in[(size_t)w * 768];
+    for (int e = 0; e < 8; e++) {
+        in[at_emu_wmma_index(0, lane, e)] = a[e];
+        in[256 + at_emu_wmma_index(1, lane, e)] = b[e];
+        in[512 + at_emu_wmma_index(2, lane, e)] = c[e];
+    }
+    sync_warp(f, KIND_MMA, "wmma::mma_sync", 0xffffffffu);
+    /* d stays until the next mma_sync of this warp is released, which needs this lane again */
+    const float *out = &g_blk.wmma_out[(size_t)w * 256];
+    for (int e = 0; e < 8; e++) d[e] = out[at_emu_wmma_index(2, lane, e)];
 }
 
 void *at_emu_dynamic_shared() { return g_dyn_shared; }
@@ -424,6 +483,8 @@ void at_emu_launch_raw(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t 
     for (int w = 0; w < nwarps; w++) g_blk.warp_size[w] = n - 32 * w < 32 ? n - 32 * w : 32;
     g_blk.warp_slots.assign((size_t)nwarps * 32, 0);
     g_blk.warp_result.assign((size_t)nwarps * 32, 0);
+    g_blk.wmma_in.assign((size_t)nwarps * 768, 0.0f);
+    g_blk.wmma_out.assign((size_t)nwarps * 256, 0.0f);
     for (int i = 0; i < n; i++) {
         fiber *f = g_fibers[i];
         f->warp = i / 32;
