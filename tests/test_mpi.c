@@ -5,6 +5,8 @@
  *    and later steps within 2e-3 (AdamW's first steps divide by sqrt(v), so a
  *    last-bit difference in a tiny gradient moves a weight by up to lr);
  *  - rank 0 alone writes the run (one run folder, a verified checkpoint);
+ *  - the same on the CUDA backend under the emulator (gradients staged
+ *    through host memory: the emulator has no NCCL);
  *  - an error on the ranks (a missing dataset) ends the job with the message,
  *    it does not hang in a collective.
  * Needs OpenMPI's mpirun (scripts/setup.sh installs it). */
@@ -145,6 +147,37 @@ int main(void)
     }
     free(run_mpi);
     free(run_one);
+
+#ifdef AT_CUDA_EMU_LIBRARY
+    /* on the CUDA backend (run by the emulator, which has no NCCL): the
+     * gradients go through host memory and MPI; two micro-batches sum in the
+     * same order either way, so the logs are equal to the last digit */
+    snprintf(cmd, sizeof cmd,
+             "ANYTUNE_CUDA_EMULATE=%s timeout 300 " MPIRUN " -x ANYTUNE_CUDA_EMULATE %s" COMMON
+             " --device cuda --torch_dtype float32 --max_steps 3 --gradient_accumulation_steps 1 --output_dir %s/cuda-mpi > %s/cuda-mpi.out 2>&1",
+             AT_CUDA_EMU_LIBRARY, bin, T, T);
+    CHECK_MSG(run(cmd) == 0, "mpirun -np 2 anytune sft --device cuda (emulated) failed");
+    snprintf(cmd, sizeof cmd,
+             "ANYTUNE_CUDA_EMULATE=%s timeout 300 %s" COMMON
+             " --device cuda --torch_dtype float32 --max_steps 3 --gradient_accumulation_steps 2 --output_dir %s/cuda-one > %s/cuda-one.out 2>&1",
+             AT_CUDA_EMU_LIBRARY, bin, T, T);
+    CHECK(run(cmd) == 0);
+    snprintf(dir, sizeof dir, "%s/cuda-mpi", T);
+    run_mpi = run_folder(dir, &n_mpi);
+    snprintf(dir, sizeof dir, "%s/cuda-one", T);
+    run_one = run_folder(dir, &n_one);
+    if (run_mpi && run_one && read_log(run_mpi, &a) && read_log(run_one, &b)) {
+        CHECK_MSG(a.n == 3 && b.n == 3, "cuda: logged steps %d (2 ranks) and %d", a.n, b.n);
+        for (int i = 0; i < a.n && i < b.n; i++)
+            CHECK_MSG(rel(a.loss[i], b.loss[i]) <= 1e-6 && rel(a.norm[i], b.norm[i]) <= 1e-6,
+                      "cuda step %d: loss %.9g / %.9g, grad_norm %.9g / %.9g", i + 1, a.loss[i], b.loss[i], a.norm[i],
+                      b.norm[i]);
+    } else {
+        CHECK_MSG(0, "cuda: could not read both runs' logging.jsonl");
+    }
+    free(run_mpi);
+    free(run_one);
+#endif
 
     /* every rank fails (the dataset is missing): the job ends with the message */
     snprintf(cmd, sizeof cmd, "timeout 120 " MPIRUN " %s sft --model demo/stories260K --dataset %s/missing.jsonl --output_dir %s/bad > %s/bad.out 2>&1",
