@@ -108,6 +108,42 @@ static __device__ void att_load_rows(float *dst, const void *src, int dt, const 
     }
 }
 
+/* The keys [j0, j0 + nk) of K and V (kv head kvh) into Ks, Vs as f32 and
+ * their segments into segk, between two barriers: the previous chunk is no
+ * longer read before, this one is published after. */
+static __device__ __forceinline__ void att_load_keys(float *Ks, float *Vs, int *segk, const void *k, int tk,
+                                                     const void *v, int tv, const att_geo &g, int64_t b, int64_t kvh,
+                                                     int64_t j0, int64_t nk)
+{
+    __syncthreads();
+    att_load_rows(Ks, k, tk, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
+    att_load_rows(Vs, v, tv, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
+    if (g.seg)
+        for (int64_t t = threadIdx.x; t < nk; t += blockDim.x) segk[t] = g.seg[b * g.Tk + j0 + t];
+    __syncthreads();
+}
+
+/* Dot products of a group of TP threads over head_dim, each thread its dims
+ * d = sub + TP·u (< D): *s = Σ a[u]·x[d] and, with TWO, *dp = Σ b[u]·y[d]
+ * (a, b: the thread's registers; x, y: rows in shared memory), summed over
+ * the group. */
+template <int TP, bool TWO>
+static __device__ __forceinline__ void att_dots(const float *a, const float *x, const float *b, const float *y, int sub,
+                                                int D, float *s, float *dp)
+{
+    float vs = 0.0f, vd = 0.0f;
+    ATT_UNROLL
+    for (int u = 0; u < ATT_DPT; u++) {
+        int d = sub + TP * u;
+        if (d < D) {
+            vs += a[u] * x[d];
+            if (TWO) vd += b[u] * y[d];
+        }
+    }
+    *s = att_group_sum<TP>(vs);
+    if (TWO) *dp = att_group_sum<TP>(vd);
+}
+
 /* Whether any key of [j0, j0 + nk) is visible to any of the n queries whose
  * lims and segments are given (shared arrays). A block-wide vote. */
 static __device__ bool att_any_visible(const att_geo &g, int64_t b, const int *lims, const int *segs, int n,
@@ -160,21 +196,11 @@ static __global__ void k_att_forward(att_geo g, const void *q, int tq, const voi
     for (int64_t j0 = 0; j0 <= maxlim; j0 += kc) {
         int64_t nk = maxlim + 1 - j0 < kc ? maxlim + 1 - j0 : kc;
         if (g.seg && !att_any_visible(g, b, lims, segq, RPB, j0, nk, red)) continue;
-        __syncthreads(); /* the previous chunk is no longer read */
-        att_load_rows(Ks, k, tk, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
-        att_load_rows(Vs, v, tv, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
-        if (g.seg)
-            for (int64_t t = threadIdx.x; t < nk; t += blockDim.x) segk[t] = g.seg[b * g.Tk + j0 + t];
-        __syncthreads();
+        att_load_keys(Ks, Vs, segk, k, tk, v, tv, g, b, kvh, j0, nk);
         for (int64_t jj = 0; jj < nk; jj++) {
             const float *kr = Ks + jj * D, *vr = Vs + jj * D;
-            float s = 0.0f;
-            ATT_UNROLL
-            for (int u = 0; u < ATT_DPT; u++) {
-                int d = sub + TP * u;
-                if (d < D) s += qr[u] * kr[d];
-            }
-            s = att_group_sum<TP>(s);
+            float s;
+            att_dots<TP, false>(qr, kr, (const float *)NULL, (const float *)NULL, sub, D, &s, (float *)NULL);
             if (j0 + jj > lim || (g.seg && segk[jj] != segi)) continue;
             if (s > m) { /* a new maximum: rescale what was summed so far */
                 float alpha = expf(m - s); /* 0 while m = −inf */
@@ -279,17 +305,8 @@ static __global__ void k_att_dkdv(att_geo g, const void *q, int tq, const void *
             __syncthreads();
             for (int r = 0; r < nq; r++) {
                 const float *qs = Qs + r * D, *dos = dOs + r * D;
-                float s = 0.0f, dp = 0.0f;
-                ATT_UNROLL
-                for (int u = 0; u < ATT_DPT; u++) {
-                    int d = sub + TP * u;
-                    if (d < D) {
-                        s += qs[d] * kr[u];
-                        dp += dos[d] * vr[u];
-                    }
-                }
-                s = att_group_sum<TP>(s);
-                dp = att_group_sum<TP>(dp);
+                float s, dp;
+                att_dots<TP, true>(kr, qs, vr, dos, sub, D, &s, &dp);
                 float L = Ls[r];
                 if (!kvalid || j > lims[r] || (g.seg && segs[r] != segk) || L == -INFINITY) continue;
                 float p = expf(s - L), ds = p * (dp - Ds[r]);
@@ -355,25 +372,11 @@ static __global__ void k_att_dq(att_geo g, const void *q, int tq, const void *k,
     for (int64_t j0 = 0; j0 <= maxlim; j0 += kc) {
         int64_t nk = maxlim + 1 - j0 < kc ? maxlim + 1 - j0 : kc;
         if (g.seg && !att_any_visible(g, b, lims, segq, RPB, j0, nk, red)) continue;
-        __syncthreads();
-        att_load_rows(Ks, k, tk, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
-        att_load_rows(Vs, v, tv, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
-        if (g.seg)
-            for (int64_t t = threadIdx.x; t < nk; t += blockDim.x) segk[t] = g.seg[b * g.Tk + j0 + t];
-        __syncthreads();
+        att_load_keys(Ks, Vs, segk, k, tk, v, tv, g, b, kvh, j0, nk);
         for (int64_t jj = 0; jj < nk; jj++) {
             const float *kr = Ks + jj * D, *vr = Vs + jj * D;
-            float s = 0.0f, dp = 0.0f;
-            ATT_UNROLL
-            for (int u = 0; u < ATT_DPT; u++) {
-                int d = sub + TP * u;
-                if (d < D) {
-                    s += qr[u] * kr[d];
-                    dp += dor[u] * vr[d];
-                }
-            }
-            s = att_group_sum<TP>(s);
-            dp = att_group_sum<TP>(dp);
+            float s, dp;
+            att_dots<TP, true>(qr, kr, dor, vr, sub, D, &s, &dp);
             if (j0 + jj > lim || (g.seg && segk[jj] != segi)) continue;
             float p = expf(s - L), ds = p * (dp - Dd);
             ATT_UNROLL
@@ -546,6 +549,116 @@ static __device__ __forceinline__ void tc_write_rows(tc_acc *acc, int nf, float 
     }
     __syncwarp();
 }
+
+/* The 16-bit operand fragments (ET: __nv_bfloat16 or __half). */
+template <class ET>
+using tc_fa_row = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, ET, nvcuda::wmma::row_major>;
+template <class ET>
+using tc_fb_col = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, ET, nvcuda::wmma::col_major>;
+template <class ET>
+using tc_fb_row = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, ET, nvcuda::wmma::row_major>;
+
+/* Scores of the warp's 16 rows of the 64-row side (from row warp·16) against
+ * the COLS rows of the other side, over head_dim (NF tiles of 16; all ld LDH):
+ * Sw = A·Cᵀ and, with TWO, dPw = B·Eᵀ, stored row-major (ld COLS + 4). Ends
+ * with __syncwarp: the warp's lanes may then read Sw / dPw. */
+template <int NFM, int COLS, bool TWO, class ET>
+static __device__ __forceinline__ void tc_scores(const ET *A, const ET *C, const ET *B, const ET *E, int NF, int LDH,
+                                                 float *Sw, float *dPw)
+{
+    using namespace nvcuda;
+    const int LDS = COLS + 4;
+    int warp = threadIdx.x / 32;
+    tc_acc s[COLS / 16], dp[COLS / 16];
+    ATT_UNROLL
+    for (int c = 0; c < COLS / 16; c++) {
+        wmma::fill_fragment(s[c], 0.0f);
+        if (TWO) wmma::fill_fragment(dp[c], 0.0f);
+    }
+    ATT_UNROLL
+    for (int kk = 0; kk < NFM; kk++) {
+        if (kk >= NF) break;
+        tc_fa_row<ET> fa, fb2;
+        wmma::load_matrix_sync(fa, A + warp * 16 * LDH + kk * 16, LDH);
+        if (TWO) wmma::load_matrix_sync(fb2, B + warp * 16 * LDH + kk * 16, LDH);
+        ATT_UNROLL
+        for (int c = 0; c < COLS / 16; c++) {
+            tc_fb_col<ET> fb;
+            wmma::load_matrix_sync(fb, C + c * 16 * LDH + kk * 16, LDH);
+            wmma::mma_sync(s[c], fa, fb, s[c]);
+            if (TWO) {
+                wmma::load_matrix_sync(fb, E + c * 16 * LDH + kk * 16, LDH);
+                wmma::mma_sync(dp[c], fb2, fb, dp[c]);
+            }
+        }
+    }
+    ATT_UNROLL
+    for (int c = 0; c < COLS / 16; c++) {
+        wmma::store_matrix_sync(Sw + c * 16, s[c], LDS, wmma::mem_row_major);
+        if (TWO) wmma::store_matrix_sync(dPw + c * 16, dp[c], LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+}
+
+/* acc[n] += P·X over the COLS columns of the warp's 16 rows of P (from row
+ * warp·16, ld COLS + 8) and the COLS rows of X (ld LDH), for the NF column
+ * tiles n of X; with TWO also acc2[n] += P2·X2. */
+template <int NFM, int COLS, bool TWO, class ET>
+static __device__ __forceinline__ void tc_accumulate(tc_acc *acc, const ET *Pm, const ET *X, tc_acc *acc2,
+                                                     const ET *P2, const ET *X2, int NF, int LDH)
+{
+    using namespace nvcuda;
+    const int LDP = COLS + 8;
+    int warp = threadIdx.x / 32;
+    ATT_UNROLL
+    for (int kk = 0; kk < COLS / 16; kk++) {
+        tc_fa_row<ET> fp, fp2;
+        wmma::load_matrix_sync(fp, Pm + warp * 16 * LDP + kk * 16, LDP);
+        if (TWO) wmma::load_matrix_sync(fp2, P2 + warp * 16 * LDP + kk * 16, LDP);
+        ATT_UNROLL
+        for (int n = 0; n < NFM; n++) {
+            if (n >= NF) break;
+            tc_fb_row<ET> fb;
+            wmma::load_matrix_sync(fb, X + kk * 16 * LDH + n * 16, LDH);
+            wmma::mma_sync(acc[n], fp, fb, acc[n]);
+            if (TWO) {
+                wmma::load_matrix_sync(fb, X2 + kk * 16 * LDH + n * 16, LDH);
+                wmma::mma_sync(acc2[n], fp2, fb, acc2[n]);
+            }
+        }
+    }
+}
+
+/* Keys [j0, j0 + nk) of K and V (kv head kvh) into Ks, Vs (cols rows) and
+ * their segments into segk, between two barriers: the previous tile is no
+ * longer read before, this one is published after. */
+static __device__ __forceinline__ void tc_load_keys(uint16_t *Ks, uint16_t *Vs, int *segk, int cols, const att_geo &g,
+                                                    const void *k, const void *v, int64_t b, int64_t kvh, int64_t j0,
+                                                    int64_t nk)
+{
+    __syncthreads();
+    tc_load_rows(Ks, cols, k, g.Tk, g.Hkv, (int)g.D, b, kvh, j0, nk);
+    tc_load_rows(Vs, cols, v, g.Tk, g.Hkv, (int)g.D, b, kvh, j0, nk);
+    if (g.seg)
+        for (int t = threadIdx.x; t < nk; t += TC_THREADS) segk[t] = g.seg[b * g.Tk + j0 + t];
+    __syncthreads();
+}
+
+/* Whether key j (segment *sk) is visible to a query of limit lim and segment
+ * *sq. Pointers, so the segments are read (from shared memory) only with g.seg. */
+static __device__ __forceinline__ bool tc_visible(const att_geo &g, int64_t j, int lim, const int *sq, const int *sk)
+{
+    return j <= lim && (!g.seg || *sq == *sk);
+}
+
+/* The backward's p = exp(scale·s − lse) = 2^(*s·sl2 − *L2) (L2 = lse·log2 e),
+ * 0 where the key is not visible or the query sees nothing (lse = −inf); *s
+ * and *L2 are read only where they count. */
+static __device__ __forceinline__ float tc_prob(const att_geo &g, int64_t j, int lim, const int *sq, const int *sk,
+                                                const float *s, float sl2, const float *L2)
+{
+    return tc_visible(g, j, lim, sq, sk) && *L2 != -INFINITY ? exp2f(*s * sl2 - *L2) : 0.0f;
+}
 #endif
 
 /* Forward: a block per (batch, query head, 64 queries). */
@@ -555,9 +668,6 @@ static __global__ void __launch_bounds__(TC_THREADS)
 {
 #ifdef ATT_TC
     using namespace nvcuda;
-    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, ET, wmma::row_major> fa_row;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::col_major> fb_col;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::row_major> fb_row;
     const int BK = tc_cfg<NFM>::FWD_COLS, D = (int)g.D, NF = D / 16, LDH = D + 8, LDS = BK + 4, LDP = BK + 8;
     AT_DYNAMIC_SHARED(uint4, smv);
     unsigned char *sm = (unsigned char *)smv;
@@ -587,7 +697,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     int64_t maxlim = (int64_t)at_cu_block_max(mylim, red); /* its barrier publishes the rows, pos and Q */
     int prow[tc_acc::num_elements];
     tc_rows_of(prow, pos);
-    tc_acc O[NFM], acc[BK / 16];
+    tc_acc O[NFM];
     ATT_UNROLL
     for (int n = 0; n < NFM; n++) wmma::fill_fragment(O[n], 0.0f);
     const float sl2 = g.scale * TC_LOG2E;
@@ -595,30 +705,9 @@ static __global__ void __launch_bounds__(TC_THREADS)
     for (int64_t j0 = 0; j0 <= maxlim; j0 += BK) {
         int64_t nk = maxlim + 1 - j0 < BK ? maxlim + 1 - j0 : BK;
         if (g.seg && !att_any_visible(g, b, lims, segq, TC_ROWS, j0, nk, red)) continue;
-        __syncthreads(); /* the previous tile is no longer read */
-        tc_load_rows(Ks, BK, k, g.Tk, g.Hkv, D, b, kvh, j0, nk);
-        tc_load_rows(Vs, BK, v, g.Tk, g.Hkv, D, b, kvh, j0, nk);
-        if (g.seg)
-            for (int t = tid; t < nk; t += TC_THREADS) segk[t] = g.seg[b * g.Tk + j0 + t];
-        __syncthreads();
+        tc_load_keys(Ks, Vs, segk, BK, g, k, v, b, kvh, j0, nk);
         /* S = Q·Kᵀ for the warp's 16 queries */
-        ATT_UNROLL
-        for (int c = 0; c < BK / 16; c++) wmma::fill_fragment(acc[c], 0.0f);
-        ATT_UNROLL
-        for (int kk = 0; kk < NFM; kk++) {
-            if (kk >= NF) break;
-            fa_row fa;
-            wmma::load_matrix_sync(fa, Qh + warp * 16 * LDH + kk * 16, LDH);
-            ATT_UNROLL
-            for (int c = 0; c < BK / 16; c++) {
-                fb_col fb;
-                wmma::load_matrix_sync(fb, Kh + c * 16 * LDH + kk * 16, LDH);
-                wmma::mma_sync(acc[c], fa, fb, acc[c]);
-            }
-        }
-        ATT_UNROLL
-        for (int c = 0; c < BK / 16; c++) wmma::store_matrix_sync(Sw + c * 16, acc[c], LDS, wmma::mem_row_major);
-        __syncwarp();
+        tc_scores<NFM, BK, false>(Qh, Kh, (const ET *)NULL, (const ET *)NULL, NF, LDH, Sw, (float *)NULL);
         { /* online softmax of the warp's rows, two lanes a row (even / odd keys) */
             int rr = lane >> 1, odd = lane & 1, r = warp * 16 + rr, lim = lims[r], si = segq[r];
             float *srow = Sw + rr * LDS;
@@ -626,8 +715,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
             float mloc = -INFINITY;
             for (int t = 0; t < BK / 2; t++) {
                 int c = odd + 2 * t;
-                bool vis = j0 + c <= lim && (!g.seg || segk[c] == si);
-                float s = vis ? srow[c] * sl2 : -INFINITY;
+                float s = tc_visible(g, j0 + c, lim, &si, segk + c) ? srow[c] * sl2 : -INFINITY;
                 srow[c] = s;
                 mloc = fmaxf(mloc, s);
             }
@@ -653,18 +741,8 @@ static __global__ void __launch_bounds__(TC_THREADS)
         ATT_UNROLL
         for (int n = 0; n < NFM; n++)
             for (int e = 0; e < tc_acc::num_elements; e++) O[n].x[e] *= ral[warp * 16 + prow[e]];
-        ATT_UNROLL
-        for (int kk = 0; kk < BK / 16; kk++) {
-            fa_row fa;
-            wmma::load_matrix_sync(fa, Ph + warp * 16 * LDP + kk * 16, LDP);
-            ATT_UNROLL
-            for (int n = 0; n < NFM; n++) {
-                if (n >= NF) break;
-                fb_row fb;
-                wmma::load_matrix_sync(fb, Vh + kk * 16 * LDH + n * 16, LDH);
-                wmma::mma_sync(O[n], fa, fb, O[n]);
-            }
-        }
+        tc_accumulate<NFM, BK, false>(O, (const ET *)Ph, Vh, (tc_acc *)NULL, (const ET *)NULL, (const ET *)NULL, NF,
+                                      LDH);
     }
     /* out = O / l (0 for a query that sees nothing), lse = ln 2 · (m + log2 l) */
     int r0 = warp * 16;
@@ -699,9 +777,6 @@ static __global__ void __launch_bounds__(TC_THREADS)
 {
 #ifdef ATT_TC
     using namespace nvcuda;
-    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, ET, wmma::row_major> fa_row;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::col_major> fb_col;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::row_major> fb_row;
     const int BQ = tc_cfg<NFM>::BWD_COLS, D = (int)g.D, NF = D / 16, LDH = D + 8, LDS = BQ + 4, LDP = BQ + 8;
     AT_DYNAMIC_SHARED(uint4, smv);
     unsigned char *sm = (unsigned char *)smv;
@@ -722,7 +797,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     tc_load_rows(Ks, TC_ROWS, k, g.Tk, g.Hkv, D, b, kvh, j0, nk);
     tc_load_rows(Vs, TC_ROWS, v, g.Tk, g.Hkv, D, b, kvh, j0, nk);
     for (int t = tid; t < TC_ROWS; t += TC_THREADS) segk[t] = j0 + t < g.Tk && g.seg ? g.seg[b * g.Tk + j0 + t] : 0;
-    tc_acc dK[NFM], dV[NFM], s[BQ / 16], dp[BQ / 16];
+    tc_acc dK[NFM], dV[NFM];
     ATT_UNROLL
     for (int n = 0; n < NFM; n++) {
         wmma::fill_fragment(dK[n], 0.0f);
@@ -747,56 +822,15 @@ static __global__ void __launch_bounds__(TC_THREADS)
             tc_load_rows(Qs, BQ, q, g.Tq, g.Hq, D, b, h, i0, nq);
             tc_load_rows(dOs, BQ, dout, g.Tq, g.Hq, D, b, h, i0, nq);
             __syncthreads();
-            ATT_UNROLL
-            for (int c = 0; c < BQ / 16; c++) {
-                wmma::fill_fragment(s[c], 0.0f);
-                wmma::fill_fragment(dp[c], 0.0f);
-            }
-            ATT_UNROLL
-            for (int kk = 0; kk < NFM; kk++) {
-                if (kk >= NF) break;
-                fa_row fk, fv;
-                wmma::load_matrix_sync(fk, Kh + warp * 16 * LDH + kk * 16, LDH);
-                wmma::load_matrix_sync(fv, Vh + warp * 16 * LDH + kk * 16, LDH);
-                ATT_UNROLL
-                for (int c = 0; c < BQ / 16; c++) {
-                    fb_col fb;
-                    wmma::load_matrix_sync(fb, Qh + c * 16 * LDH + kk * 16, LDH);
-                    wmma::mma_sync(s[c], fk, fb, s[c]);
-                    wmma::load_matrix_sync(fb, dOh + c * 16 * LDH + kk * 16, LDH);
-                    wmma::mma_sync(dp[c], fv, fb, dp[c]);
-                }
-            }
-            ATT_UNROLL
-            for (int c = 0; c < BQ / 16; c++) {
-                wmma::store_matrix_sync(Sw + c * 16, s[c], LDS, wmma::mem_row_major);
-                wmma::store_matrix_sync(dPw + c * 16, dp[c], LDS, wmma::mem_row_major);
-            }
-            __syncwarp();
+            tc_scores<NFM, BQ, true>(Kh, Qh, Vh, dOh, NF, LDH, Sw, dPw); /* Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ */
             for (int t = lane; t < 16 * BQ; t += 32) {
                 int rr = t / BQ, cc = t % BQ, jj = warp * 16 + rr;
-                float L = Ls[cc];
-                bool vis = j0 + jj <= lims[cc] && (!g.seg || segs[cc] == segk[jj]) && L != -INFINITY;
-                float p = vis ? exp2f(Sw[rr * LDS + cc] * sl2 - L) : 0.0f;
+                float p = tc_prob(g, j0 + jj, lims[cc], segs + cc, segk + jj, Sw + rr * LDS + cc, sl2, Ls + cc);
                 tc_put(Pt + jj * LDP + cc, p);
                 tc_put(dSt + jj * LDP + cc, p * (dPw[rr * LDS + cc] - Ds[cc]));
             }
             __syncwarp();
-            ATT_UNROLL
-            for (int kk = 0; kk < BQ / 16; kk++) {
-                fa_row fp, fs;
-                wmma::load_matrix_sync(fp, Pt + warp * 16 * LDP + kk * 16, LDP);
-                wmma::load_matrix_sync(fs, dSt + warp * 16 * LDP + kk * 16, LDP);
-                ATT_UNROLL
-                for (int n = 0; n < NFM; n++) {
-                    if (n >= NF) break;
-                    fb_row fb;
-                    wmma::load_matrix_sync(fb, dOh + kk * 16 * LDH + n * 16, LDH);
-                    wmma::mma_sync(dV[n], fp, fb, dV[n]);
-                    wmma::load_matrix_sync(fb, Qh + kk * 16 * LDH + n * 16, LDH);
-                    wmma::mma_sync(dK[n], fs, fb, dK[n]);
-                }
-            }
+            tc_accumulate<NFM, BQ, true>(dV, (const ET *)Pt, dOh, dK, (const ET *)dSt, Qh, NF, LDH);
         }
     }
     /* keys at or past kv_len saw nothing: their zeros are written too */
@@ -820,9 +854,6 @@ static __global__ void __launch_bounds__(TC_THREADS)
 {
 #ifdef ATT_TC
     using namespace nvcuda;
-    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, ET, wmma::row_major> fa_row;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::col_major> fb_col;
-    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, ET, wmma::row_major> fb_row;
     const int BK = tc_cfg<NFM>::BWD_COLS, D = (int)g.D, NF = D / 16, LDH = D + 8, LDS = BK + 4, LDP = BK + 8;
     AT_DYNAMIC_SHARED(uint4, smv);
     unsigned char *sm = (unsigned char *)smv;
@@ -854,7 +885,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     tc_load_rows(Qs, TC_ROWS, q, g.Tq, g.Hq, D, b, h, i0, g.Tq - i0);
     tc_load_rows(dOs, TC_ROWS, dout, g.Tq, g.Hq, D, b, h, i0, g.Tq - i0);
     int64_t maxlim = (int64_t)at_cu_block_max(mylim, red);
-    tc_acc dQ[NFM], s[BK / 16], dp[BK / 16];
+    tc_acc dQ[NFM];
     ATT_UNROLL
     for (int n = 0; n < NFM; n++) wmma::fill_fragment(dQ[n], 0.0f);
     const float sl2 = g.scale * TC_LOG2E;
@@ -862,57 +893,16 @@ static __global__ void __launch_bounds__(TC_THREADS)
     for (int64_t j0 = 0; j0 <= maxlim; j0 += BK) {
         int64_t nk = maxlim + 1 - j0 < BK ? maxlim + 1 - j0 : BK;
         if (g.seg && !att_any_visible(g, b, lims, segq, TC_ROWS, j0, nk, red)) continue;
-        __syncthreads();
-        tc_load_rows(Ks, BK, k, g.Tk, g.Hkv, D, b, kvh, j0, nk);
-        tc_load_rows(Vs, BK, v, g.Tk, g.Hkv, D, b, kvh, j0, nk);
-        if (g.seg)
-            for (int t = tid; t < nk; t += TC_THREADS) segk[t] = g.seg[b * g.Tk + j0 + t];
-        __syncthreads();
-        ATT_UNROLL
-        for (int c = 0; c < BK / 16; c++) {
-            wmma::fill_fragment(s[c], 0.0f);
-            wmma::fill_fragment(dp[c], 0.0f);
-        }
-        ATT_UNROLL
-        for (int kk = 0; kk < NFM; kk++) {
-            if (kk >= NF) break;
-            fa_row fq, fo;
-            wmma::load_matrix_sync(fq, Qh + warp * 16 * LDH + kk * 16, LDH);
-            wmma::load_matrix_sync(fo, dOh + warp * 16 * LDH + kk * 16, LDH);
-            ATT_UNROLL
-            for (int c = 0; c < BK / 16; c++) {
-                fb_col fb;
-                wmma::load_matrix_sync(fb, Kh + c * 16 * LDH + kk * 16, LDH);
-                wmma::mma_sync(s[c], fq, fb, s[c]);
-                wmma::load_matrix_sync(fb, Vh + c * 16 * LDH + kk * 16, LDH);
-                wmma::mma_sync(dp[c], fo, fb, dp[c]);
-            }
-        }
-        ATT_UNROLL
-        for (int c = 0; c < BK / 16; c++) {
-            wmma::store_matrix_sync(Sw + c * 16, s[c], LDS, wmma::mem_row_major);
-            wmma::store_matrix_sync(dPw + c * 16, dp[c], LDS, wmma::mem_row_major);
-        }
-        __syncwarp();
+        tc_load_keys(Ks, Vs, segk, BK, g, k, v, b, kvh, j0, nk);
+        tc_scores<NFM, BK, true>(Qh, Kh, dOh, Vh, NF, LDH, Sw, dPw); /* S = Q·Kᵀ, dP = dO·Vᵀ */
         for (int t = lane; t < 16 * BK; t += 32) {
             int rr = t / BK, cc = t % BK, r = warp * 16 + rr;
-            bool vis = j0 + cc <= lims[r] && (!g.seg || segk[cc] == segq[r]);
-            float p = vis ? exp2f(Sw[rr * LDS + cc] * sl2 - Ls[r]) : 0.0f;
+            float p = tc_prob(g, j0 + cc, lims[r], segq + r, segk + cc, Sw + rr * LDS + cc, sl2, Ls + r);
             tc_put(dSs + r * LDP + cc, p * (dPw[rr * LDS + cc] - Dd[r]));
         }
         __syncwarp();
-        ATT_UNROLL
-        for (int kk = 0; kk < BK / 16; kk++) {
-            fa_row fs;
-            wmma::load_matrix_sync(fs, dSs + warp * 16 * LDP + kk * 16, LDP);
-            ATT_UNROLL
-            for (int n = 0; n < NFM; n++) {
-                if (n >= NF) break;
-                fb_row fb;
-                wmma::load_matrix_sync(fb, Kh + kk * 16 * LDH + n * 16, LDH);
-                wmma::mma_sync(dQ[n], fs, fb, dQ[n]);
-            }
-        }
+        tc_accumulate<NFM, BK, false>(dQ, (const ET *)dSs, Kh, (tc_acc *)NULL, (const ET *)NULL, (const ET *)NULL, NF,
+                                      LDH);
     }
     int64_t nrows = g.Tq - (i0 + warp * 16);
     tc_write_rows<NFM, BK>(dQ, NF, Sw, dq, dt, ((b * g.Tq + i0 + warp * 16) * g.Hq + h) * D, g.Hq * D, nrows,

@@ -19,17 +19,8 @@
 
 #define EW_THREADS 256
 
-#define GRID_STRIDE(i, n) \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
-
-/* Blocks for a grid-stride loop over n elements: enough to fill the device a
- * few times over, no more (each thread then handles several elements). */
-static unsigned ew_grid(const cuda_ctx *c, int64_t n)
-{
-    unsigned b = cu_blocks(n, EW_THREADS);
-    unsigned cap = (unsigned)(c->sm_count > 0 ? c->sm_count : 1) * 16u;
-    return b < cap ? b : cap;
-}
+/* Blocks for a grid-stride loop over n elements (cu_grid). */
+static unsigned ew_grid(const cuda_ctx *c, int64_t n) { return cu_grid(c, n, EW_THREADS); }
 
 /* ---- add / scale / axpy ---- */
 
@@ -118,12 +109,12 @@ at_status cu_axpy(at_tensor *y, float alpha, const at_tensor *x)
  * the kernel only stores it: 4-byte or 2-byte words. */
 static __global__ void k_fill32(uint32_t *y, uint32_t bits, int64_t n)
 {
-    GRID_STRIDE(i, n) y[i] = bits;
+    CU_GRID_STRIDE(i, n) y[i] = bits;
 }
 
 static __global__ void k_fill16(uint16_t *y, uint16_t bits, int64_t n)
 {
-    GRID_STRIDE(i, n) y[i] = bits;
+    CU_GRID_STRIDE(i, n) y[i] = bits;
 }
 
 at_status cu_fill(at_tensor *y, float value)
@@ -235,7 +226,7 @@ static __global__ void k_sum_rows_part(float *part, const void *x, int tx, int64
 
 static __global__ void k_sum_rows_final(void *y, int ty, const float *part, int64_t nchunks, int64_t cols, float beta)
 {
-    GRID_STRIDE(j, cols)
+    CU_GRID_STRIDE(j, cols)
     {
         float s = 0.0f;
         for (int64_t k = 0; k < nchunks; k++) s += part[k * cols + j];

@@ -61,6 +61,19 @@ static inline unsigned cu_blocks(int64_t n, int threads)
     return (unsigned)(b < 1 ? 1 : b);
 }
 
+/* Blocks for a grid-stride loop over n items: enough to fill the device a few
+ * times over (16 an SM), no more (each thread then handles several items). */
+static inline unsigned cu_grid(const cuda_ctx *c, int64_t n, int threads)
+{
+    unsigned b = cu_blocks(n, threads);
+    unsigned cap = (unsigned)(c->sm_count > 0 ? c->sm_count : 1) * 16u;
+    return b < cap ? b : cap;
+}
+
+/* A grid-stride loop: i runs over [0, n), a thread's items a grid apart. */
+#define CU_GRID_STRIDE(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
 /* Reports a CUDA runtime error (AT_OK when e == cudaSuccess): "what: CUDA error
  * cudaErrorX (text)". cudaErrorMemoryAllocation becomes AT_ERR_DEVICE_OOM. */
 at_status cu_check(cuda_ctx *c, cudaError_t e, const char *what);

@@ -44,34 +44,26 @@
 #define QTILE_BYTES ((size_t)64 << 20) /* most scratch a dequantized tile takes */
 #endif
 
-#define MM_GRID_STRIDE(i, n) \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
-
-static unsigned mm_grid(const cuda_ctx *c, int64_t n)
-{
-    unsigned b = cu_blocks(n, MM_THREADS);
-    unsigned cap = (unsigned)(c->sm_count > 0 ? c->sm_count : 1) * 16u;
-    return b < cap ? b : cap;
-}
+static unsigned mm_grid(const cuda_ctx *c, int64_t n) { return cu_grid(c, n, MM_THREADS); }
 
 /* ---- small kernels ---- */
 
 /* dst (f32 or bf16, dtype code td) = src (dtype ts) converted, n elements. */
 static __global__ void k_mm_convert(void *dst, int td, const void *src, int ts, int64_t n)
 {
-    MM_GRID_STRIDE(i, n) at_cu_store(dst, td, i, at_cu_load(src, ts, i));
+    CU_GRID_STRIDE(i, n) at_cu_store(dst, td, i, at_cu_load(src, ts, i));
 }
 
 /* C = beta · C, or 0 when beta == 0 (nothing to multiply: K == 0 or alpha == 0). */
 static __global__ void k_mm_scale_c(void *c, int tc, float beta, int64_t n)
 {
-    MM_GRID_STRIDE(i, n) at_cu_store(c, tc, i, beta == 0.0f ? 0.0f : beta * at_cu_load(c, tc, i));
+    CU_GRID_STRIDE(i, n) at_cu_store(c, tc, i, beta == 0.0f ? 0.0f : beta * at_cu_load(c, tc, i));
 }
 
 /* C (bf16) = bf16(T + beta · C), T = alpha·op(A)op(B) in f32 (beta == 0 ignores C). */
 static __global__ void k_mm_epilogue(void *c, int tc, const float *t, float beta, int64_t n)
 {
-    MM_GRID_STRIDE(i, n)
+    CU_GRID_STRIDE(i, n)
     {
         float v = t[i];
         if (beta != 0.0f) v += beta * at_cu_load(c, tc, i);
@@ -88,8 +80,12 @@ static __global__ void k_mm_epilogue(void *c, int tc, const float *t, float beta
 #define DEQ_ROWS(r) for (int64_t r = blockIdx.x; r < nr; r += gridDim.x)
 #define DEQ_COLS(c) for (int64_t c = threadIdx.x; c < cw; c += blockDim.x)
 
-static __global__ void k_deq_q8_0(void *tile, int td, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t c0,
-                                  int64_t nr, int64_t cw)
+/* q8_0 (Q4 0: 34-byte blocks, an f16 scale d then 32 int8 q) and q4_0 (Q4 1:
+ * 18-byte blocks, d then 16 bytes: value j < 16 the low nibble of byte j,
+ * j >= 16 the high nibble of byte j - 16, q = nibble - 8): value = q · d. */
+template <int Q4>
+static __global__ void k_deq_q(void *tile, int td, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t c0,
+                               int64_t nr, int64_t cw)
 {
     DEQ_ROWS(r)
     {
@@ -97,27 +93,11 @@ static __global__ void k_deq_q8_0(void *tile, int td, const uint8_t *w, int64_t 
         DEQ_COLS(c)
         {
             int64_t col = c0 + c;
-            const uint8_t *blk = row + (col / 32) * 34;
-            float d = at_cu_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
-            at_cu_store(tile, td, r * cw + c, (float)(int8_t)blk[2 + col % 32] * d);
-        }
-    }
-}
-
-static __global__ void k_deq_q4_0(void *tile, int td, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t c0,
-                                  int64_t nr, int64_t cw)
-{
-    DEQ_ROWS(r)
-    {
-        const uint8_t *row = w + (r0 + r) * row_bytes;
-        DEQ_COLS(c)
-        {
-            int64_t col = c0 + c;
-            const uint8_t *blk = row + (col / 32) * 18;
+            const uint8_t *blk = row + (col / 32) * (Q4 ? 18 : 34);
             float d = at_cu_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
             int j = (int)(col % 32);
-            int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
-            at_cu_store(tile, td, r * cw + c, (float)(q - 8) * d);
+            int q = Q4 ? (j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4)) - 8 : (int8_t)blk[2 + j];
+            at_cu_store(tile, td, r * cw + c, (float)q * d);
         }
     }
 }
@@ -229,12 +209,11 @@ static at_status mm_dequant(cuda_ctx *c, const at_tensor *w, void *tile, int td,
 {
     int64_t rows = w->shape[w->ndim - 2], cols = w->shape[w->ndim - 1];
     const uint8_t *p = (const uint8_t *)cu_ptr(w);
-    unsigned cap = (unsigned)(c->sm_count > 0 ? c->sm_count : 1) * 16u;
-    unsigned grid = nr < (int64_t)cap ? (unsigned)nr : cap;
+    unsigned grid = cu_grid(c, nr, 1); /* a block per tile row, up to the cap */
     if (w->dtype == AT_Q8_0) {
-        AT_LAUNCH(k_deq_q8_0, grid, MM_THREADS, 0, c->stream, tile, td, p, cols / 32 * 34, r0, c0, nr, cw);
+        AT_LAUNCH(k_deq_q<0>, grid, MM_THREADS, 0, c->stream, tile, td, p, cols / 32 * 34, r0, c0, nr, cw);
     } else if (w->dtype == AT_Q4_0) {
-        AT_LAUNCH(k_deq_q4_0, grid, MM_THREADS, 0, c->stream, tile, td, p, cols / 32 * 18, r0, c0, nr, cw);
+        AT_LAUNCH(k_deq_q<1>, grid, MM_THREADS, 0, c->stream, tile, td, p, cols / 32 * 18, r0, c0, nr, cw);
     } else {
         int64_t nblocks = (rows * cols + 63) / 64;
         AT_LAUNCH(k_deq_nf4, grid, MM_THREADS, 0, c->stream, tile, td, p, nblocks, cols, r0, c0, nr, cw, c->nf4_code,

@@ -63,8 +63,7 @@ at_status cu_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_ten
     k.inv_bc2 = (float)(1.0 / sqrt(bc2));
     int vec = cu_aligned16(cu_ptr(param)) && cu_aligned16(cu_ptr(grad)) && cu_aligned16(cu_ptr(m)) &&
               cu_aligned16(cu_ptr(v));
-    unsigned grid = cu_blocks(vec ? n / AT_VEC : n, OPT_THREADS), cap = (unsigned)(c->sm_count > 0 ? c->sm_count : 1) * 16u;
-    if (grid > cap) grid = cap;
+    unsigned grid = cu_grid(c, vec ? n / AT_VEC : n, OPT_THREADS);
     AT_LAUNCH(k_adamw, grid, OPT_THREADS, 0, c->stream, (float *)cu_ptr(param), (const float *)cu_ptr(grad),
               (float *)cu_ptr(m), (float *)cu_ptr(v), n, k, vec);
     return cu_launched(c, "adamw");

@@ -274,80 +274,32 @@ static inline typename std::common_type<A, B>::type max(A a, B b)
 
 /* ---- __half and __nv_bfloat16 (cuda_fp16.h, cuda_bf16.h) ---- */
 
-/* Round to nearest even, as the hardware conversions (and device/dtype.h). */
-static inline unsigned short at_emu_f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
-static inline float at_emu_bf2f(unsigned short h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline unsigned short at_emu_f2h(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
-    if (abs >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
-    if (abs < 0x38800000u) {
-        if (abs < 0x33000000u) return (unsigned short)sign;
-        uint32_t e = abs >> 23, man = (abs & 0x7fffffu) | 0x800000u, shift = 126u - e;
-        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
-        if (rem > mid || (rem == mid && (half & 1u))) half++;
-        return (unsigned short)(sign | half);
-    }
-    uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u) - (112u << 23);
-    return (unsigned short)(sign | (r >> 13));
-}
-static inline float at_emu_h2f(unsigned short h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);
-    else if (exp) u = sign | ((exp + 112u) << 23) | (man << 13);
-    else if (man) {
-        int e = -1;
-        do {
-            man <<= 1;
-            e++;
-        } while (!(man & 0x400u));
-        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
-    } else
-        u = sign;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+/* The conversions are cuda_half.h's (round to nearest even, as the hardware
+ * and device/dtype.h), shared with the kernels. */
+#include "device/cuda/cuda_half.h"
 
 /* The storage is the bits (__x, as in the real headers); conversions from and
  * to float round to nearest even. */
 struct __nv_bfloat16 {
     unsigned short __x;
     __nv_bfloat16() = default;
-    __nv_bfloat16(float f) : __x(at_emu_f2bf(f)) {}
-    operator float() const { return at_emu_bf2f(__x); }
+    __nv_bfloat16(float f) : __x(at_cu_f32_to_bf16(f)) {}
+    operator float() const { return at_cu_bf16_to_f32(__x); }
 };
 struct __half {
     unsigned short __x;
     __half() = default;
-    __half(float f) : __x(at_emu_f2h(f)) {}
-    operator float() const { return at_emu_h2f(__x); }
+    __half(float f) : __x(at_cu_f32_to_f16(f)) {}
+    operator float() const { return at_cu_f16_to_f32(__x); }
 };
 typedef __nv_bfloat16 nv_bfloat16;
 typedef __half half;
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
-static inline float __bfloat162float(__nv_bfloat16 h) { return at_emu_bf2f(h.__x); }
+static inline float __bfloat162float(__nv_bfloat16 h) { return at_cu_bf16_to_f32(h.__x); }
 static inline __half __float2half(float f) { return __half(f); }
 static inline __half __float2half_rn(float f) { return __half(f); }
-static inline float __half2float(__half h) { return at_emu_h2f(h.__x); }
+static inline float __half2float(__half h) { return at_cu_f16_to_f32(h.__x); }
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
 static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u)
 {

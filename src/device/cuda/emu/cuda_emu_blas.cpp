@@ -151,63 +151,25 @@ cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* Element conversions: cuda_half.h's, the kernels' own (bit-exact with device/dtype.h). */
 static float load_elem(const void *p, cudaDataType t, size_t i)
 {
     if (t == CUDA_R_32F) return ((const float *)p)[i];
     uint16_t h = ((const uint16_t *)p)[i];
-    if (t == CUDA_R_16BF) return __uint_as_float((uint32_t)h << 16);
-    /* f16 */
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-    if (ex == 0x1f) u = sign | 0x7f800000u | (man << 13);
-    else if (ex) u = sign | ((ex + 112u) << 23) | (man << 13);
-    else if (man) {
-        int e = -1;
-        do {
-            man <<= 1;
-            e++;
-        } while (!(man & 0x400u));
-        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
-    } else
-        u = sign;
-    return __uint_as_float(u);
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static uint16_t to_f16(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x38800000u) {
-        if (a < 0x33000000u) return (uint16_t)sign;
-        uint32_t e = a >> 23, man = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
-        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
-        if (rem > mid || (rem == mid && (half & 1u))) half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t r = a + 0x0fffu + ((a >> 13) & 1u) - (112u << 23);
-    return (uint16_t)(sign | (r >> 13));
+    return t == CUDA_R_16BF ? at_cu_bf16_to_f32(h) : at_cu_f16_to_f32(h);
 }
 
 static void store_elem(void *p, cudaDataType t, size_t i, float v)
 {
     if (t == CUDA_R_32F) ((float *)p)[i] = v;
-    else if (t == CUDA_R_16BF) ((uint16_t *)p)[i] = to_bf16(v);
-    else ((uint16_t *)p)[i] = to_f16(v);
+    else if (t == CUDA_R_16BF) ((uint16_t *)p)[i] = at_cu_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = at_cu_f32_to_f16(v);
 }
 
 /* f rounded to bf16 or f16 and back. */
 static float round_to(float f, cudaDataType t)
 {
-    uint16_t h = t == CUDA_R_16BF ? to_bf16(f) : to_f16(f);
+    uint16_t h = t == CUDA_R_16BF ? at_cu_f32_to_bf16(f) : at_cu_f32_to_f16(f);
     return load_elem(&h, t, 0);
 }
 
