@@ -6,7 +6,9 @@
  *  - full fine-tuning runs and lowers the loss;
  *  - bad input fails with a clear message;
  *  - on the CUDA backend (under the emulator, and on a real GPU when there is
- *    one), LoRA and full fine-tuning log what the CPU logs. */
+ *    one), LoRA and full fine-tuning log what the CPU logs, and --tf32 takes
+ *    effect there. */
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -392,6 +394,35 @@ static void test_on_cuda(const char *root, const char *emulator)
         char *ck = at_path_join(rg.run_dir, "checkpoint-3");
         CHECK_OK(at_ckpt_verify(ck));
         free(ck);
+    }
+    /* --tf32 reaches the device: f32 matmuls on TF32 tensor cores (the emulator
+     * rounds their inputs to TF32 as the hardware does) move the first loss a
+     * little, not much */
+    const char *bin = getenv("ANYTUNE_BIN");
+    double tl[2] = {0, 0};
+    for (int tf = 0; bin && tf < 2; tf++) {
+        char out[512];
+        snprintf(out, sizeof out, "%s/tf32-%d-%d", root, !!emulator, tf);
+        char *argv[] = {(char *)bin, "sft", "--model", (char *)MODEL, "--dataset", (char *)DATA, "--device", "cuda",
+                        "--torch_dtype", "float32", "--max_steps", "1", "--logging_steps", "1", "--lora_dropout", "0",
+                        "--tf32", tf ? "true" : "false", "--output_dir", out, NULL};
+        int status = 0;
+        pid_t pid = spawn(argv);
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        char *rd = NULL;
+        DIR *d = opendir(out);
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL)
+            if (e->d_name[0] == 'v') rd = at_path_join(out, e->d_name);
+        if (d) closedir(d);
+        double g[2];
+        CHECK(rd && read_losses(rd, &tl[tf], g, 1) == 1);
+        free(rd);
+    }
+    if (bin) {
+        printf("cuda%s first loss: f32 %.9f, tf32 %.9f\n", emulator ? " (emulated)" : "", tl[0], tl[1]);
+        CHECK_MSG(tl[0] != tl[1] && fabs(tl[1] - tl[0]) <= 1e-2 * fabs(tl[0]), "--tf32: loss %.9g vs %.9g", tl[1],
+                  tl[0]);
     }
     if (emulator) unsetenv("ANYTUNE_CUDA_EMULATE");
 }

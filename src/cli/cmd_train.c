@@ -64,6 +64,8 @@ static const at_opt_spec specs[] = {
     {"torch_dtype", AT_OPT_STRING, NULL, "format of the frozen weights: bfloat16, float16, float32", NULL},
     {"seed", AT_OPT_INT, "42", "seed of everything random", NULL},
     {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
+    {"tf32", AT_OPT_BOOL, "false", "on GPUs, let f32 matmuls use TF32 tensor cores (faster, ~1e-3 relative error)",
+     NULL},
     {"strict", AT_OPT_BOOL, "false", "stop at the first bad dataset record", NULL},
     {"model_name", AT_OPT_STRING, NULL, "fills {{name}} in the data (self-cognition data)", NULL},
     {"model_author", AT_OPT_STRING, NULL, "fills {{author}} in the data", NULL},
@@ -150,6 +152,8 @@ static int run(int argc, char **argv, int pt)
     at_options *o = NULL;
     int parse_rc = at_cli_parse(specs, NSPECS, argc, argv, pt ? "pt" : "sft", usage, &o);
     if (parse_rc >= 0) return parse_rc;
+    /* read by the CUDA backend when it opens the device, which comes later */
+    if (at_opt_bool(o, "tf32")) setenv("ANYTUNE_ALLOW_TF32", "1", 1);
     int rc = 1;
     at_train_args a;
     at_train_args_defaults(&a);
