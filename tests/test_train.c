@@ -68,6 +68,24 @@ static int read_losses(const char *run_dir, double *loss, double *gnorm, int cap
     return n;
 }
 
+/* The logs of two runs (the test run, then the one it must equal) have `steps`
+ * lines each and agree: loss within tol_loss and grad_norm within tol_norm,
+ * relative to the second run's. Prints the pairs when `label` is not NULL. */
+static void expect_same_logs(const char *run_a, const char *run_b, int steps, double tol_loss, double tol_norm,
+                             const char *label)
+{
+    double la[16], ga[16], lb[16], gb[16];
+    int na = read_losses(run_a, la, ga, 16), nb = read_losses(run_b, lb, gb, 16);
+    CHECK_MSG(na == steps && nb == steps, "%s: logged %d and %d steps, expected %d", label ? label : run_a, na, nb,
+              steps);
+    for (int i = 0; i < na && i < nb; i++) {
+        if (label)
+            printf("%s step %d: loss %.9f vs %.9f, grad_norm %.9f vs %.9f\n", label, i + 1, la[i], lb[i], ga[i], gb[i]);
+        CHECK_NEAR(la[i], lb[i], tol_loss * fabs(lb[i]));
+        CHECK_NEAR(ga[i], gb[i], tol_norm * fabs(gb[i]));
+    }
+}
+
 static void test_accumulation(const char *root)
 {
     at_train_args a;
@@ -85,13 +103,7 @@ static void test_accumulation(const char *root)
     a.grad_accum = 4;
     a.max_steps = 3;
     CHECK_OK(at_train_run(&a, stdout, &r2));
-    double l1[8], g1[8], l2[8], g2[8];
-    int n1 = read_losses(r1.run_dir, l1, g1, 8), n2 = read_losses(r2.run_dir, l2, g2, 8);
-    CHECK(n1 == 3 && n2 == 3);
-    for (int i = 0; i < n1 && i < n2; i++) {
-        CHECK_NEAR(l1[i], l2[i], 1e-5 * fabs(l1[i]));
-        CHECK_NEAR(g1[i], g2[i], 1e-4 * fabs(g1[i]));
-    }
+    expect_same_logs(r2.run_dir, r1.run_dir, 3, 1e-5, 1e-4, NULL);
     /* the adapters after three updates agree too */
     char *c1 = at_path_join(r1.run_dir, "checkpoint-3"), *c2 = at_path_join(r2.run_dir, "checkpoint-3");
     CHECK_OK(at_ckpt_verify(c1));
@@ -331,13 +343,7 @@ static void test_loss_scaling(const char *root)
     a.batch_size = 2;
     a.loss_scaling = 1;
     CHECK_OK(at_train_run(&a, stdout, &r2));
-    double l1[8], g1[8], l2[8], g2[8];
-    int n1 = read_losses(r1.run_dir, l1, g1, 8), n2 = read_losses(r2.run_dir, l2, g2, 8);
-    CHECK(n1 == 4 && n2 == 4);
-    for (int i = 0; i < n1 && i < n2; i++) {
-        CHECK_NEAR(l1[i], l2[i], 1e-6 * fabs(l1[i]));
-        CHECK_NEAR(g1[i], g2[i], 1e-6 * fabs(g1[i]));
-    }
+    expect_same_logs(r2.run_dir, r1.run_dir, 4, 1e-6, 1e-6, NULL);
     snprintf(out, sizeof out, "%s/ls-overflow", root);
     base_args(&a, out);
     a.max_steps = 20;
@@ -389,15 +395,9 @@ static void test_on_cuda(const char *root, const char *emulator)
         /* f32: only the order of sums differs; bf16 compute: activations rounded
          * to bf16 before the NF4 products, so some roundings land differently */
         double tol_loss = qlora ? 1e-3 : 1e-5, tol_norm = qlora ? 1e-2 : 1e-4;
-        double l1[8], g1[8], l2[8], g2[8];
-        int n1 = read_losses(rc.run_dir, l1, g1, 8), n2 = read_losses(rg.run_dir, l2, g2, 8);
-        CHECK_MSG(n1 == 3 && n2 == 3, "%s: logged %d (cpu) and %d (cuda) steps", MODE[mode], n1, n2);
-        for (int i = 0; i < n1 && i < n2; i++) {
-            printf("cuda%s %s step %d: loss %.9f vs cpu %.9f, grad_norm %.9f vs %.9f\n", emulator ? " (emulated)" : "",
-                   MODE[mode], i + 1, l2[i], l1[i], g2[i], g1[i]);
-            CHECK_NEAR(l2[i], l1[i], tol_loss * fabs(l1[i]));
-            CHECK_NEAR(g2[i], g1[i], tol_norm * fabs(g1[i]));
-        }
+        char label[64];
+        snprintf(label, sizeof label, "cuda%s %s vs cpu", emulator ? " (emulated)" : "", MODE[mode]);
+        expect_same_logs(rg.run_dir, rc.run_dir, 3, tol_loss, tol_norm, label);
         char *ck = at_path_join(rg.run_dir, "checkpoint-3");
         CHECK_OK(at_ckpt_verify(ck));
         free(ck);

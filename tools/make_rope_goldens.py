@@ -2,41 +2,19 @@
 """Writes tests/data/models/rope_inv_freq.json: RoPE inverse frequencies for a
 few configs, computed with torch exactly as transformers' modeling_rope_utils.py
 does (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters,
-_compute_llama3_parameters; the function bodies below are copied from
-transformers 4.46 with the config object replaced by arguments).
+_compute_llama3_parameters, as transformers 4.46 has them: make_goldens.py's
+hf_inv_freq).
 
 Run from the repository root:  /usr/bin/python3 tools/make_rope_goldens.py
 """
 import json
-import math
+import os
+import sys
 
 import torch
 
-
-def default_inv_freq(base, dim):
-    # _compute_default_rope_parameters
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-
-
-def linear_inv_freq(base, dim, factor):
-    # _compute_linear_scaling_rope_parameters
-    inv_freq = default_inv_freq(base, dim)
-    inv_freq /= factor
-    return inv_freq
-
-
-def llama3_inv_freq(base, dim, factor, low_freq_factor, high_freq_factor, old_context_len):
-    # _compute_llama3_parameters
-    inv_freq = default_inv_freq(base, dim)
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
-    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    inv_freq_llama = torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
-    return inv_freq_llama
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_goldens import hf_inv_freq  # noqa: E402  (the same reference the model goldens use)
 
 
 cases = [
@@ -52,14 +30,7 @@ cases = [
 ]
 
 for c in cases:
-    rs = c["rope_scaling"]
-    if rs is None:
-        f = default_inv_freq(c["rope_theta"], c["head_dim"])
-    elif rs["rope_type"] == "linear":
-        f = linear_inv_freq(c["rope_theta"], c["head_dim"], rs["factor"])
-    else:
-        f = llama3_inv_freq(c["rope_theta"], c["head_dim"], rs["factor"], rs["low_freq_factor"],
-                            rs["high_freq_factor"], rs["original_max_position_embeddings"])
+    f, _ = hf_inv_freq(c)
     assert f.dtype == torch.float32
     c["inv_freq"] = [float("%.9e" % v) for v in f.tolist()]
 
