@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "device/quant.h"
 #include "ops/ops.h"
 
 /* Inference buffers, sized for up to cap_tokens tokens and cap_batch
@@ -75,8 +76,6 @@ void at_decoder_free(at_decoder *d)
 
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-static int is_quantized(at_dtype t) { return t == AT_NF4 || t == AT_Q8_0 || t == AT_Q4_0; }
-
 at_status at_decoder_qact(at_decoder *d, int64_t rows, at_tensor **out)
 {
     *out = NULL;
@@ -85,7 +84,7 @@ at_status at_decoder_qact(at_decoder *d, int64_t rows, at_tensor **out)
     const at_layer_weights *l0 = &d->w->layers[0];
     const at_tensor *mats[] = {l0->wq, l0->wk, l0->wv, l0->wo, l0->w_gate, l0->w_up, l0->w_down};
     int any = 0;
-    for (int i = 0; i < 7; i++) any |= mats[i] && is_quantized(mats[i]->dtype);
+    for (int i = 0; i < 7; i++) any |= mats[i] && at_dtype_is_quantized(mats[i]->dtype);
     if (!any) return AT_OK;
     int64_t width = d->cfg.hidden_size;
     if (d->cfg.intermediate_size > width) width = d->cfg.intermediate_size;
@@ -101,7 +100,7 @@ at_status at_decoder_qact(at_decoder *d, int64_t rows, at_tensor **out)
     return AT_OK;
 }
 
-static at_status check_window(const at_decoder *d, int64_t tokens)
+at_status at_decoder_check_window(const at_decoder *d, int64_t tokens)
 {
     if (d->cfg.sliding_window > 0 && tokens > d->cfg.sliding_window)
         return at_error(AT_ERR_UNSUPPORTED,
@@ -233,7 +232,7 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
         if ((int64_t)cache->len[b] + n > cache->max_seq)
             return at_error(AT_ERR_INVALID, "decoder prefill: sequence %d would have %d tokens, the cache holds %d",
                             b, cache->len[b] + n, cache->max_seq);
-        AT_TRY(check_window(d, (int64_t)cache->len[b] + n));
+        AT_TRY(at_decoder_check_window(d, (int64_t)cache->len[b] + n));
         for (int t = 0; t < n; t++) {
             int32_t id = ids[(size_t)b * T + t];
             if (id < 0 || id >= c->vocab_size)

@@ -52,6 +52,11 @@ typedef struct at_decoder {
  * quantized); *out NULL otherwise. Owned by d; valid until the next call. */
 at_status at_decoder_qact(at_decoder *d, int64_t rows, at_tensor **out);
 
+/* AT_ERR_UNSUPPORTED when a sequence of `tokens` tokens exceeds the model's
+ * sliding window (only full attention is implemented, which equals windowed
+ * attention up to the window's length); AT_OK otherwise. */
+at_status at_decoder_check_window(const at_decoder *d, int64_t tokens);
+
 /* Makes a decoder over w (checked with at_decoder_weights_check). Takes
  * ownership of w on success only. Caller frees with at_decoder_free. */
 at_status at_decoder_new(at_decoder_weights *w, at_decoder **out);

@@ -190,16 +190,6 @@ at_status at_decoder_acts_new(const at_decoder *d, int B, int T, at_decoder_acts
 
 /* ---- forward -------------------------------------------------------------------- */
 
-static at_status check_window(const at_decoder *d, int64_t tokens)
-{
-    if (d->cfg.sliding_window > 0 && tokens > d->cfg.sliding_window)
-        return at_error(AT_ERR_UNSUPPORTED,
-                        "decoder: %lld tokens exceed the model's sliding window of %lld (only full attention "
-                        "is implemented, which equals the window's up to that length)",
-                        (long long)tokens, (long long)d->cfg.sliding_window);
-    return AT_OK;
-}
-
 static at_status check_index(const at_tensor *t, int B, int T, const char *what)
 {
     char buf[200];
@@ -233,7 +223,7 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
     AT_TRY(check_index(ids, B, T, "ids"));
     AT_TRY(check_index(pos, B, T, "positions"));
     AT_TRY(check_index(segments, B, T, "segments"));
-    AT_TRY(check_window(d, T));
+    AT_TRY(at_decoder_check_window(d, T));
     if (!(lora_dropout >= 0.0f && lora_dropout < 1.0f))
         return at_error(AT_ERR_INVALID, "decoder forward: --lora_dropout %g must be in [0, 1)", (double)lora_dropout);
     if (d->adapter && (a->lora_rank != d->adapter->rank || a->lora_mask != d->adapter->target_mask))

@@ -1149,33 +1149,29 @@ static int split_block(const char *s, const char *prefix, long *layer, char *mid
     return 1;
 }
 
-int at_gguf_name_to_hf(const char *name, char *out, size_t out_len)
+/* One table, read in either direction: to_hf maps GGUF names to HF ones. */
+static int rename_tensor(const char *name, char *out, size_t out_len, int to_hf)
 {
-    for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++)
-        if (strcmp(name, top_names[i].gguf) == 0) return snprintf(out, out_len, "%s", top_names[i].hf) < (int)out_len;
+    for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++) {
+        const char *from = to_hf ? top_names[i].gguf : top_names[i].hf;
+        const char *to = to_hf ? top_names[i].hf : top_names[i].gguf;
+        if (strcmp(name, from) == 0) return snprintf(out, out_len, "%s", to) < (int)out_len;
+    }
+    const char *from_prefix = to_hf ? "blk." : "model.layers.", *to_prefix = to_hf ? "model.layers." : "blk.";
     long n;
     char mid[64];
     const char *suffix;
-    if (!split_block(name, "blk.", &n, mid, sizeof mid, &suffix)) return 0;
+    if (!split_block(name, from_prefix, &n, mid, sizeof mid, &suffix)) return 0;
     for (size_t i = 0; i < sizeof block_names / sizeof block_names[0]; i++)
-        if (strcmp(mid, block_names[i].gguf) == 0)
-            return snprintf(out, out_len, "model.layers.%ld.%s.%s", n, block_names[i].hf, suffix) < (int)out_len;
+        if (strcmp(mid, to_hf ? block_names[i].gguf : block_names[i].hf) == 0)
+            return snprintf(out, out_len, "%s%ld.%s.%s", to_prefix, n, to_hf ? block_names[i].hf : block_names[i].gguf,
+                            suffix) < (int)out_len;
     return 0;
 }
 
-int at_gguf_name_from_hf(const char *name, char *out, size_t out_len)
-{
-    for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++)
-        if (strcmp(name, top_names[i].hf) == 0) return snprintf(out, out_len, "%s", top_names[i].gguf) < (int)out_len;
-    long n;
-    char mid[64];
-    const char *suffix;
-    if (!split_block(name, "model.layers.", &n, mid, sizeof mid, &suffix)) return 0;
-    for (size_t i = 0; i < sizeof block_names / sizeof block_names[0]; i++)
-        if (strcmp(mid, block_names[i].hf) == 0)
-            return snprintf(out, out_len, "blk.%ld.%s.%s", n, block_names[i].gguf, suffix) < (int)out_len;
-    return 0;
-}
+int at_gguf_name_to_hf(const char *name, char *out, size_t out_len) { return rename_tensor(name, out, out_len, 1); }
+
+int at_gguf_name_from_hf(const char *name, char *out, size_t out_len) { return rename_tensor(name, out, out_len, 0); }
 
 int at_gguf_qk_interleaved(const at_gguf *g)
 {

@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include <string.h>
+#include "device/quant.h"
 #include "ops/ops.h"
 
 /* ---- activation layout ---------------------------------------------------- */
@@ -186,7 +187,7 @@ static at_status matmul_input(const at_tensor **out, at_tensor *view, const at_t
                               const at_layer_io *io)
 {
     *out = x;
-    if (!io->qact || !(w->dtype == AT_NF4 || w->dtype == AT_Q8_0 || w->dtype == AT_Q4_0)) return AT_OK;
+    if (!io->qact || !at_dtype_is_quantized(w->dtype)) return AT_OK;
     if (at_tensor_numel(x) > at_tensor_numel(io->qact))
         return at_error(AT_ERR_INTERNAL, "layer: bf16 scratch too small for %s", x->name);
     at_tensor_view_inplace(view, io->qact, 0, x->ndim, x->shape);
@@ -195,15 +196,15 @@ static at_status matmul_input(const at_tensor **out, at_tensor *view, const at_t
     return AT_OK;
 }
 
-/* y = x·Wᵀ (+ b) (+ LoRA of module m): the nn.Linear of PyTorch (peft's
- * lora.Linear when adapted). x [N, in], W [out, in], y [N, out]. */
-static at_status linear(at_tensor *y, const at_tensor *x, const at_tensor *w, const at_tensor *b, at_layer_acts *a,
-                        const at_layer_io *io, at_module m)
+/* y = beta·y + x·Wᵀ (+ b) (+ LoRA of module m), beta 0 or 1: the nn.Linear
+ * of PyTorch (peft's lora.Linear when adapted). x [N, in], W [out, in], y [N, out]. */
+static at_status linear(at_tensor *y, float beta, const at_tensor *x, const at_tensor *w, const at_tensor *b,
+                        at_layer_acts *a, const at_layer_io *io, at_module m)
 {
     const at_tensor *xm;
     at_tensor view;
     AT_TRY(matmul_input(&xm, &view, x, w, io));
-    AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, 0.0f));
+    AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, beta));
     if (b) AT_TRY(at_add(y, y, b));
     return lora_forward(y, x, a, io, m);
 }
@@ -213,12 +214,7 @@ static at_status linear_residual(at_tensor *y, const at_tensor *r, const at_tens
                                  const at_tensor *b, at_layer_acts *a, const at_layer_io *io, at_module m)
 {
     if (y->buf != r->buf || y->offset != r->offset) AT_TRY(at_cast(y, r));
-    const at_tensor *xm;
-    at_tensor view;
-    AT_TRY(matmul_input(&xm, &view, x, w, io));
-    AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, 1.0f));
-    if (b) AT_TRY(at_add(y, y, b));
-    return lora_forward(y, x, a, io, m);
+    return linear(y, 1.0f, x, w, b, a, io, m);
 }
 
 /* Backward of y = x·Wᵀ + b + s·(drop(x)·Aᵀ)·Bᵀ for the gradient dy [N, out]:
@@ -296,9 +292,9 @@ at_status at_attention_block_forward(const at_model_config *c, const at_layer_we
     AT_TRY(at_rmsnorm_forward(&a->attn_norm, &a->attn_rstd, &x2, w->attn_norm, eps));
 
     /* projections; with q/k norm the projections land in q_raw/k_raw first */
-    AT_TRY(linear(c->qk_norm ? &a->q_raw : &q2, &a->attn_norm, w->wq, w->bq, a, io, AT_MOD_Q));
-    AT_TRY(linear(c->qk_norm ? &a->k_raw : &k2, &a->attn_norm, w->wk, w->bk, a, io, AT_MOD_K));
-    AT_TRY(linear(&v2, &a->attn_norm, w->wv, w->bv, a, io, AT_MOD_V));
+    AT_TRY(linear(c->qk_norm ? &a->q_raw : &q2, 0.0f, &a->attn_norm, w->wq, w->bq, a, io, AT_MOD_Q));
+    AT_TRY(linear(c->qk_norm ? &a->k_raw : &k2, 0.0f, &a->attn_norm, w->wk, w->bk, a, io, AT_MOD_K));
+    AT_TRY(linear(&v2, 0.0f, &a->attn_norm, w->wv, w->bv, a, io, AT_MOD_V));
     if (c->qk_norm) {
         /* per-head RMSNorm over D, before RoPE (Qwen3) */
         at_tensor qr = flat2(&a->q_raw, N * H, D), kr = flat2(&a->k_raw, N * Hkv, D);
@@ -333,8 +329,8 @@ at_status at_mlp_block_forward(const at_model_config *c, const at_layer_weights 
     int64_t N = at_tensor_numel(h) / c->hidden_size;
     at_tensor h2 = flat2(h, N, c->hidden_size), y2 = flat2(y, N, c->hidden_size);
     AT_TRY(at_rmsnorm_forward(&a->ffn_norm, &a->ffn_rstd, &h2, w->ffn_norm, (float)c->rms_norm_eps));
-    AT_TRY(linear(&a->gate, &a->ffn_norm, w->w_gate, NULL, a, io, AT_MOD_GATE));
-    AT_TRY(linear(&a->up, &a->ffn_norm, w->w_up, NULL, a, io, AT_MOD_UP));
+    AT_TRY(linear(&a->gate, 0.0f, &a->ffn_norm, w->w_gate, NULL, a, io, AT_MOD_GATE));
+    AT_TRY(linear(&a->up, 0.0f, &a->ffn_norm, w->w_up, NULL, a, io, AT_MOD_UP));
     AT_TRY(at_swiglu_forward(&a->act, &a->gate, &a->up));
     AT_TRY(linear_residual(&y2, &h2, &a->act, w->w_down, NULL, a, io, AT_MOD_DOWN));
     return AT_OK;

@@ -45,6 +45,14 @@ static at_status add_permuted(at_llama2c *m, const float *w, int64_t rows, int64
     return at_qk_permute_rows(at_tensor_data(t), w, rows, (size_t)cols * sizeof(float), n_heads, AT_QK_TO_HALVES, name);
 }
 
+/* The offset of the next section of n floats; advances *end past it. */
+static uint64_t take(uint64_t *end, uint64_t n)
+{
+    uint64_t at = *end;
+    *end += n;
+    return at;
+}
+
 at_status at_llama2c_parse(const void *data, size_t size, const char *what, at_llama2c **out)
 {
     *out = NULL;
@@ -69,9 +77,15 @@ at_status at_llama2c_parse(const void *data, size_t size, const char *what, at_l
                         "heads, and the head size be even", what, dim, n_heads, n_kv);
     uint64_t hs = (uint64_t)(dim / n_heads), kv_dim = hs * (uint64_t)n_kv, L = (uint64_t)n_layers;
     uint64_t D = (uint64_t)dim, H = (uint64_t)hidden, V = (uint64_t)vocab;
-    /* All factors are bounded above, so these products fit in 64 bits. */
-    uint64_t floats = V * D + L * D + L * D * D + 2 * L * kv_dim * D + L * D * D + L * D + 3 * L * D * H + D +
-                      (uint64_t)seq_len * hs + (shared ? 0 : V * D);
+    /* The file's float sections in order, as offsets in floats (all factors
+     * are bounded above, so these fit in 64 bits); the end is the size. */
+    uint64_t floats = 0;
+    uint64_t emb = take(&floats, V * D), rms_att = take(&floats, L * D), wq = take(&floats, L * D * D),
+             wk = take(&floats, L * kv_dim * D), wv = take(&floats, L * kv_dim * D), wo = take(&floats, L * D * D),
+             rms_ffn = take(&floats, L * D), w1 = take(&floats, L * H * D), w2 = take(&floats, L * D * H),
+             w3 = take(&floats, L * H * D), rms_final = take(&floats, D);
+    take(&floats, (uint64_t)seq_len * hs); /* freq_cis_real and freq_cis_imag: the decoder computes its own */
+    uint64_t wcls = take(&floats, shared ? 0 : V * D);
     uint64_t want = HEADER_BYTES + 4 * floats;
     if ((uint64_t)size != want)
         return at_error(AT_ERR_FORMAT, "%s: %zu bytes, but the header (dim %d, hidden_dim %d, %d layers, vocab %d%s, "
@@ -123,50 +137,25 @@ at_status at_llama2c_parse(const void *data, size_t size, const char *what, at_l
     c->n_eos = 1;
     AT_CHECK(at_model_config_validate(c, what));
 
-    const float *p = w;
-    const float *emb = p;
-    p += V * D;
-    const float *rms_att = p;
-    p += L * D;
-    const float *wq = p;
-    p += L * D * D;
-    const float *wk = p;
-    p += L * kv_dim * D;
-    const float *wv = p;
-    p += L * kv_dim * D;
-    const float *wo = p;
-    p += L * D * D;
-    const float *rms_ffn = p;
-    p += L * D;
-    const float *w1 = p;
-    p += L * H * D;
-    const float *w2 = p;
-    p += L * D * H;
-    const float *w3 = p;
-    p += L * H * D;
-    const float *rms_final = p;
-    p += D;
-    p += (uint64_t)seq_len * hs; /* freq_cis_real and freq_cis_imag: the decoder computes its own */
-    const float *wcls = shared ? NULL : p;
-
-    AT_CHECK(add_view(m, emb, 2, vocab, dim, "model.embed_tokens.weight"));
+    AT_CHECK(add_view(m, w + emb, 2, vocab, dim, "model.embed_tokens.weight"));
     char name[AT_NAME_MAX];
     for (int l = 0; l < n_layers; l++) {
         uint64_t ul = (uint64_t)l;
 #define NAME(fmt) (snprintf(name, sizeof name, "model.layers.%d." fmt, l), name)
-        AT_CHECK(add_view(m, rms_att + ul * D, 1, dim, 1, NAME("input_layernorm.weight")));
-        AT_CHECK(add_permuted(m, wq + ul * D * D, dim, dim, n_heads, NAME("self_attn.q_proj.weight")));
-        AT_CHECK(add_permuted(m, wk + ul * kv_dim * D, (int64_t)kv_dim, dim, n_kv, NAME("self_attn.k_proj.weight")));
-        AT_CHECK(add_view(m, wv + ul * kv_dim * D, 2, (int64_t)kv_dim, dim, NAME("self_attn.v_proj.weight")));
-        AT_CHECK(add_view(m, wo + ul * D * D, 2, dim, dim, NAME("self_attn.o_proj.weight")));
-        AT_CHECK(add_view(m, rms_ffn + ul * D, 1, dim, 1, NAME("post_attention_layernorm.weight")));
-        AT_CHECK(add_view(m, w1 + ul * H * D, 2, hidden, dim, NAME("mlp.gate_proj.weight")));
-        AT_CHECK(add_view(m, w2 + ul * D * H, 2, dim, hidden, NAME("mlp.down_proj.weight")));
-        AT_CHECK(add_view(m, w3 + ul * H * D, 2, hidden, dim, NAME("mlp.up_proj.weight")));
+        AT_CHECK(add_view(m, w + rms_att + ul * D, 1, dim, 1, NAME("input_layernorm.weight")));
+        AT_CHECK(add_permuted(m, w + wq + ul * D * D, dim, dim, n_heads, NAME("self_attn.q_proj.weight")));
+        AT_CHECK(add_permuted(m, w + wk + ul * kv_dim * D, (int64_t)kv_dim, dim, n_kv,
+                              NAME("self_attn.k_proj.weight")));
+        AT_CHECK(add_view(m, w + wv + ul * kv_dim * D, 2, (int64_t)kv_dim, dim, NAME("self_attn.v_proj.weight")));
+        AT_CHECK(add_view(m, w + wo + ul * D * D, 2, dim, dim, NAME("self_attn.o_proj.weight")));
+        AT_CHECK(add_view(m, w + rms_ffn + ul * D, 1, dim, 1, NAME("post_attention_layernorm.weight")));
+        AT_CHECK(add_view(m, w + w1 + ul * H * D, 2, hidden, dim, NAME("mlp.gate_proj.weight")));
+        AT_CHECK(add_view(m, w + w2 + ul * D * H, 2, dim, hidden, NAME("mlp.down_proj.weight")));
+        AT_CHECK(add_view(m, w + w3 + ul * H * D, 2, hidden, dim, NAME("mlp.up_proj.weight")));
 #undef NAME
     }
-    AT_CHECK(add_view(m, rms_final, 1, dim, 1, "model.norm.weight"));
-    if (wcls) AT_CHECK(add_view(m, wcls, 2, vocab, dim, "lm_head.weight"));
+    AT_CHECK(add_view(m, w + rms_final, 1, dim, 1, "model.norm.weight"));
+    if (!shared) AT_CHECK(add_view(m, w + wcls, 2, vocab, dim, "lm_head.weight"));
 done:
     if (st != AT_OK) {
         at_llama2c_close(m);

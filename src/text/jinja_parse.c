@@ -182,6 +182,17 @@ static at_status parse_call_args(parser *P, at_jx_node *n)
     return expect_op(P, JO_RPAREN, ")");
 }
 
+/* A call of callee; current token is '('. */
+static at_status parse_call(parser *P, at_jx_node *callee, at_jx_node **out)
+{
+    at_jx_node *c = NULL;
+    AT_TRY(new_node(P, JN_CALL, cur(P), &c));
+    c->a = callee;
+    AT_TRY(parse_call_args(P, c));
+    *out = c;
+    return AT_OK;
+}
+
 /* name(.name)* for filters and tests */
 static at_status parse_dotted_name(parser *P, const char **name)
 {
@@ -276,11 +287,7 @@ static at_status parse_filter_expr(parser *P, at_jx_node *n, at_jx_node **out)
         } else if (is_name(cur(P), "is")) {
             AT_TRY(parse_test(P, n, &n));
         } else if (is_op(cur(P), JO_LPAREN)) {
-            at_jx_node *c = NULL;
-            AT_TRY(new_node(P, JN_CALL, cur(P), &c));
-            c->a = n;
-            AT_TRY(parse_call_args(P, c));
-            n = c;
+            AT_TRY(parse_call(P, n, &n));
         } else {
             break;
         }
@@ -378,11 +385,7 @@ static at_status parse_postfix(parser *P, at_jx_node *n, at_jx_node **out)
         if (is_op(cur(P), JO_DOT) || is_op(cur(P), JO_LBRACKET)) {
             AT_TRY(parse_subscript(P, n, &n));
         } else if (is_op(cur(P), JO_LPAREN)) {
-            at_jx_node *c = NULL;
-            AT_TRY(new_node(P, JN_CALL, cur(P), &c));
-            c->a = n;
-            AT_TRY(parse_call_args(P, c));
-            n = c;
+            AT_TRY(parse_call(P, n, &n));
         } else {
             break;
         }

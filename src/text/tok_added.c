@@ -28,10 +28,8 @@ at_status tok_add_token(at_tokenizer *t, const char *content, size_t len, int32_
         free(a->norm);
         a->norm = NULL;
     }
-    a->content = malloc(len + 1);
+    a->content = tok_dup(content, len);
     if (!a->content) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    memcpy(a->content, content, len);
-    a->content[len] = '\0';
     a->len = len;
     a->id = id;
     a->special = (uint8_t)!!special;

@@ -28,6 +28,9 @@ at_status tok_buf_reserve(tok_buf *b, size_t extra);
 at_status tok_buf_put(tok_buf *b, const void *data, size_t n);
 at_status tok_buf_putc(tok_buf *b, char c);
 void tok_buf_free(tok_buf *b);
+/* A NUL-terminated copy of s[0..n) (malloc; the caller frees), NULL when out
+ * of memory. */
+char *tok_dup(const char *s, size_t n);
 
 /* ---- UTF-8 helpers ------------------------------------------------------ */
 /* Decodes one code point at s[0..n) (n >= 1); *cp gets it, returns its byte
@@ -302,6 +305,14 @@ const tok_added *tok_added_by_id(const at_tokenizer *t, int32_t id);
 
 /* Allocates a tokenizer with empty parts. */
 at_status tok_new(at_tokenizer **out);
+/* Append one step to t's normalizer, pre-tokenizer or decoder chain; t takes
+ * what the step owns. On failure the step is freed. A decoder step sets
+ * t->has_decoder. */
+at_status tok_push_norm(at_tokenizer *t, tok_norm *n);
+at_status tok_push_pre(at_tokenizer *t, tok_pre *p);
+at_status tok_push_dec(at_tokenizer *t, tok_dec *d);
+/* Appends id to a post-processor list (t->post.pre or t->post.post). */
+at_status tok_post_push(int32_t **v, size_t *n, int32_t id);
 /* Reads bos/eos/pad/unk and added tokens from tokenizer_config.json and
  * special_tokens_map.json / added_tokens.json in dir (missing files are fine). */
 at_status tok_read_config(at_tokenizer *t, const char *dir, int set_template);

@@ -18,55 +18,18 @@
 at_status tok_load_vocab_merges(const char *dir, const at_tokenizer_opts *opts, at_tokenizer **out);
 at_status tok_load_llama2c(const char *path, at_tokenizer **out);
 
-static at_status add_step_pre(at_tokenizer *t, tok_pre p)
-{
-    tok_pre *v = realloc(t->pre, (t->n_pre + 1) * sizeof *v);
-    if (!v) {
-        tok_pre_free(&p);
-        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    }
-    t->pre = v;
-    t->pre[t->n_pre++] = p;
-    return AT_OK;
-}
-
-static at_status add_step_dec(at_tokenizer *t, tok_dec d)
-{
-    tok_dec *v = realloc(t->dec, (t->n_dec + 1) * sizeof *v);
-    if (!v) {
-        tok_dec_free(&d);
-        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    }
-    t->dec = v;
-    t->dec[t->n_dec++] = d;
-    t->has_decoder = 1;
-    return AT_OK;
-}
-
-static at_status add_step_norm(at_tokenizer *t, tok_norm n)
-{
-    tok_norm *v = realloc(t->norm, (t->n_norm + 1) * sizeof *v);
-    if (!v) {
-        tok_norm_free(&n);
-        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    }
-    t->norm = v;
-    t->norm[t->n_norm++] = n;
-    return AT_OK;
-}
-
 static at_status pre_regex(at_tokenizer *t, const char *re)
 {
     tok_pre p = {.kind = TOK_PRE_SPLIT, .behavior = TOK_SPLIT_ISOLATED};
     AT_TRY(tok_regex_compile(re, strlen(re), &p.re, "tokenizer family"));
-    return add_step_pre(t, p);
+    return tok_push_pre(t, &p);
 }
 
 static at_status pre_byte_level(at_tokenizer *t, int use_regex)
 {
     tok_pre p = {.kind = TOK_PRE_BYTELEVEL, .use_regex = use_regex};
     if (use_regex) AT_TRY(tok_regex_compile(tok_re_gpt2, strlen(tok_re_gpt2), &p.re, "tokenizer family"));
-    return add_step_pre(t, p);
+    return tok_push_pre(t, &p);
 }
 
 /* The pipelines of the families, as their tokenizer.json files define them. */
@@ -86,26 +49,26 @@ at_status tok_use_family(at_tokenizer *t, const char *name)
     } else if (!strcmp(name, "qwen2") || !strcmp(name, "qwen") || !strcmp(name, "qwen3") ||
                !strcmp(name, "deepseek-r1-qwen")) {
         canon = "qwen2";
-        AT_TRY(add_step_norm(t, (tok_norm){.kind = TOK_NORM_NFC}));
+        AT_TRY(tok_push_norm(t, &(tok_norm){.kind = TOK_NORM_NFC}));
         AT_TRY(pre_regex(t, tok_re_qwen2));
         AT_TRY(pre_byte_level(t, 0));
     } else if (!strcmp(name, "smollm")) {
         /* SmolLM: single digits, then GPT-2's byte-level split. */
         canon = "smollm";
-        AT_TRY(add_step_pre(t, (tok_pre){.kind = TOK_PRE_DIGITS, .individual = 1}));
+        AT_TRY(tok_push_pre(t, &(tok_pre){.kind = TOK_PRE_DIGITS, .individual = 1}));
         AT_TRY(pre_byte_level(t, 1));
     } else if (!strcmp(name, "falcon")) {
         canon = "falcon";
-        AT_TRY(add_step_pre(t, (tok_pre){.kind = TOK_PRE_PUNCT, .behavior = TOK_SPLIT_CONTIGUOUS}));
+        AT_TRY(tok_push_pre(t, &(tok_pre){.kind = TOK_PRE_PUNCT, .behavior = TOK_SPLIT_CONTIGUOUS}));
         AT_TRY(pre_byte_level(t, 1));
-        AT_TRY(add_step_pre(t, (tok_pre){.kind = TOK_PRE_DIGITS}));
+        AT_TRY(tok_push_pre(t, &(tok_pre){.kind = TOK_PRE_DIGITS}));
         AT_TRY(pre_regex(t, "[0-9][0-9][0-9]"));
     } else {
         return at_error(AT_ERR_UNSUPPORTED,
                         "tokenizer: pre-tokenizer family \"%s\" is not known (gpt2, llama3, qwen2, smollm, falcon)", name);
     }
     snprintf(t->pre_name, sizeof t->pre_name, "%s", canon);
-    return add_step_dec(t, (tok_dec){.kind = TOK_DEC_BYTELEVEL});
+    return tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_BYTELEVEL});
 }
 
 /* ---- tokenizer_config.json --------------------------------------------- */
@@ -204,24 +167,10 @@ at_status tok_read_config(at_tokenizer *t, const char *dir, int set_template)
     if (ids[3] >= 0) t->unk_id = ids[3];
     if (set_template && cfg) {
         int add_bos = jbool(cfg, "add_bos_token", 0), add_eos = jbool(cfg, "add_eos_token", 0);
-        if (add_bos && t->bos_id >= 0 && t->post.n_pre == 0) {
-            t->post.pre = malloc(sizeof(int32_t));
-            if (!t->post.pre) {
-                st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-                goto done;
-            }
-            t->post.pre[0] = t->bos_id;
-            t->post.n_pre = 1;
-        }
-        if (add_eos && t->eos_id >= 0 && t->post.n_post == 0) {
-            t->post.post = malloc(sizeof(int32_t));
-            if (!t->post.post) {
-                st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-                goto done;
-            }
-            t->post.post[0] = t->eos_id;
-            t->post.n_post = 1;
-        }
+        if (add_bos && t->bos_id >= 0 && t->post.n_pre == 0)
+            AT_CHECK(tok_post_push(&t->post.pre, &t->post.n_pre, t->bos_id));
+        if (add_eos && t->eos_id >= 0 && t->post.n_post == 0)
+            AT_CHECK(tok_post_push(&t->post.post, &t->post.n_post, t->eos_id));
     }
 done:
     cJSON_Delete(cfg);
@@ -421,14 +370,14 @@ at_status tok_load_llama2c(const char *path, at_tokenizer **out)
     }
     /* run.c prepends the token for " " to non-empty text and merges over the
      * whole text, with raw spaces in the pieces. */
-    AT_CHECK(add_step_norm(t, (tok_norm){.kind = TOK_NORM_PREPEND, .a = strdup(" "), .alen = 1}));
+    AT_CHECK(tok_push_norm(t, &(tok_norm){.kind = TOK_NORM_PREPEND, .a = strdup(" "), .alen = 1}));
     if (!t->norm[0].a) {
         st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
         goto done;
     }
-    AT_CHECK(add_step_dec(t, (tok_dec){.kind = TOK_DEC_BYTEFALLBACK}));
-    AT_CHECK(add_step_dec(t, (tok_dec){.kind = TOK_DEC_FUSE}));
-    AT_CHECK(add_step_dec(t, (tok_dec){.kind = TOK_DEC_STRIP, .strip_cp = ' ', .start = 1}));
+    AT_CHECK(tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_BYTEFALLBACK}));
+    AT_CHECK(tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_FUSE}));
+    AT_CHECK(tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_STRIP, .strip_cp = ' ', .start = 1}));
     t->bos_id = count > 1 ? 1 : -1;
     t->eos_id = count > 2 ? 2 : -1;
     t->unk_id = 0;
@@ -521,7 +470,7 @@ at_status at_tokenizer_from_arrays(const at_tokenizer_arrays *a, at_tokenizer **
     if (llama) {
         const char *sp = "\xE2\x96\x81";
         if (a->add_space_prefix) {
-            AT_CHECK(add_step_norm(t, (tok_norm){.kind = TOK_NORM_PREPEND, .a = strdup(sp), .alen = 3}));
+            AT_CHECK(tok_push_norm(t, &(tok_norm){.kind = TOK_NORM_PREPEND, .a = strdup(sp), .alen = 3}));
             if (!t->norm[t->n_norm - 1].a) {
                 st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
                 goto done;
@@ -533,17 +482,17 @@ at_status at_tokenizer_from_arrays(const at_tokenizer_arrays *a, at_tokenizer **
             st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
             goto done;
         }
-        AT_CHECK(add_step_norm(t, r));
+        AT_CHECK(tok_push_norm(t, &r));
         tok_dec d = {.kind = TOK_DEC_REPLACE, .a = strdup(sp), .alen = 3, .b = strdup(" "), .blen = 1};
         if (!d.a || !d.b) {
             tok_dec_free(&d);
             st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
             goto done;
         }
-        AT_CHECK(add_step_dec(t, d));
-        AT_CHECK(add_step_dec(t, (tok_dec){.kind = TOK_DEC_BYTEFALLBACK}));
-        AT_CHECK(add_step_dec(t, (tok_dec){.kind = TOK_DEC_FUSE}));
-        if (a->add_space_prefix) AT_CHECK(add_step_dec(t, (tok_dec){.kind = TOK_DEC_STRIP, .strip_cp = ' ', .start = 1}));
+        AT_CHECK(tok_push_dec(t, &d));
+        AT_CHECK(tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_BYTEFALLBACK}));
+        AT_CHECK(tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_FUSE}));
+        if (a->add_space_prefix) AT_CHECK(tok_push_dec(t, &(tok_dec){.kind = TOK_DEC_STRIP, .strip_cp = ' ', .start = 1}));
         snprintf(t->pre_name, sizeof t->pre_name, "llama-spm");
     } else {
         AT_CHECK(tok_use_family(t, a->pre && a->pre[0] ? a->pre : "default"));

@@ -13,16 +13,6 @@ typedef struct {
     at_tokenizer *t;
 } ctx;
 
-static char *dup_n(const char *s, size_t n)
-{
-    char *c = malloc(n + 1);
-    if (c) {
-        memcpy(c, s, n);
-        c[n] = '\0';
-    }
-    return c;
-}
-
 static const char *get_str(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -51,7 +41,7 @@ static at_status get_pattern(const ctx *c, const cJSON *o, const char *where, ch
     *lit = NULL;
     *re = NULL;
     if (cJSON_IsObject(p) && (s = get_str(p, "String")) != NULL) {
-        *lit = dup_n(s, strlen(s));
+        *lit = tok_dup(s, strlen(s));
         *lit_len = strlen(s);
         return *lit ? AT_OK : at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     }
@@ -64,7 +54,6 @@ static at_status get_pattern(const ctx *c, const cJSON *o, const char *where, ch
 
 static at_status add_norm(ctx *c, const cJSON *o)
 {
-    at_tokenizer *t = c->t;
     if (cJSON_IsNull(o) || !o) return AT_OK;
     if (!cJSON_IsObject(o)) return at_error(AT_ERR_FORMAT, "%s: normalizer must be an object", c->what);
     const char *ty = type_of(o);
@@ -89,7 +78,7 @@ static at_status add_norm(ctx *c, const cJSON *o)
         const char *p = get_str(o, "prepend");
         if (!p) return at_error(AT_ERR_FORMAT, "%s: normalizer Prepend without \"prepend\"", c->what);
         n.kind = TOK_NORM_PREPEND;
-        n.a = dup_n(p, strlen(p));
+        n.a = tok_dup(p, strlen(p));
         n.alen = strlen(p);
         if (!n.a) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     } else if (strcmp(ty, "Replace") == 0) {
@@ -97,7 +86,7 @@ static at_status add_norm(ctx *c, const cJSON *o)
         if (!content) return at_error(AT_ERR_FORMAT, "%s: normalizer Replace without \"content\"", c->what);
         n.kind = TOK_NORM_REPLACE;
         AT_TRY(get_pattern(c, o, "normalizer Replace", &n.a, &n.alen, &n.re));
-        n.b = dup_n(content, strlen(content));
+        n.b = tok_dup(content, strlen(content));
         n.blen = strlen(content);
         if (!n.b) {
             tok_norm_free(&n);
@@ -106,14 +95,7 @@ static at_status add_norm(ctx *c, const cJSON *o)
     } else {
         return at_error(AT_ERR_UNSUPPORTED, "%s: normalizer \"%s\" is not supported", c->what, ty);
     }
-    tok_norm *v = realloc(t->norm, (t->n_norm + 1) * sizeof *v);
-    if (!v) {
-        tok_norm_free(&n);
-        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    }
-    t->norm = v;
-    t->norm[t->n_norm++] = n;
-    return AT_OK;
+    return tok_push_norm(c->t, &n);
 }
 
 /* ---- pre-tokenizers ------------------------------------------------------ */
@@ -161,18 +143,6 @@ static at_status set_replacement(const ctx *c, const cJSON *o, char *repl, int *
     return AT_OK;
 }
 
-static at_status push_pre(at_tokenizer *t, tok_pre *p)
-{
-    tok_pre *v = realloc(t->pre, (t->n_pre + 1) * sizeof *v);
-    if (!v) {
-        tok_pre_free(p);
-        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    }
-    t->pre = v;
-    t->pre[t->n_pre++] = *p;
-    return AT_OK;
-}
-
 static at_status add_pre(ctx *c, const cJSON *o)
 {
     if (!o || cJSON_IsNull(o)) return AT_OK;
@@ -216,25 +186,13 @@ static at_status add_pre(ctx *c, const cJSON *o)
     } else {
         return at_error(AT_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" is not supported", c->what, ty);
     }
-    return push_pre(c->t, &p);
+    return tok_push_pre(c->t, &p);
 done:
     tok_pre_free(&p);
     return st;
 }
 
 /* ---- decoders ------------------------------------------------------------ */
-
-static at_status push_dec(at_tokenizer *t, tok_dec *d)
-{
-    tok_dec *v = realloc(t->dec, (t->n_dec + 1) * sizeof *v);
-    if (!v) {
-        tok_dec_free(d);
-        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    }
-    t->dec = v;
-    t->dec[t->n_dec++] = *d;
-    return AT_OK;
-}
 
 static at_status add_dec(ctx *c, const cJSON *o)
 {
@@ -275,9 +233,9 @@ static at_status add_dec(ctx *c, const cJSON *o)
             return at_error(AT_ERR_UNSUPPORTED, "%s: decoder Replace is supported with a String pattern and content only",
                             c->what);
         d.kind = TOK_DEC_REPLACE;
-        d.a = dup_n(s, strlen(s));
+        d.a = tok_dup(s, strlen(s));
         d.alen = strlen(s);
-        d.b = dup_n(content, strlen(content));
+        d.b = tok_dup(content, strlen(content));
         d.blen = strlen(content);
         if (!d.a || !d.b) {
             tok_dec_free(&d);
@@ -289,32 +247,23 @@ static at_status add_dec(ctx *c, const cJSON *o)
         d.kind = TOK_DEC_METASPACE;
         AT_TRY(set_replacement(c, o, repl, &rl));
         AT_TRY(parse_prepend_scheme(c, o, &d.prepend));
-        d.a = dup_n(repl, (size_t)rl);
+        d.a = tok_dup(repl, (size_t)rl);
         d.alen = (size_t)rl;
         if (!d.a) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     } else if (strcmp(ty, "BPEDecoder") == 0) {
         const char *s = get_str(o, "suffix");
         if (!s) s = "</w>";
         d.kind = TOK_DEC_BPE_SUFFIX;
-        d.a = dup_n(s, strlen(s));
+        d.a = tok_dup(s, strlen(s));
         d.alen = strlen(s);
         if (!d.a) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     } else {
         return at_error(AT_ERR_UNSUPPORTED, "%s: decoder \"%s\" is not supported", c->what, ty);
     }
-    return push_dec(c->t, &d);
+    return tok_push_dec(c->t, &d);
 }
 
 /* ---- post-processors ----------------------------------------------------- */
-
-static at_status post_push(int32_t **v, size_t *n, int32_t id)
-{
-    int32_t *p = realloc(*v, (*n + 1) * sizeof *p);
-    if (!p) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    *v = p;
-    p[(*n)++] = id;
-    return AT_OK;
-}
 
 static at_status special_pair_id(const ctx *c, const cJSON *o, const char *key, int32_t *id)
 {
@@ -345,8 +294,8 @@ static at_status add_post(ctx *c, const cJSON *o)
         int32_t cls, sep;
         AT_TRY(special_pair_id(c, o, "cls", &cls));
         AT_TRY(special_pair_id(c, o, "sep", &sep));
-        AT_TRY(post_push(&t->post.pre, &t->post.n_pre, cls));
-        return post_push(&t->post.post, &t->post.n_post, sep);
+        AT_TRY(tok_post_push(&t->post.pre, &t->post.n_pre, cls));
+        return tok_post_push(&t->post.post, &t->post.n_post, sep);
     }
     if (strcmp(ty, "TemplateProcessing") != 0)
         return at_error(AT_ERR_UNSUPPORTED, "%s: post_processor \"%s\" is not supported", c->what, ty);
@@ -373,9 +322,9 @@ static at_status add_post(ctx *c, const cJSON *o)
         {
             if (!cJSON_IsNumber(idv)) return at_error(AT_ERR_FORMAT, "%s: TemplateProcessing: bad id for \"%s\"", c->what, name);
             if (seen_seq)
-                AT_TRY(post_push(&t->post.post, &t->post.n_post, idv->valueint));
+                AT_TRY(tok_post_push(&t->post.post, &t->post.n_post, idv->valueint));
             else
-                AT_TRY(post_push(&t->post.pre, &t->post.n_pre, idv->valueint));
+                AT_TRY(tok_post_push(&t->post.pre, &t->post.n_pre, idv->valueint));
         }
     }
     return AT_OK;
@@ -414,11 +363,11 @@ static at_status load_model(ctx *c, const cJSON *m)
 
     const char *s;
     if ((s = get_str(m, "continuing_subword_prefix")) != NULL && s[0]) {
-        t->model.cont_prefix = dup_n(s, strlen(s));
+        t->model.cont_prefix = tok_dup(s, strlen(s));
         if (!t->model.cont_prefix) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     }
     if ((s = get_str(m, "end_of_word_suffix")) != NULL && s[0]) {
-        t->model.eow_suffix = dup_n(s, strlen(s));
+        t->model.eow_suffix = tok_dup(s, strlen(s));
         if (!t->model.eow_suffix) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     }
     t->model.fuse_unk = get_bool(m, "fuse_unk", 0);

@@ -152,22 +152,13 @@ static void apply_behavior(spans *s, tok_split_behavior beh, int invert)
     case TOK_SPLIT_REMOVED:
         return;
     case TOK_SPLIT_CONTIGUOUS:
-        for (size_t i = 0; i < s->n; i++) {
-            int m = s->v[i].is_match;
-            if (m == prev && k > 0) {
-                s->v[k - 1].b = s->v[i].b;
-            } else {
-                s->v[k] = s->v[i];
-                s->v[k++].is_match = 0;
-            }
-            prev = m;
-        }
-        s->n = k;
-        return;
     case TOK_SPLIT_MERGED_PREV:
+        /* Contiguous: a span of the same kind as the one before joins it;
+         * MergedWithPrevious: a match joins the piece before it. */
         for (size_t i = 0; i < s->n; i++) {
             int m = s->v[i].is_match;
-            if (m && !prev && k > 0) {
+            int join = beh == TOK_SPLIT_CONTIGUOUS ? m == prev : (m && !prev);
+            if (join && k > 0) {
                 s->v[k - 1].b = s->v[i].b;
             } else {
                 s->v[k] = s->v[i];

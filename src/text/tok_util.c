@@ -41,6 +41,16 @@ void tok_buf_free(tok_buf *b)
     b->len = b->cap = 0;
 }
 
+char *tok_dup(const char *s, size_t n)
+{
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, s, n);
+        c[n] = '\0';
+    }
+    return c;
+}
+
 /* ---- UTF-8 -------------------------------------------------------------- */
 
 int tok_utf8_len(uint8_t c)
@@ -290,10 +300,8 @@ at_status tok_vocab_set(tok_vocab *v, int32_t id, const char *s, size_t len)
 {
     if (id < 0) return at_error(AT_ERR_FORMAT, "tokenizer: negative token id %d", (int)id);
     if (id >= v->n) AT_TRY(tok_vocab_grow(v, id + 1 > v->n * 2 ? id + 1 : v->n * 2));
-    char *c = malloc(len + 1);
+    char *c = tok_dup(s, len);
     if (!c) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
-    memcpy(c, s, len);
-    c[len] = '\0';
     free(v->str[id]);
     v->str[id] = c;
     v->len[id] = (uint32_t)len;

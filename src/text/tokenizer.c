@@ -41,6 +41,52 @@ void at_tokenizer_free(at_tokenizer *t)
     free(t);
 }
 
+at_status tok_push_norm(at_tokenizer *t, tok_norm *n)
+{
+    tok_norm *v = realloc(t->norm, (t->n_norm + 1) * sizeof *v);
+    if (!v) {
+        tok_norm_free(n);
+        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    t->norm = v;
+    t->norm[t->n_norm++] = *n;
+    return AT_OK;
+}
+
+at_status tok_push_pre(at_tokenizer *t, tok_pre *p)
+{
+    tok_pre *v = realloc(t->pre, (t->n_pre + 1) * sizeof *v);
+    if (!v) {
+        tok_pre_free(p);
+        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    t->pre = v;
+    t->pre[t->n_pre++] = *p;
+    return AT_OK;
+}
+
+at_status tok_push_dec(at_tokenizer *t, tok_dec *d)
+{
+    tok_dec *v = realloc(t->dec, (t->n_dec + 1) * sizeof *v);
+    if (!v) {
+        tok_dec_free(d);
+        return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    t->dec = v;
+    t->dec[t->n_dec++] = *d;
+    t->has_decoder = 1;
+    return AT_OK;
+}
+
+at_status tok_post_push(int32_t **v, size_t *n, int32_t id)
+{
+    int32_t *p = realloc(*v, (*n + 1) * sizeof *p);
+    if (!p) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
+    *v = p;
+    p[(*n)++] = id;
+    return AT_OK;
+}
+
 at_status tok_finish(at_tokenizer *t)
 {
     AT_TRY(tok_bpe_finish(&t->model));

@@ -181,16 +181,6 @@ static char *dup_metaspace(const char *s, size_t n, size_t *out_len)
     return o;
 }
 
-static char *dup_bytes(const char *s, size_t n)
-{
-    char *o = malloc(n + 1);
-    if (o) {
-        memcpy(o, s, n);
-        o[n] = '\0';
-    }
-    return o;
-}
-
 typedef struct {
     int32_t rank, left, right, id;
 } merge_rec;
@@ -258,13 +248,13 @@ at_status at_tokenizer_to_gguf(const at_tokenizer *t, at_tokenizer_gguf **out)
         if (!s) {
             char pad[32];
             int k = snprintf(pad, sizeof pad, "[PAD%zu]", id);
-            g->tokens[id] = dup_bytes(pad, (size_t)k);
+            g->tokens[id] = tok_dup(pad, (size_t)k);
             g->token_lens[id] = (size_t)k;
             type = AT_TOKTYPE_UNUSED;
         } else if (llama2c && id >= 3) {
             g->tokens[id] = dup_metaspace(s, len, &g->token_lens[id]);
         } else {
-            g->tokens[id] = dup_bytes(s, len);
+            g->tokens[id] = tok_dup(s, len);
             g->token_lens[id] = len;
         }
         if (!g->tokens[id]) {

@@ -32,7 +32,8 @@ at_status at_cpu_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
     return AT_OK;
 }
 
-at_status at_cpu_scale(at_tensor *y, const at_tensor *x, float s)
+/* y = s·x (accumulate 0) or y += s·x (accumulate 1). */
+static at_status scaled(at_tensor *y, const at_tensor *x, float s, int accumulate)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
     int64_t n = at_tensor_numel(x), nc = nchunks(n);
@@ -44,30 +45,20 @@ at_status at_cpu_scale(at_tensor *y, const at_tensor *x, float s)
         int64_t off = u * AT_CPU_CHUNK, len = n - off < AT_CPU_CHUNK ? n - off : AT_CPU_CHUNK;
         const float *xi = at_cpu_in(v, bx, px, x->dtype, off, len);
         float *o = at_cpu_out(by, py, y->dtype, off);
-        v->scale(o, xi, s, len);
+        if (!accumulate) {
+            v->scale(o, xi, s, len);
+        } else {
+            if (y->dtype != AT_F32) v->load(o, at_cpu_elem(py, y->dtype, off), y->dtype, len);
+            v->axpy(o, s, xi, len);
+        }
         at_cpu_out_done(v, o, py, y->dtype, off, len);
     }
     return AT_OK;
 }
 
-at_status at_cpu_axpy(at_tensor *y, float alpha, const at_tensor *x)
-{
-    const at_cpu_simd *v = at_cpu_simd_get();
-    int64_t n = at_tensor_numel(x), nc = nchunks(n);
-    const void *px = at_tensor_data(x);
-    void *py = at_tensor_data(y);
-#pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN)
-    for (int64_t u = 0; u < nc; u++) {
-        float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
-        int64_t off = u * AT_CPU_CHUNK, len = n - off < AT_CPU_CHUNK ? n - off : AT_CPU_CHUNK;
-        const float *xi = at_cpu_in(v, bx, px, x->dtype, off, len);
-        float *o = at_cpu_out(by, py, y->dtype, off);
-        if (y->dtype != AT_F32) v->load(o, at_cpu_elem(py, y->dtype, off), y->dtype, len);
-        v->axpy(o, alpha, xi, len);
-        at_cpu_out_done(v, o, py, y->dtype, off, len);
-    }
-    return AT_OK;
-}
+at_status at_cpu_scale(at_tensor *y, const at_tensor *x, float s) { return scaled(y, x, s, 0); }
+
+at_status at_cpu_axpy(at_tensor *y, float alpha, const at_tensor *x) { return scaled(y, x, alpha, 1); }
 
 at_status at_cpu_fill(at_tensor *y, float value)
 {

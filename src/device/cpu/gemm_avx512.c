@@ -11,6 +11,11 @@
 #define MR 14
 #define NR 32
 
+static inline __m512 row16_f32(const char *p, at_dtype t, int64_t left, int round)
+{
+    return load16r(p, t, mask16(left), round);
+}
+
 static void pack_f32(void *dst_, const void *src_, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n, int64_t kc,
                      int round)
 {
@@ -43,39 +48,16 @@ static void pack_f32(void *dst_, const void *src_, at_dtype t, int64_t sx, int64
         return;
     }
     /* k contiguous: transpose 16 lanes x 16 k at a time */
-    for (int64_t pi = 0; pi < np; pi++, dst += pstride) {
-        int64_t x0 = pi * w;
-        for (int g = 0; g < w; g += 16) {
-            __mmask16 wm = mask16(w - g);
-            for (int64_t k0 = 0; k0 < kc; k0 += 16) {
-                __mmask16 km = mask16(kc - k0);
-                __m512 r[16];
-                for (int i = 0; i < 16; i++)
-                    r[i] = x0 + g + i < n ? load16r(src + (size_t)((x0 + g + i) * sx + k0) * es, t, km, round)
-                                          : _mm512_setzero_ps();
-                transpose16(r);
-                int kl = kc - k0 < 16 ? (int)(kc - k0) : 16;
-                for (int i = 0; i < kl; i++) _mm512_mask_storeu_ps(dst + (k0 + i) * w + g, wm, r[i]);
-            }
-        }
-    }
+    pack_transposed(dst, src, t, sx, w, n, kc, kc, 1, round, row16_f32);
 }
 
 /* The 14x32 microkernel: 28 zmm accumulators, per k two B vectors and 14
- * broadcasts of A. C's lines are prefetched first so that the write-back
- * does not wait on them. */
+ * broadcasts of A (frame: AT_TILE_BEGIN/END in gemm_avx512_inl.h). */
 static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m, int n,
                        float alpha, float beta)
 {
     const float *ap = ap_, *bp = bp_;
-    size_t es = ct == AT_F32 ? 4 : 2;
-    for (int i = 0; i < m; i++) {
-        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es, _MM_HINT_T0);
-        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es + 64, _MM_HINT_T0);
-    }
-#define Z(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
-    Z(0) Z(1) Z(2) Z(3) Z(4) Z(5) Z(6) Z(7) Z(8) Z(9) Z(10) Z(11) Z(12) Z(13)
-#undef Z
+    AT_TILE_BEGIN
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #define F(i)                                                                                                           \
@@ -84,18 +66,12 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
         c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);                                                                     \
         c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                                                                     \
     }
-        F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13)
+        AT_R14(F)
 #undef F
         ap += MR;
         bp += NR;
     }
-    __m512 va = _mm512_set1_ps(alpha);
-    __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
-    char *cr = c;
-#define S(i)                                                                                                           \
-    if (i < m) store_row(cr + (size_t)(i * ldc) * es, ct, c##i##0, c##i##1, m0, m1, va, beta);
-    S(0) S(1) S(2) S(3) S(4) S(5) S(6) S(7) S(8) S(9) S(10) S(11) S(12) S(13)
-#undef S
+    AT_TILE_END
 }
 
 const at_gemm_blocked at_gemm_f32_avx512 = {
@@ -105,12 +81,8 @@ const at_gemm_blocked at_gemm_f32_avx512 = {
 
 /* ---- small path ----
  * The tiles below are generic in their sizes (RR, SS, NV: compile-time
- * constants after inlining). Accumulators are named variables, not arrays:
- * compilers keep an array of 16+ zmm in memory and reload it every step. */
-
-#define AT_S8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
-#define AT_R4(M) M(0) M(1) M(2) M(3)
-#define AT_R4S8(M) AT_S8(M, 0) AT_S8(M, 1) AT_S8(M, 2) AT_S8(M, 3)
+ * constants after inlining), their accumulators named variables (see
+ * AT_R4S8 in gemm_avx512_inl.h). */
 
 /* RR (<= 4) rows of y against SS (<= 8) rows of x, dot products along k;
  * only the first sv of the SS results per row are stored. */

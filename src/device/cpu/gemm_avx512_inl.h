@@ -93,4 +93,64 @@ static inline void store_row(void *c, at_dtype ct, __m512 a0, __m512 a1, __mmask
     }
 }
 
+/* Lists of the row / column indices that the tiles of gemm_avx512*.c spell
+ * out: accumulators are named variables (c<r><s>), not arrays, since
+ * compilers keep an array of 16+ zmm in memory and reload it every step. */
+#define AT_S8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
+#define AT_R4(M) M(0) M(1) M(2) M(3)
+#define AT_R4S8(M) AT_S8(M, 0) AT_S8(M, 1) AT_S8(M, 2) AT_S8(M, 3)
+#define AT_R14(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13)
+
+/* The 14x32 microkernels' frame: row i accumulates in c<i>0 and c<i>1.
+ * AT_TILE_BEGIN prefetches C's lines first, so that the write-back does not
+ * wait on them, and zeroes the accumulators; AT_TILE_END stores rows 0..m
+ * of c = alpha*acc + beta*c (kernel arguments c, ct, ldc, m, n, alpha, beta). */
+#define AT_TILE_ZERO_(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
+#define AT_TILE_STORE_(i)                                                                                              \
+    if (i < m) store_row(cr + (size_t)(i * ldc) * es, ct, c##i##0, c##i##1, m0, m1, va, beta);
+#define AT_TILE_BEGIN                                                                                                  \
+    size_t es = ct == AT_F32 ? 4 : 2;                                                                                  \
+    for (int i = 0; i < m; i++) {                                                                                      \
+        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es, _MM_HINT_T0);                                           \
+        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es + 64, _MM_HINT_T0);                                      \
+    }                                                                                                                  \
+    AT_R14(AT_TILE_ZERO_)
+#define AT_TILE_END                                                                                                    \
+    {                                                                                                                  \
+        __m512 va = _mm512_set1_ps(alpha);                                                                             \
+        __mmask16 m0 = mask16(n), m1 = mask16(n - 16);                                                                 \
+        char *cr = c;                                                                                                  \
+        AT_R14(AT_TILE_STORE_)                                                                                         \
+    }
+
+/* The k-contiguous case of the packers: panels of w lanes (x), each stored
+ * as nu k units of w 32-bit values (a unit is one f32, or one bf16 pair).
+ * load(p, t, left, round) reads 16 units of one source row (left: the
+ * source values from p on) as 16 32-bit lanes; rows past n are zero. 16 x
+ * 16 blocks are transposed in registers. */
+typedef __m512 (*at_row16_fn)(const char *p, at_dtype t, int64_t left, int round);
+static inline __attribute__((always_inline)) void pack_transposed(float *dst, const char *src, at_dtype t, int64_t sx,
+                                                                  int w, int64_t n, int64_t kc, int64_t nu, int upk,
+                                                                  int round, at_row16_fn load)
+{
+    size_t es = t == AT_F32 ? 4 : 2;
+    int64_t np = (n + w - 1) / w, pstride = nu * w;
+    for (int64_t pi = 0; pi < np; pi++, dst += pstride) {
+        int64_t x0 = pi * w;
+        for (int g = 0; g < w; g += 16) {
+            __mmask16 wm = mask16(w - g);
+            for (int64_t u0 = 0; u0 < nu; u0 += 16) {
+                int64_t k0 = upk * u0;
+                __m512 r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = x0 + g + i < n ? load(src + (size_t)((x0 + g + i) * sx + k0) * es, t, kc - k0, round)
+                                          : _mm512_setzero_ps();
+                transpose16(r);
+                int ul = nu - u0 < 16 ? (int)(nu - u0) : 16;
+                for (int i = 0; i < ul; i++) _mm512_mask_storeu_ps(dst + (u0 + i) * w + g, wm, r[i]);
+            }
+        }
+    }
+}
+
 #endif

@@ -27,6 +27,12 @@ static inline __m512i load32_bf16(const char *p, at_dtype t, int64_t n)
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
+static inline __m512 row16_bf16(const char *p, at_dtype t, int64_t left, int round)
+{
+    (void)round;
+    return _mm512_castsi512_ps(load32_bf16(p, t, left));
+}
+
 /* 16 lanes of two rows as interleaved bf16 pairs: word i = (r0[i], r1[i]). */
 static inline __m512i pair16(const char *r0, const char *r1, at_dtype t, __mmask16 m)
 {
@@ -74,23 +80,7 @@ static void pack_bf16(void *dst_, const void *src_, at_dtype t, int64_t sx, int6
         return;
     }
     /* k contiguous: each 32-bit word of a row already is a pair; transpose */
-    for (int64_t pi = 0; pi < np; pi++, dst += pstride) {
-        int64_t x0 = pi * w;
-        for (int g = 0; g < w; g += 16) {
-            __mmask16 wm = mask16(w - g);
-            for (int64_t p0 = 0; p0 < kcp; p0 += 16) {
-                int64_t k0 = 2 * p0;
-                __m512 r[16];
-                for (int i = 0; i < 16; i++)
-                    r[i] = x0 + g + i < n ? _mm512_castsi512_ps(load32_bf16(
-                                                src + (size_t)((x0 + g + i) * sx + k0) * es, t, kc - k0))
-                                          : _mm512_setzero_ps();
-                transpose16(r);
-                int pl = kcp - p0 < 16 ? (int)(kcp - p0) : 16;
-                for (int i = 0; i < pl; i++) _mm512_mask_storeu_ps(dst + (p0 + i) * w + g, wm, r[i]);
-            }
-        }
-    }
+    pack_transposed(dst, src, t, sx, w, n, kc, kcp, 2, round, row16_bf16);
 }
 
 static void kernel_bf16(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m, int n,
@@ -99,14 +89,7 @@ static void kernel_bf16(int64_t kc, const void *ap_, const void *bp_, void *c, a
     const int32_t *ap = ap_;
     const __m512i *bp = bp_;
     int64_t kcp = (kc + 1) / 2;
-    size_t es = ct == AT_F32 ? 4 : 2;
-    for (int i = 0; i < m; i++) {
-        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es, _MM_HINT_T0);
-        _mm_prefetch((const char *)c + (size_t)(i * ldc) * es + 64, _MM_HINT_T0);
-    }
-#define Z(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
-    Z(0) Z(1) Z(2) Z(3) Z(4) Z(5) Z(6) Z(7) Z(8) Z(9) Z(10) Z(11) Z(12) Z(13)
-#undef Z
+    AT_TILE_BEGIN
     for (int64_t p = 0; p < kcp; p++) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp), b1 = (__m512bh)_mm512_loadu_si512(bp + 1);
 #define F(i)                                                                                                           \
@@ -115,18 +98,12 @@ static void kernel_bf16(int64_t kc, const void *ap_, const void *bp_, void *c, a
         c##i##0 = _mm512_dpbf16_ps(c##i##0, a, b0);                                                                    \
         c##i##1 = _mm512_dpbf16_ps(c##i##1, a, b1);                                                                    \
     }
-        F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13)
+        AT_R14(F)
 #undef F
         ap += MR;
         bp += 2;
     }
-    __m512 va = _mm512_set1_ps(alpha);
-    __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
-    char *cr = c;
-#define S(i)                                                                                                           \
-    if (i < m) store_row(cr + (size_t)(i * ldc) * es, ct, c##i##0, c##i##1, m0, m1, va, beta);
-    S(0) S(1) S(2) S(3) S(4) S(5) S(6) S(7) S(8) S(9) S(10) S(11) S(12) S(13)
-#undef S
+    AT_TILE_END
 }
 
 const at_gemm_blocked at_gemm_bf16_avx512bf16 = {
@@ -151,9 +128,6 @@ void at_gemm_bf16_release(void)
     xb_cap = 0;
 }
 
-#define AT_B8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
-#define AT_B4x8(M) AT_B8(M, 0) AT_B8(M, 1) AT_B8(M, 2) AT_B8(M, 3)
-
 /* RR (<= 4) bf16 rows of y against SS (<= 8) bf16 rows of xb (ldxb, a
  * multiple of 32, zero past K), dot products along k. */
 static inline __attribute__((always_inline)) void dotb_tile(const int RR, const int SS, int64_t K,
@@ -161,24 +135,24 @@ static inline __attribute__((always_inline)) void dotb_tile(const int RR, const 
                                                             int64_t ldy, float *out, int64_t ors, int64_t oss, int sv)
 {
 #define DECL(r, s) __m512 c##r##s = _mm512_setzero_ps();
-    AT_B4x8(DECL)
+    AT_R4S8(DECL)
 #undef DECL
     for (int64_t k = 0; k < K; k += 32) {
         __mmask32 km = mask32(K - k);
         __m512i y0 = _mm512_setzero_si512(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(r)                                                                                                          \
     if (RR > r) y##r = _mm512_maskz_loadu_epi16(km, y + r * ldy + k);
-        LY(0) LY(1) LY(2) LY(3)
+        AT_R4(LY)
 #undef LY
 #define DP(r, s)                                                                                                       \
     if (RR > r && SS > s)                                                                                              \
         c##r##s = _mm512_dpbf16_ps(c##r##s, (__m512bh)_mm512_loadu_si512(xb + s * ldxb + k), (__m512bh)y##r);
-        AT_B4x8(DP)
+        AT_R4S8(DP)
 #undef DP
     }
 #define RED(r, s)                                                                                                      \
     if (RR > r && SS > s && s < sv) out[r * ors + s * oss] = _mm512_reduce_add_ps(c##r##s);
-    AT_B4x8(RED)
+    AT_R4S8(RED)
 #undef RED
 }
 

@@ -316,14 +316,18 @@ done:
 
 /* ---- embedding ----  y[n] = table[ids[n]];  backward: dtable[ids[n]] += dy[n] */
 
-/* Every id must lie in [0, V): checked before anything is written. */
-static at_status check_ids(const int32_t *ids, int64_t n, int64_t V, const at_tensor *idt, const at_tensor *table,
-                           const char *op)
+/* The ids of an embedding op, each checked to lie in [0, V) of table (rows)
+ * before anything is written. */
+static at_status load_ids(const at_tensor *idt, const at_tensor *table, const char *op, const int32_t **out)
 {
+    const int32_t *ids;
+    int64_t n = at_tensor_numel(idt), V = table->shape[0];
+    AT_TRY(at_ref_index(idt, op, &ids));
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V)
             return at_error(AT_ERR_INVALID, "ref %s: %s[%lld] = %d is outside [0, %lld) of %s", op, idt->name,
                             (long long)i, (int)ids[i], (long long)V, table->name);
+    *out = ids;
     return AT_OK;
 }
 
@@ -333,9 +337,8 @@ at_status at_ref_embedding_forward(at_tensor *y, const at_tensor *ids, const at_
     const int32_t *I = NULL;
     double *T = NULL, *Y = NULL;
     at_status st = AT_OK;
-    int64_t n = at_tensor_numel(ids), V = table->shape[0], D = table->shape[1];
-    AT_CHECK(at_ref_index(ids, op, &I));
-    AT_CHECK(check_ids(I, n, V, ids, table, op));
+    int64_t n = at_tensor_numel(ids), D = table->shape[1];
+    AT_CHECK(load_ids(ids, table, op, &I));
     AT_CHECK(at_ref_load(table, op, &T));
     AT_CHECK(at_ref_zeros(n * D, &Y));
     for (int64_t i = 0; i < n; i++) memcpy(Y + i * D, T + (int64_t)I[i] * D, (size_t)D * sizeof(double));
@@ -352,9 +355,8 @@ at_status at_ref_embedding_backward(at_tensor *dtable, const at_tensor *dy, cons
     const int32_t *I = NULL;
     double *T = NULL, *DY = NULL;
     at_status st = AT_OK;
-    int64_t n = at_tensor_numel(ids), V = dtable->shape[0], D = dtable->shape[1];
-    AT_CHECK(at_ref_index(ids, op, &I));
-    AT_CHECK(check_ids(I, n, V, ids, dtable, op));
+    int64_t n = at_tensor_numel(ids), D = dtable->shape[1];
+    AT_CHECK(load_ids(ids, dtable, op, &I));
     AT_CHECK(at_ref_load(dtable, op, &T));
     AT_CHECK(at_ref_load(dy, op, &DY));
     for (int64_t i = 0; i < n; i++)
