@@ -8,7 +8,10 @@
  *  - the same on the CUDA backend under the emulator (gradients staged
  *    through host memory: the emulator has no NCCL);
  *  - an error on the ranks (a missing dataset) ends the job with the message,
- *    it does not hang in a collective.
+ *    it does not hang in a collective;
+ *  - at_comm_allreduce_tensors (this program run by mpirun with
+ *    --allreduce-worker): sums equal on every rank, in the number of MPI
+ *    calls the buckets imply.
  * Needs OpenMPI's mpirun (scripts/setup.sh installs it). */
 #include <dirent.h>
 #include <math.h>
@@ -19,6 +22,9 @@
 #include <unistd.h>
 #include "base/file.h"
 #include "base/json.h"
+#include "device/comm.h"
+#include "device/cpu/cpu_backend.h"
+#include "device/cuda_loader.h"
 #include "train/run_files.h"
 #include "testing.h"
 
@@ -88,8 +94,81 @@ static int run(const char *cmd)
 
 static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12); }
 
-int main(void)
+/* Element j of tensor i on rank r: multiples of 1/4 small enough that every
+ * sum over ranks is exact in f32. */
+static float fill_value(int r, int i, size_t j) { return (float)(r + 1) * (float)(i * 1000 + (int)(j % 997)) * 0.25f; }
+
+/* One rank's part: the tensors of `sizes` on backend be, summed with buckets
+ * of bucket_bytes; every element is checked and, when want_calls >= 0, the
+ * number of collective calls. */
+static void allreduce_case(at_comm *c, at_backend *be, const size_t *sizes, int n, size_t bucket_bytes, long long want_calls)
 {
+    int world = at_comm_size(c), rank = at_comm_rank(c);
+    at_tensor *ts[8] = {0};
+    for (int i = 0; i < n; i++) {
+        int64_t shape[1] = {(int64_t)sizes[i]};
+        char name[32];
+        snprintf(name, sizeof name, "t%d", i);
+        CHECK_OK(at_tensor_new(be, AT_F32, 1, shape, name, &ts[i]));
+        float *h = malloc(sizes[i] * sizeof *h);
+        for (size_t j = 0; h && j < sizes[i]; j++) h[j] = fill_value(rank, i, j);
+        if (h && ts[i]) CHECK_OK(at_tensor_upload(ts[i], h, sizes[i] * sizeof *h));
+        free(h);
+    }
+    if (at_test_failures) goto done;
+    long long calls0 = at_comm_calls(c);
+    CHECK_OK(at_comm_allreduce_tensors(c, ts, n, bucket_bytes));
+    if (want_calls >= 0)
+        CHECK_MSG(at_comm_calls(c) - calls0 == want_calls, "%s, bucket %zu bytes: %lld collective calls, want %lld",
+                  be->name, bucket_bytes, at_comm_calls(c) - calls0, want_calls);
+    for (int i = 0; i < n; i++) {
+        float *h = malloc(sizes[i] * sizeof *h);
+        if (!h || at_tensor_download(ts[i], h, sizes[i] * sizeof *h) != AT_OK) {
+            CHECK_MSG(0, "download of t%d", i);
+            free(h);
+            continue;
+        }
+        size_t bad = 0;
+        for (size_t j = 0; j < sizes[i]; j++) {
+            float want = 0;
+            for (int r = 0; r < world; r++) want += fill_value(r, i, j);
+            bad += h[j] != want;
+        }
+        CHECK_MSG(bad == 0, "%s, bucket %zu bytes: t%d (%zu values) has %zu wrong sums", be->name, bucket_bytes, i,
+                  sizes[i], bad);
+        free(h);
+    }
+done:
+    for (int i = 0; i < n; i++) at_tensor_free(ts[i]);
+}
+
+static int allreduce_worker(void)
+{
+    at_comm *c = NULL;
+    CHECK_OK(at_comm_world(&c));
+    if (!c) return at_test_result("test_mpi worker");
+    CHECK_MSG(at_comm_size(c) == 2, "the worker runs with 2 ranks, not %d", at_comm_size(c));
+    /* 16 KiB buckets (4096 values): {3, 1000, 5} packed, 40000 alone and in
+     * place, {7, 1} packed: 3 calls; the default bucket takes all in 1 */
+    const size_t sizes[] = {3, 1000, 5, 40000, 7, 1};
+    allreduce_case(c, at_cpu_backend(), sizes, 6, 16 << 10, 3);
+    allreduce_case(c, at_cpu_backend(), sizes, 6, 0, 1);
+#ifdef AT_CUDA_EMU_LIBRARY
+    /* a device backend without NCCL: staged through host buckets, the tensor
+     * bigger than a bucket in a buffer of its own */
+    at_backend *emu = NULL;
+    CHECK_OK(at_cuda_backend_load(AT_CUDA_EMU_LIBRARY, 0, &emu));
+    if (emu) allreduce_case(c, emu, sizes, 6, 16 << 10, -1);
+    if (emu) allreduce_case(c, emu, sizes, 6, 16 << 10, 3);
+#endif
+    int rc = at_test_result("test_mpi worker");
+    at_comm_finalize();
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--allreduce-worker")) return allreduce_worker();
     const char *bin = getenv("ANYTUNE_BIN");
     CHECK_MSG(bin != NULL, "ANYTUNE_BIN is not set (run through ctest)");
     CHECK_MSG(run("command -v mpirun > /dev/null") == 0, "mpirun not found: run scripts/setup.sh (OpenMPI)");
@@ -178,6 +257,14 @@ int main(void)
     free(run_mpi);
     free(run_one);
 #endif
+
+    snprintf(cmd, sizeof cmd, "timeout 120 " MPIRUN " %s --allreduce-worker > %s/worker.out 2>&1", argv[0], T);
+    rc = run(cmd);
+    CHECK_MSG(rc == 0, "mpirun -np 2 test_mpi --allreduce-worker exited with %d (see below)", rc);
+    if (rc) {
+        snprintf(cmd, sizeof cmd, "cat %s/worker.out >&2", T);
+        run(cmd);
+    }
 
     /* every rank fails (the dataset is missing): the job ends with the message */
     snprintf(cmd, sizeof cmd, "timeout 120 " MPIRUN " %s sft --model demo/stories260K --dataset %s/missing.jsonl --output_dir %s/bad > %s/bad.out 2>&1",

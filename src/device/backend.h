@@ -86,11 +86,11 @@ typedef struct at_backend {
     /* Collectives across processes (data parallel, device/comm.h); optional:
      * when NULL the core stages tensors through host memory and uses MPI.
      * comm_id writes AT_COMM_ID_BYTES of an id that rank 0 creates and every
-     * rank passes to comm_init (NCCL's unique id); allreduce_sum sums an f32
-     * tensor over every rank, in place. */
+     * rank passes to comm_init (NCCL's unique id); allreduce_sum sums n f32
+     * tensors over every rank, each in place, as one grouped operation. */
     at_status (*comm_id)(struct at_backend *be, void *id);
     at_status (*comm_init)(struct at_backend *be, const void *id, int rank, int world);
-    at_status (*allreduce_sum)(struct at_backend *be, at_tensor *t);
+    at_status (*allreduce_sum)(struct at_backend *be, at_tensor *const *ts, int n);
     /* Fallback warnings already given, one bit per op. */
     uint64_t fallback_warned;
 } at_backend;

@@ -1,6 +1,7 @@
 #include "device/comm.h"
 
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
@@ -22,6 +23,7 @@ struct at_comm {
     int (*Comm_rank)(mpi_handle, int *);
     int (*Comm_size)(mpi_handle, int *);
     at_backend *device_comm; /* the backend whose collectives are set up (one per process) */
+    long long calls;         /* collective calls made (at_comm_calls) */
 };
 
 static at_comm g_comm;
@@ -98,6 +100,7 @@ int at_comm_size(const at_comm *c) { return c ? c->size : 1; }
 at_status at_comm_allreduce_f64(at_comm *c, double *values, int n)
 {
     if (!c || c->size <= 1 || n <= 0) return AT_OK;
+    c->calls++;
     /* MPI_IN_PLACE is ((void *) 1) in OpenMPI's mpi.h */
     if (c->Allreduce((void *)1, values, n, c->f64, c->sum, c->world) != 0)
         return at_error(AT_ERR_DEVICE, "MPI_Allreduce of %d values failed", n);
@@ -119,31 +122,94 @@ static at_status device_comm_init(at_comm *c, at_backend *be)
         if (c->rank == 0) at_log_warn("%s: %s; summing gradients through host memory and MPI", be->name, at_last_error());
         return at_error(AT_ERR_UNSUPPORTED, "%s: no device collectives", be->name);
     }
+    c->calls++;
     if (c->Bcast(id, (int)sizeof id, c->byte, 0, c->world) != 0) return at_error(AT_ERR_DEVICE, "MPI_Bcast failed");
     return be->comm_init(be, id, c->rank, c->size);
 }
 
-at_status at_comm_allreduce_tensor(at_comm *c, at_tensor *t)
+/* One MPI_Allreduce of n floats at p, in place. */
+static at_status mpi_sum_f32(at_comm *c, float *p, size_t n, const char *what)
 {
-    if (!c || c->size <= 1) return AT_OK;
-    if (t->dtype != AT_F32) return at_error(AT_ERR_INVALID, "all-reduce of %s: only f32 tensors", t->name);
-    at_backend *be = t->buf->backend;
+    if (n > 0x7fffffff) return at_error(AT_ERR_UNSUPPORTED, "all-reduce of %s: more than 2^31 elements", what);
+    c->calls++;
+    if (c->Allreduce((void *)1, p, (int)n, c->f32, c->sum, c->world) != 0)
+        return at_error(AT_ERR_DEVICE, "MPI_Allreduce of %s (%zu values) failed", what, n);
+    return AT_OK;
+}
+
+/* Host staging of ts[i0, i1): copied one after another into buf (big
+ * enough), summed by one call, copied back. A lone host tensor is summed
+ * where it lies. */
+static at_status host_bucket(at_comm *c, at_tensor *const *ts, int i0, int i1, float *buf)
+{
+    at_backend *be = ts[i0]->buf->backend;
+    if (i1 - i0 == 1 && be->is_host)
+        return mpi_sum_f32(c, at_tensor_data(ts[i0]), (size_t)at_tensor_numel(ts[i0]), ts[i0]->name);
+    size_t off = 0;
+    for (int i = i0; i < i1; i++) {
+        size_t n = (size_t)at_tensor_numel(ts[i]);
+        if (be->is_host) memcpy(buf + off, at_tensor_data(ts[i]), n * sizeof *buf);
+        else AT_TRY(at_tensor_download(ts[i], buf + off, n * sizeof *buf));
+        off += n;
+    }
+    char what[256];
+    if (i1 - i0 == 1) snprintf(what, sizeof what, "%s", ts[i0]->name);
+    else snprintf(what, sizeof what, "%d tensors (%s ... %s)", i1 - i0, ts[i0]->name, ts[i1 - 1]->name);
+    AT_TRY(mpi_sum_f32(c, buf, off, what));
+    off = 0;
+    for (int i = i0; i < i1; i++) {
+        size_t n = (size_t)at_tensor_numel(ts[i]);
+        if (be->is_host) memcpy(at_tensor_data(ts[i]), buf + off, n * sizeof *buf);
+        else AT_TRY(at_tensor_upload(ts[i], buf + off, n * sizeof *buf));
+        off += n;
+    }
+    return AT_OK;
+}
+
+at_status at_comm_allreduce_tensors(at_comm *c, at_tensor *const *ts, int n, size_t bucket_bytes)
+{
+    if (!c || c->size <= 1 || n <= 0) return AT_OK;
+    at_backend *be = ts[0]->buf->backend;
+    for (int i = 0; i < n; i++) {
+        if (ts[i]->dtype != AT_F32) return at_error(AT_ERR_INVALID, "all-reduce of %s: only f32 tensors", ts[i]->name);
+        if (ts[i]->buf->backend != be)
+            return at_error(AT_ERR_INVALID, "all-reduce of %s and %s: tensors on two backends (%s, %s)", ts[0]->name,
+                            ts[i]->name, be->name, ts[i]->buf->backend->name);
+    }
     if (be->allreduce_sum && be->comm_id && be->comm_init) {
         if (c->device_comm != be && device_comm_init(c, be) == AT_OK) c->device_comm = be;
-        if (c->device_comm == be) return be->allreduce_sum(be, t);
+        if (c->device_comm == be) {
+            c->calls++;
+            return be->allreduce_sum(be, ts, n);
+        }
         be->allreduce_sum = NULL; /* could not be set up: stage through the host from now on */
     }
-    int64_t n = at_tensor_numel(t);
-    if (n > 0x7fffffff) return at_error(AT_ERR_UNSUPPORTED, "all-reduce of %s: more than 2^31 elements", t->name);
-    float *host = be->is_host ? at_tensor_data(t) : malloc((size_t)n * sizeof *host);
-    if (!host) return at_error(AT_ERR_NOMEM, "all-reduce of %s: out of host memory", t->name);
-    at_status st = be->is_host ? AT_OK : at_tensor_download(t, host, (size_t)n * sizeof *host);
-    if (st == AT_OK && c->Allreduce((void *)1, host, (int)n, c->f32, c->sum, c->world) != 0)
-        st = at_error(AT_ERR_DEVICE, "MPI_Allreduce of %s (%lld values) failed", t->name, (long long)n);
-    if (st == AT_OK && !be->is_host) st = at_tensor_upload(t, host, (size_t)n * sizeof *host);
-    if (!be->is_host) free(host);
+    size_t cap = (bucket_bytes ? bucket_bytes : AT_COMM_BUCKET_BYTES) / sizeof(float);
+    if (cap == 0) cap = 1;
+    /* the staging buffer: one bucket, or the biggest lone tensor if bigger */
+    size_t need = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        size_t e = (size_t)at_tensor_numel(ts[i]);
+        total += e;
+        if (e > need && !(e > cap && be->is_host)) need = e;
+    }
+    if (need < cap) need = total < cap ? total : cap;
+    float *buf = malloc((need ? need : 1) * sizeof *buf);
+    if (!buf) return at_error(AT_ERR_NOMEM, "all-reduce: out of host memory for %zu values", need);
+    at_status st = AT_OK;
+    for (int i0 = 0; i0 < n && st == AT_OK;) {
+        /* consecutive tensors while they fit in one bucket (at least one) */
+        int i1 = i0 + 1;
+        size_t used = (size_t)at_tensor_numel(ts[i0]);
+        while (i1 < n && used + (size_t)at_tensor_numel(ts[i1]) <= cap) used += (size_t)at_tensor_numel(ts[i1++]);
+        st = host_bucket(c, ts, i0, i1, buf);
+        i0 = i1;
+    }
+    free(buf);
     return st;
 }
+
+long long at_comm_calls(const at_comm *c) { return c ? c->calls : 0; }
 
 void at_comm_abort(at_comm *c, int code)
 {

@@ -29,10 +29,25 @@ int at_comm_size(const at_comm *c);
 /* Sums n doubles over every rank, in place (for counts and loss sums). */
 at_status at_comm_allreduce_f64(at_comm *c, double *values, int n);
 
-/* Sums an f32 tensor over every rank, in place. On a backend with
- * allreduce_sum the backend's collective is set up on first use (rank 0's id
- * broadcast through MPI) and used; otherwise host staging + MPI. */
-at_status at_comm_allreduce_tensor(at_comm *c, at_tensor *t);
+/* Default size of the host buckets of at_comm_allreduce_tensors. */
+#define AT_COMM_BUCKET_BYTES ((size_t)64 << 20)
+
+/* Sums each of n f32 tensors (all on one backend) over every rank, in place,
+ * in as few collective calls as possible: per-call latency, not bandwidth,
+ * dominates for the ~170 small tensors of a LoRA adapter.
+ *  - A backend with allreduce_sum (NCCL) gets them all at once (one NCCL
+ *    group: one fused launch); its collective is set up on first use (rank
+ *    0's id broadcast through MPI).
+ *  - Otherwise they are staged through host buckets of at most bucket_bytes
+ *    (0: AT_COMM_BUCKET_BYTES), consecutive tensors packed together, one
+ *    MPI_Allreduce per bucket; a tensor bigger than a bucket goes alone (in
+ *    place when it is in host memory).
+ * Every rank must pass the same tensors (shapes, order) and bucket size. */
+at_status at_comm_allreduce_tensors(at_comm *c, at_tensor *const *ts, int n, size_t bucket_bytes);
+
+/* Collective calls (MPI all-reduces and broadcasts, device all-reduce
+ * groups) this process has made: for tests and logs. */
+long long at_comm_calls(const at_comm *c);
 
 /* Ends every rank's run after an error on one rank (the others may be waiting
  * in a collective): MPI_Abort with `code`. Does nothing in a world of one. */

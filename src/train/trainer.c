@@ -723,8 +723,12 @@ static at_status sum_over_ranks(trainer *t, double *loss_sum)
 {
     if (t->world <= 1) return AT_OK;
     AT_TRY(at_comm_allreduce_f64(t->comm, loss_sum, 1));
-    for (int i = 0; i < t->opt.n; i++) AT_TRY(at_comm_allreduce_tensor(t->comm, t->opt.params[i].grad));
-    return AT_OK;
+    at_tensor **grads = malloc((size_t)(t->opt.n ? t->opt.n : 1) * sizeof *grads);
+    if (!grads) return at_error(AT_ERR_NOMEM, "all-reduce of the gradients: out of memory");
+    for (int i = 0; i < t->opt.n; i++) grads[i] = t->opt.params[i].grad;
+    at_status st = at_comm_allreduce_tensors(t->comm, grads, t->opt.n, 0);
+    free(grads);
+    return st;
 }
 
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)

@@ -135,6 +135,6 @@ at_status cu_sumsq(at_tensor *out, const at_tensor *x);
  * allreduce_sum; device/comm.h), NCCL loaded with dlopen. */
 at_status cu_comm_id(at_backend *be, void *id);
 at_status cu_comm_init(at_backend *be, const void *id, int rank, int world);
-at_status cu_allreduce_sum(at_backend *be, at_tensor *t);
+at_status cu_allreduce_sum(at_backend *be, at_tensor *const *ts, int n);
 
 #endif
