@@ -5,8 +5,10 @@
 # - the conformance suite on cuda:0 (every op against the reference kernels),
 # - the PyTorch training goldens on cuda:0 (test_backward),
 # - the trainer on cuda:0 against the CPU (test_train),
+# - greedy generation of the demo model on cuda:0 equal to the CPU's, in
+#   f32 and with q8_0 weights (anytune infer),
 # - bench_train_gpu: tokens/s and MFU against PyTorch + PEFT on the same GPU.
-# Writes one log per step into OUT_DIR (at most 7 files); exits non-zero when
+# Writes one log per step into OUT_DIR (at most 8 files); exits non-zero when
 # a test fails.
 set -u
 BUNDLE=${1:-gpu-bundle}
@@ -30,6 +32,21 @@ for t in test_conformance test_backward test_train; do
     echo "$t: exit $r in $(($(date +%s) - start)) s"
     grep -E "cuda:0|GPU runs|checks" "$OUT/$t.log" | grep -vE "^\[cuda:0 *\] [a-z]" | tail -8
     [ $r -eq 0 ] || rc=1
+done
+# greedy decoding is deterministic: the GPU must tell the CPU's story
+for q in 0 8; do
+    for d in cpu cuda; do
+        timeout 60 "$BUNDLE/anytune" infer --device $d --quant_bits $q --torch_dtype float32 --template none \
+            --prompt "Once upon a time" --max_new_tokens 96 --stream false > "$OUT/infer-$d-q$q.txt" 2>&1
+    done
+    if cmp -s "$OUT/infer-cpu-q$q.txt" "$OUT/infer-cuda-q$q.txt"; then
+        echo "infer (quant_bits $q): cuda:0 generates what the CPU generates"
+    else
+        echo "infer (quant_bits $q): cuda:0 and the CPU differ:"; cat "$OUT/infer-cpu-q$q.txt" "$OUT/infer-cuda-q$q.txt"
+        rc=1
+    fi
+    cat "$OUT/infer-cpu-q$q.txt" "$OUT/infer-cuda-q$q.txt" >> "$OUT/infer.txt"
+    rm -f "$OUT/infer-cpu-q$q.txt" "$OUT/infer-cuda-q$q.txt"
 done
 timeout 420 "$BUNDLE/bench_train_gpu" ${BENCH_ARGS:-} > "$OUT/bench_train_gpu.txt" 2>&1
 echo "bench_train_gpu: exit $?"
