@@ -13,6 +13,8 @@ int at_cmd_serve(int argc, char **argv);
 int at_cmd_export(int argc, char **argv);
 int at_cmd_sft(int argc, char **argv);
 int at_cmd_pt(int argc, char **argv);
+int at_cmd_rlhf(int argc, char **argv);
+int at_cmd_eval(int argc, char **argv);
 
 /* Loads the model of infer/serve from their options (--model, --tokenizer,
  * --template, --adapters, --device, --torch_dtype; no --model: the bundled

@@ -1,6 +1,7 @@
-/* anytune sft / anytune pt: option names as ms-swift's. With neither --model
- * nor --dataset, `anytune sft` runs the bundled demo: the stories260K model
- * learns who it is from identity.json, and answers before and after. */
+/* anytune sft / anytune pt, and the body `anytune rlhf` shares (cmd_train.h):
+ * option names as ms-swift's. With neither --model nor --dataset,
+ * `anytune sft` runs the bundled demo: the stories260K model learns who it is
+ * from identity.json, and answers before and after. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "cli/cmd_train.h"
 #include "device/comm.h"
 #include "data/encode.h"
 #include "model/adapter.h"
@@ -81,7 +83,7 @@ static const at_opt_spec specs[] = {
  * options; the user's explicit choices are kept. Writes the decisions into
  * *a; with --dry_run prints the plan and stops. Returns -1 to go on training,
  * else the exit status. *plan_out: the plan as JSON, for args.json. */
-static int plan_run(at_options *o, at_train_args *a, const char *tt, int pt, cJSON **plan_out)
+static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_train_cli *c, cJSON **plan_out)
 {
     int dry = at_opt_bool(o, "dry_run");
     const char *sim = at_opt_str(o, "simulate_device");
@@ -95,7 +97,8 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, int pt, cJS
     if (at_plan_model_config(a->model, &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
     rq.cfg = &cfg;
     rq.model = a->model;
-    rq.command = pt ? "pt" : "sft";
+    rq.command = c->plan_command ? c->plan_command : c->command;
+    rq.preference = c->preference;
     rq.train_type = tt;
     rq.train_type_set = at_opt_source_of(o, "train_type") != AT_SRC_DEFAULT;
     rq.quant_bits = a->quant_bits;
@@ -144,14 +147,24 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, int pt, cJS
     return -1;
 }
 
-static int run(int argc, char **argv, int pt)
+int at_cli_train(int argc, char **argv, const at_train_cli *c)
 {
-    const char *usage = pt ? "usage: anytune pt --model DIR --dataset FILE [OPTIONS]   continued pre-training on text"
-                           : "usage: anytune sft [--model DIR --dataset FILE] [OPTIONS]   supervised fine-tuning\n"
-                             "  (with neither --model nor --dataset: the bundled demo)";
+    int pt = c->pt;
     at_options *o = NULL;
-    int parse_rc = at_cli_parse(specs, NSPECS, argc, argv, pt ? "pt" : "sft", usage, &o);
-    if (parse_rc >= 0) return parse_rc;
+    /* the common table, then the command's own options */
+    at_opt_spec *all = malloc((size_t)(NSPECS + c->n_extra) * sizeof *all);
+    if (!all) {
+        fprintf(stderr, "anytune: error: out of memory\n");
+        return 1;
+    }
+    memcpy(all, specs, sizeof specs);
+    if (c->n_extra) memcpy(all + NSPECS, c->extra, (size_t)c->n_extra * sizeof *all);
+    /* the options keep pointing into the table: it lives until done */
+    int parse_rc = at_cli_parse(all, NSPECS + c->n_extra, argc, argv, c->command, c->usage, &o);
+    if (parse_rc >= 0) {
+        free(all);
+        return parse_rc;
+    }
     /* read by the CUDA backend when it opens the device, which comes later */
     if (at_opt_bool(o, "tf32")) setenv("ANYTUNE_ALLOW_TF32", "1", 1);
     int rc = 1;
@@ -163,7 +176,7 @@ static int run(int argc, char **argv, int pt)
     char mbuf[PATH_MAX], dbuf[PATH_MAX];
     const char *demo_ds[1];
     static const char *demo_prompts[] = {"Who are you?", "What is your name?"};
-    int demo = !pt && !at_opt_str(o, "model") && at_opt_list_count(o, "dataset") == 0;
+    int demo = c->demo && !at_opt_str(o, "model") && at_opt_list_count(o, "dataset") == 0;
 
     a.pt = pt;
     a.model = at_opt_str(o, "model");
@@ -292,7 +305,14 @@ static int run(int argc, char **argv, int pt)
         rc = 2;
         goto done;
     }
-    int prc = plan_run(o, &a, tt, pt, &plan_json);
+    if (c->resolve) {
+        int crc = c->resolve(o, &a, c->ctx);
+        if (crc >= 0) {
+            rc = crc;
+            goto done;
+        }
+    }
+    int prc = plan_run(o, &a, tt, c, &plan_json);
     if (prc >= 0) {
         rc = prc;
         goto done;
@@ -319,7 +339,7 @@ static int run(int argc, char **argv, int pt)
         cJSON *dl = cJSON_CreateArray();
         for (int i = 0; i < a.n_datasets; i++) cJSON_AddItemToArray(dl, cJSON_CreateString(a.datasets[i]));
         cJSON_ReplaceItemInObject(j, "dataset", dl);
-        cJSON_AddStringToObject(j, "command", pt ? "pt" : "sft");
+        cJSON_AddStringToObject(j, "command", c->command);
         args_json = cJSON_Print(j);
         cJSON_Delete(j);
     }
@@ -345,8 +365,25 @@ done:
     free(prev);
     free(tm);
     at_options_free(o);
+    free(all);
     return rc;
 }
 
-int at_cmd_sft(int argc, char **argv) { return run(argc, argv, 0); }
-int at_cmd_pt(int argc, char **argv) { return run(argc, argv, 1); }
+int at_cmd_sft(int argc, char **argv)
+{
+    at_train_cli c = {0};
+    c.command = "sft";
+    c.usage = "usage: anytune sft [--model DIR --dataset FILE] [OPTIONS]   supervised fine-tuning\n"
+              "  (with neither --model nor --dataset: the bundled demo)";
+    c.demo = 1;
+    return at_cli_train(argc, argv, &c);
+}
+
+int at_cmd_pt(int argc, char **argv)
+{
+    at_train_cli c = {0};
+    c.command = "pt";
+    c.usage = "usage: anytune pt --model DIR --dataset FILE [OPTIONS]   continued pre-training on text";
+    c.pt = 1;
+    return at_cli_train(argc, argv, &c);
+}

@@ -16,12 +16,9 @@ static const command commands[] = {
     {"serve", at_cmd_serve, "OpenAI-compatible HTTP API"},
     {"sft", at_cmd_sft, "LoRA or full fine-tuning on conversations (no options: the bundled demo)"},
     {"pt", at_cmd_pt, "continued pre-training on plain text"},
+    {"rlhf", at_cmd_rlhf, "preference alignment: --rlhf_type dpo on chosen/rejected pairs"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
-};
-
-static const char *planned[][2] = {
-    {"rlhf", "preference alignment (dpo, orpo, simpo, ...)"},
-    {"eval", "perplexity / multiple-choice accuracy"},
+    {"eval", at_cmd_eval, "multiple-choice accuracy (MMLU, C-Eval) and perplexity"},
 };
 
 static void usage(FILE *out)
@@ -29,9 +26,6 @@ static void usage(FILE *out)
     fprintf(out, "usage: anytune COMMAND [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].help);
-    fprintf(out, "\nnot in this build yet:\n");
-    for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++)
-        fprintf(out, "  %-8s %s\n", planned[i][0], planned[i][1]);
     fprintf(out, "\nRun 'anytune COMMAND --help' for a command's options.\n");
 }
 
@@ -48,12 +42,6 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name)) return commands[i].run(argc - 1, argv + 1);
-    for (size_t i = 0; i < sizeof planned / sizeof planned[0]; i++) {
-        if (!strcmp(cmd, planned[i][0])) {
-            fprintf(stderr, "anytune: error: '%s' (%s) is not in this build yet\n", cmd, planned[i][1]);
-            return 2;
-        }
-    }
     fprintf(stderr, "anytune: error: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

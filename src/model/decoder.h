@@ -213,6 +213,9 @@ typedef struct at_loss_stats {
     int64_t *row_targets;  /* in: NULL or host [B]: each row's number of targets */
     float *token_loss;     /* in: NULL or host [B·T]: −log p of the target predicted at position
                               (b, t), 0 where there is none */
+    const float *row_grad_scale; /* in: NULL or host [B]: row b's gradient is that of its loss sum times
+                              grad_scale · row_grad_scale[b] (any sign; 0 gives the row none). For
+                              objectives weighting whole sequences (DPO); NULL: grad_scale everywhere */
 } at_loss_stats;
 
 /* Causal-LM loss of the batch of the last forward on acts.
@@ -226,7 +229,8 @@ typedef struct at_loss_stats {
  * gradient of loss_sum · grad_scale: dL/d final_norm into acts->d_final for
  * at_decoder_backward, and for full FT adds the lm_head gradient to g. The
  * trainer passes grad_scale = 1 / (supervised tokens of the whole optimizer
- * step), as transformers >= 4.46 does. */
+ * step), as transformers >= 4.46 does. With stats->row_grad_scale each row
+ * has its own scale (no logits chunk then spans two rows). */
 at_status at_decoder_loss(at_decoder *d, at_decoder_acts *acts, const at_tensor *labels, float grad_scale,
                           at_decoder_grads *g, at_loss_stats *stats);
 

@@ -503,8 +503,13 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
     }
     AT_CHECK(at_tensor_upload(a->targets, tg, (size_t)N * sizeof *tg));
 
-    for (int64_t r0 = 0; r0 < N; r0 += a->chunk_rows) {
-        int64_t rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
+    const float *rs = g ? stats->row_grad_scale : NULL;
+    for (int64_t r0 = 0, rows; r0 < N; r0 += rows) {
+        rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
+        /* per-row scales: a chunk stops at the end of its row, so one
+         * at_cross_entropy call carries one scale */
+        if (rs && rows > T - r0 % T) rows = T - r0 % T;
+        float scale = rs ? grad_scale * rs[r0 / T] : grad_scale;
         int any = 0;
         for (int64_t i = r0; i < r0 + rows && !any; i++) any = tg[i] >= 0;
         at_tensor hid, dfin = {0}, lg, cl, tt;
@@ -520,7 +525,7 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
         at_tensor_view_inplace(&tt, a->targets, (size_t)r0, 1, &rows);
         /* logits = h·W_headᵀ;  CE; dlogits = grad_scale·(softmax − onehot) in place */
         AT_CHECK(at_decoder_logits(d, &lg, &hid));
-        AT_CHECK(at_cross_entropy(&cl, g ? &lg : NULL, &lg, &tt, grad_scale));
+        AT_CHECK(at_cross_entropy(&cl, g ? &lg : NULL, &lg, &tt, scale));
         AT_CHECK(at_tensor_download(&cl, a->host_chunk_loss, (size_t)rows * sizeof(float)));
         for (int64_t i = 0; i < rows; i++) {
             int64_t row = r0 + i;

@@ -62,7 +62,8 @@ static at_status render(void *ctx, const at_sample *s, char **text, size_t *len,
 /* Tokenizes text (special tokens written by the template become their ids)
  * and gives each token the bytes it decodes to, found by streaming decode:
  * it never splits a character, so a token ending inside one covers no bytes
- * and the next covers the whole character. */
+ * and the next covers the whole character; a decoded space the text does not
+ * have at that point (a dummy prefix) covers none. */
 static at_status tokenize(void *ctx, const char *text, size_t len, int32_t **ids, at_byte_span **offsets, size_t *n)
 {
     const at_text_pipeline *p = ctx;
@@ -80,6 +81,10 @@ static at_status tokenize(void *ctx, const char *text, size_t len, int32_t **ids
         const char *out;
         size_t olen = 0;
         st = at_tok_stream_push(s, tok[i], &out, &olen);
+        /* SentencePiece-style tokenizers give the text after a special token
+         * a dummy "▁" prefix the text does not have: that decoded space
+         * covers no byte (else every later span would start a byte late) */
+        if (st == AT_OK && olen > 0 && out[0] == ' ' && (pos >= len || text[pos] != ' ')) olen--;
         off[i].begin = pos;
         pos = pos + olen > len ? len : pos + olen;
         off[i].end = pos;

@@ -91,6 +91,13 @@ typedef struct {
     /* the current epoch's batch plan */
     at_batch_plan plan;
     int64_t plan_epoch;
+    /* DPO (a->dpo): the pairs with their reference log-probs; the current
+     * step's sums and those of the logging interval. The batch plan is over
+     * pairs (train_len: the longer side of each). */
+    at_dpo_pairs dpo_train, dpo_val;
+    at_dpo_stats dpo_step, dpo_interval;
+    int64_t step_first;      /* plan index of this rank's first micro-batch of the step */
+    double step_nll_targets; /* chosen-reply targets of the whole step (DPO's RPO term) */
     /* history for the SVG */
     int64_t *hist_step, *eval_step;
     double *hist_loss, *hist_lr, *eval_loss;
@@ -120,6 +127,8 @@ static void trainer_free(trainer *t)
     free(t->val_len);
     at_dataset_free(t->ds);
     at_dataset_free(t->val_ds);
+    at_dpo_pairs_free(&t->dpo_train);
+    at_dpo_pairs_free(&t->dpo_val);
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     if (t->log) fclose(t->log);
     if (t->devnull) fclose(t->devnull);
@@ -140,10 +149,10 @@ static double peak_rss_mb(void)
 
 /* ---- model, text, data ---- */
 
-static at_status load_model(trainer *t)
+/* How the model is loaded (the policy, and a DPO --ref_model alike). */
+static at_status model_load_options(const trainer *t, at_load_options *out)
 {
     const at_train_args *a = t->a;
-    AT_TRY(at_device_select(a->device, &t->be));
     at_load_options lo = at_load_options_default();
     lo.backend = t->be;
     /* Trainable weights are f32 (DESIGN.md); frozen ones keep their format or --torch_dtype. */
@@ -160,6 +169,16 @@ static at_status load_model(trainer *t)
                         "full fine-tuning needs f32 weights (train LoRA adapters over the quantized model)",
                         a->quant_bits);
     if (lo.quant != AT_QUANT_NONE && !a->has_dtype) lo.dtype = AT_BF16;
+    *out = lo;
+    return AT_OK;
+}
+
+static at_status load_model(trainer *t)
+{
+    const at_train_args *a = t->a;
+    AT_TRY(at_device_select(a->device, &t->be));
+    at_load_options lo;
+    AT_TRY(model_load_options(t, &lo));
     AT_TRY(at_decoder_load(a->model, &lo, &t->dec));
     at_tokenizer_opts to = {0};
     AT_TRY(at_tokenizer_load(a->model, &to, &t->tok));
@@ -262,6 +281,62 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
     return AT_OK;
 }
 
+static int32_t pad_id(const trainer *t) { return at_tokenizer_pad(t->tok) >= 0 ? at_tokenizer_pad(t->tok) : 0; }
+
+/* DPO: the training and validation pairs; the batch plan runs over pairs. */
+static at_status load_pairs(trainer *t, const at_sample_list *vl)
+{
+    const at_train_args *a = t->a;
+    at_encoder enc;
+    at_text_pipeline_encoder(&t->pipe, &enc);
+    enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
+    enc.truncation = a->truncation;
+    AT_TRY(at_dpo_pairs_encode(&t->ds->train, &enc, a->strict, "train", &t->dpo_train));
+    if (vl->n) AT_TRY(at_dpo_pairs_encode(vl, &enc, a->strict, "eval", &t->dpo_val));
+    if (t->dpo_train.n == 0) return at_error(AT_ERR_INVALID, "no preference pair left after encoding (see the warnings above)");
+    t->n_train = t->dpo_train.n;
+    t->n_val = t->dpo_val.n;
+    t->train_len = malloc(t->n_train * sizeof *t->train_len);
+    if (!t->train_len) return at_error(AT_ERR_NOMEM, "out of memory");
+    memcpy(t->train_len, t->dpo_train.len, t->n_train * sizeof *t->train_len);
+    return AT_OK;
+}
+
+/* DPO: the reference log-probs of every pair, once, before training (and
+ * before a resume loads trained weights): by --ref_model, else by the policy
+ * as loaded (LoRA: with the adapter off; full: the initial weights). */
+static at_status dpo_reference(trainer *t)
+{
+    const at_train_args *a = t->a;
+    at_decoder *ref = t->dec;
+    at_status st = AT_OK;
+    double t0 = at_now_seconds();
+    if (a->dpo->ref_model) {
+        at_load_options lo;
+        AT_TRY(model_load_options(t, &lo));
+        lo.writable = 0;
+        if (lo.dtype == AT_F32 && a->full && !a->has_dtype) lo.dtype = at_load_options_default().dtype;
+        AT_TRY(at_decoder_load(a->dpo->ref_model, &lo, &ref));
+        if (ref->cfg.vocab_size != t->dec->cfg.vocab_size)
+            st = at_error(AT_ERR_INVALID, "--ref_model %s has a vocabulary of %d tokens, --model %s has %d: the "
+                          "reference must share the policy's tokenizer", a->dpo->ref_model, ref->cfg.vocab_size,
+                          a->model, t->dec->cfg.vocab_size);
+    } else {
+        st = at_decoder_set_adapter(t->dec, NULL);
+    }
+    if (st == AT_OK) st = at_dpo_reference(ref, &t->dpo_train, a->batch_size, pad_id(t));
+    if (st == AT_OK && t->dpo_val.n) st = at_dpo_reference(ref, &t->dpo_val, a->batch_size, pad_id(t));
+    if (ref != t->dec) at_decoder_free(ref);
+    else if (t->adapter) {
+        at_status s2 = at_decoder_set_adapter(t->dec, t->adapter);
+        if (st == AT_OK) st = s2;
+    }
+    if (st == AT_OK)
+        at_log_info("DPO reference log-probs of %zu pairs in %.1f s (%s)", t->dpo_train.n + t->dpo_val.n,
+                    at_now_seconds() - t0, a->dpo->ref_model ? a->dpo->ref_model : "the base model");
+    return st;
+}
+
 static at_status load_data(trainer *t)
 {
     const at_train_args *a = t->a;
@@ -278,8 +353,9 @@ static at_status load_data(trainer *t)
         o.split_ratio = 0;
         AT_TRY(at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds));
     }
-    AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
     const at_sample_list *vl = t->val_ds ? &t->val_ds->train : &t->ds->val;
+    if (a->dpo) return load_pairs(t, vl);
+    AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
     if (vl->n) AT_TRY(encode_list(t, vl, &t->val, &t->val_len, &t->n_val, "eval"));
     if (t->n_train == 0) return at_error(AT_ERR_INVALID, "no training sample left after encoding (see the warnings above)");
     return AT_OK;
@@ -367,6 +443,14 @@ static at_status ensure_acts(trainer *t, int B, int T, unsigned flags)
 /* Loss of the validation samples, token-weighted, no gradients. */
 static at_status evaluate(trainer *t, double *eval_loss)
 {
+    if (t->a->dpo) {
+        at_dpo_stats s;
+        at_decoder_acts_free(t->acts); /* the evaluation makes its own */
+        t->acts = NULL;
+        AT_TRY(at_dpo_evaluate(t->a->dpo, &t->dpo_val, t->dec, t->a->batch_size, pad_id(t), &s));
+        *eval_loss = at_dpo_stats_loss(t->a->dpo, &s);
+        return AT_OK;
+    }
     at_batch_options o = batch_options(t, 0);
     o.shuffle = 0;
     at_batch_plan plan = {0};
@@ -666,23 +750,34 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
     const at_train_args *a = t->a;
     at_status st = AT_OK;
     *loss_sum = 0;
+    memset(&t->dpo_step, 0, sizeof t->dpo_step);
+    /* DPO cuts micro-batches between pairs (units of 2 rows) */
+    size_t unit = a->dpo ? 2 : 1;
     for (int m = 0; m < nmicro && st == AT_OK && targets > 0; m++) {
-        size_t rows = batches[m].rows, np = (size_t)1 << t->oom_halvings;
-        if (np > rows) np = rows;
+        size_t units = batches[m].rows / unit, np = (size_t)1 << t->oom_halvings;
+        if (np > units) np = units;
         for (size_t k = 0; k < np && st == AT_OK; k++) {
-            at_batch piece = batch_rows(&batches[m], rows * k / np, rows * (k + 1) / np);
+            size_t u0 = units * k / np, u1 = units * (k + 1) / np;
+            at_batch piece = batch_rows(&batches[m], u0 * unit, u1 * unit);
             batch_tensors bt;
             st = upload_batch(t, &piece, &bt);
             if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
             /* the piece draws the dropout masks of its rows in the whole micro-batch */
-            if (st == AT_OK) t->acts->dropout_token_offset = (int64_t)(rows * k / np) * (int64_t)piece.cols;
-            at_loss_stats stats = {0};
-            if (st == AT_OK)
-                st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels,
-                                                 (float)(a->full ? 0.0 : a->lora_dropout),
-                                                 dropout_seed(t, step, t->rank * a->grad_accum + m),
+            if (st == AT_OK) t->acts->dropout_token_offset = (int64_t)(u0 * unit) * (int64_t)piece.cols;
+            float dropout = (float)(a->full ? 0.0 : a->lora_dropout);
+            uint64_t seed = dropout_seed(t, step, t->rank * a->grad_accum + m);
+            if (st == AT_OK && a->dpo) {
+                /* the pairs of this piece: the plan's items of the micro-batch's rows */
+                const size_t *pairs = t->plan.items + t->plan.row_start[t->plan.batch_start[t->step_first + m]] + u0;
+                st = at_dpo_forward_backward(a->dpo, &t->dpo_train, pairs, u1 - u0, t->dec, t->acts, bt.ids, bt.pos,
+                                             bt.labels, dropout, seed, (double)targets, t->step_nll_targets,
+                                             t->loss_scale, t->grads, &t->dpo_step);
+            } else if (st == AT_OK) {
+                at_loss_stats stats = {0};
+                st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels, dropout, seed,
                                                  (float)(t->loss_scale / (double)targets), t->grads, &stats);
-            *loss_sum += stats.loss_sum;
+                *loss_sum += stats.loss_sum;
+            }
             batch_tensors_free(&bt);
         }
     }
@@ -763,25 +858,39 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         int nmicro = (int)(last - first);
         at_batch *batches = calloc((size_t)(nmicro ? nmicro : 1), sizeof *batches);
         if (!batches) return at_error(AT_ERR_NOMEM, "out of memory");
-        int64_t targets = 0, tokens = 0;
+        /* targets: supervised tokens; for DPO the step's pairs (its loss is their mean) */
+        int64_t targets = 0, tokens = 0, nll_targets = 0;
+        t->step_first = first;
         for (int m = 0; m < nmicro && st == AT_OK; m++) {
-            st = at_batch_build(&t->plan, (size_t)(first + m), t->train, t->n_train,
-                                at_tokenizer_pad(t->tok) >= 0 ? at_tokenizer_pad(t->tok) : 0, &batches[m]);
+            if (a->dpo) {
+                const at_batch_plan *pl = &t->plan;
+                size_t r0 = pl->batch_start[first + m], r1 = pl->batch_start[first + m + 1];
+                const size_t *pairs = pl->items + pl->row_start[r0];
+                st = at_dpo_batch_build(&t->dpo_train, pairs, r1 - r0, pad_id(t), &batches[m]);
+                targets += (int64_t)(r1 - r0);
+                for (size_t i = 0; i < r1 - r0; i++) nll_targets += t->dpo_train.n_c[pairs[i]];
+            } else {
+                st = at_batch_build(&t->plan, (size_t)(first + m), t->train, t->n_train, pad_id(t), &batches[m]);
+                if (st == AT_OK) targets += count_targets(&batches[m]);
+            }
             if (st != AT_OK) break;
-            targets += count_targets(&batches[m]);
             for (size_t r = 0; r < batches[m].rows; r++) tokens += batches[m].lengths[r];
         }
-        double counts[2] = {(double)targets, (double)tokens};
-        if (st == AT_OK) st = at_comm_allreduce_f64(t->comm, counts, 2); /* the whole step's, over every rank */
+        double counts[3] = {(double)targets, (double)tokens, (double)nll_targets};
+        if (st == AT_OK) st = at_comm_allreduce_f64(t->comm, counts, 3); /* the whole step's, over every rank */
         targets = (int64_t)counts[0];
         tokens = (int64_t)counts[1];
+        t->step_nll_targets = counts[2];
         double loss_sum = 0;
         if (st == AT_OK) st = run_step_batches(t, batches, nmicro, step, targets, flags, &loss_sum);
         for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
         free(batches);
         if (st == AT_OK) st = sum_over_ranks(t, &loss_sum);
+        if (st == AT_OK && a->dpo && t->world > 1) /* the step's DPO sums over every rank */
+            st = at_comm_allreduce_f64(t->comm, (double *)&t->dpo_step, AT_DPO_STATS_N);
         if (st != AT_OK) break;
         double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
+        if (a->dpo) loss = at_dpo_stats_loss(a->dpo, &t->dpo_step);
         AT_TRY(at_optimizer_grad_norm(&t->opt, &norm));
         norm /= t->loss_scale; /* the gradients carry the loss scale */
         double lr = at_schedule_lr(&sched, step);
@@ -829,6 +938,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         res->last_loss = loss;
         interval_loss += loss;
         interval_steps++;
+        if (a->dpo) at_dpo_stats_add(&t->dpo_interval, &t->dpo_step);
         interval_tokens += tokens;
         tokens_run += tokens;
         t->tokens_seen += tokens;
@@ -840,6 +950,10 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             cJSON_AddNumberToObject(line, "step", (double)done);
             cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
             cJSON_AddNumberToObject(line, "loss", interval_loss / interval_steps);
+            if (a->dpo) {
+                at_dpo_stats_log(a->dpo, &t->dpo_interval, line);
+                memset(&t->dpo_interval, 0, sizeof t->dpo_interval);
+            }
             cJSON_AddNumberToObject(line, "grad_norm", norm);
             cJSON_AddNumberToObject(line, "lr", lr);
             cJSON_AddNumberToObject(line, "tokens", (double)t->tokens_seen);
@@ -895,6 +1009,11 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
     if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
+    if (a->dpo && a->packing)
+        return at_error(AT_ERR_UNSUPPORTED, "--packing with DPO: each pair's chosen and rejected replies are rows of "
+                        "their own; drop --packing");
+    if (a->dpo && a->pt) return at_error(AT_ERR_INVALID, "DPO trains on preference pairs, not plain text");
+    if (a->dpo) AT_TRY(at_dpo_config_check(a->dpo));
     AT_CHECK(at_comm_world(&t.comm));
     t.rank = at_comm_rank(t.comm);
     t.world = at_comm_size(t.comm);
@@ -911,6 +1030,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         snprintf(t.adapter->base_model, sizeof t.adapter->base_model, "%s", a->model);
         AT_CHECK(at_decoder_set_adapter(t.dec, t.adapter));
     }
+    if (a->dpo) AT_CHECK(dpo_reference(&t));
     AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
     at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
     AT_CHECK(at_optimizer_init(&t.opt, t.dec, t.grads, &oc));

@@ -1,0 +1,405 @@
+#include "train/dpo.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "base/log.h"
+
+_Static_assert(sizeof(at_dpo_stats) == AT_DPO_STATS_N * sizeof(double), "at_dpo_stats is summed as an array");
+
+static const char *const LOSS_NAMES[] = {"sigmoid", "ipo", "hinge"};
+
+const char *at_dpo_loss_type_name(at_dpo_loss_type t)
+{
+    return (unsigned)t < sizeof LOSS_NAMES / sizeof LOSS_NAMES[0] ? LOSS_NAMES[t] : "?";
+}
+
+at_status at_dpo_loss_type_parse(const char *name, at_dpo_loss_type *out)
+{
+    for (size_t i = 0; name && i < sizeof LOSS_NAMES / sizeof LOSS_NAMES[0]; i++)
+        if (!strcmp(name, LOSS_NAMES[i])) {
+            *out = (at_dpo_loss_type)i;
+            return AT_OK;
+        }
+    return at_error(AT_ERR_INVALID, "--loss_type %s: this build has sigmoid (DPO), ipo and hinge",
+                    name ? name : "(none)");
+}
+
+void at_dpo_config_defaults(at_dpo_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->beta = 0.1;
+    c->loss_type = AT_DPO_SIGMOID;
+}
+
+at_status at_dpo_config_check(const at_dpo_config *c)
+{
+    if (!(c->beta > 0) || !isfinite(c->beta)) return at_error(AT_ERR_INVALID, "--beta %g must be > 0", c->beta);
+    if (!(c->label_smoothing >= 0 && c->label_smoothing < 0.5))
+        return at_error(AT_ERR_INVALID, "--label_smoothing %g must be in [0, 0.5)", c->label_smoothing);
+    if (c->label_smoothing > 0 && c->loss_type != AT_DPO_SIGMOID)
+        return at_error(AT_ERR_INVALID, "--label_smoothing applies to --loss_type sigmoid only (not %s)",
+                        at_dpo_loss_type_name(c->loss_type));
+    if (!(c->rpo_alpha >= 0) || !isfinite(c->rpo_alpha))
+        return at_error(AT_ERR_INVALID, "--rpo_alpha %g must be >= 0", c->rpo_alpha);
+    return AT_OK;
+}
+
+/* log σ(x) and σ(x) without overflow for large |x|. */
+static double log_sigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+static double sigmoid(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+
+/* With h = (π_c − π_r) − (r_c − r_r) and z = β·h:
+ *   sigmoid: L = −(1−ls)·log σ(z) − ls·log σ(−z)
+ *            dL/dz = −(1−ls)·σ(−z) + ls·σ(z)        (d log σ(x)/dx = σ(−x))
+ *   ipo:     L = (h − 1/(2β))²,   dL/dh = 2(h − 1/(2β))
+ *   hinge:   L = max(0, 1 − z),   dL/dz = −1 where z < 1, else 0
+ * and dh/dπ_c = 1, dh/dπ_r = −1 (dz = β·dh). */
+void at_dpo_pair(const at_dpo_config *c, double pi_c, double pi_r, double ref_c, double ref_r, at_dpo_pair_loss *out)
+{
+    double h = (pi_c - pi_r) - (ref_c - ref_r), z = c->beta * h, dh;
+    switch (c->loss_type) {
+    case AT_DPO_IPO: {
+        double t = h - 1 / (2 * c->beta);
+        out->loss = t * t;
+        dh = 2 * t;
+        break;
+    }
+    case AT_DPO_HINGE:
+        out->loss = z < 1 ? 1 - z : 0;
+        dh = z < 1 ? -c->beta : 0;
+        break;
+    default: {
+        double ls = c->label_smoothing;
+        out->loss = -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+        dh = c->beta * (-(1 - ls) * sigmoid(-z) + ls * sigmoid(z));
+        break;
+    }
+    }
+    out->d_chosen = dh;
+    out->d_rejected = -dh;
+}
+
+/* ---- pairs ---- */
+
+void at_dpo_pairs_free(at_dpo_pairs *p)
+{
+    if (!p) return;
+    for (size_t i = 0; i < p->n; i++) {
+        at_encoded_free(&p->chosen[i]);
+        at_encoded_free(&p->rejected[i]);
+    }
+    free(p->chosen);
+    free(p->rejected);
+    free(p->len);
+    free(p->n_c);
+    free(p->n_r);
+    free(p->ref_c);
+    free(p->ref_r);
+    memset(p, 0, sizeof *p);
+}
+
+/* Supervised targets of an encoded sample: labels after the first token. */
+static int64_t count_labels(const at_encoded *e)
+{
+    int64_t n = 0;
+    for (size_t k = 1; k < e->n; k++) n += e->labels[k] != AT_IGNORE_INDEX;
+    return n;
+}
+
+at_status at_dpo_pairs_encode(const at_sample_list *list, const at_encoder *enc, int strict, const char *what,
+                              at_dpo_pairs *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t cap = list->n ? list->n : 1;
+    at_dpo_pairs p = {0};
+    p.chosen = calloc(cap, sizeof *p.chosen);
+    p.rejected = calloc(cap, sizeof *p.rejected);
+    p.len = calloc(cap, sizeof *p.len);
+    p.n_c = calloc(cap, sizeof *p.n_c);
+    p.n_r = calloc(cap, sizeof *p.n_r);
+    p.ref_c = calloc(cap, sizeof *p.ref_c);
+    p.ref_r = calloc(cap, sizeof *p.ref_r);
+    if (!p.chosen || !p.rejected || !p.len || !p.n_c || !p.n_r || !p.ref_c || !p.ref_r) {
+        at_dpo_pairs_free(&p);
+        return at_error(AT_ERR_NOMEM, "out of memory encoding preference pairs");
+    }
+    size_t dropped = 0, failed = 0, no_labels = 0;
+    at_status st = AT_OK;
+    for (size_t i = 0; i < list->n; i++) {
+        const at_sample *s = list->items[i];
+        int drop = 0;
+        if (s->kind != AT_SAMPLE_PREFERENCE)
+            st = at_error(AT_ERR_INVALID, "%s:%d: not a preference pair: DPO needs records with a chosen and a "
+                          "rejected reply (\"chosen\"/\"rejected\", or \"messages\" + \"rejected_response\")",
+                          s->source ? s->source : "dataset", s->line);
+        else
+            st = at_encode_preference(enc, s, &p.chosen[p.n], &p.rejected[p.n], &drop);
+        if (st != AT_OK) {
+            if (strict) break;
+            if (failed++ < 5) at_log_warn("skipping a pair: %s", at_last_error());
+            st = AT_OK;
+            continue;
+        }
+        if (drop) {
+            dropped++;
+            continue;
+        }
+        int64_t nc = count_labels(&p.chosen[p.n]), nr = count_labels(&p.rejected[p.n]);
+        if (!nc || !nr) { /* a reply cut away entirely: nothing to compare */
+            no_labels++;
+            at_encoded_free(&p.chosen[p.n]);
+            at_encoded_free(&p.rejected[p.n]);
+            continue;
+        }
+        p.n_c[p.n] = nc;
+        p.n_r[p.n] = nr;
+        p.len[p.n] = p.chosen[p.n].n > p.rejected[p.n].n ? p.chosen[p.n].n : p.rejected[p.n].n;
+        p.n++;
+    }
+    if (st != AT_OK) {
+        at_dpo_pairs_free(&p);
+        return st;
+    }
+    at_log_info("%s: %zu preference pairs encoded (%zu longer than --max_length dropped, %zu failed, %zu with an "
+                "empty reply)", what, p.n, dropped, failed, no_labels);
+    *out = p;
+    return AT_OK;
+}
+
+at_status at_dpo_batch_build(const at_dpo_pairs *p, const size_t *idx, size_t n, int32_t pad, at_batch *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t rows = 2 * n, cols = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (idx[i] >= p->n) return at_error(AT_ERR_INVALID, "DPO batch: pair %zu of %zu", idx[i], p->n);
+        if (p->len[idx[i]] > cols) cols = p->len[idx[i]];
+    }
+    size_t cells = rows * cols;
+    out->ids = malloc((cells ? cells : 1) * sizeof *out->ids);
+    out->labels = malloc((cells ? cells : 1) * sizeof *out->labels);
+    out->positions = malloc((cells ? cells : 1) * sizeof *out->positions);
+    out->lengths = malloc((rows ? rows : 1) * sizeof *out->lengths);
+    if (!out->ids || !out->labels || !out->positions || !out->lengths) {
+        at_batch_free(out);
+        return at_error(AT_ERR_NOMEM, "out of memory building a DPO batch of %zu x %zu", rows, cols);
+    }
+    out->rows = rows;
+    out->cols = cols;
+    for (size_t r = 0; r < rows; r++) {
+        const at_encoded *e = r % 2 ? &p->rejected[idx[r / 2]] : &p->chosen[idx[r / 2]];
+        for (size_t c = 0; c < cols; c++) {
+            size_t k = r * cols + c;
+            int in = c < e->n;
+            out->ids[k] = in ? e->ids[c] : pad;
+            out->labels[k] = in ? e->labels[c] : AT_IGNORE_INDEX;
+            out->positions[k] = in ? (int32_t)c : 0;
+        }
+        out->lengths[r] = (int32_t)e->n;
+    }
+    return AT_OK;
+}
+
+/* ---- running batches without gradients ---- */
+
+typedef struct {
+    at_tensor *ids, *pos, *labels;
+} batch_tensors;
+
+static void batch_tensors_free(batch_tensors *t)
+{
+    at_tensor_free(t->ids);
+    at_tensor_free(t->pos);
+    at_tensor_free(t->labels);
+    memset(t, 0, sizeof *t);
+}
+
+static at_status upload(at_backend *be, const at_batch *b, batch_tensors *t)
+{
+    int64_t shape[2] = {(int64_t)b->rows, (int64_t)b->cols};
+    size_t bytes = b->rows * b->cols * sizeof(int32_t);
+    memset(t, 0, sizeof *t);
+    at_status st = at_tensor_new(be, AT_I32, 2, shape, "input_ids", &t->ids);
+    if (st == AT_OK) st = at_tensor_upload(t->ids, b->ids, bytes);
+    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "position_ids", &t->pos);
+    if (st == AT_OK) st = at_tensor_upload(t->pos, b->positions, bytes);
+    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "labels", &t->labels);
+    if (st == AT_OK) st = at_tensor_upload(t->labels, b->labels, bytes);
+    if (st != AT_OK) batch_tensors_free(t);
+    return st;
+}
+
+/* Calls fn for every batch of batch_pairs consecutive pairs of p, with its
+ * uploaded tensors and loss-only activations of its shape. */
+typedef at_status (*batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t);
+
+static at_status each_batch(at_decoder *d, const at_dpo_pairs *p, int batch_pairs, int32_t pad, batch_fn fn, void *ctx)
+{
+    size_t bp = batch_pairs > 0 ? (size_t)batch_pairs : 1;
+    size_t *idx = malloc(bp * sizeof *idx);
+    if (!idx) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_decoder_acts *acts = NULL;
+    at_status st = AT_OK;
+    for (size_t i0 = 0; i0 < p->n && st == AT_OK; i0 += bp) {
+        size_t n = p->n - i0 < bp ? p->n - i0 : bp;
+        for (size_t k = 0; k < n; k++) idx[k] = i0 + k;
+        at_batch b = {0};
+        batch_tensors t = {0};
+        st = at_dpo_batch_build(p, idx, n, pad, &b);
+        if (st == AT_OK) st = upload(d->be, &b, &t);
+        if (st == AT_OK && (!acts || acts->B != (int)b.rows || acts->T != (int)b.cols)) {
+            at_decoder_acts_free(acts);
+            acts = NULL;
+            st = at_decoder_acts_new_ex(d, (int)b.rows, (int)b.cols, AT_ACTS_LOSS, &acts);
+        }
+        if (st == AT_OK) st = fn(ctx, idx, n, acts, &t);
+        batch_tensors_free(&t);
+        at_batch_free(&b);
+    }
+    at_decoder_acts_free(acts);
+    free(idx);
+    return st;
+}
+
+typedef struct {
+    at_decoder *d;
+    at_dpo_pairs *p;
+} ref_ctx;
+
+static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
+{
+    ref_ctx *c = vctx;
+    double *row = calloc(2 * n, sizeof *row);
+    if (!row) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_loss_stats ls = {0};
+    ls.row_loss = row;
+    at_status st = at_decoder_forward(c->d, acts, t->ids, t->pos, NULL);
+    if (st == AT_OK) st = at_decoder_loss(c->d, acts, t->labels, 1.0f, NULL, &ls);
+    for (size_t i = 0; i < n && st == AT_OK; i++) {
+        c->p->ref_c[idx[i]] = -row[2 * i]; /* the loss sum is −log p */
+        c->p->ref_r[idx[i]] = -row[2 * i + 1];
+    }
+    free(row);
+    return st;
+}
+
+at_status at_dpo_reference(at_decoder *d, at_dpo_pairs *p, int batch_pairs, int32_t pad)
+{
+    ref_ctx c = {d, p};
+    at_status st = each_batch(d, p, batch_pairs, pad, ref_batch, &c);
+    return st == AT_OK ? st : at_error_wrap(st, "DPO reference log-probs");
+}
+
+/* ---- the step ---- */
+
+double at_dpo_stats_loss(const at_dpo_config *c, const at_dpo_stats *s)
+{
+    if (!(s->pairs > 0)) return NAN;
+    double l = s->loss / s->pairs;
+    if (c->rpo_alpha > 0 && s->nll_targets > 0) l += c->rpo_alpha * s->nll / s->nll_targets;
+    return l;
+}
+
+void at_dpo_stats_add(at_dpo_stats *a, const at_dpo_stats *b)
+{
+    double *x = (double *)a;
+    const double *y = (const double *)b;
+    for (int i = 0; i < AT_DPO_STATS_N; i++) x[i] += y[i];
+}
+
+void at_dpo_stats_log(const at_dpo_config *c, const at_dpo_stats *s, cJSON *line)
+{
+    if (!(s->pairs > 0)) return;
+    double n = s->pairs;
+    cJSON_AddNumberToObject(line, "rewards/chosen", s->reward_c / n);
+    cJSON_AddNumberToObject(line, "rewards/rejected", s->reward_r / n);
+    cJSON_AddNumberToObject(line, "rewards/accuracies", s->correct / n);
+    cJSON_AddNumberToObject(line, "rewards/margins", (s->reward_c - s->reward_r) / n);
+    cJSON_AddNumberToObject(line, "logps/chosen", s->logp_c / n);
+    cJSON_AddNumberToObject(line, "logps/rejected", s->logp_r / n);
+    if (c->rpo_alpha > 0 && s->nll_targets > 0) cJSON_AddNumberToObject(line, "nll_loss", s->nll / s->nll_targets);
+}
+
+at_status at_dpo_forward_backward(const at_dpo_config *c, const at_dpo_pairs *p, const size_t *idx, size_t n,
+                                  at_decoder *d, at_decoder_acts *acts, const at_tensor *ids, const at_tensor *pos,
+                                  const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
+                                  double step_nll_targets, double scale, at_decoder_grads *g, at_dpo_stats *stats)
+{
+    if (acts->B != (int)(2 * n))
+        return at_error(AT_ERR_INVALID, "DPO step: %zu pairs need %zu rows, the activations have %d", n, 2 * n,
+                        acts->B);
+    double *row = calloc(2 * n, sizeof *row);
+    int64_t *rowt = calloc(2 * n, sizeof *rowt);
+    float *rs = calloc(2 * n, sizeof *rs);
+    at_status st = AT_OK;
+    if (!row || !rowt || !rs) {
+        st = at_error(AT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    AT_CHECK(at_decoder_forward_train(d, acts, ids, pos, NULL, dropout, seed));
+    /* pass 1: each row's Σ −log p, no gradients */
+    at_loss_stats ls = {0};
+    ls.row_loss = row;
+    ls.row_targets = rowt;
+    AT_CHECK(at_decoder_loss(d, acts, labels, 1.0f, NULL, &ls));
+    for (size_t i = 0; i < n; i++) {
+        size_t k = idx[i];
+        double nc = rowt[2 * i] > 0 ? (double)rowt[2 * i] : 1, nr = rowt[2 * i + 1] > 0 ? (double)rowt[2 * i + 1] : 1;
+        /* ipo compares mean log-probs (TRL's average_log_prob); the others sums */
+        double wc = c->loss_type == AT_DPO_IPO ? 1 / nc : 1, wr = c->loss_type == AT_DPO_IPO ? 1 / nr : 1;
+        double pc = -row[2 * i] * wc, pr = -row[2 * i + 1] * wr, rc = p->ref_c[k] * wc, rr = p->ref_r[k] * wr;
+        at_dpo_pair_loss pl;
+        at_dpo_pair(c, pc, pr, rc, rr, &pl);
+        double gc = c->beta * (pc - rc), gr = c->beta * (pr - rr);
+        stats->pairs += 1;
+        stats->loss += pl.loss;
+        stats->reward_c += gc;
+        stats->reward_r += gr;
+        stats->correct += gc > gr;
+        stats->logp_c += pc;
+        stats->logp_r += pr;
+        stats->nll += row[2 * i];
+        stats->nll_targets += (double)rowt[2 * i];
+        /* The row's loss sum is −Σ log p, so its gradient scale is −dL/dΣlog p:
+         * −dL/dπ · w / step_pairs, plus for the chosen row the RPO term's
+         * rpo_alpha / step_nll_targets (a token mean over the step). */
+        double sc = -pl.d_chosen * wc / step_pairs, sr = -pl.d_rejected * wr / step_pairs;
+        if (c->rpo_alpha > 0 && step_nll_targets > 0) sc += c->rpo_alpha / step_nll_targets;
+        rs[2 * i] = (float)sc;
+        rs[2 * i + 1] = (float)sr;
+    }
+    if (g) {
+        /* pass 2: the same forward's logits again, now with each row's scale */
+        at_loss_stats ls2 = {0};
+        ls2.row_grad_scale = rs;
+        AT_CHECK(at_decoder_loss(d, acts, labels, (float)scale, g, &ls2));
+        AT_CHECK(at_decoder_backward(d, acts, g));
+    }
+done:
+    free(row);
+    free(rowt);
+    free(rs);
+    return st;
+}
+
+typedef struct {
+    const at_dpo_config *c;
+    const at_dpo_pairs *p;
+    at_decoder *d;
+    at_dpo_stats *stats;
+} eval_ctx;
+
+static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
+{
+    eval_ctx *e = vctx;
+    return at_dpo_forward_backward(e->c, e->p, idx, n, e->d, acts, t->ids, t->pos, t->labels, 0.0f, 0, 1, 1, 1, NULL,
+                                   e->stats);
+}
+
+at_status at_dpo_evaluate(const at_dpo_config *c, const at_dpo_pairs *p, at_decoder *d, int batch_pairs, int32_t pad,
+                          at_dpo_stats *stats)
+{
+    memset(stats, 0, sizeof *stats);
+    eval_ctx e = {c, p, d, stats};
+    return each_batch(d, p, batch_pairs, pad, eval_batch, &e);
+}
