@@ -5,6 +5,7 @@
  *    and later steps within 2e-3 (AdamW's first steps divide by sqrt(v), so a
  *    last-bit difference in a tiny gradient moves a weight by up to lr);
  *  - rank 0 alone writes the run (one run folder, a verified checkpoint);
+ *  - DPO (anytune rlhf) likewise: 2 ranks x 1 pair = 1 process x 2 pairs;
  *  - the same on the CUDA backend under the emulator (gradients staged
  *    through host memory: the emulator has no NCCL);
  *  - an error on the ranks (a missing dataset) ends the job with the message,
@@ -257,6 +258,38 @@ int main(int argc, char **argv)
     free(run_mpi);
     free(run_one);
 #endif
+
+    /* DPO: each rank's pairs, the step's pair count, DPO sums and gradients
+     * summed over the ranks; one pair per micro-batch on both sides so the
+     * rows (and dropout masks) are laid out alike */
+#define DPO " rlhf --rlhf_type dpo --model demo/stories260K --dataset tests/data/dpo/dpo_en_demo_8.json --max_steps 3 " \
+            "--logging_steps 1 --lora_dropout 0.05 --learning_rate 1e-4 --max_length 512 --truncation_strategy left " \
+            "--per_device_train_batch_size 1 --seed 7"
+    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" DPO " --gradient_accumulation_steps 1 --output_dir %s/dpo-mpi > %s/dpo-mpi.out 2>&1",
+             bin, T, T);
+    CHECK_MSG(run(cmd) == 0, "mpirun -np 2 anytune rlhf failed");
+    snprintf(cmd, sizeof cmd, "timeout 300 %s" DPO " --gradient_accumulation_steps 2 --output_dir %s/dpo-one > %s/dpo-one.out 2>&1", bin, T, T);
+    CHECK(run(cmd) == 0);
+    snprintf(dir, sizeof dir, "%s/dpo-mpi", T);
+    run_mpi = run_folder(dir, &n_mpi);
+    snprintf(dir, sizeof dir, "%s/dpo-one", T);
+    run_one = run_folder(dir, &n_one);
+    CHECK_MSG(n_mpi == 1, "the 2-rank DPO job made %d run folders", n_mpi);
+    if (run_mpi && run_one && read_log(run_mpi, &a) && read_log(run_one, &b)) {
+        CHECK_MSG(a.n == 3 && b.n == 3, "dpo: logged steps %d (2 ranks) and %d", a.n, b.n);
+        for (int i = 0; i < a.n && i < b.n; i++) {
+            double tol = i == 0 ? 1e-6 : 2e-3;
+            CHECK_MSG(a.tokens[i] == b.tokens[i] && rel(a.loss[i], b.loss[i]) <= tol && rel(a.norm[i], b.norm[i]) <= tol,
+                      "dpo step %d: tokens %.0f / %.0f, loss %.9g / %.9g, grad_norm %.9g / %.9g", i + 1, a.tokens[i],
+                      b.tokens[i], a.loss[i], b.loss[i], a.norm[i], b.norm[i]);
+            printf("dpo step %d: loss %.9f / %.9f, grad_norm %.9f / %.9f\n", i + 1, a.loss[i], b.loss[i], a.norm[i],
+                   b.norm[i]);
+        }
+    } else {
+        CHECK_MSG(0, "dpo: could not read both runs' logging.jsonl");
+    }
+    free(run_mpi);
+    free(run_one);
 
     snprintf(cmd, sizeof cmd, "timeout 120 " MPIRUN " %s --allreduce-worker > %s/worker.out 2>&1", argv[0], T);
     rc = run(cmd);
