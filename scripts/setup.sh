@@ -4,7 +4,12 @@
 set -e
 PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
-libopenblas-dev libdnnl-dev openmpi-bin"
+libopenblas-dev libdnnl-dev openmpi-bin chromium"
+# node and npm (the web UI's browser test, the GGUF reader check): Debian's,
+# unless some node is already on PATH (e.g. NodeSource's, which bundles npm
+# and conflicts with Debian's npm package)
+if ! command -v node >/dev/null 2>&1; then PKGS="$PKGS nodejs"; fi
+if ! command -v npm >/dev/null 2>&1; then PKGS="$PKGS npm"; fi
 if [ "$1" = "--dev" ]; then
   PKGS="$PKGS python3-torch python3-jinja2 python3-numpy libopenblas0-openmp"
 fi

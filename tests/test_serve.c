@@ -1,4 +1,4 @@
-/* The HTTP server, driven over real sockets by a small client written here:
+/* The HTTP server, driven over real sockets by a small client (tests/http_client.h):
  *  - OpenAI response shapes (completions, chat completions, models, errors);
  *  - streaming: SSE framing, the role chunk, one finish_reason, the usage
  *    chunk, the final [DONE], and the same text as the whole answer;
@@ -25,6 +25,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
+#include "http_client.h"
 #include "infer/bundle.h"
 #include "infer/generate.h"
 #include "model/loader.h"
@@ -35,106 +36,7 @@
 #define TOKENIZER "tests/data/goldens/tok512.bin"
 #define STORY_MD "tests/data/goldens/stories260K.md"
 
-/* ---- a small HTTP/1.1 client ---------------------------------------------------- */
-
-static int connect_to(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {60, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int send_request(int fd, const char *method, const char *path, const char *headers, const char *body,
-                        size_t body_len)
-{
-    char head[1024];
-    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, headers ? headers : "", body ? body_len : 0);
-    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n) return 0;
-    size_t off = 0;
-    while (body && off < body_len) {
-        ssize_t w = send(fd, body + off, body_len - off, MSG_NOSIGNAL);
-        if (w <= 0) return off > 0; /* the server may answer (413) and close before reading it all */
-        off += (size_t)w;
-    }
-    return 1;
-}
-
-typedef struct {
-    int status;
-    char *body; /* de-chunked, NUL-terminated */
-    size_t len;
-} http_resp;
-
-static void dechunk(http_resp *r)
-{
-    char *out = malloc(r->len + 1), *p = r->body, *end = r->body + r->len;
-    size_t n = 0;
-    while (out && p < end) {
-        unsigned long sz = strtoul(p, NULL, 16);
-        char *crlf = strstr(p, "\r\n");
-        if (!crlf || sz == 0) break;
-        p = crlf + 2;
-        if (p + sz > end) sz = (unsigned long)(end - p);
-        memcpy(out + n, p, sz);
-        n += sz;
-        p += sz + 2;
-    }
-    if (!out) return;
-    out[n] = 0;
-    free(r->body);
-    r->body = out;
-    r->len = n;
-}
-
-/* Sends a request and reads the whole answer. */
-static int http(int port, const char *method, const char *path, const char *headers, const char *body,
-                http_resp *r)
-{
-    memset(r, 0, sizeof *r);
-    int fd = connect_to(port);
-    if (fd < 0) return 0;
-    if (!send_request(fd, method, path, headers, body, body ? strlen(body) : 0)) {
-        close(fd);
-        return 0;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
-        if (got <= 0) break;
-        len += (size_t)got;
-    }
-    close(fd);
-    buf[len] = 0;
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (!sep || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
-        free(buf);
-        return 0;
-    }
-    *sep = 0;
-    int chunked = strcasestr(buf, "transfer-encoding: chunked") != NULL;
-    r->len = len - (size_t)(sep + 4 - buf);
-    r->body = malloc(r->len + 1);
-    memcpy(r->body, sep + 4, r->len);
-    r->body[r->len] = 0;
-    free(buf);
-    if (chunked) dechunk(r);
-    return 1;
-}
+/* ---- the HTTP client: tests/http_client.h ------------------------------------------ */
 
 static cJSON *post_json(int port, const char *path, const char *headers, const char *body, int *status)
 {

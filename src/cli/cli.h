@@ -10,6 +10,7 @@
 int at_cmd_env(int argc, char **argv);
 int at_cmd_infer(int argc, char **argv);
 int at_cmd_serve(int argc, char **argv);
+int at_cmd_webui(int argc, char **argv);
 int at_cmd_export(int argc, char **argv);
 int at_cmd_sft(int argc, char **argv);
 int at_cmd_pt(int argc, char **argv);

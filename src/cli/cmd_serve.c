@@ -1,12 +1,15 @@
-/* anytune serve: the OpenAI-compatible HTTP API (serve/server.h) until
- * SIGTERM or SIGINT, which stop it gracefully: no new connections, requests
- * in flight finish (cancelled after --shutdown_timeout seconds), exit 0. */
+/* anytune serve: the OpenAI-compatible HTTP API (serve/server.h) and the
+ * chat page at / until SIGTERM or SIGINT, which stop it gracefully: no new
+ * connections, requests in flight finish (cancelled after
+ * --shutdown_timeout seconds), exit 0. `anytune web-ui` (cmd_webui.c) is the
+ * same with the page's Train tab (cmd_serve.h). */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "cli/cmd_serve.h"
 #include "infer/bundle.h"
 #include "serve/server.h"
 
@@ -38,11 +41,10 @@ static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int sig) { stop_signal = sig; }
 
-int at_cmd_serve(int argc, char **argv)
+int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
 {
-    const char *usage = "usage: anytune serve [--model DIR] [--adapters NAME=DIR ...] [--port 8000] [OPTIONS]";
     at_options *o = NULL;
-    int prc = at_cli_parse(specs, NSPECS, argc, argv, "serve", usage, &o);
+    int prc = at_cli_parse(specs, NSPECS, argc, argv, c->command, c->usage, &o);
     if (prc >= 0) return prc;
     at_log_set_level(at_opt_bool(o, "verbose") ? AT_LOG_DEBUG : AT_LOG_INFO);
     /* the signals are taken by sigwait below: block them before any thread starts */
@@ -69,7 +71,7 @@ int at_cmd_serve(int argc, char **argv)
     if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
     at_server_opts so = {0};
     so.host = at_opt_str(o, "host");
-    so.port = (int)at_opt_int(o, "port");
+    so.port = at_opt_source_of(o, "port") == AT_SRC_DEFAULT ? c->default_port : (int)at_opt_int(o, "port");
     so.max_batch_size = (int)at_opt_int(o, "max_batch_size");
     so.max_model_len = (int)at_opt_int(o, "max_model_len");
     so.max_tokens = (int)at_opt_int(o, "max_tokens_limit");
@@ -77,11 +79,19 @@ int at_cmd_serve(int argc, char **argv)
     so.max_queue = (int)at_opt_int(o, "max_queue");
     so.api_key = at_opt_str(o, "api_key");
     so.served_model_name = at_opt_str(o, "served_model_name");
+    so.webui_train = c->webui_train;
     if (at_server_start(b, &so, &srv) != AT_OK) goto fail;
-    fprintf(stderr, "anytune serve: %s%s on http://%s:%d/v1 (batch %d, context %d tokens, %d adapter%s)\n",
-            so.served_model_name ? so.served_model_name : b->name, b->tmpl ? "" : " (no chat template)",
-            so.host ? so.host : "127.0.0.1", at_server_port(srv), so.max_batch_size,
-            at_bundle_context(b, so.max_model_len), b->n_adapters, b->n_adapters == 1 ? "" : "s");
+    const char *host = so.host ? so.host : "127.0.0.1";
+    fprintf(stderr, "anytune %s: %s%s on http://%s:%d/v1 (batch %d, context %d tokens, %d adapter%s)\n", c->command,
+            so.served_model_name ? so.served_model_name : b->name, b->tmpl ? "" : " (no chat template)", host,
+            at_server_port(srv), so.max_batch_size, at_bundle_context(b, so.max_model_len), b->n_adapters,
+            b->n_adapters == 1 ? "" : "s");
+    fprintf(stderr, "anytune %s: %s: open http://%s:%d/ in a browser\n", c->command,
+            c->webui_train ? "chat and training" : "chat page", host, at_server_port(srv));
+    if (c->webui_train && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
+        fprintf(stderr, "anytune %s: warning: listening on %s: whoever reaches this port can start training jobs "
+                        "that read and write files as you%s\n",
+                c->command, host, so.api_key ? "" : " (no --api_key set)");
     fflush(stderr);
     /* SIGTERM/SIGINT are blocked in every thread we create, but a library may
      * start threads of its own that do not block them: a handler catches the
@@ -93,10 +103,10 @@ int at_cmd_serve(int argc, char **argv)
         if (r > 0) sig = r;
     }
     if (!sig) sig = stop_signal;
-    fprintf(stderr, "anytune serve: %s: stopping (requests in flight get %.0f s)\n",
+    fprintf(stderr, "anytune %s: %s: stopping (requests in flight get %.0f s)\n", c->command,
             sig == SIGINT ? "SIGINT" : "SIGTERM", at_opt_float(o, "shutdown_timeout"));
     at_server_stop(srv, at_opt_float(o, "shutdown_timeout"));
-    fprintf(stderr, "anytune serve: stopped\n");
+    fprintf(stderr, "anytune %s: stopped\n", c->command);
     rc = 0;
     goto done;
 fail:
@@ -105,4 +115,11 @@ done:
     at_bundle_free(b);
     at_options_free(o);
     return rc;
+}
+
+int at_cmd_serve(int argc, char **argv)
+{
+    const at_serve_cli c = {"serve", "usage: anytune serve [--model DIR] [--adapters NAME=DIR ...] [--port 8000] [OPTIONS]",
+                            0, 8000};
+    return at_cli_serve(argc, argv, &c);
 }

@@ -13,7 +13,8 @@ typedef struct {
 static const command commands[] = {
     {"env", at_cmd_env, "what devices and features this machine has (--json for programs)"},
     {"infer", at_cmd_infer, "one-shot or interactive generation"},
-    {"serve", at_cmd_serve, "OpenAI-compatible HTTP API"},
+    {"serve", at_cmd_serve, "OpenAI-compatible HTTP API and a chat page"},
+    {"web-ui", at_cmd_webui, "the chat page plus a Train tab (start, watch, stop sft runs) in a browser"},
     {"sft", at_cmd_sft, "LoRA or full fine-tuning on conversations (no options: the bundled demo)"},
     {"pt", at_cmd_pt, "continued pre-training on plain text"},
     {"rlhf", at_cmd_rlhf, "preference alignment: --rlhf_type dpo on chosen/rejected pairs"},

@@ -135,7 +135,8 @@ at_status at_gen_seq_start(at_gen_seq *g, const int32_t *prompt, size_t n)
 static int release(at_gen_seq *g, size_t n)
 {
     if (!buf_add(&g->out, g->held.p, n)) return 0;
-    memmove(g->held.p, g->held.p + n, g->held.len - n);
+    /* nothing held yet: held.p may be NULL (memmove of NULL is undefined even for 0 bytes) */
+    if (g->held.len > n) memmove(g->held.p, g->held.p + n, g->held.len - n);
     g->held.len -= n;
     return 1;
 }

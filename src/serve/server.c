@@ -16,6 +16,7 @@
 #include "serve/engine.h"
 #include "serve/request.h"
 #include "serve/response.h"
+#include "serve/webui.h"
 
 /* How often a waiting handler looks whether its client is still there. */
 #define POLL_MS 50
@@ -23,6 +24,7 @@
 struct at_server {
     at_bundle *b;
     at_engine *engine;
+    at_webui *ui;
     struct MHD_Daemon *daemon;
     int port;
     at_server_opts o;
@@ -370,6 +372,52 @@ done:
 
 /* ---- routing ------------------------------------------------------------------------ */
 
+static int authorized(at_server *s, struct MHD_Connection *c);
+
+/* The web UI's urls (serve/webui.h). */
+static enum MHD_Result web_ui(at_server *s, struct MHD_Connection *c, conn_ctx *cc, const char *url,
+                              const char *method)
+{
+    if (cc->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->o.max_body_bytes);
+        return reply_error(c, 413, msg, "invalid_request_error", NULL, "request_too_large");
+    }
+    at_webui_request rq = {
+        .method = method,
+        .url = url,
+        .body = cc->body,
+        .len = cc->len,
+        .content_type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
+        .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
+        .host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host"),
+        .since = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "since"),
+        .authorized = authorized(s, c),
+    };
+    at_webui_reply wr;
+    if (!at_webui_handle(s->ui, &rq, &wr)) return MHD_NO;
+    struct MHD_Response *r =
+        wr.owned ? MHD_create_response_from_buffer(wr.len, wr.owned, MHD_RESPMEM_MUST_FREE)
+                 : MHD_create_response_from_buffer(wr.len, (void *)wr.body, MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(wr.owned);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", wr.content_type);
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (!strncmp(wr.content_type, "text/html", 9)) {
+        /* everything comes from this server; no inline script, no frames */
+        MHD_add_response_header(r, "Content-Security-Policy",
+                                "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; "
+                                "form-action 'none'");
+        MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    }
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)wr.status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static int authorized(at_server *s, struct MHD_Connection *c)
 {
     if (!s->api_key) return 1;
@@ -428,6 +476,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                  st.peak_batch, st.steps, st.tokens);
         return reply(c, stopping ? 503 : 200, j);
     }
+    if (at_webui_owns(url)) return web_ui(s, c, cc, url, method);
     int is_models = !strcmp(url, "/v1/models"), is_chat = !strcmp(url, "/v1/chat/completions"),
         is_cmpl = !strcmp(url, "/v1/completions");
     if (!is_models && !is_chat && !is_cmpl) {
@@ -518,6 +567,9 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
         st = at_error(AT_ERR_INVALID, "--port %d: not a port number", o->port);
         goto done;
     }
+    at_webui_opts wo = {o->webui_train, o->webui_train_program, s->api_key != NULL};
+    AT_CHECK(at_webui_new(&wo, &s->ui));
+    s->o.webui_train_program = NULL;
     AT_CHECK(at_engine_start(b, s->o.max_batch_size, s->context, s->o.max_queue, &s->engine));
     s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                                      MHD_USE_ITC,
@@ -533,6 +585,7 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
 done:
     if (st != AT_OK) {
         at_engine_free(s->engine);
+        at_webui_free(s->ui, 5);
         server_free(s);
         return st;
     }
@@ -557,5 +610,7 @@ void at_server_stop(at_server *s, double grace_s)
     for (int i = 0; i < 500 && atomic_load(&s->in_flight) > 0; i++) usleep(10000);
     MHD_stop_daemon(s->daemon);
     at_engine_free(s->engine);
+    /* a training job started from the page stops with the server */
+    at_webui_free(s->ui, 5);
     server_free(s);
 }

@@ -4,6 +4,8 @@
  *   POST /v1/completions        raw prompt continuation
  *   GET  /v1/models             the base model and each adapter by name
  *   GET  /health                {"status": "ok", running/waiting counts}
+ *   GET  /, /ui/...             the web UI: a chat page; with webui_train also
+ *                               the Train tab and its endpoints (serve/webui.h)
  *
  * Streaming answers are server-sent events ("data: {chunk}\n\n" ... "data:
  * [DONE]\n\n"). Every request runs on the engine (engine.h): concurrent
@@ -36,6 +38,8 @@ typedef struct at_server_opts {
     int max_connections;      /* 0: 256 */
     const char *api_key;      /* NULL: no authentication */
     const char *served_model_name; /* NULL: the bundle's name */
+    int webui_train;          /* `anytune web-ui`: the Train tab starts `anytune sft` jobs */
+    const char *webui_train_program; /* what those jobs run; NULL: this program (/proc/self/exe) */
 } at_server_opts;
 
 typedef struct at_server at_server;
@@ -49,7 +53,8 @@ int at_server_port(const at_server *s);
 
 /* Graceful stop: stops accepting connections, lets requests in flight
  * finish for up to grace_s seconds (then cancels them; their streams end
- * with finish_reason "abort"), closes every connection and frees s. NULL ok. */
+ * with finish_reason "abort"), closes every connection, stops a running
+ * train job of the web UI (SIGTERM) and frees s. NULL ok. */
 void at_server_stop(at_server *s, double grace_s);
 
 #endif

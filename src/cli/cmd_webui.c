@@ -1,0 +1,16 @@
+/* anytune web-ui: `anytune serve` with the page's Train tab, as ms-swift's
+ * web-ui: chat with the model (and its adapters) and start, watch and stop
+ * `anytune sft` runs from the browser. It listens on 127.0.0.1 unless
+ * --host says otherwise (a training job reads and writes files as the user
+ * who runs it) and prints the page's URL. */
+#include "cli/cli.h"
+#include "cli/cmd_serve.h"
+
+int at_cmd_webui(int argc, char **argv)
+{
+    const at_serve_cli c = {"web-ui",
+                            "usage: anytune web-ui [--model DIR] [--adapters NAME=DIR ...] [--port 7860] [OPTIONS]\n"
+                            "  a browser page to chat with the model and to fine-tune it (anytune sft)",
+                            1, 7860};
+    return at_cli_serve(argc, argv, &c);
+}

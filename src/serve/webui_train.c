@@ -1,0 +1,664 @@
+#include "serve/webui_train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "base/file.h"
+
+/* ---- the allow-list ------------------------------------------------------------------ */
+
+typedef enum {
+    V_PATH_IN,  /* an existing file or folder */
+    V_DATASET,  /* one or a list of existing files, each optionally FILE#N */
+    V_PATH_OUT, /* a folder that may not exist yet */
+    V_INT,
+    V_NUM,
+    V_ENUM,
+    V_BOOL,
+    V_DEVICE, /* auto, cpu, cuda, cuda:N */
+    V_TEXT    /* free text (self-cognition names), one line */
+} vkind;
+
+typedef struct {
+    const char *name;
+    vkind kind;
+    double lo, hi;       /* V_INT / V_NUM: the accepted range, inclusive */
+    const char *choices; /* V_ENUM: "a|b|c" */
+} field;
+
+/* `anytune sft` options the Train tab may set (names as cmd_train.c's).
+ * Left out on purpose: config (reads any file as options), adapters and
+ * resume_from_checkpoint (paths into other runs), dry_run, simulate_device. */
+static const field fields[] = {
+    {"model", V_PATH_IN, 0, 0, NULL},
+    {"dataset", V_DATASET, 0, 0, NULL},
+    {"val_dataset", V_DATASET, 0, 0, NULL},
+    {"split_dataset_ratio", V_NUM, 0, 0.99, NULL},
+    {"template", V_ENUM, 0, 0, "chatml|llama-2|llama-3|mistral"},
+    {"train_type", V_ENUM, 0, 0, "lora|qlora|full"},
+    {"quant_bits", V_ENUM, 0, 0, "0|4|8"},
+    {"lora_rank", V_INT, 1, 1024, NULL},
+    {"lora_alpha", V_NUM, 1e-6, 1e6, NULL},
+    {"lora_dropout", V_NUM, 0, 0.99, NULL},
+    {"learning_rate", V_NUM, 1e-12, 10, NULL},
+    {"num_train_epochs", V_NUM, 1e-6, 1e6, NULL},
+    {"max_steps", V_INT, -1, 1e9, NULL},
+    {"per_device_train_batch_size", V_INT, 1, 4096, NULL},
+    {"gradient_accumulation_steps", V_INT, 1, 65536, NULL},
+    {"max_length", V_INT, 8, 1048576, NULL},
+    {"packing", V_BOOL, 0, 0, NULL},
+    {"gradient_checkpointing", V_BOOL, 0, 0, NULL},
+    {"lr_scheduler_type", V_ENUM, 0, 0, "cosine|linear|constant|constant_with_warmup"},
+    {"warmup_ratio", V_NUM, 0, 1, NULL},
+    {"weight_decay", V_NUM, 0, 10, NULL},
+    {"max_grad_norm", V_NUM, 0, 1e6, NULL},
+    {"logging_steps", V_INT, 1, 1e9, NULL},
+    {"save_steps", V_INT, 1, 1e9, NULL},
+    {"save_total_limit", V_INT, 0, 1e6, NULL},
+    {"output_dir", V_PATH_OUT, 0, 0, NULL},
+    {"torch_dtype", V_ENUM, 0, 0, "bfloat16|float16|float32"},
+    {"seed", V_INT, 0, 2147483647, NULL},
+    {"device", V_DEVICE, 0, 0, NULL},
+    {"model_name", V_TEXT, 0, 0, NULL},
+    {"model_author", V_TEXT, 0, 0, NULL},
+};
+#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
+#define MAX_PATH_LEN 4096
+#define MAX_DATASETS 16
+
+static const field *find_field(const char *name)
+{
+    for (int i = 0; i < NFIELDS; i++)
+        if (!strcmp(fields[i].name, name)) return &fields[i];
+    return NULL;
+}
+
+static const char *type_name(const cJSON *v)
+{
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsArray(v)) return "a list";
+    if (cJSON_IsObject(v)) return "an object";
+    return "null";
+}
+
+/* Characters a shell would act on, and the comma that splits list options:
+ * refused in paths so that what the user typed is what the trainer opens
+ * (the value goes to the trainer as one argv item either way). */
+static const char bad_path_chars[] = ";|&$`<>(){}*?!\"'\\,";
+
+static at_status check_text(const char *name, const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (!n) return at_error(AT_ERR_INVALID, "%s: must not be empty", name);
+    if (n > max) return at_error(AT_ERR_INVALID, "%s: longer than %zu characters", name, max);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return at_error(AT_ERR_INVALID, "%s: control character (code %d) at position %zu", name, s[i], i);
+    return AT_OK;
+}
+
+static at_status check_path(const char *name, const char *s, int must_exist, int allow_count)
+{
+    AT_TRY(check_text(name, s, MAX_PATH_LEN));
+    if (s[0] == '-') return at_error(AT_ERR_INVALID, "%s: a path may not begin with '-': %s", name, s);
+    size_t bad = strcspn(s, bad_path_chars);
+    if (s[bad])
+        return at_error(AT_ERR_INVALID, "%s: the character '%c' is not allowed in a path (got \"%.200s\")", name,
+                        s[bad], s);
+    char path[MAX_PATH_LEN + 1];
+    snprintf(path, sizeof path, "%s", s);
+    char *hash = strchr(path, '#');
+    if (hash) {
+        /* FILE#N: N samples of FILE */
+        const char *d = hash + 1;
+        if (!allow_count || !*d || strspn(d, "0123456789") != strlen(d))
+            return at_error(AT_ERR_INVALID, "%s: '#' is allowed only as FILE#N (N samples), got \"%.200s\"", name, s);
+        *hash = 0;
+    }
+    if (must_exist && !at_file_exists(path))
+        return at_error(AT_ERR_INVALID, "%s: no such file or folder: %.300s", name, path);
+    return AT_OK;
+}
+
+static at_status check_enum(const char *name, const char *s, const char *choices)
+{
+    size_t n = strlen(s);
+    for (const char *p = choices; *p;) {
+        size_t len = strcspn(p, "|");
+        if (len == n && !strncmp(p, s, n)) return AT_OK;
+        p += len + (p[len] == '|');
+    }
+    return at_error(AT_ERR_INVALID, "%s: \"%.100s\" is not one of %s", name, s, choices);
+}
+
+/* Appends "--name=value" to a. */
+static at_status push_arg(at_train_argv *a, const char *name, const char *value)
+{
+    char **p = realloc(a->argv, (size_t)(a->argc + 2) * sizeof *p);
+    if (!p) return at_error(AT_ERR_NOMEM, "out of memory");
+    a->argv = p;
+    size_t n = strlen(name) + strlen(value) + 4;
+    char *s = malloc(n);
+    if (!s) return at_error(AT_ERR_NOMEM, "out of memory");
+    if (name[0])
+        snprintf(s, n, "--%s=%s", name, value);
+    else
+        snprintf(s, n, "%s", value);
+    a->argv[a->argc++] = s;
+    a->argv[a->argc] = NULL;
+    return AT_OK;
+}
+
+/* Checks one option's value and appends its argument(s). */
+static at_status add_field(at_train_argv *a, const field *f, const cJSON *v)
+{
+    char buf[64];
+    switch (f->kind) {
+    case V_PATH_IN:
+    case V_PATH_OUT:
+        if (!cJSON_IsString(v)) return at_error(AT_ERR_INVALID, "%s: expected a path (a string), got %s", f->name, type_name(v));
+        AT_TRY(check_path(f->name, v->valuestring, f->kind == V_PATH_IN, 0));
+        return push_arg(a, f->name, v->valuestring);
+    case V_DATASET: {
+        if (cJSON_IsString(v)) {
+            AT_TRY(check_path(f->name, v->valuestring, 1, 1));
+            return push_arg(a, f->name, v->valuestring);
+        }
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 1 || cJSON_GetArraySize(v) > MAX_DATASETS)
+            return at_error(AT_ERR_INVALID, "%s: expected a path or a list of 1 to %d paths, got %s", f->name,
+                            MAX_DATASETS, type_name(v));
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v)
+        {
+            if (!cJSON_IsString(it))
+                return at_error(AT_ERR_INVALID, "%s: expected paths (strings) in the list, got %s", f->name,
+                                type_name(it));
+            AT_TRY(check_path(f->name, it->valuestring, 1, 1));
+            AT_TRY(push_arg(a, f->name, it->valuestring));
+        }
+        return AT_OK;
+    }
+    case V_INT: {
+        if (!cJSON_IsNumber(v)) return at_error(AT_ERR_INVALID, "%s: expected an integer, got %s", f->name, type_name(v));
+        double d = v->valuedouble;
+        if (d != floor(d)) return at_error(AT_ERR_INVALID, "%s: expected an integer, got %g", f->name, d);
+        if (d < f->lo || d > f->hi)
+            return at_error(AT_ERR_INVALID, "%s: %.0f is outside [%.0f, %.0f]", f->name, d, f->lo, f->hi);
+        snprintf(buf, sizeof buf, "%lld", (long long)d);
+        return push_arg(a, f->name, buf);
+    }
+    case V_NUM: {
+        if (!cJSON_IsNumber(v)) return at_error(AT_ERR_INVALID, "%s: expected a number, got %s", f->name, type_name(v));
+        double d = v->valuedouble;
+        if (!isfinite(d) || d < f->lo || d > f->hi)
+            return at_error(AT_ERR_INVALID, "%s: %g is outside [%g, %g]", f->name, d, f->lo, f->hi);
+        snprintf(buf, sizeof buf, "%.17g", d);
+        return push_arg(a, f->name, buf);
+    }
+    case V_ENUM: {
+        const char *s = NULL;
+        if (cJSON_IsString(v)) {
+            s = v->valuestring;
+        } else if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 1e9) {
+            snprintf(buf, sizeof buf, "%lld", (long long)v->valuedouble); /* quant_bits: 4 */
+            s = buf;
+        } else {
+            return at_error(AT_ERR_INVALID, "%s: expected one of %s, got %s", f->name, f->choices, type_name(v));
+        }
+        AT_TRY(check_enum(f->name, s, f->choices));
+        return push_arg(a, f->name, s);
+    }
+    case V_BOOL:
+        if (!cJSON_IsBool(v)) return at_error(AT_ERR_INVALID, "%s: expected true or false, got %s", f->name, type_name(v));
+        return push_arg(a, f->name, cJSON_IsTrue(v) ? "true" : "false");
+    case V_DEVICE: {
+        if (!cJSON_IsString(v)) return at_error(AT_ERR_INVALID, "%s: expected a string, got %s", f->name, type_name(v));
+        const char *s = v->valuestring;
+        int ok = !strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda");
+        if (!strncmp(s, "cuda:", 5) && s[5] && strlen(s + 5) <= 3 && strspn(s + 5, "0123456789") == strlen(s + 5)) ok = 1;
+        if (!ok) return at_error(AT_ERR_INVALID, "%s: \"%.60s\" is not auto, cpu, cuda or cuda:N", f->name, s);
+        return push_arg(a, f->name, s);
+    }
+    case V_TEXT:
+        if (!cJSON_IsString(v)) return at_error(AT_ERR_INVALID, "%s: expected a string, got %s", f->name, type_name(v));
+        AT_TRY(check_text(f->name, v->valuestring, 200));
+        return push_arg(a, f->name, v->valuestring);
+    }
+    return at_error(AT_ERR_INTERNAL, "%s: unknown kind", f->name);
+}
+
+void at_train_argv_free(at_train_argv *a)
+{
+    for (int i = 0; a->argv && i < a->argc; i++) free(a->argv[i]);
+    free(a->argv);
+    a->argv = NULL;
+    a->argc = 0;
+}
+
+static void set_param(char *param, size_t cap, const char *name)
+{
+    if (cap) snprintf(param, cap, "%s", name ? name : "");
+}
+
+at_status at_train_argv_build(const char *body, size_t len, const char *program, at_train_argv *a, char *param,
+                              size_t cap)
+{
+    memset(a, 0, sizeof *a);
+    set_param(param, cap, NULL);
+    at_status st = AT_OK;
+    cJSON *j = cJSON_ParseWithLength(body ? body : "", body ? len : 0);
+    if (!j || !cJSON_IsObject(j)) {
+        st = at_error(AT_ERR_FORMAT, "the body must be a JSON object of `anytune sft` options, e.g. "
+                                     "{\"model\": \"demo/stories260K\", \"dataset\": \"demo/identity.json\"}");
+        goto done;
+    }
+    AT_CHECK(push_arg(a, "", program));
+    AT_CHECK(push_arg(a, "", "sft"));
+    const cJSON *v;
+    int have_model = 0, have_data = 0;
+    cJSON_ArrayForEach(v, j)
+    {
+        const char *name = v->string ? v->string : "";
+        const field *f = find_field(name);
+        if (!f) {
+            char list[1024] = "";
+            for (int i = 0; i < NFIELDS; i++) {
+                size_t n = strlen(list);
+                snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", fields[i].name);
+            }
+            set_param(param, cap, name);
+            st = at_error(AT_ERR_INVALID, "%.80s: not an option the Train tab accepts (%s)", name, list);
+            goto done;
+        }
+        /* a key given twice would make the second silently win */
+        for (const cJSON *w = j->child; w != v; w = w->next)
+            if (w->string && !strcmp(w->string, name)) {
+                set_param(param, cap, name);
+                st = at_error(AT_ERR_INVALID, "%s: given twice", name);
+                goto done;
+            }
+        if (cJSON_IsNull(v)) continue; /* unset: the trainer's default */
+        st = add_field(a, f, v);
+        if (st != AT_OK) {
+            set_param(param, cap, name);
+            goto done;
+        }
+        have_model |= !strcmp(name, "model");
+        have_data |= !strcmp(name, "dataset");
+    }
+    if (!have_model || !have_data) {
+        set_param(param, cap, have_model ? "dataset" : "model");
+        st = at_error(AT_ERR_INVALID, "%s: required", have_model ? "dataset" : "model");
+    }
+done:
+    cJSON_Delete(j);
+    return st;
+}
+
+/* ---- the child process ----------------------------------------------------------------- */
+
+typedef enum { S_IDLE = 0, S_STARTING, S_RUNNING, S_FINISHED, S_FAILED, S_STOPPED } job_state;
+
+static const char *state_name(job_state s)
+{
+    static const char *const n[] = {"idle", "starting", "running", "finished", "failed", "stopped"};
+    return n[s];
+}
+
+#define RING 64      /* lines of output kept */
+#define LINE_CAP 512 /* bytes kept of one line */
+
+struct at_train_job {
+    char *program;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    job_state state;
+    int thread_live; /* th is joinable */
+    pthread_t th;
+    pid_t pid;
+    int exit_code, term_signal; /* -1 when not applicable */
+    int stop_requested;
+    char error[256]; /* why the process could not start */
+    at_train_argv args;
+    char *run_dir;
+    char *lines[RING];
+    long n_lines; /* lines seen in all; lines[i % RING] */
+    char partial[LINE_CAP];
+    size_t partial_len;
+    double started, ended;
+};
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Under j->mu: one whole line of the child's output. */
+static void push_line(at_train_job *j)
+{
+    j->partial[j->partial_len] = 0;
+    j->partial_len = 0;
+    char *s = strdup(j->partial);
+    if (!s) return;
+    /* the trainer says where the run goes: "...; output in DIR" */
+    const char *at = strstr(s, "; output in ");
+    if (at && !j->run_dir) j->run_dir = strdup(at + 12);
+    free(j->lines[j->n_lines % RING]);
+    j->lines[j->n_lines % RING] = s;
+    j->n_lines++;
+}
+
+/* Under j->mu: bytes of output; '\r' ends a line as '\n' does (progress bars). */
+static void feed(at_train_job *j, const char *buf, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = buf[i];
+        if (c == '\n' || c == '\r') {
+            if (j->partial_len) push_line(j);
+        } else if (j->partial_len < LINE_CAP - 1) {
+            j->partial[j->partial_len++] = c;
+        }
+    }
+}
+
+static void set_state(at_train_job *j, job_state s)
+{
+    j->state = s;
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* Forks and runs the child, reads its output, reaps it. The child is forked
+ * here, on a thread that lives as long as the child: PR_SET_PDEATHSIG fires
+ * when the forking thread ends, which is then only when the server dies. */
+static void *monitor(void *arg)
+{
+    at_train_job *j = arg;
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull < 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+        pthread_mutex_lock(&j->mu);
+        snprintf(j->error, sizeof j->error, "cannot create pipes: %s", strerror(errno));
+        set_state(j, S_FAILED);
+        pthread_mutex_unlock(&j->mu);
+        goto done;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* the child: only async-signal-safe calls until exec */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL); /* the server blocks SIGTERM/SIGINT for sigwait */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGPIPE, &dfl, NULL); /* ignored dispositions survive exec */
+        sigaction(SIGTERM, &dfl, NULL);
+        sigaction(SIGINT, &dfl, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);
+        setpgid(0, 0); /* a Ctrl-C at the server's terminal goes to the server, which stops the job */
+        dup2(devnull, 0);
+        dup2(out[1], 1);
+        dup2(out[1], 2);
+        execv(j->args.argv[0], j->args.argv);
+        int e = errno;
+        ssize_t w = write(err[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    out[1] = err[1] = -1;
+    if (pid < 0) {
+        pthread_mutex_lock(&j->mu);
+        snprintf(j->error, sizeof j->error, "fork: %s", strerror(errno));
+        set_state(j, S_FAILED);
+        pthread_mutex_unlock(&j->mu);
+        goto done;
+    }
+    /* exec succeeded when the error pipe closes with nothing in it */
+    int e = 0;
+    ssize_t got;
+    while ((got = read(err[0], &e, sizeof e)) < 0 && errno == EINTR) {}
+    if (got == (ssize_t)sizeof e) {
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+        pthread_mutex_lock(&j->mu);
+        snprintf(j->error, sizeof j->error, "cannot run %.150s: %s", j->args.argv[0], strerror(e));
+        set_state(j, S_FAILED);
+        pthread_mutex_unlock(&j->mu);
+        goto done;
+    }
+    pthread_mutex_lock(&j->mu);
+    j->pid = pid;
+    set_state(j, S_RUNNING);
+    pthread_mutex_unlock(&j->mu);
+
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(out[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        pthread_mutex_lock(&j->mu);
+        feed(j, buf, (size_t)n);
+        pthread_mutex_unlock(&j->mu);
+    }
+    /* wait without reaping, then reap under the lock: while the state says
+     * running, the pid is still ours, so a stop never signals a reused pid */
+    siginfo_t si;
+    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR) {}
+    pthread_mutex_lock(&j->mu);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (j->partial_len) push_line(j);
+    j->ended = mono_now();
+    if (WIFEXITED(status)) {
+        j->exit_code = WEXITSTATUS(status);
+        set_state(j, j->exit_code == 0 ? S_FINISHED : j->stop_requested ? S_STOPPED : S_FAILED);
+    } else {
+        j->term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : -1;
+        set_state(j, j->stop_requested ? S_STOPPED : S_FAILED);
+    }
+    pthread_mutex_unlock(&j->mu);
+done:
+    if (devnull >= 0) close(devnull);
+    for (int i = 0; i < 2; i++) {
+        if (out[i] >= 0) close(out[i]);
+        if (err[i] >= 0) close(err[i]);
+    }
+    return NULL;
+}
+
+at_status at_train_job_new(const char *program, at_train_job **out)
+{
+    *out = NULL;
+    at_train_job *j = calloc(1, sizeof *j);
+    if (!j) return at_error(AT_ERR_NOMEM, "out of memory");
+    j->program = strdup(program && program[0] ? program : "/proc/self/exe");
+    if (!j->program) {
+        free(j);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->exit_code = j->term_signal = -1;
+    *out = j;
+    return AT_OK;
+}
+
+/* Under j->mu, with no job running: forgets the previous job. */
+static void reset(at_train_job *j)
+{
+    if (j->thread_live) {
+        pthread_join(j->th, NULL); /* it ended: the state is final */
+        j->thread_live = 0;
+    }
+    at_train_argv_free(&j->args);
+    free(j->run_dir);
+    j->run_dir = NULL;
+    for (int i = 0; i < RING; i++) {
+        free(j->lines[i]);
+        j->lines[i] = NULL;
+    }
+    j->n_lines = 0;
+    j->partial_len = 0;
+    j->pid = 0;
+    j->exit_code = j->term_signal = -1;
+    j->stop_requested = 0;
+    j->error[0] = 0;
+    j->state = S_IDLE;
+}
+
+at_status at_train_job_start(at_train_job *j, const char *body, size_t len, char *param, size_t cap)
+{
+    at_train_argv a;
+    at_status st = at_train_argv_build(body, len, j->program, &a, param, cap);
+    if (st != AT_OK) {
+        at_train_argv_free(&a);
+        return st;
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->state == S_RUNNING || j->state == S_STARTING) {
+        st = at_error(AT_ERR_UNSUPPORTED, "a training job is already running (pid %d): stop it or wait for it to end",
+                      (int)j->pid);
+        pthread_mutex_unlock(&j->mu);
+        at_train_argv_free(&a);
+        return st;
+    }
+    reset(j);
+    j->args = a;
+    j->state = S_STARTING;
+    j->started = mono_now();
+    if (pthread_create(&j->th, NULL, monitor, j) != 0) {
+        j->state = S_IDLE;
+        pthread_mutex_unlock(&j->mu);
+        return at_error(AT_ERR_IO, "cannot start a thread for the training job");
+    }
+    j->thread_live = 1;
+    while (j->state == S_STARTING) pthread_cond_wait(&j->cv, &j->mu);
+    if (j->state == S_FAILED && j->error[0]) st = at_error(AT_ERR_IO, "%s", j->error);
+    pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
+at_status at_train_job_stop(at_train_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    at_status st = AT_OK;
+    if (j->state != S_RUNNING) {
+        st = at_error(AT_ERR_NOT_FOUND, "no training job is running (state: %s)", state_name(j->state));
+    } else {
+        j->stop_requested = 1;
+        kill(j->pid, SIGTERM);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
+/* Appends the rows of DIR/logging.jsonl from index `since` on (complete lines only). */
+static void add_log_rows(cJSON *o, const char *run_dir, long since)
+{
+    cJSON *rows = cJSON_AddArrayToObject(o, "log");
+    long total = 0;
+    char *path = run_dir ? at_path_join(run_dir, "logging.jsonl") : NULL, *text = NULL;
+    size_t len = 0;
+    if (path && at_file_exists(path) && at_read_file(path, &text, &len) == AT_OK) {
+        const char *p = text, *end = text + len;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            if (!nl) break; /* a row being written */
+            if (total >= since && rows) {
+                cJSON *row = cJSON_ParseWithLength(p, (size_t)(nl - p));
+                if (row) cJSON_AddItemToArray(rows, row);
+            }
+            total++;
+            p = nl + 1;
+        }
+    }
+    at_clear_error();
+    cJSON_AddNumberToObject(o, "log_total", (double)total);
+    free(text);
+    free(path);
+}
+
+char *at_train_job_status_json(at_train_job *j, long since)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    pthread_mutex_lock(&j->mu);
+    job_state s = j->state;
+    cJSON_AddStringToObject(o, "state", state_name(s));
+    if (j->pid > 0)
+        cJSON_AddNumberToObject(o, "pid", j->pid);
+    else
+        cJSON_AddNullToObject(o, "pid");
+    if (j->exit_code >= 0)
+        cJSON_AddNumberToObject(o, "exit_code", j->exit_code);
+    else
+        cJSON_AddNullToObject(o, "exit_code");
+    if (j->term_signal >= 0)
+        cJSON_AddNumberToObject(o, "signal", j->term_signal);
+    else
+        cJSON_AddNullToObject(o, "signal");
+    if (j->error[0]) cJSON_AddStringToObject(o, "error", j->error);
+    if (s != S_IDLE)
+        cJSON_AddNumberToObject(o, "elapsed_s", (s == S_RUNNING || s == S_STARTING ? mono_now() : j->ended) - j->started);
+    cJSON *argv = cJSON_AddArrayToObject(o, "argv");
+    for (int i = 0; argv && i < j->args.argc; i++) cJSON_AddItemToArray(argv, cJSON_CreateString(j->args.argv[i]));
+    if (j->run_dir)
+        cJSON_AddStringToObject(o, "run_dir", j->run_dir);
+    else
+        cJSON_AddNullToObject(o, "run_dir");
+    cJSON *lines = cJSON_AddArrayToObject(o, "output");
+    long first = j->n_lines > RING ? j->n_lines - RING : 0;
+    for (long i = first; lines && i < j->n_lines; i++)
+        cJSON_AddItemToArray(lines, cJSON_CreateString(j->lines[i % RING]));
+    char *run_dir = j->run_dir ? strdup(j->run_dir) : NULL;
+    pthread_mutex_unlock(&j->mu);
+    add_log_rows(o, run_dir, since < 0 ? 0 : since);
+    free(run_dir);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+void at_train_job_free(at_train_job *j, double grace_s)
+{
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    while (j->state == S_STARTING) pthread_cond_wait(&j->cv, &j->mu);
+    if (j->state == S_RUNNING) {
+        j->stop_requested = 1;
+        kill(j->pid, SIGTERM);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double t = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + (grace_s > 0 ? grace_s : 0);
+        until.tv_sec = (time_t)t;
+        until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+        while (j->state == S_RUNNING)
+            if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
+        if (j->state == S_RUNNING) kill(j->pid, SIGKILL);
+        while (j->state == S_RUNNING) pthread_cond_wait(&j->cv, &j->mu);
+    }
+    reset(j);
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->program);
+    free(j);
+}

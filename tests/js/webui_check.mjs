@@ -1,0 +1,177 @@
+// Drives anytune's web UI in Debian's chromium (headless, through
+// playwright-core) the way a person would, and checks what the page shows
+// against the server's API answered directly:
+//  - a greedy (temperature 0) answer streamed into the page equals the
+//    content of a non-streamed /v1/chat/completions request with the same
+//    body the page sent; regenerate gives it again;
+//  - stop aborts a long generation (the download throttled so that it is
+//    still streaming): the text stops growing and is a strict prefix of the
+//    whole answer;
+//  - UTF-8 split across chunks decodes right, and model output is text,
+//    never HTML;
+//  - the Train tab refuses a bad field with the server's message, runs a
+//    3-step job, and draws one loss point per row of its logging.jsonl.
+// Usage: node tests/js/webui_check.mjs URL TMPDIR   (run by tests/test_webui.c)
+import { chromium } from 'playwright-core';
+import { readFileSync } from 'node:fs';
+
+const [url, tmpdir] = process.argv.slice(2);
+let failures = 0, checks = 0;
+function check(cond, msg) {
+  checks++;
+  if (!cond) {
+    failures++;
+    console.error('webui_check: FAIL: ' + msg);
+  }
+}
+const api = (path) => new URL(path, url).toString();
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+const browser = await chromium.launch({ executablePath: '/usr/bin/chromium', headless: true, args: ['--no-sandbox'] });
+try {
+  const page = await browser.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  await page.goto(url);
+  await page.waitForFunction(() => document.querySelectorAll('#model option').length > 0);
+
+  // 1. a greedy answer, streamed, equals the API's whole answer
+  await page.fill('#temperature', '0');
+  await page.fill('#max_tokens', '60');
+  const reqP = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
+  const respP = page.waitForResponse((r) => r.url().endsWith('/v1/chat/completions'));
+  await page.fill('#prompt', 'Who are you?');
+  await page.click('#send');
+  const sent = JSON.parse((await reqP).postData());
+  await page.waitForSelector('.msg.assistant[data-state="done"]', { timeout: 60000 });
+  const shown = await page.textContent('.msg.assistant .text');
+  check(sent.stream === true && sent.temperature === 0 && sent.max_tokens === 60 && sent.top_k === 40 &&
+        sent.repetition_penalty === 1 && sent.messages.length === 1 && sent.messages[0].content === 'Who are you?',
+        'the request body: ' + JSON.stringify(sent));
+  const events = (await (await respP).text()).split('\n\n').filter((e) => e.startsWith('data: '));
+  check(events.length >= 4 && events[events.length - 1] === 'data: [DONE]', `streamed in ${events.length} events`);
+  const plain = { ...sent, stream: false };
+  delete plain.stream_options;
+  const whole = async (body) => {
+    const r = await fetch(api('/v1/chat/completions'), {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+    });
+    return (await r.json()).choices[0].message.content;
+  };
+  const want = await whole(plain);
+  check(want.length > 0 && shown === want, `shown ${JSON.stringify(shown)} != API ${JSON.stringify(want)}`);
+  console.log(`webui_check: greedy answer (${want.length} characters) equals the API's`);
+
+  // 2. regenerate: the last answer again (greedy: the same), still one assistant turn
+  await page.click('#regenerate');
+  await page.waitForFunction(() => {
+    const m = document.querySelectorAll('.msg.assistant');
+    return m.length === 1 && m[0].dataset.state === 'done';
+  }, null, { timeout: 60000 });
+  check(await page.textContent('.msg.assistant .text') === want, 'regenerate gave another answer');
+
+  // 3. stop: a long answer, its download throttled so it is still arriving
+  await page.click('#clear');
+  check(await page.locator('.msg').count() === 0, 'clear left messages');
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send('Network.enable');
+  await cdp.send('Network.emulateNetworkConditions',
+    { offline: false, latency: 0, downloadThroughput: 2000, uploadThroughput: -1 });
+  await page.fill('#max_tokens', '');
+  const longReqP = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
+  await page.fill('#prompt', 'Tell me a long story about a cat.');
+  await page.click('#send');
+  const longSent = JSON.parse((await longReqP).postData());
+  await page.waitForFunction(() => {
+    const t = document.querySelector('.msg.assistant .text');
+    return t && t.textContent.length > 0;
+  }, null, { timeout: 60000 });
+  await page.click('#stop');
+  await page.waitForSelector('.msg.assistant[data-state="stopped"]', { timeout: 10000 });
+  const cut = await page.textContent('.msg.assistant .text');
+  await sleep(400);
+  check(await page.textContent('.msg.assistant .text') === cut, 'the text grew after stop');
+  check(!(await page.isDisabled('#send')) && await page.isDisabled('#stop'), 'buttons after stop');
+  await cdp.send('Network.emulateNetworkConditions', { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
+  const full = await whole({ ...longSent, stream: false, stream_options: undefined });
+  check(cut.length > 0 && cut.length < full.length && full.startsWith(cut),
+        `stopped text ${JSON.stringify(cut)} is not a strict prefix of ${JSON.stringify(full.slice(0, 80))}...`);
+  let health;
+  for (let i = 0; i < 100; i++) {
+    health = await (await fetch(api('/health'))).json();
+    if (health.running === 0) break;
+    await sleep(50);
+  }
+  check(health.running === 0, 'a slot is still running after stop');
+  console.log(`webui_check: stop kept ${cut.length} of ${full.length} characters`);
+
+  // 4. UTF-8 split between chunks, byte by byte, through the page's reader
+  const utf = await page.evaluate(async () => {
+    const want = 'h\u00e9llo \u4e16\u754c \ud83d\ude00 \u201cquoted\u201d';
+    const text = 'data: ' + JSON.stringify({ choices: [{ delta: { content: want } }] }) + '\r\n\r\ndata: [DONE]\n\n';
+    const bytes = new TextEncoder().encode(text);
+    const stream = new ReadableStream({
+      start(c) { for (const b of bytes) c.enqueue(new Uint8Array([b])); c.close(); },
+    });
+    let out = '';
+    const done = await AT.readSSE(stream, (d) => { out += JSON.parse(d).choices[0].delta.content; });
+    return { ok: out === want && done, out };
+  });
+  check(utf.ok, 'byte-by-byte UTF-8: ' + utf.out);
+
+  // 5. model output is text: an answer holding markup shows as characters
+  const evil = '<img src=x onerror="window.__pwned=1"><b>bold</b> caf\u00e9';
+  const chunks = ['{"choices":[{"delta":{"role":"assistant","content":""}}]}',
+    JSON.stringify({ choices: [{ delta: { content: evil.slice(0, 20) } }] }),
+    JSON.stringify({ choices: [{ delta: { content: evil.slice(20) }, finish_reason: null }] }),
+    '{"choices":[{"delta":{},"finish_reason":"stop"}]}'];
+  await page.route('**/v1/chat/completions', (route) => route.fulfill({
+    status: 200, headers: { 'Content-Type': 'text/event-stream' },
+    body: chunks.map((c) => 'data: ' + c + '\n\n').join('') + 'data: [DONE]\n\n',
+  }));
+  await page.click('#clear');
+  await page.fill('#prompt', 'markup?');
+  await page.click('#send');
+  await page.waitForSelector('.msg.assistant[data-state="done"]');
+  check(await page.textContent('.msg.assistant .text') === evil, 'markup answer not shown as text');
+  check(await page.locator('#messages img, #messages b').count() === 0, 'model output became HTML');
+  check(await page.evaluate(() => window.__pwned === undefined), 'model output ran script');
+  await page.unroute('**/v1/chat/completions');
+
+  // 6. the Train tab
+  await page.waitForSelector('#tab-train:not([hidden])');
+  await page.click('#tab-train');
+  await page.fill('[data-opt="output_dir"]', tmpdir + '/ui');
+  await page.fill('[data-opt="max_steps"]', '3');
+  await page.fill('[data-opt="lora_rank"]', '2.5');
+  await page.click('#train-start');
+  await page.waitForSelector('#train-error:not([hidden])');
+  const err = await page.textContent('#train-error');
+  check(err.includes('400') && err.includes('lora_rank'), 'bad field message: ' + err);
+  await page.fill('[data-opt="lora_rank"]', '4');
+  await page.click('#train-start');
+  await page.waitForFunction(() => {
+    const s = document.getElementById('train-state').dataset.state;
+    return s && s !== 'running' && s !== 'starting' && s !== 'idle';
+  }, null, { timeout: 60000 });
+  const state = await page.getAttribute('#train-state', 'data-state');
+  const runDir = await page.textContent('#train-run-dir');
+  check(state === 'finished', 'train state ' + state + ': ' + await page.textContent('#train-output'));
+  check(runDir.startsWith(tmpdir + '/ui/v'), 'run folder ' + runDir);
+  const logged = readFileSync(runDir + '/logging.jsonl', 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const points = await page.$$eval('#loss-chart circle.pt.loss title', (ts) => ts.map((t) => t.textContent));
+  const wantPoints = logged.map((r) => `step ${r.step}: loss ${r.loss.toFixed(4)}`);
+  check(logged.length === 3 && JSON.stringify(points) === JSON.stringify(wantPoints),
+        `loss points ${JSON.stringify(points)} != logging.jsonl ${JSON.stringify(wantPoints)}`);
+  check(await page.locator('#loss-chart polyline.loss').count() === 1, 'no loss line');
+  console.log(`webui_check: Train tab ran 3 steps into ${runDir}; ${points.length} loss points drawn`);
+
+  // the one error answer expected: the bad lora_rank (400)
+  const unexpected = errors.filter((e) => !e.includes('status of 400'));
+  check(unexpected.length === 0, 'page errors: ' + unexpected.join(' | '));
+} finally {
+  await browser.close();
+}
+console.log(`webui_check: ${checks - failures}/${checks} checks passed`);
+process.exit(failures ? 1 : 0);

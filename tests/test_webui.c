@@ -1,0 +1,545 @@
+/* The web UI (serve/webui.h, serve/webui_train.h), over real sockets:
+ *  - GET / is the page (its controls are there), its files are the bytes of
+ *    web/ with their content types, unknown files are 404;
+ *  - the train endpoints refuse bad requests with 400 naming the option:
+ *    unknown options, wrong types, out-of-range values, shell
+ *    metacharacters in paths (passed literally, never run: the file the
+ *    injected command would create does not appear), a leading '-';
+ *    non-JSON bodies (415) and foreign origins (403);
+ *  - a real 3-step `anytune sft` of the demo model, started through
+ *    POST /ui/api/train, finishes; its status shows the run folder and the
+ *    same logging rows the trainer wrote; the child is reaped;
+ *  - a long job: a second start gets 409, stop ends it (SIGTERM) with its
+ *    checkpoints whole (MANIFEST.sha256 verified), no zombie;
+ *  - `anytune serve` has the page but not the train endpoints; an API key
+ *    guards the train endpoints but not the page;
+ *  - the program: `anytune web-ui` prints its URL, tests/js/webui_check.mjs
+ *    drives the page in Debian's chromium (playwright-core), and SIGTERM
+ *    stops the server and the job it runs. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "base/file.h"
+#include "http_client.h"
+#include "infer/bundle.h"
+#include "model/loader.h"
+#include "serve/server.h"
+#include "testing.h"
+#include "train/run_files.h"
+
+#define BIN "tests/data/models/stories260K.bin"
+#define TOKENIZER "tests/data/goldens/tok512.bin"
+#define DEMO_MODEL "demo/stories260K"
+#define DEMO_DATA "demo/identity.json"
+
+static char tmp[64];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static cJSON *get_json(int port, const char *method, const char *path, const char *headers, const char *body,
+                       int *status)
+{
+    http_resp r;
+    *status = 0;
+    if (!http(port, method, path, headers, body, &r)) return NULL;
+    *status = r.status;
+    cJSON *j = cJSON_Parse(r.body);
+    if (!j) fprintf(stderr, "not JSON (%d): %s\n", r.status, r.body);
+    free(r.body);
+    return j;
+}
+
+static const char *jstr(const cJSON *o, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (b) x = cJSON_GetObjectItemCaseSensitive(x, b);
+    return cJSON_IsString(x) ? x->valuestring : NULL;
+}
+
+static double jnum(const cJSON *o, const char *a)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
+    return cJSON_IsNumber(x) ? x->valuedouble : -1;
+}
+
+/* ---- the page ------------------------------------------------------------------------ */
+
+static void expect_file(int port, const char *url, const char *file, const char *type)
+{
+    http_resp r;
+    char ct[128];
+    CHECK(http(port, "GET", url, NULL, NULL, &r));
+    CHECK_MSG(r.status == 200, "GET %s: %d", url, r.status);
+    const char *got = http_header(&r, "Content-Type", ct, sizeof ct);
+    CHECK_MSG(got && !strncmp(got, type, strlen(type)), "GET %s: Content-Type %s, want %s", url, got ? got : "none",
+              type);
+    /* the embedded bytes are the source file's */
+    char *want = NULL;
+    size_t want_len = 0;
+    CHECK_OK(at_read_file(file, &want, &want_len));
+    CHECK_MSG(want && r.len == want_len && !memcmp(r.body, want, want_len), "GET %s differs from %s", url, file);
+    free(want);
+    free(r.body);
+}
+
+static void test_page(int port)
+{
+    http_resp r;
+    char buf[512];
+    CHECK(http(port, "GET", "/", NULL, NULL, &r) && r.status == 200);
+    const char *b = r.body ? r.body : "";
+    CHECK(http_header(&r, "Content-Type", buf, sizeof buf) && !strncmp(buf, "text/html", 9));
+    /* every resource from this server: a CSP that forbids others, no CDN */
+    CHECK(http_header(&r, "Content-Security-Policy", buf, sizeof buf) && strstr(buf, "default-src 'self'"));
+    static const char *const want[] = {"id=\"messages\"", "id=\"prompt\"", "id=\"send\"", "id=\"stop\"",
+                                       "id=\"regenerate\"", "id=\"clear\"", "id=\"system\"", "id=\"temperature\"",
+                                       "id=\"top_p\"", "id=\"top_k\"", "id=\"max_tokens\"", "id=\"repetition_penalty\"",
+                                       "id=\"model\"", "id=\"api-key\"", "id=\"train-form\"", "id=\"loss-chart\"",
+                                       "src=\"/ui/chat.js\"", "href=\"/ui/app.css\""};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECK_MSG(strstr(b, want[i]), "the page lacks %s", want[i]);
+    CHECK(!strstr(b, "http://") && !strstr(b, "https://"));
+    free(r.body);
+    expect_file(port, "/", "web/index.html", "text/html");
+    expect_file(port, "/ui/app.css", "web/app.css", "text/css");
+    expect_file(port, "/ui/app.js", "web/app.js", "text/javascript");
+    expect_file(port, "/ui/chat.js", "web/chat.js", "text/javascript");
+    expect_file(port, "/ui/train.js", "web/train.js", "text/javascript");
+    static const char *const missing[] = {"/ui/nothing.js", "/ui/", "/ui/../CMakeLists.txt", "/ui/web/app.js",
+                                          "/ui/embed.cmake"};
+    for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
+        CHECK(http(port, "GET", missing[i], NULL, NULL, &r));
+        CHECK_MSG(r.status == 404, "GET %s: %d, want 404", missing[i], r.status);
+        free(r.body);
+    }
+    CHECK(http(port, "POST", "/", NULL, "{}", &r) && r.status == 405);
+    free(r.body);
+}
+
+/* ---- the train endpoints: bad requests ------------------------------------------------- */
+
+static void expect_400(int port, const char *body, int status, const char *param)
+{
+    int st;
+    cJSON *j = get_json(port, "POST", "/ui/api/train", NULL, body, &st);
+    const char *msg = jstr(j, "error", "message"), *p = jstr(j, "error", "param");
+    CHECK_MSG(st == status && msg && msg[0], "%.200s: status %d, want %d", body, st, status);
+    if (param)
+        CHECK_MSG(p && !strcmp(p, param) && strstr(msg, param), "%.200s: param %s (%s), want %s", body,
+                  p ? p : "null", msg ? msg : "", param);
+    cJSON_Delete(j);
+}
+
+static void test_bad_requests(int port)
+{
+    char body[1024], marker[128];
+    snprintf(marker, sizeof marker, "%s/pwned", tmp);
+    expect_400(port, "{\"model\": ", 400, NULL);
+    expect_400(port, "", 400, NULL);
+    expect_400(port, "[\"model\"]", 400, NULL);
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"rm\": 1}", 400, "rm");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"config\": \"x.yaml\"}", 400,
+               "config");
+    expect_400(port, "{\"dataset\": \"" DEMO_DATA "\"}", 400, "model");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\"}", 400, "dataset");
+    /* shell metacharacters: refused, and nothing ran them */
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "; touch %s\"}", marker);
+    expect_400(port, body, 400, "dataset");
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"output_dir\": "
+             "\"$(touch %s)\"}", marker);
+    expect_400(port, body, 400, "output_dir");
+    snprintf(body, sizeof body, "{\"model\": \"`touch %s`\", \"dataset\": \"" DEMO_DATA "\"}", marker);
+    expect_400(port, body, 400, "model");
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"output_dir\": "
+             "\"%s/a|b\"}", tmp);
+    expect_400(port, body, 400, "output_dir");
+    /* a path that would read as an option, a missing file, a bad FILE#N */
+    expect_400(port, "{\"model\": \"--config=/etc/passwd\", \"dataset\": \"" DEMO_DATA "\"}", 400, "model");
+    expect_400(port, "{\"model\": \"demo/no-such-model\", \"dataset\": \"" DEMO_DATA "\"}", 400, "model");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "#x\"}", 400, "dataset");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": [\"" DEMO_DATA "\", 3]}", 400, "dataset");
+    /* types and ranges */
+    static const char *const bad[][2] = {
+        {"\"lora_rank\": \"8\"", "lora_rank"},
+        {"\"lora_rank\": 2.5", "lora_rank"},
+        {"\"lora_rank\": 0", "lora_rank"},
+        {"\"learning_rate\": \"fast\"", "learning_rate"},
+        {"\"learning_rate\": -1", "learning_rate"},
+        {"\"num_train_epochs\": true", "num_train_epochs"},
+        {"\"max_steps\": [3]", "max_steps"},
+        {"\"per_device_train_batch_size\": 0", "per_device_train_batch_size"},
+        {"\"train_type\": \"dpo\"", "train_type"},
+        {"\"train_type\": 1", "train_type"},
+        {"\"packing\": \"yes\"", "packing"},
+        {"\"device\": \"cuda:x\"", "device"},
+        {"\"model_name\": \"a\\nb\"", "model_name"},
+        {"\"output_dir\": \"\"", "output_dir"},
+        {"\"max_length\": 1e300", "max_length"},
+        {"\"lora_rank\": 8, \"lora_rank\": 16", "lora_rank"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", %s}", bad[i][0]);
+        expect_400(port, body, 400, bad[i][1]);
+    }
+    CHECK_MSG(!at_file_exists(marker), "%s exists: a value reached a shell", marker);
+    /* not JSON, another site, wrong methods, nothing to stop */
+    int st;
+    cJSON *j = get_json(port, "POST", "/ui/api/train", "Content-Type: text/plain\r\n",
+                        "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}", &st);
+    CHECK_MSG(st == 415, "text/plain body: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "POST", "/ui/api/train", "Origin: http://evil.example\r\n",
+                 "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}", &st);
+    CHECK_MSG(st == 403, "foreign origin: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "GET", "/ui/api/train", NULL, NULL, &st);
+    CHECK(st == 405);
+    cJSON_Delete(j);
+    j = get_json(port, "POST", "/ui/api/train/status", NULL, "{}", &st);
+    CHECK(st == 405);
+    cJSON_Delete(j);
+    j = get_json(port, "POST", "/ui/api/train/stop", "Origin: http://localhost\r\n", "{}", &st);
+    CHECK_MSG(st == 409, "stop with no job: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "GET", "/ui/api/nothing", NULL, NULL, &st);
+    CHECK(st == 404);
+    cJSON_Delete(j);
+    /* a body over the server's limit */
+    size_t huge = 80000;
+    char *big = malloc(huge + 1);
+    memset(big, ' ', huge);
+    memcpy(big, "{}", 2);
+    big[huge] = 0;
+    j = get_json(port, "POST", "/ui/api/train", NULL, big, &st);
+    CHECK_MSG(st == 413, "big body: %d", st);
+    cJSON_Delete(j);
+    free(big);
+    printf("bad requests: refused with the option named; nothing reached a shell\n");
+}
+
+/* ---- the train endpoints: real jobs ---------------------------------------------------- */
+
+/* Polls the status until `until` says stop or timeout_s passes; returns the last status. */
+static cJSON *poll_status(int port, const char *headers, int (*until)(const cJSON *), double timeout_s)
+{
+    double t0 = now_s();
+    cJSON *j = NULL;
+    for (;;) {
+        int st;
+        cJSON_Delete(j);
+        j = get_json(port, "GET", "/ui/api/train/status", headers, NULL, &st);
+        if (!j || st != 200 || until(j) || now_s() - t0 > timeout_s) return j;
+        usleep(50 * 1000);
+    }
+}
+
+static int not_running(const cJSON *j)
+{
+    const char *s = jstr(j, "state", NULL);
+    return s && strcmp(s, "running") && strcmp(s, "starting");
+}
+
+static int six_rows(const cJSON *j) { return not_running(j) || jnum(j, "log_total") >= 6; }
+
+/* The pid is gone: reaped (a zombie would still accept signal 0). */
+static int reaped(int pid)
+{
+    if (pid <= 0) return 0;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d", pid);
+    return kill(pid, 0) != 0 && errno == ESRCH && !at_file_exists(path);
+}
+
+static void test_short_job(int port)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"max_steps\": 3, "
+             "\"logging_steps\": 1, \"lora_rank\": 4, \"learning_rate\": 0.001, \"output_dir\": \"%s/short\"}", tmp);
+    int st;
+    double t0 = now_s();
+    cJSON *j = get_json(port, "POST", "/ui/api/train", "Origin: http://localhost\r\n", body, &st);
+    CHECK_MSG(st == 200 && jnum(j, "pid") > 0, "start: %d %s", st, jstr(j, "error", "message"));
+    const cJSON *argv = cJSON_GetObjectItemCaseSensitive(j, "argv");
+    CHECK(cJSON_GetArraySize(argv) == 9 && !strcmp(cJSON_GetArrayItem(argv, 1)->valuestring, "sft"));
+    cJSON_Delete(j);
+    j = poll_status(port, NULL, not_running, 60);
+    const char *state = jstr(j, "state", NULL), *run_dir = jstr(j, "run_dir", NULL);
+    CHECK_MSG(state && !strcmp(state, "finished") && jnum(j, "exit_code") == 0, "state %s exit %g", state,
+              jnum(j, "exit_code"));
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "%s/short/v", tmp);
+    CHECK_MSG(run_dir && !strncmp(run_dir, prefix, strlen(prefix)), "run_dir %s", run_dir ? run_dir : "null");
+    CHECK(jnum(j, "log_total") == 3);
+    /* the rows are those the trainer wrote */
+    char *logp = run_dir ? at_path_join(run_dir, "logging.jsonl") : NULL, *text = NULL;
+    size_t len = 0;
+    if (logp) CHECK_OK(at_read_file(logp, &text, &len));
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(j, "log");
+    CHECK(cJSON_GetArraySize(rows) == 3);
+    char *line = text, *save = NULL;
+    int i = 0;
+    for (char *l = text ? strtok_r(line, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save), i++) {
+        cJSON *want = cJSON_Parse(l);
+        const cJSON *got = cJSON_GetArrayItem(rows, i);
+        CHECK_MSG(want && got && cJSON_Compare(want, got, 1), "row %d differs from logging.jsonl", i);
+        CHECK(jnum(got, "step") == i + 1 && jnum(got, "loss") > 0);
+        cJSON_Delete(want);
+    }
+    CHECK(i == 3);
+    /* ?since=2: the last row only */
+    cJSON *k = get_json(port, "GET", "/ui/api/train/status?since=2", NULL, NULL, &st);
+    rows = cJSON_GetObjectItemCaseSensitive(k, "log");
+    CHECK(st == 200 && cJSON_GetArraySize(rows) == 1 && jnum(cJSON_GetArrayItem(rows, 0), "step") == 3);
+    cJSON_Delete(k);
+    char *ck = run_dir ? at_path_join(run_dir, "checkpoint-3") : NULL;
+    CHECK(ck && at_is_dir(ck));
+    if (ck) CHECK_OK(at_ckpt_verify(ck));
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(j, "output");
+    CHECK(cJSON_GetArraySize(out) > 0);
+    CHECK_MSG(reaped((int)jnum(j, "pid")), "the finished job's process %g was not reaped", jnum(j, "pid"));
+    printf("short job: 3 steps through POST /ui/api/train in %.2f s, 3 logging rows equal to %s/logging.jsonl\n",
+           now_s() - t0, run_dir ? run_dir : "?");
+    free(ck);
+    free(text);
+    free(logp);
+    cJSON_Delete(j);
+}
+
+static void test_long_job_stop(int port)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": [\"" DEMO_DATA "\"], \"max_steps\": "
+             "1000000, \"logging_steps\": 1, \"save_steps\": 5, \"save_total_limit\": 2, \"output_dir\": \"%s/long\"}",
+             tmp);
+    int st;
+    cJSON *j = get_json(port, "POST", "/ui/api/train", NULL, body, &st);
+    int pid = (int)jnum(j, "pid");
+    CHECK_MSG(st == 200 && pid > 0, "start: %d %s", st, jstr(j, "error", "message"));
+    cJSON_Delete(j);
+    /* one job at a time */
+    j = get_json(port, "POST", "/ui/api/train", NULL, body, &st);
+    CHECK_MSG(st == 409 && jstr(j, "error", "message"), "second start: %d", st);
+    cJSON_Delete(j);
+    j = poll_status(port, NULL, six_rows, 60);
+    CHECK_MSG(jnum(j, "log_total") >= 6, "the long job logged %g rows", jnum(j, "log_total"));
+    char *run_dir = jstr(j, "run_dir", NULL) ? strdup(jstr(j, "run_dir", NULL)) : NULL;
+    cJSON_Delete(j);
+    double t0 = now_s();
+    j = get_json(port, "POST", "/ui/api/train/stop", NULL, "{}", &st);
+    CHECK(st == 200);
+    cJSON_Delete(j);
+    j = poll_status(port, NULL, not_running, 20);
+    const char *state = jstr(j, "state", NULL);
+    CHECK_MSG(state && !strcmp(state, "stopped") && jnum(j, "signal") == SIGTERM, "after stop: %s, signal %g",
+              state ? state : "?", jnum(j, "signal"));
+    CHECK_MSG(reaped(pid), "the stopped job's process %d was not reaped", pid);
+    printf("long job: 409 for a second start; stopped after %g rows in %.0f ms\n", jnum(j, "log_total"),
+           (now_s() - t0) * 1000);
+    cJSON_Delete(j);
+    /* the checkpoints on disk are whole */
+    char *ck = NULL;
+    int64_t step = 0;
+    if (run_dir) CHECK_OK(at_ckpt_find_last(run_dir, &ck, &step));
+    CHECK(ck && step >= 5);
+    if (ck) CHECK_OK(at_ckpt_verify(ck));
+    free(ck);
+    free(run_dir);
+}
+
+/* ---- serve vs web-ui, the API key ---------------------------------------------------- */
+
+static void test_modes(at_bundle *b, const char *program)
+{
+    at_server_opts o = {0};
+    o.api_key = "sekrit";
+    o.webui_train = 1;
+    o.webui_train_program = program;
+    at_server *s = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    int port = at_server_port(s), st;
+    http_resp r;
+    CHECK(http(port, "GET", "/", NULL, NULL, &r) && r.status == 200); /* the page asks for the key itself */
+    free(r.body);
+    cJSON *j = get_json(port, "GET", "/ui/api/config", NULL, NULL, &st);
+    CHECK(st == 200 && cJSON_IsTrue(cJSON_GetObjectItem(j, "auth")) && cJSON_IsTrue(cJSON_GetObjectItem(j, "train")));
+    cJSON_Delete(j);
+    j = get_json(port, "GET", "/ui/api/train/status", NULL, NULL, &st);
+    CHECK_MSG(st == 401, "status without the key: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "POST", "/ui/api/train", "Authorization: Bearer wrong\r\n", "{}", &st);
+    CHECK_MSG(st == 401, "start with a wrong key: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "GET", "/ui/api/train/status", "Authorization: Bearer sekrit\r\n", NULL, &st);
+    CHECK(st == 200 && jstr(j, "state", NULL) && !strcmp(jstr(j, "state", NULL), "idle"));
+    cJSON_Delete(j);
+    at_server_stop(s, 5);
+
+    /* anytune serve: the chat page, no training */
+    at_server_opts p = {0};
+    CHECK_OK(at_server_start(b, &p, &s));
+    if (!s) return;
+    port = at_server_port(s);
+    j = get_json(port, "GET", "/ui/api/config", NULL, NULL, &st);
+    CHECK(st == 200 && cJSON_IsFalse(cJSON_GetObjectItem(j, "train")) && cJSON_IsFalse(cJSON_GetObjectItem(j, "auth")));
+    cJSON_Delete(j);
+    j = get_json(port, "POST", "/ui/api/train", NULL, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}",
+                 &st);
+    CHECK_MSG(st == 404, "serve's train endpoint: %d", st);
+    cJSON_Delete(j);
+    /* the API is unchanged next to the page */
+    j = get_json(port, "POST", "/v1/completions", NULL, "{\"prompt\": \"Once\", \"max_tokens\": 3}", &st);
+    CHECK(st == 200 && jnum(cJSON_GetObjectItem(j, "usage"), "completion_tokens") == 3);
+    cJSON_Delete(j);
+    at_server_stop(s, 5);
+}
+
+/* ---- the program and the browser -------------------------------------------------------- */
+
+static int have_program(const char *name)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", name);
+    return system(cmd) == 0;
+}
+
+/* Starts `anytune web-ui` on a free port; returns its pid and port. */
+static pid_t start_webui(const char *bin, int *port, int *err_fd)
+{
+    int err[2];
+    *port = 0;
+    if (pipe(err) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(err[1], 2);
+        close(err[0]);
+        execl(bin, bin, "web-ui", "--model", DEMO_MODEL, "--port", "0", "--max_batch_size", "2", (char *)NULL);
+        _exit(127);
+    }
+    close(err[1]);
+    char text[4096];
+    size_t len = 0;
+    while (!*port && len < sizeof text - 1) {
+        struct pollfd p = {err[0], POLLIN, 0};
+        if (poll(&p, 1, 30000) <= 0) break;
+        ssize_t g = read(err[0], text + len, sizeof text - 1 - len);
+        if (g <= 0) break;
+        len += (size_t)g;
+        text[len] = 0;
+        /* "open http://127.0.0.1:PORT/ in a browser": loopback by default */
+        char *at = strstr(text, "open http://127.0.0.1:");
+        if (at && strchr(at, '\n')) *port = atoi(at + 22);
+    }
+    CHECK_MSG(*port > 0, "web-ui printed no URL on 127.0.0.1: %s", len ? text : "(nothing)");
+    *err_fd = err[0];
+    return pid;
+}
+
+static void test_browser(const char *bin)
+{
+    int ok_node = have_program("node"), ok_npm = have_program("npm");
+    int ok_chromium = access("/usr/bin/chromium", X_OK) == 0;
+    CHECK_MSG(ok_node && ok_npm && ok_chromium, "the browser test needs node, npm and /usr/bin/chromium: run "
+              "scripts/setup.sh (node %d, npm %d, chromium %d)", ok_node, ok_npm, ok_chromium);
+    if (!ok_node || !ok_npm || !ok_chromium) return;
+    if (!at_file_exists("tests/js/node_modules/playwright-core/package.json")) {
+        printf("installing playwright-core: npm ci --prefix tests/js\n");
+        fflush(stdout);
+        int rc = system("npm ci --prefix tests/js --no-audit --no-fund --loglevel=error");
+        CHECK_MSG(rc == 0, "npm ci --prefix tests/js failed (status %d): the npm registry is needed once to install "
+                  "playwright-core (pinned in tests/js/package-lock.json)", rc);
+        if (rc != 0) return;
+    }
+    int port = 0, err_fd = -1;
+    pid_t pid = start_webui(bin, &port, &err_fd);
+    if (pid > 0 && port > 0) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "node tests/js/webui_check.mjs http://127.0.0.1:%d/ %s/browser", port, tmp);
+        double t0 = now_s();
+        int rc = system(cmd);
+        CHECK_MSG(rc == 0, "tests/js/webui_check.mjs failed (status %d)", rc);
+        printf("browser: webui_check.mjs ran in %.1f s\n", now_s() - t0);
+
+        /* SIGTERM with a job running: the server stops it and exits 0 */
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"max_steps\": "
+                 "1000000, \"logging_steps\": 1, \"save_steps\": 1000000, \"output_dir\": \"%s/sigterm\"}", tmp);
+        int st;
+        cJSON *j = get_json(port, "POST", "/ui/api/train", NULL, body, &st);
+        int job = (int)jnum(j, "pid");
+        CHECK_MSG(st == 200 && job > 0, "start: %d", st);
+        cJSON_Delete(j);
+        j = poll_status(port, NULL, six_rows, 60);
+        cJSON_Delete(j);
+        kill(pid, SIGTERM);
+        int status = -1;
+        t0 = now_s();
+        while (now_s() - t0 < 30 && waitpid(pid, &status, WNOHANG) == 0) usleep(20000);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "web-ui exit status %d", status);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            /* what the server said (a sanitizer's report, an error) */
+            char text[8192];
+            struct pollfd p = {err_fd, POLLIN, 0};
+            ssize_t g = poll(&p, 1, 1000) > 0 ? read(err_fd, text, sizeof text - 1) : 0;
+            text[g > 0 ? g : 0] = 0;
+            fprintf(stderr, "web-ui's stderr:\n%s\n", text);
+        }
+        CHECK_MSG(job > 0 && kill(job, 0) != 0 && errno == ESRCH, "the job %d outlived the server", job);
+        printf("sigterm: web-ui stopped its job and exited in %.0f ms\n", (now_s() - t0) * 1000);
+    }
+    if (pid > 0 && waitpid(pid, NULL, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    if (err_fd >= 0) close(err_fd);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(tmp, sizeof tmp, "/tmp/anytune-webui-XXXXXX");
+    CHECK(mkdtemp(tmp) != NULL);
+    const char *bin = getenv("ANYTUNE_BIN");
+    CHECK_MSG(bin && access(bin, X_OK) == 0, "ANYTUNE_BIN (the anytune program, set by ctest) is needed: the train "
+              "jobs run it");
+    at_bundle_opts bo = {0};
+    bo.model = BIN;
+    bo.tokenizer = TOKENIZER;
+    bo.template_name = "chatml";
+    bo.dtype = AT_LOAD_KEEP_DTYPE;
+    at_bundle *b = NULL;
+    CHECK_OK(at_bundle_load(&bo, &b));
+    if (b && bin) {
+        at_server_opts o = {0};
+        o.max_body_bytes = 64 * 1024;
+        o.webui_train = 1;
+        o.webui_train_program = bin;
+        at_server *s = NULL;
+        CHECK_OK(at_server_start(b, &o, &s));
+        if (s) {
+            int port = at_server_port(s);
+            test_page(port);
+            test_bad_requests(port);
+            test_short_job(port);
+            test_long_job_stop(port);
+            at_server_stop(s, 5);
+        }
+        test_modes(b, bin);
+        test_browser(bin);
+    }
+    at_bundle_free(b);
+    at_remove_tree(tmp);
+    return at_test_result("test_webui");
+}

@@ -1,0 +1,53 @@
+// anytune web UI: what the tabs share (the API key, error messages, the
+// server's configuration) and the tab switching. Plain script, no framework.
+'use strict';
+
+window.AT = (function () {
+  const keyInput = document.getElementById('api-key');
+  keyInput.value = sessionStorage.getItem('anytune-api-key') || '';
+  keyInput.addEventListener('change', () => {
+    sessionStorage.setItem('anytune-api-key', keyInput.value);
+    document.dispatchEvent(new Event('anytune-key'));
+  });
+
+  // Request headers: JSON body, and the key when one was typed.
+  function headers(json) {
+    const h = {};
+    if (json) h['Content-Type'] = 'application/json';
+    if (keyInput.value) h['Authorization'] = 'Bearer ' + keyInput.value;
+    return h;
+  }
+
+  // The message of an error answer ({"error": {"message"}}), else its status.
+  async function errorText(r) {
+    let text = '';
+    try { text = await r.text(); } catch (e) { /* the body is lost */ }
+    try {
+      const j = JSON.parse(text);
+      if (j && j.error && j.error.message) return r.status + ': ' + j.error.message;
+    } catch (e) { /* not JSON */ }
+    return r.status + ' ' + r.statusText + (text ? ': ' + text.slice(0, 300) : '');
+  }
+
+  function showKeyBox() { document.getElementById('key-box').hidden = false; }
+
+  // Tabs: one panel visible at a time.
+  const tabs = Array.from(document.querySelectorAll('.tab'));
+  for (const t of tabs) {
+    t.addEventListener('click', () => {
+      for (const u of tabs) {
+        u.classList.toggle('active', u === t);
+        document.getElementById(u.dataset.panel).hidden = u !== t;
+      }
+    });
+  }
+
+  // GET /ui/api/config once; the tabs wait on it.
+  const config = fetch('/ui/api/config').then((r) => r.json()).catch(() => ({ train: false, auth: false }));
+  config.then((c) => {
+    if (c.auth) showKeyBox();
+    document.getElementById('tab-train').hidden = !c.train;
+  });
+
+  return { headers, errorText, showKeyBox, config };
+})();

@@ -1,0 +1,195 @@
+// The Chat tab: a conversation with POST /v1/chat/completions, streamed.
+// Model output is only ever set as textContent (never parsed as HTML).
+'use strict';
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const messagesEl = $('messages');
+  const history = []; // [{role, content}] without the system prompt
+  let controller = null; // the AbortController of the answer in progress
+
+  // Reads a server-sent-events body (a ReadableStream of bytes) and calls
+  // onData with the text of each "data:" event; returns true at [DONE].
+  // TextDecoder with stream: true keeps the bytes of a character that is
+  // split between two chunks until the rest arrives.
+  async function readSSE(body, onData) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder('utf-8');
+    let buf = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      buf += done ? decoder.decode() : decoder.decode(value, { stream: true });
+      let m;
+      while ((m = /\r?\n\r?\n/.exec(buf)) !== null) {
+        const event = buf.slice(0, m.index);
+        buf = buf.slice(m.index + m[0].length);
+        const data = event.split(/\r?\n/)
+          .filter((l) => l.startsWith('data:'))
+          .map((l) => l.slice(5).replace(/^ /, ''))
+          .join('\n');
+        if (!data) continue;
+        if (data === '[DONE]') return true;
+        onData(data);
+      }
+      if (done) return false;
+    }
+  }
+
+  function addMessage(role, text) {
+    const div = document.createElement('div');
+    div.className = 'msg ' + role;
+    div.dataset.role = role;
+    const label = document.createElement('div');
+    label.className = 'who';
+    label.textContent = role;
+    const body = document.createElement('div');
+    body.className = 'text';
+    body.textContent = text;
+    const meta = document.createElement('div');
+    meta.className = 'meta';
+    div.append(label, body, meta);
+    messagesEl.append(div);
+    messagesEl.scrollTop = messagesEl.scrollHeight;
+    return { div, body, meta };
+  }
+
+  function showError(text) {
+    const e = $('chat-error');
+    e.textContent = text || '';
+    e.hidden = !text;
+  }
+
+  function setBusy(busy) {
+    $('send').disabled = busy;
+    $('stop').disabled = !busy;
+    $('regenerate').disabled = busy || !history.some((m) => m.role === 'user');
+  }
+
+  // The request: the sampling fields the server accepts, from the controls.
+  function requestBody() {
+    const messages = [];
+    const system = $('system').value;
+    if (system.trim()) messages.push({ role: 'system', content: system });
+    messages.push(...history);
+    const body = { messages, stream: true, stream_options: { include_usage: true } };
+    const model = $('model').value;
+    if (model) body.model = model;
+    for (const f of ['temperature', 'top_p', 'top_k', 'max_tokens', 'repetition_penalty', 'seed']) {
+      const v = $(f).value.trim();
+      if (v !== '') body[f] = Number(v);
+    }
+    return body;
+  }
+
+  // Streams the answer to the conversation so far (it ends with a user turn).
+  async function generate() {
+    showError('');
+    const out = addMessage('assistant', '');
+    out.div.dataset.state = 'streaming';
+    controller = new AbortController();
+    setBusy(true);
+    let text = '', finish = '', usage = null, state = 'done';
+    const t0 = performance.now();
+    try {
+      const r = await fetch('/v1/chat/completions', {
+        method: 'POST', headers: AT.headers(true), body: JSON.stringify(requestBody()), signal: controller.signal,
+      });
+      if (r.status === 401) AT.showKeyBox();
+      if (!r.ok) throw new Error(await AT.errorText(r));
+      await readSSE(r.body, (data) => {
+        const j = JSON.parse(data);
+        if (j.error) throw new Error(j.error.message || 'generation failed');
+        const c = j.choices && j.choices[0];
+        if (c && c.delta && typeof c.delta.content === 'string' && c.delta.content) {
+          text += c.delta.content;
+          out.body.textContent = text;
+          messagesEl.scrollTop = messagesEl.scrollHeight;
+        }
+        if (c && c.finish_reason) finish = c.finish_reason;
+        if (j.usage) usage = j.usage;
+      });
+    } catch (e) {
+      if (e.name === 'AbortError') {
+        state = 'stopped';
+      } else {
+        state = 'error';
+        showError(String(e.message || e));
+      }
+    } finally {
+      controller = null;
+    }
+    const secs = (performance.now() - t0) / 1000;
+    let meta = state === 'stopped' ? 'stopped' : state === 'error' ? 'error' : finish || 'done';
+    if (usage) meta += ' \u00b7 ' + usage.completion_tokens + ' tokens, ' +
+      (usage.completion_tokens / Math.max(secs, 1e-3)).toFixed(1) + ' tokens/s';
+    out.meta.textContent = meta;
+    out.div.dataset.state = state;
+    if (state !== 'error' || text) history.push({ role: 'assistant', content: text });
+    else out.div.remove();
+    setBusy(false);
+  }
+
+  function send() {
+    const text = $('prompt').value;
+    if (!text.trim() || controller) return;
+    $('prompt').value = '';
+    history.push({ role: 'user', content: text });
+    addMessage('user', text);
+    generate();
+  }
+
+  $('chat-form').addEventListener('submit', (e) => { e.preventDefault(); send(); });
+  $('prompt').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+  });
+  // Stop: the server notices the closed connection and frees the slot.
+  $('stop').addEventListener('click', () => { if (controller) controller.abort(); });
+  $('regenerate').addEventListener('click', () => {
+    if (controller) return;
+    if (history.length && history[history.length - 1].role === 'assistant') {
+      history.pop();
+      const last = messagesEl.querySelector('.msg.assistant:last-child');
+      if (last) last.remove();
+    }
+    if (history.length && history[history.length - 1].role === 'user') generate();
+  });
+  $('clear').addEventListener('click', () => {
+    if (controller) controller.abort();
+    history.length = 0;
+    messagesEl.replaceChildren();
+    showError('');
+    setBusy(false);
+  });
+
+  // The models: the base first, then each adapter by name.
+  async function loadModels() {
+    const sel = $('model');
+    try {
+      const r = await fetch('/v1/models', { headers: AT.headers(false) });
+      if (r.status === 401) {
+        AT.showKeyBox();
+        showError('This server wants an API key: type it at the top.');
+        return;
+      }
+      if (!r.ok) throw new Error(await AT.errorText(r));
+      const j = await r.json();
+      const keep = sel.value;
+      sel.replaceChildren();
+      for (const m of j.data || []) {
+        const o = document.createElement('option');
+        o.value = m.id;
+        o.textContent = m.parent ? m.id + ' (adapter of ' + m.parent + ')' : m.id;
+        sel.append(o);
+      }
+      if (keep && Array.from(sel.options).some((o) => o.value === keep)) sel.value = keep;
+      showError('');
+    } catch (e) {
+      showError('cannot list the models: ' + (e.message || e));
+    }
+  }
+  document.addEventListener('anytune-key', loadModels);
+  loadModels();
+  setBusy(false);
+
+  AT.readSSE = readSSE; // for the page's tests
+})();
