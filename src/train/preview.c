@@ -41,7 +41,8 @@ static at_status answer_one(at_decoder *d, const at_text_pipeline *p, const char
         goto done;
     }
     AT_CHECK(at_decoder_prefill(d, cache, ids, (int)n, NULL, logits, 0));
-    fprintf(out, "  Q: %s\n  A:", prompt);
+    fprintf(out, "  Q: %s\n  A: ", prompt);
+    int started = 0; /* the answer's leading spaces are not printed (the decoder may or may not keep them) */
     int32_t eos = at_tokenizer_eos(p->tok);
     for (int i = 0; i < max_tokens; i++) {
         AT_CHECK(at_tensor_download(logits, host, (size_t)V * sizeof *host));
@@ -50,7 +51,12 @@ static at_status answer_one(at_decoder *d, const at_text_pipeline *p, const char
         const char *text;
         size_t len;
         AT_CHECK(at_tok_stream_push(stream, next, &text, &len));
-        for (size_t k = 0; k < len; k++) fputc(text[k] == '\n' ? ' ' : text[k], out);
+        for (size_t k = 0; k < len; k++) {
+            char ch = text[k] == '\n' ? ' ' : text[k];
+            if (!started && ch == ' ') continue;
+            started = 1;
+            fputc(ch, out);
+        }
         if (i + 1 < max_tokens) AT_CHECK(at_decoder_decode_step(d, cache, &next, NULL, logits));
     }
     fputc('\n', out);
