@@ -1,59 +1,94 @@
-/* anytune rlhf --rlhf_type dpo: preference alignment with the options of
- * `anytune sft` (cmd_train.h) plus ms-swift's RLHF ones. DPO as TRL computes
- * it (train/dpo.h); the other ms-swift rlhf types are refused by name. */
+/* anytune rlhf --rlhf_type dpo|simpo|cpo|orpo: preference alignment with the
+ * options of `anytune sft` (cmd_train.h) plus ms-swift's RLHF ones, computed
+ * as TRL's trainers do (train/preference.h). ms-swift's other rlhf types are
+ * refused by name. Options left unset take ms-swift's defaults for the
+ * chosen type (beta 2 for simpo, 0.1 otherwise; cpo_alpha 1 for cpo and
+ * simpo; simpo_gamma 1), written back so args.json shows what ran. */
 #include <stdio.h>
 #include <string.h>
 #include "cli/cli.h"
 #include "cli/cmd_train.h"
-#include "train/dpo.h"
+#include "train/preference.h"
 
 static const at_opt_spec rlhf_specs[] = {
-    {"rlhf_type", AT_OPT_STRING, "dpo", "the preference objective: dpo (this build's only one)", NULL},
-    {"beta", AT_OPT_FLOAT, "0.1", "DPO beta: how far the policy may move from the reference", NULL},
-    {"loss_type", AT_OPT_STRING, "sigmoid", "sigmoid (DPO), ipo or hinge", NULL},
-    {"label_smoothing", AT_OPT_FLOAT, "0", "conservative DPO: the share of pairs assumed mislabeled (sigmoid)", NULL},
-    {"rpo_alpha", AT_OPT_FLOAT, NULL, "add rpo_alpha x the chosen replies' NLL (RPO); unset: off", NULL},
-    {"ref_model", AT_OPT_STRING, NULL, "reference model (default: the policy's base: LoRA off, or the initial "
-                                       "weights for full fine-tuning)", NULL},
+    {"rlhf_type", AT_OPT_STRING, "dpo", "the preference objective: dpo, simpo, cpo or orpo", NULL},
+    {"beta", AT_OPT_FLOAT, NULL, "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
+                                 "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1", NULL},
+    {"loss_type", AT_OPT_STRING, NULL, "dpo: sigmoid, ipo or hinge; cpo: those or simpo (unset: sigmoid; simpo "
+                                       "for --rlhf_type simpo)", NULL},
+    {"label_smoothing", AT_OPT_FLOAT, "0", "conservative DPO/CPO: the share of pairs assumed mislabeled "
+                                           "(sigmoid and simpo losses)", NULL},
+    {"rpo_alpha", AT_OPT_FLOAT, NULL, "dpo: add rpo_alpha x the chosen replies' NLL (RPO); unset: off", NULL},
+    {"cpo_alpha", AT_OPT_FLOAT, NULL, "cpo, simpo: weight of the chosen replies' NLL (unset: 1; 0: the SimPO "
+                                      "paper's loss)", NULL},
+    {"simpo_gamma", AT_OPT_FLOAT, NULL, "simpo: the target reward margin gamma (unset: 1)", NULL},
+    {"ref_model", AT_OPT_STRING, NULL, "dpo's reference model (default: the policy's base: LoRA off, or the "
+                                       "initial weights for full fine-tuning); refused by the reference-free "
+                                       "simpo, cpo and orpo", NULL},
 };
 #define NRLHF ((int)(sizeof rlhf_specs / sizeof rlhf_specs[0]))
 
+static int fail2(void)
+{
+    fprintf(stderr, "anytune: error: %s\n", at_last_error());
+    return 2;
+}
+
+/* Writes the resolved value of a float option back for args.json. */
+static int set_float(at_options *o, const char *name, double v)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    return at_opt_set(o, name, buf) == AT_OK ? -1 : fail2();
+}
+
 static int resolve(at_options *o, at_train_args *a, void *ctx)
 {
-    at_dpo_config *c = ctx;
-    const char *type = at_opt_str(o, "rlhf_type");
-    if (strcmp(type, "dpo") != 0) {
-        static const char *const known[] = {"orpo", "simpo", "kto", "cpo", "rm", "ppo", "grpo", "gkd"};
-        int is_known = 0;
-        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) is_known |= !strcmp(type, known[i]);
-        fprintf(stderr, "anytune: error: --rlhf_type %s: %s; this build has dpo\n", type,
-                is_known ? "not in this build" : "unknown (ms-swift's are dpo, orpo, simpo, kto, cpo, rm, ppo, grpo, gkd)");
-        return 2;
+    at_pref_config *c = ctx;
+    if (at_pref_config_init(c, at_opt_str(o, "rlhf_type")) != AT_OK) return fail2();
+    const char *lt = at_opt_str(o, "loss_type");
+    if (lt) {
+        if (c->objective == AT_PREF_ORPO) {
+            fprintf(stderr, "anytune: error: --loss_type %s does not apply to --rlhf_type orpo (it has one loss)\n",
+                    lt);
+            return 2;
+        }
+        if (at_pref_loss_type_parse(lt, &c->loss_type) != AT_OK) return fail2();
+        /* --rlhf_type cpo --loss_type simpo is SimPO (ms-swift's simpo keeps its beta 2) */
+        if (c->loss_type == AT_PREF_SIMPO) c->simpo_gamma = 1.0;
+        else c->simpo_gamma = 0;
     }
-    at_dpo_config_defaults(c);
-    c->beta = at_opt_float(o, "beta");
+    if (at_opt_str(o, "beta")) c->beta = at_opt_float(o, "beta");
     c->label_smoothing = at_opt_float(o, "label_smoothing");
-    c->rpo_alpha = at_opt_str(o, "rpo_alpha") ? at_opt_float(o, "rpo_alpha") : 0;
+    if (at_opt_str(o, "rpo_alpha")) c->rpo_alpha = at_opt_float(o, "rpo_alpha");
+    if (at_opt_str(o, "cpo_alpha")) c->cpo_alpha = at_opt_float(o, "cpo_alpha");
+    if (at_opt_str(o, "simpo_gamma")) c->simpo_gamma = at_opt_float(o, "simpo_gamma");
     c->ref_model = at_opt_str(o, "ref_model");
-    if (at_dpo_loss_type_parse(at_opt_str(o, "loss_type"), &c->loss_type) != AT_OK ||
-        at_dpo_config_check(c) != AT_OK) {
-        fprintf(stderr, "anytune: error: %s\n", at_last_error());
-        return 2;
-    }
-    a->dpo = c;
-    /* labels on the final reply only (ms-swift's loss_scale last_round for DPO):
-     * the prompt's earlier assistant turns are context, not what is compared */
+    if (at_pref_config_check(c) != AT_OK) return fail2();
+    /* what the defaults resolved to, for args.json */
+    int rc = set_float(o, "beta", c->beta);
+    if (rc < 0 && c->objective != AT_PREF_ORPO &&
+        at_opt_set(o, "loss_type", at_pref_loss_type_name(c->loss_type)) != AT_OK)
+        rc = fail2();
+    if (rc < 0 && c->objective == AT_PREF_CPO) rc = set_float(o, "cpo_alpha", c->cpo_alpha);
+    if (rc < 0 && c->loss_type == AT_PREF_SIMPO) rc = set_float(o, "simpo_gamma", c->simpo_gamma);
+    if (rc >= 0) return rc;
+    a->pref = c;
+    /* labels on the final reply only (ms-swift's loss_scale last_round for
+     * RLHF): the prompt's earlier assistant turns are context, not what is
+     * compared */
     a->loss_last_turn_only = 1;
     return -1;
 }
 
 int at_cmd_rlhf(int argc, char **argv)
 {
-    at_dpo_config cfg;
-    at_dpo_config_defaults(&cfg);
+    at_pref_config cfg;
+    at_pref_config_init(&cfg, "dpo");
     at_train_cli c = {0};
     c.command = "rlhf";
-    c.usage = "usage: anytune rlhf --rlhf_type dpo --model DIR --dataset FILE [OPTIONS]   preference alignment\n"
+    c.usage = "usage: anytune rlhf --rlhf_type dpo|simpo|cpo|orpo --model DIR --dataset FILE [OPTIONS]   preference "
+              "alignment\n"
               "  (records: chosen/rejected pairs; a micro-batch of N pairs runs 2N rows)";
     c.extra = rlhf_specs;
     c.n_extra = NRLHF;

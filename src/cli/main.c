@@ -17,7 +17,7 @@ static const command commands[] = {
     {"web-ui", at_cmd_webui, "the chat page plus a Train tab (start, watch, stop sft runs) in a browser"},
     {"sft", at_cmd_sft, "LoRA or full fine-tuning on conversations (no options: the bundled demo)"},
     {"pt", at_cmd_pt, "continued pre-training on plain text"},
-    {"rlhf", at_cmd_rlhf, "preference alignment: --rlhf_type dpo on chosen/rejected pairs"},
+    {"rlhf", at_cmd_rlhf, "preference alignment on chosen/rejected pairs: --rlhf_type dpo, simpo, cpo, orpo"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
     {"eval", at_cmd_eval, "multiple-choice accuracy (MMLU, C-Eval) and perplexity"},
 };

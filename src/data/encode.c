@@ -21,6 +21,31 @@ void at_encoded_free(at_encoded *e)
     e->n = 0;
 }
 
+at_status at_encoded_frame(at_encoded *e, int32_t bos, int32_t eos)
+{
+    size_t extra = (bos >= 0) + (eos >= 0), k = 0;
+    if (!extra) return AT_OK;
+    int32_t *ids = malloc((e->n + extra) * sizeof *ids), *labels = malloc((e->n + extra) * sizeof *labels);
+    if (!ids || !labels) {
+        free(ids);
+        free(labels);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    if (bos >= 0) ids[k] = bos, labels[k++] = AT_IGNORE_INDEX;
+    if (e->n) {
+        memcpy(ids + k, e->ids, e->n * sizeof *ids);
+        memcpy(labels + k, e->labels, e->n * sizeof *labels);
+    }
+    k += e->n;
+    if (eos >= 0) ids[k] = eos, labels[k++] = eos;
+    free(e->ids);
+    free(e->labels);
+    e->ids = ids;
+    e->labels = labels;
+    e->n = k;
+    return AT_OK;
+}
+
 static int span_cmp(const void *a, const void *b)
 {
     const at_byte_span *x = a, *y = b;

@@ -60,6 +60,11 @@ typedef struct {
 
 void at_encoded_free(at_encoded *e);
 
+/* Frames a text sample (pt) in place as one document: bos before it, eos
+ * after it (either < 0: none), so packed documents stay apart. The EOS is
+ * predicted (label = eos), the BOS is not. */
+at_status at_encoded_frame(at_encoded *e, int32_t bos, int32_t eos);
+
 /* labels[i] from ids and token byte offsets against the trained spans (any
  * order, may overlap), by the rule above. AT_ERR_INVALID when an offset is
  * reversed. */

@@ -8,32 +8,6 @@
 #include "data/dataset.h"
 #include "train/text_pipeline.h"
 
-/* pt: BOS and EOS around a text so documents stay apart, as the trainer
- * frames them; the EOS is predicted, the BOS is not. */
-static at_status frame_text(const at_tokenizer *tok, at_encoded *e)
-{
-    int32_t bos = at_tokenizer_bos(tok), eos = at_tokenizer_eos(tok);
-    size_t extra = (bos >= 0) + (eos >= 0), k = 0;
-    if (!extra) return AT_OK;
-    int32_t *ids = malloc((e->n + extra) * sizeof *ids), *labels = malloc((e->n + extra) * sizeof *labels);
-    if (!ids || !labels) {
-        free(ids);
-        free(labels);
-        return at_error(AT_ERR_NOMEM, "out of memory");
-    }
-    if (bos >= 0) ids[k] = bos, labels[k++] = AT_IGNORE_INDEX;
-    memcpy(ids + k, e->ids, e->n * sizeof *ids);
-    memcpy(labels + k, e->labels, e->n * sizeof *labels);
-    k += e->n;
-    if (eos >= 0) ids[k] = eos, labels[k++] = eos;
-    free(e->ids);
-    free(e->labels);
-    e->ids = ids;
-    e->labels = labels;
-    e->n = k;
-    return AT_OK;
-}
-
 at_status at_loss_eval_encode(const at_bundle *b, const char *const *specs, size_t n_specs,
                               const at_loss_eval_options *o, at_encoded **out, size_t *n, at_loss_eval_result *counts)
 {
@@ -73,7 +47,7 @@ at_status at_loss_eval_encode(const at_bundle *b, const char *const *specs, size
         else
             st = at_encode_sample(&enc, s, &e[k], &drop);
         if (st == AT_OK && !drop && s->kind == AT_SAMPLE_TEXT) {
-            st = frame_text(b->tokenizer, &e[k]);
+            st = at_encoded_frame(&e[k], at_tokenizer_bos(b->tokenizer), at_tokenizer_eos(b->tokenizer));
             /* framing adds two tokens: keep within the length asked for */
             if (st == AT_OK && e[k].n > (size_t)max_len) st = at_encode_truncate(&e[k], (size_t)max_len, o->truncation,
                                                                                   &drop);

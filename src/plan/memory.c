@@ -152,8 +152,6 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
         e->n_trainable = e->n_params;
         e->gradients = e->weights;
         e->optimizer = 2 * e->weights;
-        /* DPO's reference model: a frozen copy in the 16-bit format */
-        if (r->preference) e->weights += at_mem_weight_bytes(c, r->weight_dtype, r->weight_dtype);
     } else {
         at_dtype mat = r->tune == AT_TUNE_QLORA ? r->quant_dtype : r->weight_dtype;
         e->weights = at_mem_weight_bytes(c, mat, r->weight_dtype);

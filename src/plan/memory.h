@@ -51,8 +51,9 @@ typedef struct at_mem_train_request {
     int batch;               /* rows per micro-batch (B) */
     int seq_len;             /* tokens per row (T) */
     int checkpointing;       /* gradient checkpointing */
-    int preference;          /* DPO-style objectives: chosen and rejected rows, so 2·B rows run at once,
-                                and for full fine-tuning a frozen reference copy of the weights */
+    int preference;          /* DPO-style objectives: chosen and rejected rows, so 2·B rows run at once
+                                (no reference copy of the weights: the trainer computes the reference
+                                log-probs once before the gradients and optimizer state exist) */
     int threads;             /* CPU threads (per-thread scratch); 0 or 1 for a GPU */
     int64_t runtime_overhead;/* bytes the device runtime holds before any tensor (device profile) */
 } at_mem_train_request;

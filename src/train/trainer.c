@@ -91,13 +91,14 @@ typedef struct {
     /* the current epoch's batch plan */
     at_batch_plan plan;
     int64_t plan_epoch;
-    /* DPO (a->dpo): the pairs with their reference log-probs; the current
-     * step's sums and those of the logging interval. The batch plan is over
-     * pairs (train_len: the longer side of each). */
-    at_dpo_pairs dpo_train, dpo_val;
-    at_dpo_stats dpo_step, dpo_interval;
+    /* preference objectives (a->pref, train/preference.h): the pairs (with
+     * DPO's reference log-probs); the current step's sums and those of the
+     * logging interval. The batch plan is over pairs (train_len: the longer
+     * side of each). */
+    at_pref_pairs pref_train, pref_val;
+    at_pref_stats pref_step, pref_interval;
     int64_t step_first;      /* plan index of this rank's first micro-batch of the step */
-    double step_nll_targets; /* chosen-reply targets of the whole step (DPO's RPO term) */
+    double step_nll_targets; /* chosen-reply targets of the whole step (the NLL term) */
     /* history for the SVG */
     int64_t *hist_step, *eval_step;
     double *hist_loss, *hist_lr, *eval_loss;
@@ -127,8 +128,8 @@ static void trainer_free(trainer *t)
     free(t->val_len);
     at_dataset_free(t->ds);
     at_dataset_free(t->val_ds);
-    at_dpo_pairs_free(&t->dpo_train);
-    at_dpo_pairs_free(&t->dpo_val);
+    at_pref_pairs_free(&t->pref_train);
+    at_pref_pairs_free(&t->pref_val);
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     if (t->log) fclose(t->log);
     if (t->devnull) fclose(t->devnull);
@@ -194,31 +195,6 @@ static at_status load_model(trainer *t)
     return AT_OK;
 }
 
-/* Adds BOS/EOS around a pre-training text so documents stay apart. */
-static at_status frame_text(const at_tokenizer *tok, at_encoded *e)
-{
-    int32_t bos = at_tokenizer_bos(tok), eos = at_tokenizer_eos(tok);
-    size_t extra = (bos >= 0) + (eos >= 0);
-    if (!extra) return AT_OK;
-    int32_t *ids = malloc((e->n + extra) * sizeof *ids), *labels = malloc((e->n + extra) * sizeof *labels);
-    if (!ids || !labels) {
-        free(ids);
-        free(labels);
-        return at_error(AT_ERR_NOMEM, "out of memory");
-    }
-    size_t k = 0;
-    if (bos >= 0) ids[k] = bos, labels[k++] = AT_IGNORE_INDEX;
-    memcpy(ids + k, e->ids, e->n * sizeof *ids);
-    memcpy(labels + k, e->labels, e->n * sizeof *labels);
-    k += e->n;
-    if (eos >= 0) ids[k] = eos, labels[k++] = eos;
-    free(e->ids);
-    free(e->labels);
-    e->ids = ids;
-    e->labels = labels;
-    e->n = k;
-    return AT_OK;
-}
 
 static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded **out, size_t **lens, size_t *n_out,
                              const char *what)
@@ -246,7 +222,8 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
         } else {
             st = at_encode_sample(&enc, s, &e[n], &drop);
         }
-        if (st == AT_OK && !drop && s->kind == AT_SAMPLE_TEXT) st = frame_text(t->tok, &e[n]);
+        if (st == AT_OK && !drop && s->kind == AT_SAMPLE_TEXT) /* pt: documents stay apart */
+            st = at_encoded_frame(&e[n], at_tokenizer_bos(t->tok), at_tokenizer_eos(t->tok));
         if (st != AT_OK) {
             if (a->strict) break;
             if (failed++ < 5) at_log_warn("skipping a sample: %s", at_last_error());
@@ -283,7 +260,8 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
 
 static int32_t pad_id(const trainer *t) { return at_tokenizer_pad(t->tok) >= 0 ? at_tokenizer_pad(t->tok) : 0; }
 
-/* DPO: the training and validation pairs; the batch plan runs over pairs. */
+/* Preference objectives: the training and validation pairs; the batch plan
+ * runs over pairs. */
 static at_status load_pairs(trainer *t, const at_sample_list *vl)
 {
     const at_train_args *a = t->a;
@@ -291,14 +269,14 @@ static at_status load_pairs(trainer *t, const at_sample_list *vl)
     at_text_pipeline_encoder(&t->pipe, &enc);
     enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
     enc.truncation = a->truncation;
-    AT_TRY(at_dpo_pairs_encode(&t->ds->train, &enc, a->strict, "train", &t->dpo_train));
-    if (vl->n) AT_TRY(at_dpo_pairs_encode(vl, &enc, a->strict, "eval", &t->dpo_val));
-    if (t->dpo_train.n == 0) return at_error(AT_ERR_INVALID, "no preference pair left after encoding (see the warnings above)");
-    t->n_train = t->dpo_train.n;
-    t->n_val = t->dpo_val.n;
+    AT_TRY(at_pref_pairs_encode(&t->ds->train, &enc, a->strict, "train", &t->pref_train));
+    if (vl->n) AT_TRY(at_pref_pairs_encode(vl, &enc, a->strict, "eval", &t->pref_val));
+    if (t->pref_train.n == 0) return at_error(AT_ERR_INVALID, "no preference pair left after encoding (see the warnings above)");
+    t->n_train = t->pref_train.n;
+    t->n_val = t->pref_val.n;
     t->train_len = malloc(t->n_train * sizeof *t->train_len);
     if (!t->train_len) return at_error(AT_ERR_NOMEM, "out of memory");
-    memcpy(t->train_len, t->dpo_train.len, t->n_train * sizeof *t->train_len);
+    memcpy(t->train_len, t->pref_train.len, t->n_train * sizeof *t->train_len);
     return AT_OK;
 }
 
@@ -311,29 +289,29 @@ static at_status dpo_reference(trainer *t)
     at_decoder *ref = t->dec;
     at_status st = AT_OK;
     double t0 = at_now_seconds();
-    if (a->dpo->ref_model) {
+    if (a->pref->ref_model) {
         at_load_options lo;
         AT_TRY(model_load_options(t, &lo));
         lo.writable = 0;
         if (lo.dtype == AT_F32 && a->full && !a->has_dtype) lo.dtype = at_load_options_default().dtype;
-        AT_TRY(at_decoder_load(a->dpo->ref_model, &lo, &ref));
+        AT_TRY(at_decoder_load(a->pref->ref_model, &lo, &ref));
         if (ref->cfg.vocab_size != t->dec->cfg.vocab_size)
             st = at_error(AT_ERR_INVALID, "--ref_model %s has a vocabulary of %d tokens, --model %s has %d: the "
-                          "reference must share the policy's tokenizer", a->dpo->ref_model, ref->cfg.vocab_size,
+                          "reference must share the policy's tokenizer", a->pref->ref_model, ref->cfg.vocab_size,
                           a->model, t->dec->cfg.vocab_size);
     } else {
         st = at_decoder_set_adapter(t->dec, NULL);
     }
-    if (st == AT_OK) st = at_dpo_reference(ref, &t->dpo_train, a->batch_size, pad_id(t));
-    if (st == AT_OK && t->dpo_val.n) st = at_dpo_reference(ref, &t->dpo_val, a->batch_size, pad_id(t));
+    if (st == AT_OK) st = at_pref_reference(ref, &t->pref_train, a->batch_size, pad_id(t));
+    if (st == AT_OK && t->pref_val.n) st = at_pref_reference(ref, &t->pref_val, a->batch_size, pad_id(t));
     if (ref != t->dec) at_decoder_free(ref);
     else if (t->adapter) {
         at_status s2 = at_decoder_set_adapter(t->dec, t->adapter);
         if (st == AT_OK) st = s2;
     }
     if (st == AT_OK)
-        at_log_info("DPO reference log-probs of %zu pairs in %.1f s (%s)", t->dpo_train.n + t->dpo_val.n,
-                    at_now_seconds() - t0, a->dpo->ref_model ? a->dpo->ref_model : "the base model");
+        at_log_info("DPO reference log-probs of %zu pairs in %.1f s (%s)", t->pref_train.n + t->pref_val.n,
+                    at_now_seconds() - t0, a->pref->ref_model ? a->pref->ref_model : "the base model");
     return st;
 }
 
@@ -354,7 +332,7 @@ static at_status load_data(trainer *t)
         AT_TRY(at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds));
     }
     const at_sample_list *vl = t->val_ds ? &t->val_ds->train : &t->ds->val;
-    if (a->dpo) return load_pairs(t, vl);
+    if (a->pref) return load_pairs(t, vl);
     AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
     if (vl->n) AT_TRY(encode_list(t, vl, &t->val, &t->val_len, &t->n_val, "eval"));
     if (t->n_train == 0) return at_error(AT_ERR_INVALID, "no training sample left after encoding (see the warnings above)");
@@ -443,12 +421,12 @@ static at_status ensure_acts(trainer *t, int B, int T, unsigned flags)
 /* Loss of the validation samples, token-weighted, no gradients. */
 static at_status evaluate(trainer *t, double *eval_loss)
 {
-    if (t->a->dpo) {
-        at_dpo_stats s;
+    if (t->a->pref) {
+        at_pref_stats s;
         at_decoder_acts_free(t->acts); /* the evaluation makes its own */
         t->acts = NULL;
-        AT_TRY(at_dpo_evaluate(t->a->dpo, &t->dpo_val, t->dec, t->a->batch_size, pad_id(t), &s));
-        *eval_loss = at_dpo_stats_loss(t->a->dpo, &s);
+        AT_TRY(at_pref_evaluate(t->a->pref, &t->pref_val, t->dec, t->a->batch_size, pad_id(t), &s));
+        *eval_loss = at_pref_stats_loss(t->a->pref, &s);
         return AT_OK;
     }
     at_batch_options o = batch_options(t, 0);
@@ -750,9 +728,9 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
     const at_train_args *a = t->a;
     at_status st = AT_OK;
     *loss_sum = 0;
-    memset(&t->dpo_step, 0, sizeof t->dpo_step);
-    /* DPO cuts micro-batches between pairs (units of 2 rows) */
-    size_t unit = a->dpo ? 2 : 1;
+    memset(&t->pref_step, 0, sizeof t->pref_step);
+    /* preference objectives cut micro-batches between pairs (units of 2 rows) */
+    size_t unit = a->pref ? 2 : 1;
     for (int m = 0; m < nmicro && st == AT_OK && targets > 0; m++) {
         size_t units = batches[m].rows / unit, np = (size_t)1 << t->oom_halvings;
         if (np > units) np = units;
@@ -766,12 +744,12 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
             if (st == AT_OK) t->acts->dropout_token_offset = (int64_t)(u0 * unit) * (int64_t)piece.cols;
             float dropout = (float)(a->full ? 0.0 : a->lora_dropout);
             uint64_t seed = dropout_seed(t, step, t->rank * a->grad_accum + m);
-            if (st == AT_OK && a->dpo) {
+            if (st == AT_OK && a->pref) {
                 /* the pairs of this piece: the plan's items of the micro-batch's rows */
                 const size_t *pairs = t->plan.items + t->plan.row_start[t->plan.batch_start[t->step_first + m]] + u0;
-                st = at_dpo_forward_backward(a->dpo, &t->dpo_train, pairs, u1 - u0, t->dec, t->acts, bt.ids, bt.pos,
+                st = at_pref_forward_backward(a->pref, &t->pref_train, pairs, u1 - u0, t->dec, t->acts, bt.ids, bt.pos,
                                              bt.labels, dropout, seed, (double)targets, t->step_nll_targets,
-                                             t->loss_scale, t->grads, &t->dpo_step);
+                                             t->loss_scale, t->grads, &t->pref_step);
             } else if (st == AT_OK) {
                 at_loss_stats stats = {0};
                 st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels, dropout, seed,
@@ -858,17 +836,17 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         int nmicro = (int)(last - first);
         at_batch *batches = calloc((size_t)(nmicro ? nmicro : 1), sizeof *batches);
         if (!batches) return at_error(AT_ERR_NOMEM, "out of memory");
-        /* targets: supervised tokens; for DPO the step's pairs (its loss is their mean) */
+        /* targets: supervised tokens; for preference objectives the step's pairs (the loss is their mean) */
         int64_t targets = 0, tokens = 0, nll_targets = 0;
         t->step_first = first;
         for (int m = 0; m < nmicro && st == AT_OK; m++) {
-            if (a->dpo) {
+            if (a->pref) {
                 const at_batch_plan *pl = &t->plan;
                 size_t r0 = pl->batch_start[first + m], r1 = pl->batch_start[first + m + 1];
                 const size_t *pairs = pl->items + pl->row_start[r0];
-                st = at_dpo_batch_build(&t->dpo_train, pairs, r1 - r0, pad_id(t), &batches[m]);
+                st = at_pref_batch_build(&t->pref_train, pairs, r1 - r0, pad_id(t), &batches[m]);
                 targets += (int64_t)(r1 - r0);
-                for (size_t i = 0; i < r1 - r0; i++) nll_targets += t->dpo_train.n_c[pairs[i]];
+                for (size_t i = 0; i < r1 - r0; i++) nll_targets += t->pref_train.n_c[pairs[i]];
             } else {
                 st = at_batch_build(&t->plan, (size_t)(first + m), t->train, t->n_train, pad_id(t), &batches[m]);
                 if (st == AT_OK) targets += count_targets(&batches[m]);
@@ -886,11 +864,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
         free(batches);
         if (st == AT_OK) st = sum_over_ranks(t, &loss_sum);
-        if (st == AT_OK && a->dpo && t->world > 1) /* the step's DPO sums over every rank */
-            st = at_comm_allreduce_f64(t->comm, (double *)&t->dpo_step, AT_DPO_STATS_N);
+        if (st == AT_OK && a->pref && t->world > 1) /* the step's preference sums over every rank */
+            st = at_comm_allreduce_f64(t->comm, (double *)&t->pref_step, AT_PREF_STATS_N);
         if (st != AT_OK) break;
         double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
-        if (a->dpo) loss = at_dpo_stats_loss(a->dpo, &t->dpo_step);
+        if (a->pref) loss = at_pref_stats_loss(a->pref, &t->pref_step);
         AT_TRY(at_optimizer_grad_norm(&t->opt, &norm));
         norm /= t->loss_scale; /* the gradients carry the loss scale */
         double lr = at_schedule_lr(&sched, step);
@@ -938,7 +916,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         res->last_loss = loss;
         interval_loss += loss;
         interval_steps++;
-        if (a->dpo) at_dpo_stats_add(&t->dpo_interval, &t->dpo_step);
+        if (a->pref) at_pref_stats_add(&t->pref_interval, &t->pref_step);
         interval_tokens += tokens;
         tokens_run += tokens;
         t->tokens_seen += tokens;
@@ -950,9 +928,9 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             cJSON_AddNumberToObject(line, "step", (double)done);
             cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
             cJSON_AddNumberToObject(line, "loss", interval_loss / interval_steps);
-            if (a->dpo) {
-                at_dpo_stats_log(a->dpo, &t->dpo_interval, line);
-                memset(&t->dpo_interval, 0, sizeof t->dpo_interval);
+            if (a->pref) {
+                at_pref_stats_log(a->pref, &t->pref_interval, line);
+                memset(&t->pref_interval, 0, sizeof t->pref_interval);
             }
             cJSON_AddNumberToObject(line, "grad_norm", norm);
             cJSON_AddNumberToObject(line, "lr", lr);
@@ -1009,11 +987,11 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
     if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
-    if (a->dpo && a->packing)
-        return at_error(AT_ERR_UNSUPPORTED, "--packing with DPO: each pair's chosen and rejected replies are rows of "
+    if (a->pref && a->packing)
+        return at_error(AT_ERR_UNSUPPORTED, "--packing with rlhf: each pair's chosen and rejected replies are rows of "
                         "their own; drop --packing");
-    if (a->dpo && a->pt) return at_error(AT_ERR_INVALID, "DPO trains on preference pairs, not plain text");
-    if (a->dpo) AT_TRY(at_dpo_config_check(a->dpo));
+    if (a->pref && a->pt) return at_error(AT_ERR_INVALID, "rlhf trains on preference pairs, not plain text");
+    if (a->pref) AT_TRY(at_pref_config_check(a->pref));
     AT_CHECK(at_comm_world(&t.comm));
     t.rank = at_comm_rank(t.comm);
     t.world = at_comm_size(t.comm);
@@ -1030,7 +1008,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         snprintf(t.adapter->base_model, sizeof t.adapter->base_model, "%s", a->model);
         AT_CHECK(at_decoder_set_adapter(t.dec, t.adapter));
     }
-    if (a->dpo) AT_CHECK(dpo_reference(&t));
+    if (a->pref && at_pref_needs_reference(a->pref)) AT_CHECK(dpo_reference(&t));
     AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
     at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
     AT_CHECK(at_optimizer_init(&t.opt, t.dec, t.grads, &oc));

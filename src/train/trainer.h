@@ -1,4 +1,5 @@
-/* The trainer: `anytune sft`, `anytune pt` and `anytune rlhf` (DPO).
+/* The trainer: `anytune sft`, `anytune pt` and `anytune rlhf` (preference
+ * objectives: DPO, SimPO, CPO, ORPO).
  *
  * One run: load the model, tokenizer and chat template; read and encode the
  * datasets; make (or load) the LoRA adapter, or train every weight; then for
@@ -18,7 +19,7 @@
 #include "base/status.h"
 #include "data/encode.h"
 #include "device/dtype.h"
-#include "train/dpo.h"
+#include "train/preference.h"
 #include "train/schedule.h"
 
 typedef struct {
@@ -71,10 +72,10 @@ typedef struct {
     int n_preview_prompts;
     int preview_max_tokens;
     const char *args_json;          /* every option as resolved, written to args.json (may be NULL) */
-    /* preference training (`anytune rlhf --rlhf_type dpo`, train/dpo.h): the
-     * datasets hold pairs, a micro-batch is batch_size pairs (2 rows each),
-     * the loss is DPO's mean over the step's pairs. NULL: the causal-LM loss. */
-    const at_dpo_config *dpo;
+    /* preference training (`anytune rlhf`, train/preference.h): the datasets
+     * hold pairs, a micro-batch is batch_size pairs (2 rows each), the loss
+     * is the objective's mean over the step's pairs. NULL: the causal-LM loss. */
+    const at_pref_config *pref;
 } at_train_args;
 
 /* Defaults as ms-swift's (LoRA rank 8, alpha 32, dropout 0.05, lr 1e-4, ...). */

@@ -1,47 +1,112 @@
-#include "train/dpo.h"
+#include "train/preference.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
 
-_Static_assert(sizeof(at_dpo_stats) == AT_DPO_STATS_N * sizeof(double), "at_dpo_stats is summed as an array");
+_Static_assert(sizeof(at_pref_stats) == AT_PREF_STATS_N * sizeof(double), "at_pref_stats is summed as an array");
 
-static const char *const LOSS_NAMES[] = {"sigmoid", "ipo", "hinge"};
+static const char *const LOSS_NAMES[] = {"sigmoid", "ipo", "hinge", "simpo"};
 
-const char *at_dpo_loss_type_name(at_dpo_loss_type t)
+const char *at_pref_loss_type_name(at_pref_loss_type t)
 {
     return (unsigned)t < sizeof LOSS_NAMES / sizeof LOSS_NAMES[0] ? LOSS_NAMES[t] : "?";
 }
 
-at_status at_dpo_loss_type_parse(const char *name, at_dpo_loss_type *out)
+at_status at_pref_loss_type_parse(const char *name, at_pref_loss_type *out)
 {
     for (size_t i = 0; name && i < sizeof LOSS_NAMES / sizeof LOSS_NAMES[0]; i++)
         if (!strcmp(name, LOSS_NAMES[i])) {
-            *out = (at_dpo_loss_type)i;
+            *out = (at_pref_loss_type)i;
             return AT_OK;
         }
-    return at_error(AT_ERR_INVALID, "--loss_type %s: this build has sigmoid (DPO), ipo and hinge",
+    return at_error(AT_ERR_INVALID, "--loss_type %s: this build has sigmoid, ipo and hinge (dpo, cpo) and simpo (cpo)",
                     name ? name : "(none)");
 }
 
-void at_dpo_config_defaults(at_dpo_config *c)
+#define BUILD_HAS "this build has dpo, simpo, cpo and orpo"
+
+at_status at_pref_config_init(at_pref_config *c, const char *name)
 {
     memset(c, 0, sizeof *c);
     c->beta = 0.1;
-    c->loss_type = AT_DPO_SIGMOID;
+    c->loss_type = AT_PREF_SIGMOID;
+    if (name && !strcmp(name, "dpo")) {
+        c->objective = AT_PREF_DPO;
+        c->name = "dpo";
+    } else if (name && !strcmp(name, "simpo")) { /* ms-swift: cpo with loss_type simpo, beta 2 */
+        c->objective = AT_PREF_CPO;
+        c->name = "simpo";
+        c->loss_type = AT_PREF_SIMPO;
+        c->beta = 2.0;
+        c->simpo_gamma = 1.0;
+        c->cpo_alpha = 1.0;
+    } else if (name && !strcmp(name, "cpo")) {
+        c->objective = AT_PREF_CPO;
+        c->name = "cpo";
+        c->cpo_alpha = 1.0;
+    } else if (name && !strcmp(name, "orpo")) {
+        c->objective = AT_PREF_ORPO;
+        c->name = "orpo";
+    } else {
+        static const char *const others[] = {"kto", "rm", "ppo", "grpo", "gkd"};
+        for (size_t i = 0; name && i < sizeof others / sizeof others[0]; i++)
+            if (!strcmp(name, others[i]))
+                return at_error(AT_ERR_UNSUPPORTED, "--rlhf_type %s: not in this build (%s)", name, BUILD_HAS);
+        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has kto, rm, ppo, grpo, gkd)",
+                        name ? name : "(none)", BUILD_HAS);
+    }
+    return AT_OK;
 }
 
-at_status at_dpo_config_check(const at_dpo_config *c)
+int at_pref_needs_reference(const at_pref_config *c) { return c->objective == AT_PREF_DPO; }
+
+int at_pref_averaged(const at_pref_config *c)
 {
+    return c->objective == AT_PREF_ORPO || c->loss_type == AT_PREF_IPO || c->loss_type == AT_PREF_SIMPO;
+}
+
+double at_pref_nll_alpha(const at_pref_config *c)
+{
+    return c->objective == AT_PREF_ORPO ? 1.0 : c->objective == AT_PREF_CPO ? c->cpo_alpha : c->rpo_alpha;
+}
+
+at_status at_pref_config_check(const at_pref_config *c)
+{
+    const char *n = c->name ? c->name : "dpo";
     if (!(c->beta > 0) || !isfinite(c->beta)) return at_error(AT_ERR_INVALID, "--beta %g must be > 0", c->beta);
+    if ((unsigned)c->objective > AT_PREF_ORPO || (unsigned)c->loss_type > AT_PREF_SIMPO)
+        return at_error(AT_ERR_INVALID, "preference objective %d / loss_type %d: out of range", (int)c->objective,
+                        (int)c->loss_type);
+    if (c->objective == AT_PREF_ORPO && c->loss_type != AT_PREF_SIGMOID)
+        return at_error(AT_ERR_INVALID, "--loss_type %s does not apply to --rlhf_type orpo (it has one loss)",
+                        at_pref_loss_type_name(c->loss_type));
+    if (c->objective == AT_PREF_DPO && c->loss_type == AT_PREF_SIMPO)
+        return at_error(AT_ERR_INVALID, "--loss_type simpo is reference-free: use --rlhf_type simpo (or cpo)");
     if (!(c->label_smoothing >= 0 && c->label_smoothing < 0.5))
         return at_error(AT_ERR_INVALID, "--label_smoothing %g must be in [0, 0.5)", c->label_smoothing);
-    if (c->label_smoothing > 0 && c->loss_type != AT_DPO_SIGMOID)
-        return at_error(AT_ERR_INVALID, "--label_smoothing applies to --loss_type sigmoid only (not %s)",
-                        at_dpo_loss_type_name(c->loss_type));
+    if (c->label_smoothing > 0 && (c->objective == AT_PREF_ORPO ||
+                                   (c->loss_type != AT_PREF_SIGMOID && c->loss_type != AT_PREF_SIMPO)))
+        return at_error(AT_ERR_INVALID, "--label_smoothing applies to the sigmoid and simpo losses of dpo, cpo and "
+                        "simpo only (not %s with loss_type %s)", n, at_pref_loss_type_name(c->loss_type));
     if (!(c->rpo_alpha >= 0) || !isfinite(c->rpo_alpha))
         return at_error(AT_ERR_INVALID, "--rpo_alpha %g must be >= 0", c->rpo_alpha);
+    if (c->rpo_alpha > 0 && c->objective != AT_PREF_DPO)
+        return at_error(AT_ERR_INVALID, "--rpo_alpha is DPO's; %s weighs the chosen replies' NLL with %s", n,
+                        c->objective == AT_PREF_ORPO ? "1 (its SFT term)" : "--cpo_alpha");
+    if (!(c->cpo_alpha >= 0) || !isfinite(c->cpo_alpha))
+        return at_error(AT_ERR_INVALID, "--cpo_alpha %g must be >= 0", c->cpo_alpha);
+    if (c->cpo_alpha > 0 && c->objective != AT_PREF_CPO)
+        return at_error(AT_ERR_INVALID, "--cpo_alpha applies to cpo and simpo (not %s)", n);
+    if (!isfinite(c->simpo_gamma))
+        return at_error(AT_ERR_INVALID, "--simpo_gamma %g must be finite", c->simpo_gamma);
+    if (c->simpo_gamma != 0 && c->loss_type != AT_PREF_SIMPO)
+        return at_error(AT_ERR_INVALID, "--simpo_gamma applies to simpo (--loss_type simpo) only (not %s with "
+                        "loss_type %s)", n, at_pref_loss_type_name(c->loss_type));
+    if (c->ref_model && !at_pref_needs_reference(c))
+        return at_error(AT_ERR_INVALID, "--ref_model %s: %s is reference-free (it compares the policy's own chosen and "
+                        "rejected log-probs); drop --ref_model", c->ref_model, n);
     return AT_OK;
 }
 
@@ -49,28 +114,61 @@ at_status at_dpo_config_check(const at_dpo_config *c)
 static double log_sigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
 static double sigmoid(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
 
-/* With h = (π_c − π_r) − (r_c − r_r) and z = β·h:
- *   sigmoid: L = −(1−ls)·log σ(z) − ls·log σ(−z)
- *            dL/dz = −(1−ls)·σ(−z) + ls·σ(z)        (d log σ(x)/dx = σ(−x))
- *   ipo:     L = (h − 1/(2β))²,   dL/dh = 2(h − 1/(2β))
- *   hinge:   L = max(0, 1 − z),   dL/dz = −1 where z < 1, else 0
- * and dh/dπ_c = 1, dh/dπ_r = −1 (dz = β·dh). */
-void at_dpo_pair(const at_dpo_config *c, double pi_c, double pi_r, double ref_c, double ref_r, at_dpo_pair_loss *out)
+/* log(1 − e^a) for a < 0, accurate at both ends: near 0, 1 − e^a = −expm1(a)
+ * keeps its digits; far below, log1p keeps those of the tiny e^a. */
+static double log1m_exp(double a)
 {
-    double h = (pi_c - pi_r) - (ref_c - ref_r), z = c->beta * h, dh;
+    return a > -0.69314718055994530942 /* −ln 2 */ ? log(-expm1(a)) : log1p(-exp(a));
+}
+
+/* With h = (π_c − π_r) − (r_c − r_r) (r = 0 without a reference), dh/dπ_c = 1,
+ * dh/dπ_r = −1, and d log σ(x)/dx = σ(−x):
+ *   sigmoid, simpo (z = βh − γ, γ = 0 for sigmoid):
+ *            L = −(1−ls)·log σ(z) − ls·log σ(−z),   dL/dh = β·(−(1−ls)·σ(−z) + ls·σ(z))
+ *   ipo:     L = (h − 1/(2β))²,                     dL/dh = 2(h − 1/(2β))
+ *   hinge:   L = max(0, 1 − βh),                    dL/dh = −β where βh < 1, else 0
+ *   orpo:    ℓ(a) = a − log(1 − e^a),               ℓ'(a) = 1 + e^a/(1 − e^a) = 1/(1 − e^a) = −1/expm1(a)
+ *            Δ = ℓ(π_c) − ℓ(π_r),  L = −β·log σ(Δ), dL/dΔ = −β·σ(−Δ)
+ *            dL/dπ_c = −β·σ(−Δ)·ℓ'(π_c),            dL/dπ_r = β·σ(−Δ)·ℓ'(π_r)
+ * ORPO's π are mean log-probs, ≤ 0; one above AT_PREF_ORPO_MAX_LOGP (a reply
+ * certain within f32 rounding, where ℓ would be +∞) is evaluated there, value
+ * and slope alike: the loss stays finite and a certain rejected reply is
+ * still pushed down (hard, ℓ' ≈ 1e7; clipping bounds the step). */
+void at_pref_pair(const at_pref_config *c, double pi_c, double pi_r, double ref_c, double ref_r,
+                  at_pref_pair_loss *out)
+{
+    memset(out, 0, sizeof *out);
+    if (c->objective == AT_PREF_ORPO) {
+        /* (not fmin, which would turn a NaN from a broken forward into a number) */
+        double ac = pi_c > AT_PREF_ORPO_MAX_LOGP ? AT_PREF_ORPO_MAX_LOGP : pi_c;
+        double ar = pi_r > AT_PREF_ORPO_MAX_LOGP ? AT_PREF_ORPO_MAX_LOGP : pi_r;
+        double delta = (ac - log1m_exp(ac)) - (ar - log1m_exp(ar));
+        double ls = log_sigmoid(delta), dd = -c->beta * sigmoid(-delta);
+        out->loss = -c->beta * ls;
+        out->d_chosen = dd * (-1 / expm1(ac));
+        out->d_rejected = -dd * (-1 / expm1(ar));
+        out->log_odds = delta;
+        out->log_odds_ratio = ls;
+        return;
+    }
+    if (!at_pref_needs_reference(c)) ref_c = ref_r = 0;
+    double h = (pi_c - pi_r) - (ref_c - ref_r), dh;
     switch (c->loss_type) {
-    case AT_DPO_IPO: {
+    case AT_PREF_IPO: {
         double t = h - 1 / (2 * c->beta);
         out->loss = t * t;
         dh = 2 * t;
         break;
     }
-    case AT_DPO_HINGE:
+    case AT_PREF_HINGE: {
+        double z = c->beta * h;
         out->loss = z < 1 ? 1 - z : 0;
         dh = z < 1 ? -c->beta : 0;
         break;
-    default: {
+    }
+    default: { /* sigmoid, simpo */
         double ls = c->label_smoothing;
+        double z = c->beta * h - (c->loss_type == AT_PREF_SIMPO ? c->simpo_gamma : 0);
         out->loss = -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
         dh = c->beta * (-(1 - ls) * sigmoid(-z) + ls * sigmoid(z));
         break;
@@ -82,7 +180,7 @@ void at_dpo_pair(const at_dpo_config *c, double pi_c, double pi_r, double ref_c,
 
 /* ---- pairs ---- */
 
-void at_dpo_pairs_free(at_dpo_pairs *p)
+void at_pref_pairs_free(at_pref_pairs *p)
 {
     if (!p) return;
     for (size_t i = 0; i < p->n; i++) {
@@ -107,12 +205,12 @@ static int64_t count_labels(const at_encoded *e)
     return n;
 }
 
-at_status at_dpo_pairs_encode(const at_sample_list *list, const at_encoder *enc, int strict, const char *what,
-                              at_dpo_pairs *out)
+at_status at_pref_pairs_encode(const at_sample_list *list, const at_encoder *enc, int strict, const char *what,
+                              at_pref_pairs *out)
 {
     memset(out, 0, sizeof *out);
     size_t cap = list->n ? list->n : 1;
-    at_dpo_pairs p = {0};
+    at_pref_pairs p = {0};
     p.chosen = calloc(cap, sizeof *p.chosen);
     p.rejected = calloc(cap, sizeof *p.rejected);
     p.len = calloc(cap, sizeof *p.len);
@@ -121,7 +219,7 @@ at_status at_dpo_pairs_encode(const at_sample_list *list, const at_encoder *enc,
     p.ref_c = calloc(cap, sizeof *p.ref_c);
     p.ref_r = calloc(cap, sizeof *p.ref_r);
     if (!p.chosen || !p.rejected || !p.len || !p.n_c || !p.n_r || !p.ref_c || !p.ref_r) {
-        at_dpo_pairs_free(&p);
+        at_pref_pairs_free(&p);
         return at_error(AT_ERR_NOMEM, "out of memory encoding preference pairs");
     }
     size_t dropped = 0, failed = 0, no_labels = 0;
@@ -130,7 +228,7 @@ at_status at_dpo_pairs_encode(const at_sample_list *list, const at_encoder *enc,
         const at_sample *s = list->items[i];
         int drop = 0;
         if (s->kind != AT_SAMPLE_PREFERENCE)
-            st = at_error(AT_ERR_INVALID, "%s:%d: not a preference pair: DPO needs records with a chosen and a "
+            st = at_error(AT_ERR_INVALID, "%s:%d: not a preference pair: rlhf needs records with a chosen and a "
                           "rejected reply (\"chosen\"/\"rejected\", or \"messages\" + \"rejected_response\")",
                           s->source ? s->source : "dataset", s->line);
         else
@@ -158,7 +256,7 @@ at_status at_dpo_pairs_encode(const at_sample_list *list, const at_encoder *enc,
         p.n++;
     }
     if (st != AT_OK) {
-        at_dpo_pairs_free(&p);
+        at_pref_pairs_free(&p);
         return st;
     }
     at_log_info("%s: %zu preference pairs encoded (%zu longer than --max_length dropped, %zu failed, %zu with an "
@@ -167,12 +265,12 @@ at_status at_dpo_pairs_encode(const at_sample_list *list, const at_encoder *enc,
     return AT_OK;
 }
 
-at_status at_dpo_batch_build(const at_dpo_pairs *p, const size_t *idx, size_t n, int32_t pad, at_batch *out)
+at_status at_pref_batch_build(const at_pref_pairs *p, const size_t *idx, size_t n, int32_t pad, at_batch *out)
 {
     memset(out, 0, sizeof *out);
     size_t rows = 2 * n, cols = 1;
     for (size_t i = 0; i < n; i++) {
-        if (idx[i] >= p->n) return at_error(AT_ERR_INVALID, "DPO batch: pair %zu of %zu", idx[i], p->n);
+        if (idx[i] >= p->n) return at_error(AT_ERR_INVALID, "preference batch: pair %zu of %zu", idx[i], p->n);
         if (p->len[idx[i]] > cols) cols = p->len[idx[i]];
     }
     size_t cells = rows * cols;
@@ -182,7 +280,7 @@ at_status at_dpo_batch_build(const at_dpo_pairs *p, const size_t *idx, size_t n,
     out->lengths = malloc((rows ? rows : 1) * sizeof *out->lengths);
     if (!out->ids || !out->labels || !out->positions || !out->lengths) {
         at_batch_free(out);
-        return at_error(AT_ERR_NOMEM, "out of memory building a DPO batch of %zu x %zu", rows, cols);
+        return at_error(AT_ERR_NOMEM, "out of memory building a preference batch of %zu x %zu", rows, cols);
     }
     out->rows = rows;
     out->cols = cols;
@@ -233,7 +331,7 @@ static at_status upload(at_backend *be, const at_batch *b, batch_tensors *t)
  * uploaded tensors and loss-only activations of its shape. */
 typedef at_status (*batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t);
 
-static at_status each_batch(at_decoder *d, const at_dpo_pairs *p, int batch_pairs, int32_t pad, batch_fn fn, void *ctx)
+static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, batch_fn fn, void *ctx)
 {
     size_t bp = batch_pairs > 0 ? (size_t)batch_pairs : 1;
     size_t *idx = malloc(bp * sizeof *idx);
@@ -245,7 +343,7 @@ static at_status each_batch(at_decoder *d, const at_dpo_pairs *p, int batch_pair
         for (size_t k = 0; k < n; k++) idx[k] = i0 + k;
         at_batch b = {0};
         batch_tensors t = {0};
-        st = at_dpo_batch_build(p, idx, n, pad, &b);
+        st = at_pref_batch_build(p, idx, n, pad, &b);
         if (st == AT_OK) st = upload(d->be, &b, &t);
         if (st == AT_OK && (!acts || acts->B != (int)b.rows || acts->T != (int)b.cols)) {
             at_decoder_acts_free(acts);
@@ -263,7 +361,7 @@ static at_status each_batch(at_decoder *d, const at_dpo_pairs *p, int batch_pair
 
 typedef struct {
     at_decoder *d;
-    at_dpo_pairs *p;
+    at_pref_pairs *p;
 } ref_ctx;
 
 static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
@@ -283,31 +381,30 @@ static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_a
     return st;
 }
 
-at_status at_dpo_reference(at_decoder *d, at_dpo_pairs *p, int batch_pairs, int32_t pad)
+at_status at_pref_reference(at_decoder *d, at_pref_pairs *p, int batch_pairs, int32_t pad)
 {
     ref_ctx c = {d, p};
     at_status st = each_batch(d, p, batch_pairs, pad, ref_batch, &c);
     return st == AT_OK ? st : at_error_wrap(st, "DPO reference log-probs");
 }
-
 /* ---- the step ---- */
 
-double at_dpo_stats_loss(const at_dpo_config *c, const at_dpo_stats *s)
+double at_pref_stats_loss(const at_pref_config *c, const at_pref_stats *s)
 {
     if (!(s->pairs > 0)) return NAN;
-    double l = s->loss / s->pairs;
-    if (c->rpo_alpha > 0 && s->nll_targets > 0) l += c->rpo_alpha * s->nll / s->nll_targets;
+    double l = s->loss / s->pairs, alpha = at_pref_nll_alpha(c);
+    if (alpha > 0 && s->nll_targets > 0) l += alpha * s->nll / s->nll_targets;
     return l;
 }
 
-void at_dpo_stats_add(at_dpo_stats *a, const at_dpo_stats *b)
+void at_pref_stats_add(at_pref_stats *a, const at_pref_stats *b)
 {
     double *x = (double *)a;
     const double *y = (const double *)b;
-    for (int i = 0; i < AT_DPO_STATS_N; i++) x[i] += y[i];
+    for (int i = 0; i < AT_PREF_STATS_N; i++) x[i] += y[i];
 }
 
-void at_dpo_stats_log(const at_dpo_config *c, const at_dpo_stats *s, cJSON *line)
+void at_pref_stats_log(const at_pref_config *c, const at_pref_stats *s, cJSON *line)
 {
     if (!(s->pairs > 0)) return;
     double n = s->pairs;
@@ -317,17 +414,23 @@ void at_dpo_stats_log(const at_dpo_config *c, const at_dpo_stats *s, cJSON *line
     cJSON_AddNumberToObject(line, "rewards/margins", (s->reward_c - s->reward_r) / n);
     cJSON_AddNumberToObject(line, "logps/chosen", s->logp_c / n);
     cJSON_AddNumberToObject(line, "logps/rejected", s->logp_r / n);
-    if (c->rpo_alpha > 0 && s->nll_targets > 0) cJSON_AddNumberToObject(line, "nll_loss", s->nll / s->nll_targets);
+    /* TRL's CPO and ORPO log the NLL always, its DPO with rpo_alpha */
+    if ((c->objective != AT_PREF_DPO || c->rpo_alpha > 0) && s->nll_targets > 0)
+        cJSON_AddNumberToObject(line, "nll_loss", s->nll / s->nll_targets);
+    if (c->objective == AT_PREF_ORPO) {
+        cJSON_AddNumberToObject(line, "log_odds_ratio", s->log_odds_ratio / n);
+        cJSON_AddNumberToObject(line, "log_odds_chosen", s->log_odds / n);
+    }
 }
 
-at_status at_dpo_forward_backward(const at_dpo_config *c, const at_dpo_pairs *p, const size_t *idx, size_t n,
-                                  at_decoder *d, at_decoder_acts *acts, const at_tensor *ids, const at_tensor *pos,
-                                  const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
-                                  double step_nll_targets, double scale, at_decoder_grads *g, at_dpo_stats *stats)
+at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs *p, const size_t *idx, size_t n,
+                                   at_decoder *d, at_decoder_acts *acts, const at_tensor *ids, const at_tensor *pos,
+                                   const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
+                                   double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats)
 {
     if (acts->B != (int)(2 * n))
-        return at_error(AT_ERR_INVALID, "DPO step: %zu pairs need %zu rows, the activations have %d", n, 2 * n,
-                        acts->B);
+        return at_error(AT_ERR_INVALID, "%s step: %zu pairs need %zu rows, the activations have %d",
+                        c->name ? c->name : "preference", n, 2 * n, acts->B);
     double *row = calloc(2 * n, sizeof *row);
     int64_t *rowt = calloc(2 * n, sizeof *rowt);
     float *rs = calloc(2 * n, sizeof *rs);
@@ -337,19 +440,22 @@ at_status at_dpo_forward_backward(const at_dpo_config *c, const at_dpo_pairs *p,
         goto done;
     }
     AT_CHECK(at_decoder_forward_train(d, acts, ids, pos, NULL, dropout, seed));
-    /* pass 1: each row's Σ −log p, no gradients */
+    /* pass 1: each row's Σ −log p and its target count, no gradients */
     at_loss_stats ls = {0};
     ls.row_loss = row;
     ls.row_targets = rowt;
     AT_CHECK(at_decoder_loss(d, acts, labels, 1.0f, NULL, &ls));
+    int avg = at_pref_averaged(c), ref = at_pref_needs_reference(c);
+    double alpha = at_pref_nll_alpha(c);
     for (size_t i = 0; i < n; i++) {
         size_t k = idx[i];
         double nc = rowt[2 * i] > 0 ? (double)rowt[2 * i] : 1, nr = rowt[2 * i + 1] > 0 ? (double)rowt[2 * i + 1] : 1;
-        /* ipo compares mean log-probs (TRL's average_log_prob); the others sums */
-        double wc = c->loss_type == AT_DPO_IPO ? 1 / nc : 1, wr = c->loss_type == AT_DPO_IPO ? 1 / nr : 1;
-        double pc = -row[2 * i] * wc, pr = -row[2 * i + 1] * wr, rc = p->ref_c[k] * wc, rr = p->ref_r[k] * wr;
-        at_dpo_pair_loss pl;
-        at_dpo_pair(c, pc, pr, rc, rr, &pl);
+        /* π is the sum of the reply's log-probs, or its mean (weight 1/n) */
+        double wc = avg ? 1 / nc : 1, wr = avg ? 1 / nr : 1;
+        double pc = -row[2 * i] * wc, pr = -row[2 * i + 1] * wr;
+        double rc = ref ? p->ref_c[k] * wc : 0, rr = ref ? p->ref_r[k] * wr : 0;
+        at_pref_pair_loss pl;
+        at_pref_pair(c, pc, pr, rc, rr, &pl);
         double gc = c->beta * (pc - rc), gr = c->beta * (pr - rr);
         stats->pairs += 1;
         stats->loss += pl.loss;
@@ -360,11 +466,13 @@ at_status at_dpo_forward_backward(const at_dpo_config *c, const at_dpo_pairs *p,
         stats->logp_r += pr;
         stats->nll += row[2 * i];
         stats->nll_targets += (double)rowt[2 * i];
-        /* The row's loss sum is −Σ log p, so its gradient scale is −dL/dΣlog p:
-         * −dL/dπ · w / step_pairs, plus for the chosen row the RPO term's
-         * rpo_alpha / step_nll_targets (a token mean over the step). */
+        stats->log_odds += pl.log_odds;
+        stats->log_odds_ratio += pl.log_odds_ratio;
+        /* The row's loss sum S is −Σ log p and π = −w·S, so its gradient
+         * scale is dL/dS = −dL/dπ · w / step_pairs; the chosen row adds the
+         * NLL term's α / step_nll_targets (a token mean over the step). */
         double sc = -pl.d_chosen * wc / step_pairs, sr = -pl.d_rejected * wr / step_pairs;
-        if (c->rpo_alpha > 0 && step_nll_targets > 0) sc += c->rpo_alpha / step_nll_targets;
+        if (alpha > 0 && step_nll_targets > 0) sc += alpha / step_nll_targets;
         rs[2 * i] = (float)sc;
         rs[2 * i + 1] = (float)sr;
     }
@@ -383,21 +491,21 @@ done:
 }
 
 typedef struct {
-    const at_dpo_config *c;
-    const at_dpo_pairs *p;
+    const at_pref_config *c;
+    const at_pref_pairs *p;
     at_decoder *d;
-    at_dpo_stats *stats;
+    at_pref_stats *stats;
 } eval_ctx;
 
 static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
 {
     eval_ctx *e = vctx;
-    return at_dpo_forward_backward(e->c, e->p, idx, n, e->d, acts, t->ids, t->pos, t->labels, 0.0f, 0, 1, 1, 1, NULL,
-                                   e->stats);
+    return at_pref_forward_backward(e->c, e->p, idx, n, e->d, acts, t->ids, t->pos, t->labels, 0.0f, 0, 1, 1, 1,
+                                    NULL, e->stats);
 }
 
-at_status at_dpo_evaluate(const at_dpo_config *c, const at_dpo_pairs *p, at_decoder *d, int batch_pairs, int32_t pad,
-                          at_dpo_stats *stats)
+at_status at_pref_evaluate(const at_pref_config *c, const at_pref_pairs *p, at_decoder *d, int batch_pairs,
+                           int32_t pad, at_pref_stats *stats)
 {
     memset(stats, 0, sizeof *stats);
     eval_ctx e = {c, p, d, stats};

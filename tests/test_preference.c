@@ -1,18 +1,25 @@
-/* DPO (train/dpo.h, `anytune rlhf --rlhf_type dpo`):
- *  - against PyTorch (tools/make_dpo_goldens.py: TRL's get_batch_logps and
- *    dpo_loss on the golden qwen2_bias_tied model with its LoRA adapter, two
- *    pairs): reference and policy log-probs, the loss and the gradient of
- *    every lora_A / lora_B for sigmoid, sigmoid + rpo_alpha, ipo and label
- *    smoothing; the same gradients when the pairs run as two micro-batches;
+/* Preference objectives (train/preference.h, `anytune rlhf --rlhf_type
+ * dpo|simpo|cpo|orpo`):
+ *  - against PyTorch (tools/make_dpo_goldens.py: TRL's get_batch_logps,
+ *    dpo_loss, cpo_loss and odds_ratio_loss on the golden qwen2_bias_tied
+ *    model with its LoRA adapter, two pairs): reference and policy log-probs,
+ *    the loss and the gradient of every lora_A / lora_B for DPO (sigmoid,
+ *    rpo_alpha, ipo, label smoothing), SimPO (the paper's, and with cpo_alpha
+ *    and smoothing), CPO (sigmoid, ipo) and ORPO (two betas, with TRL's
+ *    log-odds metrics); the same gradients when the pairs run as two
+ *    micro-batches; reference-free objectives never read the reference;
  *  - the per-row gradient scale of at_decoder_loss: rows with scales s_b get
  *    Σ s_b × the gradient of each row run alone;
- *  - the pair loss and its derivative (hinge too) against finite differences;
+ *  - every pair loss and its derivatives against finite differences and the
+ *    textbook formulas, finite at extreme log-probs (ORPO's certain replies);
+ *    ms-swift's defaults per type and the option checks;
  *  - ms-swift, TRL and LLaMA-Factory records: labels on the final reply only;
  *  - bad records: errors naming the file and line;
  *  - the CLI end to end on the demo model and real LLaMA-Factory pairs:
  *    TRL's metrics in logging.jsonl, the loss falls and the margin grows on a
- *    repeated tiny set, PEFT checkpoints, a run killed between checkpoints
- *    and resumed logs exactly what an uninterrupted run logs. */
+ *    repeated tiny set (each objective), PEFT checkpoints, a DPO run killed
+ *    between checkpoints and resumed logs exactly what an uninterrupted run
+ *    logs; usage errors exit 2 saying why. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,7 +32,7 @@
 #include "data/dataset.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
-#include "train/dpo.h"
+#include "train/preference.h"
 #include "train/run_files.h"
 #include "train/text_pipeline.h"
 #include "train/trainer.h"
@@ -38,14 +45,14 @@
 
 typedef struct {
     train_case c; /* d, ad and gf (the DPO golden) are used */
-    at_dpo_pairs p;
+    at_pref_pairs p;
     int32_t *ids, *labels, *lengths;
     int B, T;
 } dpo_case;
 
 static void dc_free(dpo_case *k)
 {
-    at_dpo_pairs_free(&k->p);
+    at_pref_pairs_free(&k->p);
     free(k->ids);
     free(k->labels);
     free(k->lengths);
@@ -69,7 +76,7 @@ static at_status dc_open(dpo_case *k)
     k->T = (int)shape[1];
     AT_CHECK(golden_array(k->c.gf, "labels", AT_I32, (void **)&k->labels, NULL, NULL));
     AT_CHECK(golden_array(k->c.gf, "lengths", AT_I32, (void **)&k->lengths, NULL, NULL));
-    /* the pairs as at_dpo_pairs_encode would hold them */
+    /* the pairs as at_pref_pairs_encode would hold them */
     size_t n = (size_t)k->B / 2;
     k->p.n = n;
     k->p.chosen = calloc(n, sizeof *k->p.chosen);
@@ -132,17 +139,17 @@ static void up(at_backend *be, const at_batch *b, up_tensors *u)
 }
 
 /* Runs the pairs idx[0..n) as one micro-batch of a step of step_pairs pairs. */
-static void run_pairs(dpo_case *k, const at_dpo_config *cfg, const size_t *idx, size_t n, double step_pairs,
-                      double step_nll, unsigned flags, at_decoder_grads *g, at_dpo_stats *s)
+static void run_pairs(dpo_case *k, const at_pref_config *cfg, const size_t *idx, size_t n, double step_pairs,
+                      double step_nll, unsigned flags, at_decoder_grads *g, at_pref_stats *s)
 {
     at_batch b = {0};
     up_tensors u = {0};
     at_decoder_acts *a = NULL;
-    CHECK_OK(at_dpo_batch_build(&k->p, idx, n, 0, &b));
+    CHECK_OK(at_pref_batch_build(&k->p, idx, n, 0, &b));
     up(k->c.d->be, &b, &u);
     CHECK_OK(at_decoder_acts_new_ex(k->c.d, (int)b.rows, (int)b.cols, flags, &a));
     if (a && u.labels)
-        CHECK_OK(at_dpo_forward_backward(cfg, &k->p, idx, n, k->c.d, a, u.ids, u.pos, u.labels, 0.0f, 0, step_pairs,
+        CHECK_OK(at_pref_forward_backward(cfg, &k->p, idx, n, k->c.d, a, u.ids, u.pos, u.labels, 0.0f, 0, step_pairs,
                                          step_nll, 1.0, g, s));
     at_decoder_acts_free(a);
     up_free(&u);
@@ -162,7 +169,7 @@ static void test_golden(void)
     /* the batch builder lays the pairs out as the golden: [c0, r0, c1, r1] */
     size_t idx[2] = {0, 1};
     at_batch b = {0};
-    CHECK_OK(at_dpo_batch_build(&k.p, idx, 2, 0, &b));
+    CHECK_OK(at_pref_batch_build(&k.p, idx, 2, 0, &b));
     CHECK(b.rows == (size_t)k.B && b.cols == (size_t)k.T);
     if (b.ids && b.rows == (size_t)k.B && b.cols == (size_t)k.T) {
         CHECK(!memcmp(b.ids, k.ids, (size_t)k.B * k.T * sizeof(int32_t)));
@@ -170,7 +177,7 @@ static void test_golden(void)
     }
 
     /* reference: the model without the adapter */
-    CHECK_OK(at_dpo_reference(k.c.d, &k.p, 2, 0));
+    CHECK_OK(at_pref_reference(k.c.d, &k.p, 2, 0));
     for (int r = 0; r < k.B && want_ref; r++) {
         double got = r % 2 ? k.p.ref_r[r / 2] : k.p.ref_c[r / 2];
         printf("  row %d: reference log p %.6f, PyTorch %.6f\n", r, got, want_ref[r]);
@@ -197,52 +204,96 @@ static void test_golden(void)
     at_batch_free(&b);
 
     double nll_targets = (double)(k.p.n_c[0] + k.p.n_c[1]);
+    /* the cases of tools/make_dpo_goldens.py; alpha: rpo_alpha (dpo) or
+     * cpo_alpha (cpo, simpo); loss NULL: the type's own */
     static const struct {
-        const char *name;
-        double beta, ls, rpo;
-        at_dpo_loss_type type;
-    } cases[] = {{"sigmoid", 0.1, 0, 0, AT_DPO_SIGMOID},
-                 {"rpo", 0.1, 0, 0.5, AT_DPO_SIGMOID},
-                 {"ipo", 0.1, 0, 0, AT_DPO_IPO},
-                 {"smooth", 0.5, 0.2, 0, AT_DPO_SIGMOID}};
+        const char *name, *type, *loss;
+        double beta, ls, alpha, gamma;
+    } cases[] = {{"sigmoid", "dpo", NULL, 0.1, 0, 0, 0},        {"rpo", "dpo", NULL, 0.1, 0, 0.5, 0},
+                 {"ipo", "dpo", "ipo", 0.1, 0, 0, 0},           {"smooth", "dpo", NULL, 0.5, 0.2, 0, 0},
+                 {"simpo", "simpo", NULL, 2.0, 0, 0, 1.0},      {"simpo_nll", "simpo", NULL, 2.5, 0.1, 1.0, 0.5},
+                 {"cpo", "cpo", NULL, 0.1, 0, 1.0, 0},          {"cpo_ipo", "cpo", "ipo", 0.1, 0, 0.5, 0},
+                 {"orpo", "orpo", NULL, 0.1, 0, 0, 0},          {"orpo_b", "orpo", NULL, 0.5, 0, 0, 0}};
     at_decoder_grads *g = NULL, *g2 = NULL;
     CHECK_OK(at_decoder_grads_new(k.c.d, 0, &g));
     CHECK_OK(at_decoder_grads_new(k.c.d, 0, &g2));
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && g && g2; i++) {
-        at_dpo_config cfg;
-        at_dpo_config_defaults(&cfg);
+    double ref_c[2] = {k.p.ref_c[0], k.p.ref_c[1]}, ref_r[2] = {k.p.ref_r[0], k.p.ref_r[1]};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && g && g2 && want_pol; i++) {
+        at_pref_config cfg;
+        CHECK_OK(at_pref_config_init(&cfg, cases[i].type));
+        if (cases[i].loss) CHECK_OK(at_pref_loss_type_parse(cases[i].loss, &cfg.loss_type));
         cfg.beta = cases[i].beta;
         cfg.label_smoothing = cases[i].ls;
-        cfg.rpo_alpha = cases[i].rpo;
-        cfg.loss_type = cases[i].type;
-        CHECK_OK(at_dpo_config_check(&cfg));
+        if (cfg.objective == AT_PREF_DPO) cfg.rpo_alpha = cases[i].alpha;
+        if (cfg.objective == AT_PREF_CPO) cfg.cpo_alpha = cases[i].alpha;
+        cfg.simpo_gamma = cases[i].gamma;
+        CHECK_OK(at_pref_config_check(&cfg));
+        /* a reference-free objective must not read the reference log-probs */
+        int ref = at_pref_needs_reference(&cfg);
+        for (int j = 0; j < 2; j++) {
+            k.p.ref_c[j] = ref ? ref_c[j] : NAN;
+            k.p.ref_r[j] = ref ? ref_r[j] : NAN;
+        }
         char key[64], prefix[64];
         snprintf(key, sizeof key, "%s.loss", cases[i].name);
         snprintf(prefix, sizeof prefix, "%s.lora.", cases[i].name);
         double want = tc_scalar(&k.c, key);
         /* one micro-batch of both pairs (checkpointing on for half the cases) */
-        at_dpo_stats s = {0};
+        at_pref_stats s = {0};
         CHECK_OK(at_decoder_grads_zero(g));
         run_pairs(&k, &cfg, idx, 2, 2, nll_targets, AT_ACTS_TRAIN | (i % 2 ? AT_ACTS_CHECKPOINT : 0), g, &s);
-        double loss = at_dpo_stats_loss(&cfg, &s);
+        double loss = at_pref_stats_loss(&cfg, &s);
         printf("%s: loss %.7f, PyTorch %.7f\n", cases[i].name, loss, want);
         CHECK_NEAR(loss, want, 1e-5 * fabs(want));
         CHECK(s.pairs == 2);
         double e = tc_grads_err(&k.c, g, prefix, "LoRA grads, one micro-batch");
         CHECK_MSG(e <= TOL, "%s: LoRA gradient rel err %g", cases[i].name, e);
         /* the same step as two micro-batches of one pair (gradient accumulation) */
-        at_dpo_stats s2 = {0};
+        at_pref_stats s2 = {0};
         CHECK_OK(at_decoder_grads_zero(g2));
         run_pairs(&k, &cfg, &idx[0], 1, 2, nll_targets, AT_ACTS_TRAIN, g2, &s2);
         run_pairs(&k, &cfg, &idx[1], 1, 2, nll_targets, AT_ACTS_TRAIN, g2, &s2);
-        CHECK_NEAR(at_dpo_stats_loss(&cfg, &s2), want, 1e-5 * fabs(want));
+        CHECK_NEAR(at_pref_stats_loss(&cfg, &s2), want, 1e-5 * fabs(want));
         e = tc_grads_err(&k.c, g2, prefix, "LoRA grads, two micro-batches");
         CHECK_MSG(e <= TOL, "%s: accumulated LoRA gradient rel err %g", cases[i].name, e);
         /* the evaluation gives the same loss without gradients */
-        at_dpo_stats se;
-        CHECK_OK(at_dpo_evaluate(&cfg, &k.p, k.c.d, 2, 0, &se));
-        CHECK_NEAR(at_dpo_stats_loss(&cfg, &se), want, 1e-5 * fabs(want));
+        at_pref_stats se;
+        CHECK_OK(at_pref_evaluate(&cfg, &k.p, k.c.d, 2, 0, &se));
+        CHECK_NEAR(at_pref_stats_loss(&cfg, &se), want, 1e-5 * fabs(want));
         CHECK_NEAR(se.reward_c, s.reward_c, 1e-9 + 1e-9 * fabs(s.reward_c));
+        if (!ref) {
+            /* TRL's rewards without a reference: β·π, π a mean when averaged */
+            double rc = 0, rr = 0;
+            for (int j = 0; j < 2; j++) {
+                double wc = at_pref_averaged(&cfg) ? 1.0 / (double)k.p.n_c[j] : 1;
+                double wr = at_pref_averaged(&cfg) ? 1.0 / (double)k.p.n_r[j] : 1;
+                rc += cfg.beta * want_pol[2 * j] * wc;
+                rr += cfg.beta * want_pol[2 * j + 1] * wr;
+            }
+            CHECK_NEAR(s.reward_c, rc, 1e-5 * fabs(rc));
+            CHECK_NEAR(s.reward_r, rr, 1e-5 * fabs(rr));
+        }
+        if (cfg.objective == AT_PREF_ORPO) {
+            /* TRL's log_odds_chosen (Σ log-odds ratio) and log_odds_ratio (Σ its log σ) */
+            float *lo = NULL;
+            snprintf(key, sizeof key, "%s.log_odds", cases[i].name);
+            CHECK_OK(golden_array(k.c.gf, key, AT_F32, (void **)&lo, NULL, NULL));
+            if (lo) {
+                double want_lo = (double)lo[0] + lo[1];
+                double want_lr = log(1 / (1 + exp(-(double)lo[0]))) + log(1 / (1 + exp(-(double)lo[1])));
+                printf("  log_odds %.6f, PyTorch %.6f; log σ %.6f, PyTorch %.6f\n", s.log_odds, want_lo,
+                       s.log_odds_ratio, want_lr);
+                CHECK_NEAR(s.log_odds, want_lo, 2e-5);
+                CHECK_NEAR(s.log_odds_ratio, want_lr, 2e-5);
+            }
+            free(lo);
+        } else {
+            CHECK(s.log_odds == 0 && s.log_odds_ratio == 0);
+        }
+    }
+    for (int j = 0; j < 2; j++) {
+        k.p.ref_c[j] = ref_c[j];
+        k.p.ref_r[j] = ref_r[j];
     }
     at_decoder_grads_free(g);
     at_decoder_grads_free(g2);
@@ -331,41 +382,152 @@ static void test_row_scales(void)
 
 /* ---- the pair loss ---- */
 
+/* dL/dπ_c and dL/dπ_r of at_pref_pair against central differences */
+static void fd_check(const at_pref_config *c, double pc, double pr, double rc, double rr)
+{
+    at_pref_pair_loss l, lp, lm;
+    at_pref_pair(c, pc, pr, rc, rr, &l);
+    const double h = 1e-5 * fmax(1e-2, fmin(1, fabs(pc) < fabs(pr) ? fabs(pc) : fabs(pr)));
+    at_pref_pair(c, pc + h, pr, rc, rr, &lp);
+    at_pref_pair(c, pc - h, pr, rc, rr, &lm);
+    double fd = (lp.loss - lm.loss) / (2 * h);
+    CHECK_MSG(fabs(l.d_chosen - fd) <= 1e-6 * fmax(1, fabs(fd)), "%s/%s at (%g, %g): dL/dπ_c %.9g, differences %.9g",
+              c->name, at_pref_loss_type_name(c->loss_type), pc, pr, l.d_chosen, fd);
+    at_pref_pair(c, pc, pr + h, rc, rr, &lp);
+    at_pref_pair(c, pc, pr - h, rc, rr, &lm);
+    fd = (lp.loss - lm.loss) / (2 * h);
+    CHECK_MSG(fabs(l.d_rejected - fd) <= 1e-6 * fmax(1, fabs(fd)),
+              "%s/%s at (%g, %g): dL/dπ_r %.9g, differences %.9g", c->name, at_pref_loss_type_name(c->loss_type), pc,
+              pr, l.d_rejected, fd);
+}
+
+static double naive_log_sigmoid(double x) { return log(1 / (1 + exp(-x))); }
+
 static void test_pair_math(void)
 {
-    at_dpo_config c;
-    at_dpo_config_defaults(&c);
-    CHECK(c.beta == 0.1 && c.loss_type == AT_DPO_SIGMOID && c.rpo_alpha == 0 && c.label_smoothing == 0);
-    const at_dpo_loss_type types[] = {AT_DPO_SIGMOID, AT_DPO_IPO, AT_DPO_HINGE};
-    for (int ti = 0; ti < 3; ti++) {
-        c.loss_type = types[ti];
-        c.label_smoothing = ti == 0 ? 0.1 : 0;
-        c.beta = 0.3;
-        const double pc = -20.5, pr = -23.25, rc = -21, rr = -22;
-        at_dpo_pair_loss l, lp, lm;
-        at_dpo_pair(&c, pc, pr, rc, rr, &l);
-        const double h = 1e-5;
-        at_dpo_pair(&c, pc + h, pr, rc, rr, &lp);
-        at_dpo_pair(&c, pc - h, pr, rc, rr, &lm);
-        CHECK_NEAR(l.d_chosen, (lp.loss - lm.loss) / (2 * h), 1e-6);
-        at_dpo_pair(&c, pc, pr + h, rc, rr, &lp);
-        at_dpo_pair(&c, pc, pr - h, rc, rr, &lm);
-        CHECK_NEAR(l.d_rejected, (lp.loss - lm.loss) / (2 * h), 1e-6);
-        double z = 0.3 * ((pc - pr) - (rc - rr));
-        if (types[ti] == AT_DPO_HINGE) CHECK_NEAR(l.loss, fmax(0, 1 - z), 1e-12);
-        if (types[ti] == AT_DPO_IPO) CHECK_NEAR(l.loss, pow(z / 0.3 - 1 / 0.6, 2), 1e-12);
+    at_pref_config c;
+    /* ms-swift's defaults per --rlhf_type */
+    CHECK_OK(at_pref_config_init(&c, "dpo"));
+    CHECK(c.objective == AT_PREF_DPO && c.beta == 0.1 && c.loss_type == AT_PREF_SIGMOID && c.rpo_alpha == 0 &&
+          c.label_smoothing == 0 && at_pref_needs_reference(&c) && !at_pref_averaged(&c) && at_pref_nll_alpha(&c) == 0);
+    CHECK_OK(at_pref_config_init(&c, "simpo"));
+    CHECK(c.objective == AT_PREF_CPO && c.loss_type == AT_PREF_SIMPO && c.beta == 2.0 && c.simpo_gamma == 1.0 &&
+          c.cpo_alpha == 1.0 && !at_pref_needs_reference(&c) && at_pref_averaged(&c) && at_pref_nll_alpha(&c) == 1);
+    CHECK_OK(at_pref_config_check(&c));
+    CHECK_OK(at_pref_config_init(&c, "cpo"));
+    CHECK(c.objective == AT_PREF_CPO && c.loss_type == AT_PREF_SIGMOID && c.beta == 0.1 && c.cpo_alpha == 1.0 &&
+          c.simpo_gamma == 0 && !at_pref_needs_reference(&c) && !at_pref_averaged(&c));
+    CHECK_OK(at_pref_config_check(&c));
+    CHECK_OK(at_pref_config_init(&c, "orpo"));
+    CHECK(c.objective == AT_PREF_ORPO && c.beta == 0.1 && !at_pref_needs_reference(&c) && at_pref_averaged(&c) &&
+          at_pref_nll_alpha(&c) == 1);
+    CHECK_OK(at_pref_config_check(&c));
+
+    /* every objective's derivatives against finite differences */
+    static const struct {
+        const char *type, *loss;
+        double beta, ls, gamma;
+        double pc, pr, rc, rr; /* sums for dpo/cpo sigmoid and hinge, means otherwise */
+    } pts[] = {
+        {"dpo", "sigmoid", 0.3, 0.1, 0, -20.5, -23.25, -21, -22}, {"dpo", "ipo", 0.3, 0, 0, -1.5, -2.25, -1.25, -2},
+        {"dpo", "hinge", 0.3, 0, 0, -20.5, -23.25, -21, -22},     {"cpo", "sigmoid", 0.1, 0.2, 0, -20.5, -23.25, 0, 0},
+        {"cpo", "ipo", 0.1, 0, 0, -1.5, -2.25, 0, 0},             {"cpo", "hinge", 0.1, 0, 0, -20.5, -13.25, 0, 0},
+        {"simpo", NULL, 2.0, 0, 1.0, -1.2, -1.5, 0, 0},           {"simpo", NULL, 2.5, 0.1, 0.5, -2.2, -0.4, 0, 0},
+        {"orpo", NULL, 0.1, 0, 0, -0.8, -1.1, 0, 0},              {"orpo", NULL, 0.5, 0, 0, -0.05, -0.02, 0, 0},
+        {"orpo", NULL, 0.1, 0, 0, -3.0, -0.3, 0, 0},              {"orpo", NULL, 1.0, 0, 0, -45.0, -0.001, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof pts / sizeof pts[0]; i++) {
+        CHECK_OK(at_pref_config_init(&c, pts[i].type));
+        if (pts[i].loss) CHECK_OK(at_pref_loss_type_parse(pts[i].loss, &c.loss_type));
+        c.beta = pts[i].beta;
+        c.label_smoothing = pts[i].ls;
+        if (pts[i].gamma) c.simpo_gamma = pts[i].gamma;
+        CHECK_OK(at_pref_config_check(&c));
+        fd_check(&c, pts[i].pc, pts[i].pr, pts[i].rc, pts[i].rr);
+        /* the values by the textbook formulas */
+        at_pref_pair_loss l, l2;
+        at_pref_pair(&c, pts[i].pc, pts[i].pr, pts[i].rc, pts[i].rr, &l);
+        double h = (pts[i].pc - pts[i].pr) - (pts[i].rc - pts[i].rr), want = NAN;
+        if (c.objective == AT_PREF_ORPO) {
+            double lc = pts[i].pc - log(1 - exp(pts[i].pc)), lr = pts[i].pr - log(1 - exp(pts[i].pr));
+            want = -c.beta * naive_log_sigmoid(lc - lr);
+            CHECK_NEAR(l.log_odds, lc - lr, 1e-9 * fmax(1, fabs(lc - lr)));
+            CHECK_NEAR(l.log_odds_ratio, naive_log_sigmoid(lc - lr), 1e-9);
+        } else if (c.loss_type == AT_PREF_IPO) {
+            want = pow(h - 1 / (2 * c.beta), 2);
+        } else if (c.loss_type == AT_PREF_HINGE) {
+            want = fmax(0, 1 - c.beta * h);
+        } else {
+            double z = c.beta * h - (c.loss_type == AT_PREF_SIMPO ? c.simpo_gamma : 0);
+            want = -(1 - c.label_smoothing) * naive_log_sigmoid(z) - c.label_smoothing * naive_log_sigmoid(-z);
+        }
+        CHECK_MSG(fabs(l.loss - want) <= 1e-9 * fmax(1, fabs(want)), "%s/%s: loss %.12g, want %.12g", c.name,
+                  at_pref_loss_type_name(c.loss_type), l.loss, want);
+        /* reference-free: the reference arguments are ignored */
+        at_pref_pair(&c, pts[i].pc, pts[i].pr, 5, -7, &l2);
+        if (!at_pref_needs_reference(&c)) CHECK(l2.loss == l.loss && l2.d_chosen == l.d_chosen);
     }
-    /* far-apart log-probs stay finite */
-    c.loss_type = AT_DPO_SIGMOID;
-    c.label_smoothing = 0;
-    at_dpo_pair_loss l;
-    at_dpo_pair(&c, -1e4, 0, 0, 0, &l);
+
+    /* extreme log-probs stay finite, for every objective; ORPO's certain
+     * replies (mean log-prob 0, or -0 / tiny from f32 rounding) too */
+    static const double ext[][2] = {{-1e4, 0}, {0, -1e4}, {0, 0}, {-0.0, -1e-300}, {-1e-9, -1e-12},
+                                    {-1e4, -1e4}, {-745, -1e-7}, {1e-12, -2}};
+    static const char *types[] = {"dpo", "simpo", "cpo", "orpo"};
+    for (size_t t = 0; t < 4; t++)
+        for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+            CHECK_OK(at_pref_config_init(&c, types[t]));
+            at_pref_pair_loss l;
+            at_pref_pair(&c, ext[i][0], ext[i][1], 0, 0, &l);
+            CHECK_MSG(isfinite(l.loss) && isfinite(l.d_chosen) && isfinite(l.d_rejected) && isfinite(l.log_odds) &&
+                          l.loss >= 0,
+                      "%s at (%g, %g): loss %g, d %g %g", types[t], ext[i][0], ext[i][1], l.loss, l.d_chosen,
+                      l.d_rejected);
+            /* the loss still prefers the chosen reply: dL/dπ_c ≤ 0 ≤ dL/dπ_r */
+            CHECK(l.d_chosen <= 0 && l.d_rejected >= 0);
+        }
+    at_pref_pair_loss l;
+    CHECK_OK(at_pref_config_init(&c, "orpo"));
+    at_pref_pair(&c, NAN, -1, 0, 0, &l); /* a broken forward stays visible to the trainer's check */
+    CHECK(isnan(l.loss));
+    at_pref_pair(&c, 0, 0, 0, 0, &l); /* both certain: equal odds */
+    CHECK_NEAR(l.loss, c.beta * log(2), 1e-12);
+    at_pref_pair(&c, -1e4, 0, 0, 0, &l); /* chosen impossible, rejected certain: ≈ β·(1e4 + ℓ(max)) */
+    CHECK(l.loss > 0.1 * 1e4 && l.d_rejected > 0);
+    CHECK_OK(at_pref_config_init(&c, "dpo"));
+    at_pref_pair(&c, -1e4, 0, 0, 0, &l);
     CHECK(isfinite(l.loss) && isfinite(l.d_chosen) && l.loss > 900);
-    at_dpo_loss_type t;
-    CHECK_FAILS(at_dpo_loss_type_parse("kto_pair", &t), AT_ERR_INVALID);
+
+    /* names and option checks */
+    at_pref_loss_type lt;
+    CHECK_FAILS(at_pref_loss_type_parse("kto_pair", &lt), AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "sigmoid") != NULL);
-    c.beta = 0;
-    CHECK_FAILS(at_dpo_config_check(&c), AT_ERR_INVALID);
+    CHECK_FAILS(at_pref_config_init(&c, "kto"), AT_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(at_last_error(), "not in this build") && strstr(at_last_error(), "dpo, simpo, cpo and orpo"),
+              "message: %s", at_last_error());
+    CHECK_FAILS(at_pref_config_init(&c, "dpoo"), AT_ERR_INVALID);
+    CHECK_MSG(strstr(at_last_error(), "unknown") && strstr(at_last_error(), "dpo, simpo, cpo and orpo"), "message: %s",
+              at_last_error());
+    static const struct {
+        const char *type, *what, *msg;
+    } bad[] = {{"orpo", "ref_model", "reference-free"}, {"simpo", "ref_model", "reference-free"},
+               {"cpo", "rpo_alpha", "--rpo_alpha"},     {"dpo", "cpo_alpha", "--cpo_alpha"},
+               {"cpo", "simpo_gamma", "--simpo_gamma"}, {"orpo", "label_smoothing", "--label_smoothing"},
+               {"dpo", "loss_simpo", "--rlhf_type simpo"}, {"orpo", "loss_ipo", "orpo"},
+               {"cpo", "beta", "--beta"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_OK(at_pref_config_init(&c, bad[i].type));
+        if (!strcmp(bad[i].what, "ref_model")) c.ref_model = "demo/stories260K";
+        if (!strcmp(bad[i].what, "rpo_alpha")) c.rpo_alpha = 0.5;
+        if (!strcmp(bad[i].what, "cpo_alpha")) c.cpo_alpha = 0.5;
+        if (!strcmp(bad[i].what, "simpo_gamma")) c.simpo_gamma = 0.5;
+        if (!strcmp(bad[i].what, "label_smoothing")) c.label_smoothing = 0.1;
+        if (!strcmp(bad[i].what, "loss_simpo")) c.loss_type = AT_PREF_SIMPO;
+        if (!strcmp(bad[i].what, "loss_ipo")) c.loss_type = AT_PREF_IPO;
+        if (!strcmp(bad[i].what, "beta")) c.beta = 0;
+        CHECK_FAILS(at_pref_config_check(&c), AT_ERR_INVALID);
+        CHECK_MSG(strstr(at_last_error(), bad[i].msg) != NULL, "%s with %s: %s", bad[i].type, bad[i].what,
+                  at_last_error());
+    }
 }
 
 /* ---- records ---- */
@@ -386,8 +548,8 @@ static void test_records(void)
     at_dataset_options o = {.seed = 42, .strict = 1};
     at_dataset *ds = NULL;
     CHECK_OK(at_dataset_load(spec, 1, &o, &ds));
-    at_dpo_pairs p = {0};
-    if (ds) CHECK_OK(at_dpo_pairs_encode(&ds->train, &enc, 1, "train", &p));
+    at_pref_pairs p = {0};
+    if (ds) CHECK_OK(at_pref_pairs_encode(&ds->train, &enc, 1, "train", &p));
     CHECK(p.n == 3);
     /* the labeled tokens of each side decode to exactly its reply (+ the end of turn) */
     const char *want_c[] = {"Lily is a little girl.", "Once upon a time there was a cat.", "Tom saw a big tree."};
@@ -423,7 +585,7 @@ static void test_records(void)
         }
         CHECK(k > 3);
     }
-    at_dpo_pairs_free(&p);
+    at_pref_pairs_free(&p);
     at_dataset_free(ds);
     ds = NULL;
 
@@ -437,7 +599,7 @@ static void test_records(void)
     const char *np[] = {"tests/data/dpo/not_pairs.jsonl"};
     CHECK_OK(at_dataset_load(np, 1, &o, &ds));
     if (ds) {
-        CHECK_FAILS(at_dpo_pairs_encode(&ds->train, &enc, 1, "train", &p), AT_ERR_INVALID);
+        CHECK_FAILS(at_pref_pairs_encode(&ds->train, &enc, 1, "train", &p), AT_ERR_INVALID);
         CHECK_MSG(strstr(at_last_error(), "not_pairs.jsonl:1") && strstr(at_last_error(), "not a preference pair"),
                   "message: %s", at_last_error());
     }
@@ -474,6 +636,32 @@ static int run_cli(char **argv)
     return status;
 }
 
+/* Runs argv with stderr into err_path; the wait status. */
+static int run_cli_err(char **argv, const char *err_path)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout)) _exit(126);
+        if (!freopen(err_path, "w", stderr)) _exit(126);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+/* Whether the file at path contains text. */
+static int file_has(const char *path, const char *text)
+{
+    char *s = NULL;
+    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
+    free(s);
+    return r;
+}
+
 /* The newest run folder under out (caller frees); NULL when none. */
 static char *run_dir_of(const char *out)
 {
@@ -508,8 +696,11 @@ static void test_cli(const char *root)
     argv[k++] = "--output_dir";
     argv[k++] = out_a;
     argv[k] = NULL;
-    int status = run_cli(argv);
+    char err[512];
+    snprintf(err, sizeof err, "%s/stderr.txt", root);
+    int status = run_cli_err(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf failed (status %d)", status);
+    CHECK(file_has(err, "reference log-probs")); /* DPO's reference pass (the others have none) */
     char *run = run_dir_of(out_a);
     CHECK(run != NULL);
     if (run) {
@@ -596,13 +787,141 @@ static void test_cli(const char *root)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
 }
 
-/* The trainer API with DPO: the errors it owes. */
+/* The reference-free objectives end to end: 4 steps each on one real pair
+ * (every step sees it: the loss of the same pair must fall); TRL's metrics on
+ * every line, the margin grows, no reference pass, ms-swift's defaults in
+ * args.json. One pair and no checkpointing keep it short under ASan. */
+static void test_cli_objectives(const char *root)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (!bin) bin = "build/anytune";
+    char ds[256], err[512];
+    snprintf(ds, sizeof ds, "%s#1", PAIRS);
+    snprintf(err, sizeof err, "%s/stderr.txt", root);
+    static const struct {
+        const char *type, *lr;
+        double beta; /* what args.json must say */
+        int margin;  /* whether the margin must grow */
+        const char *keys[3];
+    } runs[] = {{"simpo", "2e-3", 2.0, 1, {"nll_loss", NULL, NULL}},
+                /* CPO compares sums, and this chosen reply is far shorter: its
+                 * margin starts saturated (~110) and the NLL term leads */
+                {"cpo", "2e-3", 0.1, 0, {"nll_loss", NULL, NULL}},
+                {"orpo", "2e-3", 0.1, 1, {"nll_loss", "log_odds_ratio", "log_odds_chosen"}}};
+    static const char *keys[] = {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                                 "logps/chosen", "logps/rejected", "grad_norm"};
+    const int steps = 4;
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char out[512];
+        snprintf(out, sizeof out, "%s/%s", root, runs[r].type);
+        char *argv[] = {(char *)bin, "rlhf", "--rlhf_type", (char *)runs[r].type, "--model", (char *)MODEL,
+                        "--dataset", ds, "--learning_rate", (char *)runs[r].lr, "--logging_steps", "1", "--save_steps",
+                        "100", "--max_steps", "4", "--per_device_train_batch_size", "1", "--lora_dropout", "0",
+                        "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32",
+                        "--gradient_checkpointing", "false", "--output_dir", out, NULL};
+        int status = run_cli_err(argv, err);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf --rlhf_type %s failed (status %d)",
+                  runs[r].type, status);
+        /* reference-free: no reference pass */
+        CHECK_MSG(!file_has(err, "reference log-probs"), "%s ran a reference pass", runs[r].type);
+        char *run = run_dir_of(out);
+        CHECK(run != NULL);
+        if (!run) continue;
+        char *p = at_path_join(run, "logging.jsonl"), *text = NULL;
+        CHECK_OK(at_read_file(p, &text, NULL));
+        double first_loss = NAN, last_loss = NAN, first_margin = NAN, last_margin = NAN;
+        int lines = 0;
+        for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+            cJSON *j = cJSON_Parse(line);
+            for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+                CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItem(j, keys[i])), "%s: logging.jsonl line %d lacks %s",
+                          runs[r].type, lines + 1, keys[i]);
+            for (size_t i = 0; i < 3 && runs[r].keys[i]; i++)
+                CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItem(j, runs[r].keys[i])), "%s: logging.jsonl line %d lacks %s",
+                          runs[r].type, lines + 1, runs[r].keys[i]);
+            double l = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "loss"));
+            double m = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "rewards/margins"));
+            if (!lines) {
+                first_loss = l;
+                first_margin = m;
+            }
+            last_loss = l;
+            last_margin = m;
+            lines++;
+            cJSON_Delete(j);
+        }
+        printf("cli %s: %d steps, loss %.4f -> %.4f, margin %.4f -> %.4f\n", runs[r].type, lines, first_loss,
+               last_loss, first_margin, last_margin);
+        CHECK(lines == steps);
+        CHECK_MSG(last_loss < first_loss - 0.05 * fabs(first_loss), "%s: loss %g -> %g", runs[r].type, first_loss,
+                  last_loss);
+        if (runs[r].margin)
+            CHECK_MSG(last_margin > first_margin, "%s: margin %g -> %g", runs[r].type, first_margin, last_margin);
+        free(text);
+        free(p);
+        /* args.json: the type and the defaults it resolved to */
+        char *aj = at_path_join(run, "args.json");
+        cJSON *args = NULL;
+        CHECK_OK(at_json_parse_file(aj, &args));
+        if (args) {
+            CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(args, "rlhf_type")), runs[r].type));
+            CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(args, "beta")), runs[r].beta, 1e-12);
+            if (strcmp(runs[r].type, "orpo") != 0)
+                CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(args, "cpo_alpha")), 1.0, 1e-12);
+            if (!strcmp(runs[r].type, "simpo")) {
+                CHECK_NEAR(cJSON_GetNumberValue(cJSON_GetObjectItem(args, "simpo_gamma")), 1.0, 1e-12);
+                CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(args, "loss_type")), "simpo"));
+            }
+        }
+        cJSON_Delete(args);
+        free(aj);
+        free(run);
+    }
+
+    /* usage errors: exit 2 with a message that says why */
+    static const struct {
+        const char *type, *opt, *val, *msg;
+    } bad[] = {{"orpo", "--ref_model", "demo/stories260K", "reference-free"},
+               {"kto", NULL, NULL, "not in this build"},
+               {"dpoo", NULL, NULL, "this build has dpo, simpo, cpo and orpo"},
+               {"orpo", "--loss_type", "ipo", "does not apply to --rlhf_type orpo"},
+               {"dpo", "--simpo_gamma", "0.5", "--simpo_gamma"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char out[512];
+        snprintf(out, sizeof out, "%s/bad", root);
+        char *argv[16];
+        int k = 0;
+        argv[k++] = (char *)bin;
+        argv[k++] = "rlhf";
+        argv[k++] = "--rlhf_type";
+        argv[k++] = (char *)bad[i].type;
+        argv[k++] = "--model";
+        argv[k++] = (char *)MODEL;
+        argv[k++] = "--dataset";
+        argv[k++] = ds;
+        argv[k++] = "--output_dir";
+        argv[k++] = out;
+        if (bad[i].opt) {
+            argv[k++] = (char *)bad[i].opt;
+            argv[k++] = (char *)bad[i].val;
+        }
+        argv[k] = NULL;
+        int status = run_cli_err(argv, err);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 2, "--rlhf_type %s %s: status %d", bad[i].type,
+                  bad[i].opt ? bad[i].opt : "", status);
+        CHECK_MSG(file_has(err, bad[i].msg), "--rlhf_type %s %s: the message lacks \"%s\"", bad[i].type,
+                  bad[i].opt ? bad[i].opt : "", bad[i].msg);
+        CHECK(!at_file_exists(out)); /* refused before anything was written */
+    }
+}
+
+/* The trainer API with preference objectives: the errors it owes. */
 static void test_trainer_errors(const char *root)
 {
     at_train_args a;
     at_train_result r;
-    at_dpo_config c;
-    at_dpo_config_defaults(&c);
+    at_pref_config c;
+    CHECK_OK(at_pref_config_init(&c, "dpo"));
     char out[512];
     snprintf(out, sizeof out, "%s/errors", root);
     at_train_args_defaults(&a);
@@ -612,7 +931,7 @@ static void test_trainer_errors(const char *root)
     a.n_datasets = 1;
     a.output_dir = out;
     a.strict = 1;
-    a.dpo = &c;
+    a.pref = &c;
     a.loss_last_turn_only = 1;
     CHECK_FAILS(at_train_run(&a, stdout, &r), AT_ERR_INVALID);
     CHECK_MSG(strstr(at_last_error(), "not_pairs.jsonl:1") != NULL, "message: %s", at_last_error());
@@ -622,11 +941,16 @@ static void test_trainer_errors(const char *root)
     a.packing = 1;
     CHECK_FAILS(at_train_run(&a, stdout, &r), AT_ERR_UNSUPPORTED);
     CHECK(strstr(at_last_error(), "--packing") != NULL);
+    a.packing = 0; /* a reference model for a reference-free objective */
+    CHECK_OK(at_pref_config_init(&c, "orpo"));
+    c.ref_model = MODEL;
+    CHECK_FAILS(at_train_run(&a, stdout, &r), AT_ERR_INVALID);
+    CHECK_MSG(strstr(at_last_error(), "reference-free") != NULL, "message: %s", at_last_error());
 }
 
 int main(void)
 {
-    char root[] = "/tmp/anytune-dpo-XXXXXX";
+    char root[] = "/tmp/anytune-pref-XXXXXX";
     CHECK(mkdtemp(root) != NULL);
     test_pair_math();
     test_golden();
@@ -634,6 +958,7 @@ int main(void)
     test_records();
     test_trainer_errors(root);
     test_cli(root);
+    test_cli_objectives(root);
     if (!at_test_failures) at_remove_tree(root);
-    return at_test_result("test_dpo");
+    return at_test_result("test_preference");
 }
