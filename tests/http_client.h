@@ -35,16 +35,18 @@ static inline int connect_to(int port)
     return fd;
 }
 
-/* Sends one request; headers: extra "Name: value\r\n" lines or NULL. The
- * body goes as application/json unless headers name another Content-Type. */
+/* Sends one request; headers: extra "Name: value\r\n" lines or NULL (a
+ * first line "Host: ..." replaces the default Host: localhost). The body goes
+ * as application/json unless headers name another Content-Type. */
 static inline int send_request(int fd, const char *method, const char *path, const char *headers, const char *body,
                                size_t body_len)
 {
     char head[2048];
     const char *h = headers ? headers : "";
-    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%s%s"
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\n%sConnection: close\r\n%s%s"
                      "Content-Length: %zu\r\n\r\n",
-                     method, path, h, strcasestr(h, "Content-Type:") ? "" : "Content-Type: application/json\r\n",
+                     method, path, strncasecmp(h, "Host:", 5) ? "Host: localhost\r\n" : "", h,
+                     strcasestr(h, "Content-Type:") ? "" : "Content-Type: application/json\r\n",
                      body ? body_len : 0);
     if (n < 0 || (size_t)n >= sizeof head) return 0;
     if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n) return 0;

@@ -204,6 +204,18 @@ static void test_bad_requests(int port)
                  "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}", &st);
     CHECK_MSG(st == 403, "foreign origin: %d", st);
     cJSON_Delete(j);
+    /* DNS rebinding: a foreign name resolving to this machine is same-origin
+     * for the browser, so the Host header itself must be ours */
+    j = get_json(port, "POST", "/ui/api/train", "Host: rebind.example\r\nOrigin: http://rebind.example\r\n",
+                 "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}", &st);
+    CHECK_MSG(st == 403, "foreign Host on start: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "GET", "/ui/api/train/status", "Host: rebind.example:7860\r\n", NULL, &st);
+    CHECK_MSG(st == 403, "foreign Host on status: %d", st);
+    cJSON_Delete(j);
+    j = get_json(port, "GET", "/ui/api/train/status", "Host: 127.0.0.1:7860\r\n", NULL, &st);
+    CHECK_MSG(st == 200, "Host 127.0.0.1: %d", st);
+    cJSON_Delete(j);
     j = get_json(port, "GET", "/ui/api/train", NULL, NULL, &st);
     CHECK(st == 405);
     cJSON_Delete(j);

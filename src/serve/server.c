@@ -567,7 +567,7 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
         st = at_error(AT_ERR_INVALID, "--port %d: not a port number", o->port);
         goto done;
     }
-    at_webui_opts wo = {o->webui_train, o->webui_train_program, s->api_key != NULL};
+    at_webui_opts wo = {o->webui_train, o->webui_train_program, s->api_key != NULL, host};
     AT_CHECK(at_webui_new(&wo, &s->ui));
     s->o.webui_train_program = NULL;
     AT_CHECK(at_engine_start(b, s->o.max_batch_size, s->context, s->o.max_queue, &s->engine));

@@ -11,7 +11,8 @@
 
 struct at_webui {
     at_webui_opts o;
-    at_train_job *job; /* NULL without the Train tab */
+    char bind_host[64]; /* o.bind_host copied */
+    at_train_job *job;  /* NULL without the Train tab */
 };
 
 at_status at_webui_new(const at_webui_opts *o, at_webui **out)
@@ -21,6 +22,8 @@ at_status at_webui_new(const at_webui_opts *o, at_webui **out)
     if (!ui) return at_error(AT_ERR_NOMEM, "out of memory");
     ui->o = *o;
     ui->o.train_program = NULL;
+    snprintf(ui->bind_host, sizeof ui->bind_host, "%s", o->bind_host ? o->bind_host : "127.0.0.1");
+    ui->o.bind_host = ui->bind_host;
     if (o->train) {
         at_status st = at_train_job_new(o->train_program, &ui->job);
         if (st != AT_OK) {
@@ -102,6 +105,26 @@ static int refuse_cross_site(const at_webui_request *rq, at_webui_reply *r)
     return -1;
 }
 
+/* Whether the Host header names this server: a loopback name, or the
+ * address it listens on. Listening on every interface (0.0.0.0) the names
+ * it is reached by are unknown, so any is taken (the user chose --host).
+ * No Host header (HTTP/1.0 clients, not browsers): taken. */
+static int host_is_ours(const at_webui *ui, const char *host)
+{
+    if (!host || !strcmp(ui->bind_host, "0.0.0.0")) return 1;
+    size_t n;
+    if (host[0] == '[') { /* [v6]:port */
+        const char *e = strchr(host, ']');
+        n = e ? (size_t)(e - host) + 1 : strlen(host);
+    } else {
+        n = strcspn(host, ":");
+    }
+    static const char *loopback[] = {"localhost", "127.0.0.1", "[::1]"};
+    for (size_t i = 0; i < sizeof loopback / sizeof loopback[0]; i++)
+        if (strlen(loopback[i]) == n && !strncasecmp(host, loopback[i], n)) return 1;
+    return strlen(ui->bind_host) == n && !strncmp(host, ui->bind_host, n);
+}
+
 static int train_api(at_webui *ui, const at_webui_request *rq, at_webui_reply *r)
 {
     int is_get = !strcmp(rq->method, "GET"), is_post = !strcmp(rq->method, "POST");
@@ -115,6 +138,9 @@ static int train_api(at_webui *ui, const at_webui_request *rq, at_webui_reply *r
     if (!rq->authorized)
         return error_reply(r, 401, "Incorrect or missing API key (send Authorization: Bearer KEY).", NULL,
                            "invalid_api_key");
+    if (!host_is_ours(ui, rq->host))
+        return error_reply(r, 403, "the Host header names neither this machine's loopback nor the address the server "
+                           "listens on (DNS rebinding protection)", NULL, "forbidden");
     if (status) {
         if (!is_get) return error_reply(r, 405, "use GET", NULL, NULL);
         long since = rq->since ? strtol(rq->since, NULL, 10) : 0;

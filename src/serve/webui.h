@@ -13,8 +13,10 @@
  * page works offline and needs nothing beside the binary. The page and its
  * files need no API key (the page asks for it); the train endpoints need
  * it when the server has one, accept only JSON bodies (a cross-site form
- * cannot send one without a CORS preflight, which is never granted) and
- * refuse an Origin other than the server's own. Errors are OpenAI-shaped
+ * cannot send one without a CORS preflight, which is never granted),
+ * refuse an Origin other than the server's own, and refuse a Host header
+ * that names neither a loopback address nor the address the server listens
+ * on (a DNS-rebinding page is same-origin under a foreign name). Errors are OpenAI-shaped
  * {"error": {"message", "type", "param", "code"}}.
  *
  * This module knows nothing of the HTTP library: the server passes the
@@ -29,6 +31,7 @@ typedef struct at_webui_opts {
     int train;                 /* the Train tab and /ui/api/train* */
     const char *train_program; /* what the train job runs; NULL: /proc/self/exe */
     int auth;                  /* the server wants an API key (the page shows its field) */
+    const char *bind_host;     /* the IPv4 address the server listens on (copied); NULL: 127.0.0.1 */
 } at_webui_opts;
 
 typedef struct at_webui_request {
