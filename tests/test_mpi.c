@@ -263,7 +263,7 @@ int main(int argc, char **argv)
      * summed over the ranks; one pair per micro-batch on both sides so the
      * rows (and dropout masks) are laid out alike */
 #define DPO " rlhf --rlhf_type dpo --model demo/stories260K --dataset tests/data/dpo/dpo_en_demo_8.json --max_steps 3 " \
-            "--logging_steps 1 --lora_dropout 0.05 --learning_rate 1e-4 --max_length 512 --truncation_strategy left " \
+            "--logging_steps 1 --lora_dropout 0.05 --learning_rate 1e-4 --max_length 96 --truncation_strategy left " \
             "--per_device_train_batch_size 1 --seed 7"
     snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" DPO " --gradient_accumulation_steps 1 --output_dir %s/dpo-mpi > %s/dpo-mpi.out 2>&1",
              bin, T, T);
