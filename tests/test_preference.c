@@ -613,38 +613,20 @@ static void test_records(void)
 
 static const char *MODEL = "demo/stories260K";
 static const char *PAIRS = "tests/data/dpo/dpo_en_demo_8.json";
+/* The real pairs are 120-230 tokens a side: cut at 128 (right) they keep 20+
+ * reply tokens each and the CLI runs stay short under ASan. */
+#define CLI_MAX_LENGTH "128"
 
-static pid_t spawn(char *const argv[])
+/* Runs argv with stdout to /dev/null and stderr into err_path (NULL:
+ * /dev/null); the wait status. */
+static int run_cli(char *const argv[], const char *err_path)
 {
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     if (pid == 0) {
         if (!freopen("/dev/null", "w", stdout)) _exit(126);
-        if (!freopen("/dev/null", "w", stderr)) _exit(126);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int run_cli(char **argv)
-{
-    int status = 0;
-    pid_t pid = spawn(argv);
-    waitpid(pid, &status, 0);
-    return status;
-}
-
-/* Runs argv with stderr into err_path; the wait status. */
-static int run_cli_err(char **argv, const char *err_path)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(126);
-        if (!freopen(err_path, "w", stderr)) _exit(126);
+        if (!freopen(err_path ? err_path : "/dev/null", "w", stderr)) _exit(126);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -675,6 +657,41 @@ static char *run_dir_of(const char *out)
     return r;
 }
 
+/* The loss and the reward margin of the first and last lines of a run's
+ * logging.jsonl, after checking that every line has each of keys[0..n). */
+typedef struct {
+    int lines;
+    double first_loss, last_loss, first_margin, last_margin;
+} log_summary;
+
+static log_summary read_log(const char *run, const char *what, const char *const *keys, size_t n)
+{
+    log_summary s = {0, NAN, NAN, NAN, NAN};
+    char *p = at_path_join(run, "logging.jsonl"), *text = NULL;
+    CHECK_OK(at_read_file(p, &text, NULL));
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        for (size_t i = 0; i < n; i++)
+            CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItem(j, keys[i])), "%s: logging.jsonl line %d lacks %s", what,
+                      s.lines + 1, keys[i]);
+        double l = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "loss"));
+        double m = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "rewards/margins"));
+        if (!s.lines) {
+            s.first_loss = l;
+            s.first_margin = m;
+        }
+        s.last_loss = l;
+        s.last_margin = m;
+        s.lines++;
+        cJSON_Delete(j);
+    }
+    printf("cli %s: %d steps, loss %.4f -> %.4f, margin %.4f -> %.4f\n", what, s.lines, s.first_loss, s.last_loss,
+           s.first_margin, s.last_margin);
+    free(text);
+    free(p);
+    return s;
+}
+
 static void test_cli(const char *root)
 {
     const char *bin = getenv("ANYTUNE_BIN");
@@ -682,15 +699,18 @@ static void test_cli(const char *root)
     char out_a[512], out_b[512];
     snprintf(out_a, sizeof out_a, "%s/dpo-whole", root);
     snprintf(out_b, sizeof out_b, "%s/dpo-killed", root);
-    /* 4 of the real pairs, repeated: 2 pairs a step, 2 steps an epoch */
+    /* 3 of the real pairs, one a step: an epoch is 3 steps, so the run
+     * killed after step 3 resumes from checkpoint-2 in the middle of the
+     * first epoch and crosses into the (reshuffled) second */
     char ds[256];
-    snprintf(ds, sizeof ds, "%s#4", PAIRS);
+    snprintf(ds, sizeof ds, "%s#3", PAIRS);
     char *argv[64];
     int k = 0;
     char *common[] = {"rlhf", "--rlhf_type", "dpo", "--model", (char *)MODEL, "--dataset", ds, "--learning_rate",
-                      "2e-3", "--logging_steps", "1", "--save_steps", "4", "--max_steps", "10",
-                      "--per_device_train_batch_size", "2", "--lora_dropout", "0.1", "--rpo_alpha", "0.1",
-                      "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32"};
+                      "2e-3", "--logging_steps", "1", "--save_steps", "2", "--max_steps", "4",
+                      "--per_device_train_batch_size", "1", "--lora_dropout", "0.1", "--rpo_alpha", "0.1",
+                      "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32", "--max_length",
+                      CLI_MAX_LENGTH, "--truncation_strategy", "right"};
     argv[k++] = (char *)bin;
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) argv[k++] = common[i];
     argv[k++] = "--output_dir";
@@ -698,47 +718,24 @@ static void test_cli(const char *root)
     argv[k] = NULL;
     char err[512];
     snprintf(err, sizeof err, "%s/stderr.txt", root);
-    int status = run_cli_err(argv, err);
+    int status = run_cli(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf failed (status %d)", status);
     CHECK(file_has(err, "reference log-probs")); /* DPO's reference pass (the others have none) */
     char *run = run_dir_of(out_a);
     CHECK(run != NULL);
     if (run) {
         /* TRL's metrics on every line; the loss falls and the margin grows */
-        char *p = at_path_join(run, "logging.jsonl"), *text = NULL;
-        CHECK_OK(at_read_file(p, &text, NULL));
         static const char *keys[] = {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
                                      "rewards/margins", "logps/chosen", "logps/rejected", "nll_loss", "grad_norm",
                                      "lr"};
-        double first_loss = NAN, last_loss = NAN, first_margin = NAN, last_margin = NAN;
-        int lines = 0;
-        for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
-            cJSON *j = cJSON_Parse(line);
-            for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-                CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItem(j, keys[i])), "logging.jsonl line %d lacks %s", lines + 1,
-                          keys[i]);
-            double l = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "loss"));
-            double m = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "rewards/margins"));
-            if (!lines) {
-                first_loss = l;
-                first_margin = m;
-                /* the policy starts as the reference: DPO's loss is log 2, plus rpo_alpha·NLL */
-                CHECK_NEAR(m, 0, 1e-9);
-            }
-            last_loss = l;
-            last_margin = m;
-            lines++;
-            cJSON_Delete(j);
-        }
-        printf("cli: %d steps, loss %.4f -> %.4f, margin %.4f -> %.4f\n", lines, first_loss, last_loss, first_margin,
-               last_margin);
-        CHECK(lines == 10);
-        CHECK_MSG(last_loss < first_loss - 0.1, "loss %g -> %g", first_loss, last_loss);
-        CHECK_MSG(last_margin > first_margin + 0.5, "margin %g -> %g", first_margin, last_margin);
-        free(text);
-        free(p);
+        log_summary s = read_log(run, "dpo", keys, sizeof keys / sizeof keys[0]);
+        CHECK(s.lines == 4);
+        /* the policy starts as the reference: DPO's loss is log 2, plus rpo_alpha·NLL */
+        CHECK_NEAR(s.first_margin, 0, 1e-9);
+        CHECK_MSG(s.last_loss < s.first_loss - 0.1, "loss %g -> %g", s.first_loss, s.last_loss);
+        CHECK_MSG(s.last_margin > s.first_margin + 0.5, "margin %g -> %g", s.first_margin, s.last_margin);
         /* PEFT checkpoints */
-        char *ck = at_path_join(run, "checkpoint-8");
+        char *ck = at_path_join(run, "checkpoint-2");
         CHECK_OK(at_ckpt_verify(ck));
         char *af = at_path_join(ck, "adapter_model.safetensors"), *ac = at_path_join(ck, "adapter_config.json");
         CHECK(at_file_exists(af) && at_file_exists(ac));
@@ -753,16 +750,16 @@ static void test_cli(const char *root)
         free(aj);
     }
 
-    /* killed after step 6 (checkpoint-4 the last), resumed: the same log */
+    /* killed after step 3 (checkpoint-2 the last), resumed: the same log */
     argv[k - 1] = out_b;
-    setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "6", 1);
-    status = run_cli(argv);
+    setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "3", 1);
+    status = run_cli(argv, NULL);
     unsetenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
     CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the run was not killed (status %d)", status);
     argv[k++] = "--resume_from_checkpoint";
     argv[k++] = "last";
     argv[k] = NULL;
-    status = run_cli(argv);
+    status = run_cli(argv, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     char *run_b = run_dir_of(out_b);
     if (run && run_b) {
@@ -770,7 +767,7 @@ static void test_cli(const char *root)
         snprintf(cmd, sizeof cmd,
                  "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' %s/logging.jsonl > %s/a.txt && "
                  "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' %s/logging.jsonl > %s/b.txt && "
-                 "test $(wc -l < %s/a.txt) -eq 10 && cmp %s/a.txt %s/b.txt",
+                 "test $(wc -l < %s/a.txt) -eq 4 && cmp %s/a.txt %s/b.txt",
                  run, root, run_b, root, root, root, root);
         CHECK_MSG(system(cmd) == 0, "logging.jsonl of the resumed DPO run differs from the uninterrupted one");
     }
@@ -779,18 +776,19 @@ static void test_cli(const char *root)
 
     /* usage errors */
     char *bad_type[] = {(char *)bin, "rlhf", "--rlhf_type", "kto", "--model", (char *)MODEL, "--dataset", ds, NULL};
-    status = run_cli(bad_type);
+    status = run_cli(bad_type, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
     char *bad_data[] = {(char *)bin, "rlhf", "--model", (char *)MODEL, "--dataset", "tests/data/dpo/not_pairs.jsonl",
                         "--strict", "true", "--output_dir", out_a, NULL};
-    status = run_cli(bad_data);
+    status = run_cli(bad_data, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
 }
 
 /* The reference-free objectives end to end: 4 steps each on one real pair
  * (every step sees it: the loss of the same pair must fall); TRL's metrics on
  * every line, the margin grows, no reference pass, ms-swift's defaults in
- * args.json. One pair and no checkpointing keep it short under ASan. */
+ * args.json. One pair cut at CLI_MAX_LENGTH and no checkpointing keep it
+ * short under ASan. */
 static void test_cli_objectives(const char *root)
 {
     const char *bin = getenv("ANYTUNE_BIN");
@@ -798,18 +796,24 @@ static void test_cli_objectives(const char *root)
     char ds[256], err[512];
     snprintf(ds, sizeof ds, "%s#1", PAIRS);
     snprintf(err, sizeof err, "%s/stderr.txt", root);
+    /* TRL's metrics on every line; nll_loss and orpo's log-odds where the objective has them */
     static const struct {
         const char *type, *lr;
         double beta; /* what args.json must say */
         int margin;  /* whether the margin must grow */
-        const char *keys[3];
-    } runs[] = {{"simpo", "2e-3", 2.0, 1, {"nll_loss", NULL, NULL}},
+        const char *keys[11];
+        size_t n_keys;
+    } runs[] = {{"simpo", "2e-3", 2.0, 1, {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                            "rewards/margins", "logps/chosen", "logps/rejected", "grad_norm",
+                                            "nll_loss"}, 9},
                 /* CPO compares sums, and this chosen reply is far shorter: its
-                 * margin starts saturated (~110) and the NLL term leads */
-                {"cpo", "2e-3", 0.1, 0, {"nll_loss", NULL, NULL}},
-                {"orpo", "2e-3", 0.1, 1, {"nll_loss", "log_odds_ratio", "log_odds_chosen"}}};
-    static const char *keys[] = {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                                 "logps/chosen", "logps/rejected", "grad_norm"};
+                 * margin starts saturated and the NLL term leads */
+                {"cpo", "2e-3", 0.1, 0, {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                          "rewards/margins", "logps/chosen", "logps/rejected", "grad_norm",
+                                          "nll_loss"}, 9},
+                {"orpo", "2e-3", 0.1, 1, {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                           "rewards/margins", "logps/chosen", "logps/rejected", "grad_norm",
+                                           "nll_loss", "log_odds_ratio", "log_odds_chosen"}, 11}};
     const int steps = 4;
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         char out[512];
@@ -818,8 +822,9 @@ static void test_cli_objectives(const char *root)
                         "--dataset", ds, "--learning_rate", (char *)runs[r].lr, "--logging_steps", "1", "--save_steps",
                         "100", "--max_steps", "4", "--per_device_train_batch_size", "1", "--lora_dropout", "0",
                         "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32",
-                        "--gradient_checkpointing", "false", "--output_dir", out, NULL};
-        int status = run_cli_err(argv, err);
+                        "--gradient_checkpointing", "false", "--max_length", CLI_MAX_LENGTH, "--truncation_strategy",
+                        "right", "--output_dir", out, NULL};
+        int status = run_cli(argv, err);
         CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf --rlhf_type %s failed (status %d)",
                   runs[r].type, status);
         /* reference-free: no reference pass */
@@ -827,38 +832,13 @@ static void test_cli_objectives(const char *root)
         char *run = run_dir_of(out);
         CHECK(run != NULL);
         if (!run) continue;
-        char *p = at_path_join(run, "logging.jsonl"), *text = NULL;
-        CHECK_OK(at_read_file(p, &text, NULL));
-        double first_loss = NAN, last_loss = NAN, first_margin = NAN, last_margin = NAN;
-        int lines = 0;
-        for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
-            cJSON *j = cJSON_Parse(line);
-            for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-                CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItem(j, keys[i])), "%s: logging.jsonl line %d lacks %s",
-                          runs[r].type, lines + 1, keys[i]);
-            for (size_t i = 0; i < 3 && runs[r].keys[i]; i++)
-                CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItem(j, runs[r].keys[i])), "%s: logging.jsonl line %d lacks %s",
-                          runs[r].type, lines + 1, runs[r].keys[i]);
-            double l = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "loss"));
-            double m = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "rewards/margins"));
-            if (!lines) {
-                first_loss = l;
-                first_margin = m;
-            }
-            last_loss = l;
-            last_margin = m;
-            lines++;
-            cJSON_Delete(j);
-        }
-        printf("cli %s: %d steps, loss %.4f -> %.4f, margin %.4f -> %.4f\n", runs[r].type, lines, first_loss,
-               last_loss, first_margin, last_margin);
-        CHECK(lines == steps);
-        CHECK_MSG(last_loss < first_loss - 0.05 * fabs(first_loss), "%s: loss %g -> %g", runs[r].type, first_loss,
-                  last_loss);
+        log_summary s = read_log(run, runs[r].type, runs[r].keys, runs[r].n_keys);
+        CHECK(s.lines == steps);
+        CHECK_MSG(s.last_loss < s.first_loss - 0.05 * fabs(s.first_loss), "%s: loss %g -> %g", runs[r].type,
+                  s.first_loss, s.last_loss);
         if (runs[r].margin)
-            CHECK_MSG(last_margin > first_margin, "%s: margin %g -> %g", runs[r].type, first_margin, last_margin);
-        free(text);
-        free(p);
+            CHECK_MSG(s.last_margin > s.first_margin, "%s: margin %g -> %g", runs[r].type, s.first_margin,
+                      s.last_margin);
         /* args.json: the type and the defaults it resolved to */
         char *aj = at_path_join(run, "args.json");
         cJSON *args = NULL;
@@ -906,7 +886,7 @@ static void test_cli_objectives(const char *root)
             argv[k++] = (char *)bad[i].val;
         }
         argv[k] = NULL;
-        int status = run_cli_err(argv, err);
+        int status = run_cli(argv, err);
         CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 2, "--rlhf_type %s %s: status %d", bad[i].type,
                   bad[i].opt ? bad[i].opt : "", status);
         CHECK_MSG(file_has(err, bad[i].msg), "--rlhf_type %s %s: the message lacks \"%s\"", bad[i].type,

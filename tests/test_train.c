@@ -137,6 +137,7 @@ static void test_accumulation(const char *root)
 /* Runs the program with argv; returns its pid. */
 static pid_t spawn(char *const argv[])
 {
+    fflush(stdout); /* else the child's freopen writes our buffered output a second time */
     pid_t pid = fork();
     if (pid == 0) {
         freopen("/dev/null", "w", stdout);
@@ -218,6 +219,36 @@ static void test_full(const char *root)
     free(cfg);
     free(w);
     free(ck);
+}
+
+/* The same model as a Hugging Face folder, a GGUF file (tokenizer from its
+ * tokenizer.ggml.* arrays) and a llama2.c checkpoint (--tokenizer
+ * tokenizer.bin) trains alike: three loaders, three tokenizer sources. */
+static void test_model_formats(const char *root)
+{
+    static const struct {
+        const char *model, *tokenizer, *name;
+    } forms[] = {{"demo/stories260K", NULL, "hf"},
+                 {"tests/data/models/stories260K.gguf", NULL, "gguf"},
+                 {"tests/data/models/stories260K.bin", "tests/data/goldens/tok512.bin", "llama2c"}};
+    char runs[3][1024];
+    for (int i = 0; i < 3; i++) {
+        at_train_args a;
+        at_train_result r;
+        char out[512];
+        snprintf(out, sizeof out, "%s/form-%s", root, forms[i].name);
+        base_args(&a, out);
+        a.model = forms[i].model;
+        a.tokenizer = forms[i].tokenizer;
+        a.template_name = "chatml"; /* the GGUF and llama2.c files carry none */
+        a.has_dtype = 1;
+        a.dtype = AT_F32;
+        a.max_steps = 3;
+        CHECK_OK(at_train_run(&a, stdout, &r));
+        snprintf(runs[i], sizeof runs[i], "%s", r.run_dir);
+    }
+    expect_same_logs(runs[1], runs[0], 3, 1e-6, 1e-5, "gguf vs hf");
+    expect_same_logs(runs[2], runs[0], 3, 1e-6, 1e-5, "llama2.c vs hf");
 }
 
 static void test_errors(const char *root)
@@ -441,6 +472,7 @@ int main(void)
     test_accumulation(root);
     test_kill_and_resume(root);
     test_full(root);
+    test_model_formats(root);
     test_errors(root);
     test_nonfinite(root);
     test_pt_and_adapters(root);

@@ -231,6 +231,12 @@ int at_cmd_eval(int argc, char **argv)
         rc = at_cli_fail();
         goto done;
     }
+    if (at_opt_str(o, "adapter_name") && b->n_adapters == 0) {
+        fprintf(stderr, "anytune eval: error: --adapter_name %s without --adapters: give the adapter folders "
+                        "(NAME=DIR) to choose from\n", at_opt_str(o, "adapter_name"));
+        rc = 2;
+        goto done;
+    }
     if (b->n_adapters > 0) {
         const char *want = at_opt_str(o, "adapter_name");
         at_adapter *ad = want ? at_bundle_adapter_get(b, want) : b->adapters[0].adapter;

@@ -24,7 +24,9 @@ static const at_opt_spec specs[] = {
     {"dataset", AT_OPT_LIST, NULL, "training data: FILE or FILE#N, several allowed", NULL},
     {"val_dataset", AT_OPT_LIST, NULL, "validation data", NULL},
     {"split_dataset_ratio", AT_OPT_FLOAT, "0", "share of --dataset held out for validation", NULL},
-    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default) or chatml, llama-2, llama-3, mistral", NULL},
+    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default), none, chatml, llama-2, llama-3, mistral, "
+     "or a .jinja file", NULL},
+    {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
     {"train_type", AT_OPT_STRING, "lora", "lora, qlora (lora with --quant_bits 4) or full", "tuner_type"},
     {"quant_bits", AT_OPT_INT, "0", "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)", NULL},
     {"dry_run", AT_OPT_BOOL, "false", "print the plan (device, formats, micro-batch, memory by part) and stop", NULL},
@@ -181,6 +183,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     a.pt = pt;
     a.model = at_opt_str(o, "model");
     a.template_name = at_opt_str(o, "template");
+    a.tokenizer = at_opt_str(o, "tokenizer");
     int nds = at_opt_list_count(o, "dataset"), nv = at_opt_list_count(o, "val_dataset");
     ds = calloc((size_t)nds + 1, sizeof *ds);
     vds = calloc((size_t)nv + 1, sizeof *vds);

@@ -21,7 +21,7 @@ at_status at_loss_eval_encode(const at_bundle *b, const char *const *specs, size
     at_text_pipeline pipe;
     int pipe_ready = 0;
     at_encoded *e = NULL;
-    size_t k = 0;
+    size_t k = 0, n_e = 0;
     at_status st = AT_OK;
     AT_CHECK(at_dataset_load(specs, n_specs, &dopt, &ds));
     at_log_info("%s", ds->summary);
@@ -38,6 +38,7 @@ at_status at_loss_eval_encode(const at_bundle *b, const char *const *specs, size
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
+    n_e = list->n;
     for (size_t i = 0; i < list->n; i++) {
         const at_sample *s = list->items[i];
         int drop = 0;
@@ -82,7 +83,8 @@ at_status at_loss_eval_encode(const at_bundle *b, const char *const *specs, size
     e = NULL;
 done:
     if (e) {
-        for (size_t i = 0; i < k; i++) at_encoded_free(&e[i]);
+        /* up to the sample a strict stop left half-made; the rest are empty */
+        for (size_t i = 0; i <= k && i < n_e; i++) at_encoded_free(&e[i]);
         free(e);
     }
     if (pipe_ready) at_text_pipeline_free(&pipe);

@@ -116,6 +116,7 @@ static at_status run_subject(at_bundle *b, const prompt *p, size_t np, int batch
     int64_t V = d->cfg.vocab_size;
     int max_seq = np ? (int)p[np - 1].n : 0;
     if (max_seq == 0) return AT_OK;
+    if ((size_t)batch > np) batch = (int)np; /* a small subject needs no cache rows it never fills */
     at_kv_cache *cache = NULL;
     at_tensor *logits = NULL;
     int32_t *ids = NULL;
@@ -188,6 +189,8 @@ at_status at_mc_evaluate(at_bundle *b, const at_mc_bench *bench, const at_mc_opt
         sr->preds = calloc(m ? m : 1, sizeof *sr->preds);
         p = calloc(m ? m : 1, sizeof *p);
         if (!sr->preds || !p) {
+            free(p);
+            p = NULL;
             st = at_error(AT_ERR_NOMEM, "out of memory");
             break;
         }
@@ -329,13 +332,16 @@ char *at_mc_result_text(const at_mc_bench *bench, const at_mc_result *r)
     if (!t) return NULL;
     size_t nt = tally_categories(bench, r, t, bench->n + 4);
     t[nt++] = (tally){"Average", r->correct, r->total};
-    size_t cap = 64 * nt + 1, len = 0;
+    /* a line is the name (padded to 15, as LLaMA-Factory's "{:>15}", never
+     * cut) and at most 2 + 7 + 2 × 20 + 4 characters of numbers */
+    size_t cap = 1, len = 0;
+    for (size_t k = 0; k < nt; k++) cap += (strlen(t[k].name) > 15 ? strlen(t[k].name) : 15) + 64;
     char *s = malloc(cap);
     if (s) {
         s[0] = 0;
         for (size_t k = 0; k < nt; k++)
             if (t[k].total)
-                len += (size_t)snprintf(s + len, cap - len, "%15.15s: %.2f (%zu/%zu)\n", t[k].name,
+                len += (size_t)snprintf(s + len, cap - len, "%15s: %.2f (%zu/%zu)\n", t[k].name,
                                         100.0 * (double)t[k].correct / (double)t[k].total, t[k].correct, t[k].total);
     }
     free(t);

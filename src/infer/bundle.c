@@ -288,12 +288,13 @@ static void collect_stops(at_bundle *b)
     }
 }
 
-static at_status load_template(at_bundle *b, const at_bundle_opts *o, source_kind kind, char *gguf_tmpl)
+static at_status load_template(const at_tokenizer *tok, const at_bundle_opts *o, source_kind kind,
+                               const char *gguf_tmpl, at_chat_template **tmpl)
 {
     const char *t = o->template_name;
     if (t && !strcmp(t, "none")) return AT_OK;
-    if (t && at_chat_template_builtin_source(t)) return at_chat_template_builtin(t, NULL, &b->tmpl);
-    cJSON *vars = token_vars(b->tokenizer);
+    if (t && at_chat_template_builtin_source(t)) return at_chat_template_builtin(t, NULL, tmpl);
+    cJSON *vars = token_vars(tok);
     at_status st = AT_OK;
     if (t) {
         char *src = NULL;
@@ -302,17 +303,17 @@ static at_status load_template(at_bundle *b, const at_bundle_opts *o, source_kin
             st = at_error(AT_ERR_NOT_FOUND, "--template %s: not a file nor a built-in template (none, chatml, "
                                             "llama-2, llama-3, mistral)", t);
         } else if ((st = at_read_file(t, &src, &len)) == AT_OK) {
-            st = at_chat_template_from_string(src, len, t, vars, &b->tmpl);
+            st = at_chat_template_from_string(src, len, t, vars, tmpl);
         }
         free(src);
     } else if (kind == SRC_FOLDER && at_is_dir(o->model)) {
-        st = at_chat_template_load(o->model, NULL, NULL, &b->tmpl);
+        st = at_chat_template_load(o->model, NULL, NULL, tmpl);
         if (st == AT_ERR_NOT_FOUND) {
             at_clear_error();
             st = AT_OK;
         }
     } else if (kind == SRC_GGUF && gguf_tmpl) {
-        st = at_chat_template_from_string(gguf_tmpl, strlen(gguf_tmpl), o->model, vars, &b->tmpl);
+        st = at_chat_template_from_string(gguf_tmpl, strlen(gguf_tmpl), o->model, vars, tmpl);
     }
     cJSON_Delete(vars);
     return st;
@@ -348,6 +349,54 @@ static at_status load_adapters(at_bundle *b, const at_bundle_opts *o)
     return AT_OK;
 }
 
+at_status at_bundle_load_text(const at_bundle_opts *o, at_tokenizer **tok, at_chat_template **tmpl)
+{
+    *tok = NULL;
+    *tmpl = NULL;
+    if (!o->model || !o->model[0]) return at_error(AT_ERR_INVALID, "no --model given");
+    if (!at_file_exists(o->model) && !at_is_dir(o->model))
+        return at_error(AT_ERR_NOT_FOUND, "--model %s: no such file or folder", o->model);
+    at_status st = AT_OK;
+    char *tok_path = NULL, *gguf_tmpl = NULL;
+    source_kind kind = kind_of(o->model);
+    if (o->tokenizer) {
+        AT_CHECK(at_tokenizer_load(o->tokenizer, NULL, tok));
+        if (kind == SRC_GGUF) { /* the template may still come from the file */
+            at_tokenizer *unused = NULL;
+            if (gguf_tokenizer(o->model, &unused, &gguf_tmpl) != AT_OK) at_clear_error();
+            at_tokenizer_free(unused);
+        }
+    } else if (kind == SRC_GGUF) {
+        AT_CHECK(gguf_tokenizer(o->model, tok, &gguf_tmpl));
+    } else if (kind == SRC_LLAMA2C) {
+        AT_CHECK(find_llama2c_tokenizer(o->model, &tok_path));
+        AT_CHECK(at_tokenizer_load(tok_path, NULL, tok));
+    } else {
+        char *dir = at_is_dir(o->model) ? strdup(o->model) : dir_of(o->model);
+        if (!dir) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        st = at_tokenizer_load(dir, NULL, tok);
+        free(dir);
+        if (st != AT_OK) {
+            at_error_wrap(st, "--model %s has no usable tokenizer (give --tokenizer)", o->model);
+            goto done;
+        }
+    }
+    AT_CHECK(load_template(*tok, o, kind, gguf_tmpl, tmpl));
+done:
+    free(tok_path);
+    free(gguf_tmpl);
+    if (st != AT_OK) {
+        at_tokenizer_free(*tok);
+        at_chat_template_free(*tmpl);
+        *tok = NULL;
+        *tmpl = NULL;
+    }
+    return st;
+}
+
 at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
 {
     *out = NULL;
@@ -357,47 +406,17 @@ at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
     at_bundle *b = calloc(1, sizeof *b);
     if (!b) return at_error(AT_ERR_NOMEM, "out of memory");
     at_status st = AT_OK;
-    char *tok_path = NULL, *gguf_tmpl = NULL;
-    source_kind kind = kind_of(o->model);
     model_name(o->model, b->name, sizeof b->name);
     at_load_options lo = at_load_options_default();
     if (o->backend) lo.backend = o->backend;
     lo.dtype = (at_dtype)o->dtype;
     lo.quant = (at_quant_kind)o->quant;
     AT_CHECK(at_decoder_load(o->model, &lo, &b->decoder));
-
-    if (o->tokenizer) {
-        AT_CHECK(at_tokenizer_load(o->tokenizer, NULL, &b->tokenizer));
-        if (kind == SRC_GGUF) { /* the template may still come from the file */
-            at_tokenizer *unused = NULL;
-            if (gguf_tokenizer(o->model, &unused, &gguf_tmpl) != AT_OK) at_clear_error();
-            at_tokenizer_free(unused);
-        }
-    } else if (kind == SRC_GGUF) {
-        AT_CHECK(gguf_tokenizer(o->model, &b->tokenizer, &gguf_tmpl));
-    } else if (kind == SRC_LLAMA2C) {
-        AT_CHECK(find_llama2c_tokenizer(o->model, &tok_path));
-        AT_CHECK(at_tokenizer_load(tok_path, NULL, &b->tokenizer));
-    } else {
-        char *dir = at_is_dir(o->model) ? strdup(o->model) : dir_of(o->model);
-        if (!dir) {
-            st = at_error(AT_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        st = at_tokenizer_load(dir, NULL, &b->tokenizer);
-        free(dir);
-        if (st != AT_OK) {
-            at_error_wrap(st, "--model %s has no usable tokenizer (give --tokenizer)", o->model);
-            goto done;
-        }
-    }
-    AT_CHECK(load_template(b, o, kind, gguf_tmpl));
+    AT_CHECK(at_bundle_load_text(o, &b->tokenizer, &b->tmpl));
     collect_stops(b);
-    if (kind == SRC_FOLDER && at_is_dir(o->model)) generation_config_stops(b, o->model);
+    if (kind_of(o->model) == SRC_FOLDER && at_is_dir(o->model)) generation_config_stops(b, o->model);
     AT_CHECK(load_adapters(b, o));
 done:
-    free(tok_path);
-    free(gguf_tmpl);
     if (st != AT_OK) {
         at_bundle_free(b);
         return st;

@@ -57,6 +57,12 @@ typedef struct at_bundle_opts {
 /* Loads everything. Caller frees *out with at_bundle_free. Errors name the
  * file concerned. */
 at_status at_bundle_load(const at_bundle_opts *opts, at_bundle **out);
+
+/* Only the text side, found as at_bundle_load finds it (opts->model,
+ * ->tokenizer, ->template_name; nothing else is read): the trainer's
+ * tokenizer and template. *tok: at_tokenizer_free; *tmpl:
+ * at_chat_template_free, NULL when the model has none or "none" was asked. */
+at_status at_bundle_load_text(const at_bundle_opts *opts, at_tokenizer **tok, at_chat_template **tmpl);
 void at_bundle_free(at_bundle *b); /* NULL ok */
 
 /* The adapter named `name`, or NULL. */

@@ -234,6 +234,16 @@ typedef struct at_loss_stats {
 at_status at_decoder_loss(at_decoder *d, at_decoder_acts *acts, const at_tensor *labels, float grad_scale,
                           at_decoder_grads *g, at_loss_stats *stats);
 
+/* Multiplies row b of the gradient the last at_decoder_loss (with g) left in
+ * acts->d_final by row_scale[b] (host [B], any sign). d_final is linear in
+ * the loss's gradient scale, so a loss pass followed by this equals a pass
+ * with row_grad_scale: objectives whose row weights depend on the rows' own
+ * losses (DPO) learn them and weight the rows from one pass over the
+ * vocabulary instead of two. LoRA only: for full fine-tuning the loss has
+ * already added the (unweighted) lm_head gradient to g, so g->full is
+ * refused. */
+at_status at_decoder_loss_scale_rows(at_decoder_acts *acts, const at_decoder_grads *g, const float *row_scale);
+
 /* Backward of the last forward, from the d_final left by at_decoder_loss:
  * adds the gradients to g (LoRA dA/dB, or every weight for full FT).
  * With AT_ACTS_CHECKPOINT each layer's activations are recomputed first. */

@@ -548,6 +548,23 @@ done:
     return st;
 }
 
+at_status at_decoder_loss_scale_rows(at_decoder_acts *a, const at_decoder_grads *g, const float *row_scale)
+{
+    if (!a->loss_done)
+        return at_error(AT_ERR_INVALID, "decoder loss rows: run at_decoder_loss with gradients first");
+    if (g && g->full)
+        return at_error(AT_ERR_UNSUPPORTED, "decoder loss rows: full fine-tuning has added the lm_head gradient "
+                                            "already; pass row_grad_scale to at_decoder_loss instead");
+    int64_t hd = at_tensor_cols(&a->d_final), sh[2] = {a->T, hd};
+    for (int b = 0; b < a->B; b++) {
+        if (row_scale[b] == 1.0f) continue;
+        at_tensor row;
+        at_tensor_view_inplace(&row, &a->d_final, (size_t)b * (size_t)a->T * (size_t)hd, 2, sh);
+        AT_TRY(at_scale(&row, &row, row_scale[b]));
+    }
+    return AT_OK;
+}
+
 /* ---- backward ------------------------------------------------------------------------------ */
 
 at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grads *g)

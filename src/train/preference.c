@@ -440,11 +440,16 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
         goto done;
     }
     AT_CHECK(at_decoder_forward_train(d, acts, ids, pos, NULL, dropout, seed));
-    /* pass 1: each row's Σ −log p and its target count, no gradients */
+    /* each row's Σ −log p and its target count. With LoRA the same pass
+     * leaves the gradient of every row's loss sum at `scale` and the rows are
+     * weighted afterwards (at_decoder_loss_scale_rows: one pass over the
+     * vocabulary); full fine-tuning accumulates the lm_head gradient inside
+     * the loss, so there the weights must be known first (a second pass). */
+    int one_pass = g && !g->full;
     at_loss_stats ls = {0};
     ls.row_loss = row;
     ls.row_targets = rowt;
-    AT_CHECK(at_decoder_loss(d, acts, labels, 1.0f, NULL, &ls));
+    AT_CHECK(at_decoder_loss(d, acts, labels, one_pass ? (float)scale : 1.0f, one_pass ? g : NULL, &ls));
     int avg = at_pref_averaged(c), ref = at_pref_needs_reference(c);
     double alpha = at_pref_nll_alpha(c);
     for (size_t i = 0; i < n; i++) {
@@ -476,13 +481,15 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
         rs[2 * i] = (float)sc;
         rs[2 * i + 1] = (float)sr;
     }
-    if (g) {
+    if (one_pass) {
+        AT_CHECK(at_decoder_loss_scale_rows(acts, g, rs));
+    } else if (g) {
         /* pass 2: the same forward's logits again, now with each row's scale */
         at_loss_stats ls2 = {0};
         ls2.row_grad_scale = rs;
         AT_CHECK(at_decoder_loss(d, acts, labels, (float)scale, g, &ls2));
-        AT_CHECK(at_decoder_backward(d, acts, g));
     }
+    if (g) AT_CHECK(at_decoder_backward(d, acts, g));
 done:
     free(row);
     free(rowt);

@@ -15,6 +15,7 @@
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "device/registry.h"
+#include "infer/bundle.h"
 #include "model/adapter.h"
 #include "model/decoder.h"
 #include "model/loader.h"
@@ -181,15 +182,16 @@ static at_status load_model(trainer *t)
     at_load_options lo;
     AT_TRY(model_load_options(t, &lo));
     AT_TRY(at_decoder_load(a->model, &lo, &t->dec));
-    at_tokenizer_opts to = {0};
-    AT_TRY(at_tokenizer_load(a->model, &to, &t->tok));
-    if (a->template_name && strcmp(a->template_name, "none") != 0) {
-        AT_TRY(at_chat_template_builtin(a->template_name, NULL, &t->tmpl));
-    } else if (!a->template_name) {
-        at_status st = at_chat_template_load(a->model, NULL, NULL, &t->tmpl);
-        if (st != AT_OK && st != AT_ERR_NOT_FOUND) return st;
-        if (st == AT_ERR_NOT_FOUND) at_log_info("%s has no chat template: conversations need --template", a->model);
-    }
+    /* the tokenizer and template where infer finds them: a model folder's
+     * files, a GGUF file's tokenizer.ggml.* and chat template, a llama2.c
+     * checkpoint's tokenizer.bin */
+    at_bundle_opts bo = {0};
+    bo.model = a->model;
+    bo.template_name = a->template_name;
+    bo.tokenizer = a->tokenizer;
+    AT_TRY(at_bundle_load_text(&bo, &t->tok, &t->tmpl));
+    if (!t->tmpl && !a->template_name)
+        at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
     t->pipe_ready = 1;
     return AT_OK;

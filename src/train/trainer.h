@@ -25,7 +25,8 @@
 typedef struct {
     /* what */
     const char *model;              /* model folder / file */
-    const char *template_name;      /* NULL: the model's; else a built-in name */
+    const char *template_name;      /* NULL: the model's; "none"; a built-in name; a .jinja file */
+    const char *tokenizer;          /* NULL: the model's (folder files, GGUF arrays, llama2.c tokenizer.bin) */
     const char *const *datasets;
     int n_datasets;
     const char *const *val_datasets;
