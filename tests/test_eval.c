@@ -343,6 +343,48 @@ static void test_cli(void)
         CHECK(num(j, "tokens") == num(w, "n_targets") && num(j, "samples") == 3);
         cJSON_Delete(j);
     }
+    /* with an adapter: a LoRA run evaluating the same data at its end logs
+     * the eval_loss that `anytune eval --adapters` computes from its checkpoint
+     * (f32 frozen weights on both sides: for training the planner would pick
+     * bf16 on this CPU, eval keeps the stored f32) */
+    snprintf(cmd, sizeof cmd, "%s sft --model " MODEL " --dataset demo/identity.json --val_dataset demo/identity.json "
+             "--model_name anytune --model_author 'the anytune team' --max_steps 4 --save_steps 4 --eval_steps 4 --torch_dtype float32 "
+             "--learning_rate 3e-3 --output_dir %s/sft >/dev/null 2>&1 && cp \"$(ls -d %s/sft/v*/checkpoint-4)/../logging.jsonl\" %s/sft.jsonl && "
+             "%s eval --model " MODEL " --adapters \"$(ls -d %s/sft/v*/checkpoint-4)\" --dataset demo/identity.json "
+             "--model_name anytune --model_author 'the anytune team' --eval_output_dir %s/ad >/dev/null 2>&1 && "
+             "%s eval --model " MODEL " --dataset demo/identity.json --model_name anytune --model_author "
+             "'the anytune team' --eval_output_dir %s/base >/dev/null 2>&1",
+             bin, tmp_root, tmp_root, tmp_root, bin, tmp_root, tmp_root, bin, tmp_root);
+    CHECK(system(cmd) == 0);
+    double trainer_eval = NAN;
+    snprintf(path, sizeof path, "%s/sft.jsonl", tmp_root);
+    char *log = NULL;
+    if (at_read_file(path, &log, NULL) == AT_OK) {
+        for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+            cJSON *l = cJSON_Parse(line);
+            const cJSON *e = cJSON_GetObjectItem(l, "eval_loss");
+            if (cJSON_IsNumber(e)) trainer_eval = e->valuedouble;
+            cJSON_Delete(l);
+        }
+    }
+    free(log);
+    snprintf(path, sizeof path, "%s/ad/loss_results.json", tmp_root);
+    cJSON *ad = read_json(path);
+    snprintf(path, sizeof path, "%s/base/loss_results.json", tmp_root);
+    cJSON *base = read_json(path);
+    if (ad && base) {
+        double ev = num(ad, "eval_loss"), ev0 = num(base, "eval_loss");
+        printf("adapter: trainer's eval_loss %.7f, anytune eval --adapters %.7f, base model %.7f\n", trainer_eval, ev,
+               ev0);
+        CHECK_MSG(fabs(ev - trainer_eval) <= 1e-5 * trainer_eval, "eval --adapters %.7f vs the trainer's %.7f", ev,
+                  trainer_eval);
+        CHECK(ev < 0.9 * ev0); /* the adapter is applied */
+    } else {
+        CHECK_MSG(0, "no loss_results.json from the adapter / base runs");
+    }
+    cJSON_Delete(ad);
+    cJSON_Delete(base);
+
     /* errors: usage (2) and bad data (1, with the file and line) */
     snprintf(cmd, sizeof cmd, "%s eval --model " MODEL " >/dev/null 2>&1", bin);
     CHECK(WEXITSTATUS(system(cmd)) == 2);

@@ -42,6 +42,8 @@ static const at_opt_spec specs[] = {
     {"dataset", AT_OPT_LIST, NULL, "loss / perplexity on FILE or FILE#N (the formats sft and pt read)", NULL},
     {"pt", AT_OPT_BOOL, "false", "with --dataset: plain texts, every token supervised (as anytune pt)", NULL},
     {"loss_scale", AT_OPT_STRING, "default", "with --dataset: default (every assistant turn) or last_round", NULL},
+    {"model_name", AT_OPT_STRING, NULL, "with --dataset: fills {{name}} in the data (as sft)", NULL},
+    {"model_author", AT_OPT_STRING, NULL, "with --dataset: fills {{author}} in the data (as sft)", NULL},
     {"truncation_strategy", AT_OPT_STRING, "delete", "delete, left or right for samples over --max_length", NULL},
     {"strict", AT_OPT_BOOL, "false", "stop at the first bad dataset record", NULL},
     {"seed", AT_OPT_INT, "42", "seed of FILE#N sampling", NULL},
@@ -159,6 +161,8 @@ static int run_loss(const at_options *o, at_bundle *b)
         return 2;
     }
     lo.last_turn_only = !strcmp(ls, "last_round");
+    lo.model_name = at_opt_str(o, "model_name");
+    lo.model_author = at_opt_str(o, "model_author");
     if (at_truncation_parse(at_opt_str(o, "truncation_strategy"), &lo.truncation) != AT_OK) {
         fprintf(stderr, "anytune eval: error: %s\n", at_last_error());
         return 2;

@@ -16,6 +16,8 @@ at_status at_loss_eval_encode(const at_bundle *b, const char *const *specs, size
     at_dataset_options dopt = {0};
     dopt.seed = o->seed;
     dopt.strict = o->strict;
+    dopt.model_name = o->model_name;
+    dopt.model_author = o->model_author;
     if (o->pt) dopt.format = AT_FORMAT_TEXT;
     at_dataset *ds = NULL;
     at_text_pipeline pipe;

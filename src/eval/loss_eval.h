@@ -28,6 +28,7 @@ typedef struct {
     int strict;             /* stop at the first bad record */
     uint64_t seed;          /* FILE#N sampling */
     int last_turn_only;     /* supervise only the last assistant turn */
+    const char *model_name, *model_author; /* fill {{name}} / {{author}} as sft does (NULL: left) */
 } at_loss_eval_options;
 
 typedef struct {
