@@ -11,6 +11,11 @@
  *    same logging rows the trainer wrote; the child is reaped;
  *  - a long job: a second start gets 409, stop ends it (SIGTERM) with its
  *    checkpoints whole (MANIFEST.sha256 verified), no zombie;
+ *  - the job slot with stand-in programs (shell scripts): a program that
+ *    cannot run is an error naming it; a child flooding its output keeps the
+ *    last 64 lines and its exit code, and a run folder longer than a short
+ *    line is read whole; stop ends a process the child started that holds
+ *    the output open; a child ignoring SIGTERM is killed after the grace;
  *  - `anytune serve` has the page but not the train endpoints; an API key
  *    guards the train endpoints but not the page;
  *  - the program: `anytune web-ui` prints its URL, tests/js/webui_check.mjs
@@ -32,6 +37,7 @@
 #include "infer/bundle.h"
 #include "model/loader.h"
 #include "serve/server.h"
+#include "serve/webui_train.h"
 #include "testing.h"
 #include "train/run_files.h"
 
@@ -370,6 +376,155 @@ static void test_long_job_stop(int port)
     free(run_dir);
 }
 
+/* ---- the job slot with stand-in programs --------------------------------------------------- */
+
+/* Writes an executable shell script tmp/NAME and returns its path (static buffer). */
+static const char *script(const char *name, const char *text)
+{
+    static char path[128];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    CHECK_OK(at_write_file_atomic(path, text, strlen(text)));
+    CHECK(chmod(path, 0755) == 0);
+    return path;
+}
+
+/* Waits for the job to leave the running state; returns its status (cJSON). */
+static cJSON *job_wait(at_train_job *j, int (*until)(const cJSON *), double timeout_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        char *text = at_train_job_status_json(j, 0);
+        cJSON *s = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        if (!s || until(s) || now_s() - t0 > timeout_s) return s;
+        cJSON_Delete(s);
+        usleep(20 * 1000);
+    }
+}
+
+/* The output's last line is "started PID" (the pid of a process the script put in the background). */
+static int started(const cJSON *s)
+{
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(s, "output");
+    int n = cJSON_GetArraySize(out);
+    return not_running(s) || (n > 0 && cJSON_IsString(cJSON_GetArrayItem(out, n - 1)) &&
+                              !strncmp(cJSON_GetArrayItem(out, n - 1)->valuestring, "started", 7));
+}
+
+static int last_pid(const cJSON *s)
+{
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(s, "output");
+    const cJSON *l = cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1);
+    return cJSON_IsString(l) ? atoi(l->valuestring + 7) : 0;
+}
+
+/* Whether pid (not our child) ends within timeout_s: gone, or a zombie
+ * waiting for whoever adopted it. */
+static int dies(int pid, double timeout_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        char path[64], *stat = NULL;
+        size_t len = 0;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        if (kill(pid, 0) != 0) return 1;
+        if (at_read_file(path, &stat, &len) == AT_OK) {
+            const char *paren = strrchr(stat, ')');
+            int zombie = paren && paren[1] == ' ' && paren[2] == 'Z';
+            free(stat);
+            if (zombie) return 1;
+        }
+        at_clear_error();
+        if (now_s() - t0 > timeout_s) return 0;
+        usleep(10 * 1000);
+    }
+}
+
+static void test_job_processes(void)
+{
+    const char *body = "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}";
+    char param[64], path[256];
+    at_train_job *j = NULL;
+
+    /* a program that cannot run: an error naming it, before any answer says "running" */
+    snprintf(path, sizeof path, "%s/no-such-program", tmp);
+    CHECK_OK(at_train_job_new(path, &j));
+    if (!j) return;
+    CHECK(at_train_job_start(j, body, strlen(body), param, sizeof param) == AT_ERR_IO);
+    CHECK_MSG(strstr(at_last_error(), "no-such-program") && strstr(at_last_error(), "No such file"), "%s",
+              at_last_error());
+    at_train_job_free(j, 1);
+
+    /* a flood: 20000 lines, then one long line without its newline, exit 3;
+     * the run folder is announced in a line of ~900 bytes */
+    char long_dir[700];
+    memset(long_dir, 'd', sizeof long_dir - 1);
+    long_dir[sizeof long_dir - 1] = 0;
+    char text[2048];
+    snprintf(text, sizeof text,
+             "#!/bin/sh\necho \"anytune: full fine-tuning on cpu: 3 training samples, 3 steps (3 per epoch), 1 "
+             "trainable parameters; output in %s/%s\"\ni=0\nwhile [ $i -lt 20000 ]; do echo \"line $i of the "
+             "flood\"; i=$((i+1)); done\nhead -c 100000 /dev/zero | tr '\\0' x\nexit 3\n",
+             tmp, long_dir);
+    CHECK_OK(at_train_job_new(script("flood.sh", text), &j));
+    if (!j) return;
+    double t0 = now_s();
+    CHECK_OK(at_train_job_start(j, body, strlen(body), param, sizeof param));
+    cJSON *s = job_wait(j, not_running, 60);
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(s, "output");
+    int n = cJSON_GetArraySize(out);
+    const cJSON *last = cJSON_GetArrayItem(out, n - 1), *before = cJSON_GetArrayItem(out, n - 2);
+    CHECK_MSG(jstr(s, "state", NULL) && !strcmp(jstr(s, "state", NULL), "failed") && jnum(s, "exit_code") == 3,
+              "flood: state %s, exit %g", jstr(s, "state", NULL), jnum(s, "exit_code"));
+    CHECK_MSG(n == 64, "flood: %d lines kept, want the last 64", n);
+    CHECK(cJSON_IsString(before) && !strcmp(before->valuestring, "line 19999 of the flood"));
+    /* the unterminated last line: kept (cut, all x) */
+    CHECK(cJSON_IsString(last) && strlen(last->valuestring) >= 512 && strlen(last->valuestring) < 100000 &&
+          strspn(last->valuestring, "x") == strlen(last->valuestring));
+    const char *rd = jstr(s, "run_dir", NULL);
+    snprintf(path, sizeof path, "%s/", tmp);
+    CHECK_MSG(rd && strlen(rd) == strlen(path) + strlen(long_dir) && !strncmp(rd, path, strlen(path)),
+              "flood: run_dir of %zu bytes, want %zu", rd ? strlen(rd) : 0, strlen(path) + strlen(long_dir));
+    CHECK(reaped((int)jnum(s, "pid")));
+    printf("flood: 20002 lines in %.2f s, the last 64 kept, exit code 3, a %zu-byte run folder read whole\n",
+           now_s() - t0, rd ? strlen(rd) : 0);
+    cJSON_Delete(s);
+    at_train_job_free(j, 1);
+
+    /* stop: the child's own child holds the output pipe; both end */
+    CHECK_OK(at_train_job_new(script("bg.sh", "#!/bin/sh\nsleep 1000 &\necho started $!\nwait\n"), &j));
+    if (!j) return;
+    CHECK_OK(at_train_job_start(j, body, strlen(body), param, sizeof param));
+    s = job_wait(j, started, 20);
+    int bg = last_pid(s);
+    CHECK_MSG(bg > 0, "bg.sh did not start");
+    cJSON_Delete(s);
+    t0 = now_s();
+    CHECK_OK(at_train_job_stop(j));
+    s = job_wait(j, not_running, 10);
+    CHECK_MSG(jstr(s, "state", NULL) && !strcmp(jstr(s, "state", NULL), "stopped"), "stop: state %s",
+              jstr(s, "state", NULL));
+    CHECK_MSG(dies(bg, 5), "the background process %d outlived the stop", bg);
+    printf("stop: the job and the process it started ended in %.0f ms\n", (now_s() - t0) * 1000);
+    cJSON_Delete(s);
+    at_train_job_free(j, 1);
+
+    /* a child that ignores SIGTERM: killed after the grace */
+    CHECK_OK(at_train_job_new(script("deaf.sh", "#!/bin/sh\ntrap '' TERM\necho started $$\n"
+                                                "while :; do sleep 0.05; done\n"), &j));
+    if (!j) return;
+    CHECK_OK(at_train_job_start(j, body, strlen(body), param, sizeof param));
+    s = job_wait(j, started, 20);
+    int pid = (int)jnum(s, "pid");
+    cJSON_Delete(s);
+    t0 = now_s();
+    at_train_job_free(j, 0.3);
+    double took = now_s() - t0;
+    CHECK_MSG(took >= 0.25 && took < 5, "free with a 0.3 s grace took %.2f s", took);
+    CHECK_MSG(reaped(pid), "the process %d that ignored SIGTERM is still there", pid);
+    printf("deaf: SIGKILL after the 0.3 s grace, freed in %.0f ms\n", took * 1000);
+}
+
 /* ---- serve vs web-ui, the API key ---------------------------------------------------- */
 
 static void test_modes(at_bundle *b, const char *program)
@@ -548,6 +703,7 @@ int main(void)
             test_long_job_stop(port);
             at_server_stop(s, 5);
         }
+        test_job_processes();
         test_modes(b, bin);
         test_browser(bin);
     }

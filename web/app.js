@@ -31,14 +31,29 @@ window.AT = (function () {
 
   function showKeyBox() { document.getElementById('key-box').hidden = false; }
 
-  // Tabs: one panel visible at a time.
+  // Tabs: one panel visible at a time; the ARIA tabs pattern (the selected
+  // tab is the one in the Tab order, arrow keys, Home and End move between tabs).
   const tabs = Array.from(document.querySelectorAll('.tab'));
+  function select(t) {
+    for (const u of tabs) {
+      const on = u === t;
+      u.classList.toggle('active', on);
+      u.setAttribute('aria-selected', String(on));
+      u.tabIndex = on ? 0 : -1;
+      document.getElementById(u.dataset.panel).hidden = !on;
+    }
+  }
   for (const t of tabs) {
-    t.addEventListener('click', () => {
-      for (const u of tabs) {
-        u.classList.toggle('active', u === t);
-        document.getElementById(u.dataset.panel).hidden = u !== t;
-      }
+    t.addEventListener('click', () => select(t));
+    t.addEventListener('keydown', (e) => {
+      const shown = tabs.filter((u) => !u.hidden);
+      const i = shown.indexOf(t);
+      const next = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: shown.length - 1 }[e.key];
+      if (next === undefined) return;
+      e.preventDefault();
+      const u = shown[(next + shown.length) % shown.length];
+      select(u);
+      u.focus();
     });
   }
 

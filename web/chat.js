@@ -7,31 +7,39 @@
   const messagesEl = $('messages');
   const history = []; // [{role, content}] without the system prompt
   let controller = null; // the AbortController of the answer in progress
+  let conversation = 0; // bumped by Clear: an answer ending later is not part of the new conversation
 
   // Reads a server-sent-events body (a ReadableStream of bytes) and calls
-  // onData with the text of each "data:" event; returns true at [DONE].
-  // TextDecoder with stream: true keeps the bytes of a character that is
-  // split between two chunks until the rest arrives.
+  // onData with the text of each "data:" event; returns true at [DONE],
+  // false when the stream ends before it (the answer is cut off). TextDecoder
+  // with stream: true keeps the bytes of a character that is split between
+  // two chunks until the rest arrives. When onData throws, the stream is
+  // cancelled (the connection closes, so the server stops generating).
   async function readSSE(body, onData) {
     const reader = body.getReader();
     const decoder = new TextDecoder('utf-8');
     let buf = '';
-    for (;;) {
-      const { value, done } = await reader.read();
-      buf += done ? decoder.decode() : decoder.decode(value, { stream: true });
-      let m;
-      while ((m = /\r?\n\r?\n/.exec(buf)) !== null) {
-        const event = buf.slice(0, m.index);
-        buf = buf.slice(m.index + m[0].length);
-        const data = event.split(/\r?\n/)
-          .filter((l) => l.startsWith('data:'))
-          .map((l) => l.slice(5).replace(/^ /, ''))
-          .join('\n');
-        if (!data) continue;
-        if (data === '[DONE]') return true;
-        onData(data);
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        buf += done ? decoder.decode() : decoder.decode(value, { stream: true });
+        let m;
+        while ((m = /\r?\n\r?\n/.exec(buf)) !== null) {
+          const event = buf.slice(0, m.index);
+          buf = buf.slice(m.index + m[0].length);
+          const data = event.split(/\r?\n/)
+            .filter((l) => l.startsWith('data:'))
+            .map((l) => l.slice(5).replace(/^ /, ''))
+            .join('\n');
+          if (!data) continue;
+          if (data === '[DONE]') return true;
+          onData(data);
+        }
+        if (done) return false;
       }
-      if (done) return false;
+    } catch (e) {
+      reader.cancel().catch(() => {});
+      throw e;
     }
   }
 
@@ -86,6 +94,8 @@
     showError('');
     const out = addMessage('assistant', '');
     out.div.dataset.state = 'streaming';
+    out.div.setAttribute('aria-busy', 'true'); // screen readers read the answer once, when whole
+    const myConversation = conversation;
     controller = new AbortController();
     setBusy(true);
     let text = '', finish = '', usage = null, state = 'done';
@@ -96,7 +106,7 @@
       });
       if (r.status === 401) AT.showKeyBox();
       if (!r.ok) throw new Error(await AT.errorText(r));
-      await readSSE(r.body, (data) => {
+      const complete = await readSSE(r.body, (data) => {
         const j = JSON.parse(data);
         if (j.error) throw new Error(j.error.message || 'generation failed');
         const c = j.choices && j.choices[0];
@@ -108,22 +118,25 @@
         if (c && c.finish_reason) finish = c.finish_reason;
         if (j.usage) usage = j.usage;
       });
+      if (!complete) throw new Error('the connection closed before the answer was complete (no [DONE])');
     } catch (e) {
       if (e.name === 'AbortError') {
         state = 'stopped';
       } else {
         state = 'error';
-        showError(String(e.message || e));
+        if (myConversation === conversation) showError(String(e.message || e));
       }
     } finally {
       controller = null;
     }
+    if (myConversation !== conversation) return; // cleared meanwhile: its message and turns are gone
     const secs = (performance.now() - t0) / 1000;
     let meta = state === 'stopped' ? 'stopped' : state === 'error' ? 'error' : finish || 'done';
     if (usage) meta += ' \u00b7 ' + usage.completion_tokens + ' tokens, ' +
       (usage.completion_tokens / Math.max(secs, 1e-3)).toFixed(1) + ' tokens/s';
     out.meta.textContent = meta;
     out.div.dataset.state = state;
+    out.div.removeAttribute('aria-busy');
     if (state !== 'error' || text) history.push({ role: 'assistant', content: text });
     else out.div.remove();
     setBusy(false);
@@ -155,6 +168,7 @@
   });
   $('clear').addEventListener('click', () => {
     if (controller) controller.abort();
+    conversation++;
     history.length = 0;
     messagesEl.replaceChildren();
     showError('');

@@ -44,8 +44,8 @@
   function drawChart() {
     const box = $('loss-chart');
     const W = 640, H = 260, L = 56, R = 16, T = 16, B = 36;
-    const train = rows.filter((r) => typeof r.loss === 'number' && typeof r.step === 'number');
-    const evals = rows.filter((r) => typeof r.eval_loss === 'number' && typeof r.step === 'number');
+    const train = rows.filter((r) => r && typeof r.loss === 'number' && typeof r.step === 'number');
+    const evals = rows.filter((r) => r && typeof r.eval_loss === 'number' && typeof r.step === 'number');
     const svg = el('svg', { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: 'img' });
     svg.append(el('title', {}, 'training loss by step'));
     if (!train.length && !evals.length) {
@@ -93,16 +93,19 @@
     $('train-run-dir').textContent = st.run_dir || '-';
     $('train-output').textContent = (st.output || []).join('\n') + (st.error ? '\n' + st.error : '');
     const last = rows.length ? rows[rows.length - 1] : null;
-    $('train-step').textContent = last ? String(last.step) : '-';
+    $('train-step').textContent = last && typeof last.step === 'number' ? String(last.step) : '-';
     $('train-loss').textContent = last && typeof last.loss === 'number' ? last.loss.toFixed(4) : '-';
     const running = st.state === 'running' || st.state === 'starting';
     $('train-start').disabled = running;
     $('train-stop').disabled = !running;
   }
 
+  // Polls may overlap (the timer, start, stop): each answer places its rows
+  // at the index it asked from, so an overlap never draws a row twice.
   async function poll() {
     try {
-      const r = await fetch('/ui/api/train/status?since=' + seen, { headers: AT.headers(false) });
+      const since = seen;
+      const r = await fetch('/ui/api/train/status?since=' + since, { headers: AT.headers(false) });
       if (r.status === 401) AT.showKeyBox();
       if (!r.ok) throw new Error(await AT.errorText(r));
       const st = await r.json();
@@ -110,10 +113,10 @@
         // another job: its rows from the first one
         lastPid = st.pid;
         rows = [];
-        if (seen > 0) { seen = 0; return poll(); }
       }
-      if (Array.isArray(st.log)) rows = rows.concat(st.log);
-      seen = st.log_total || seen;
+      if (rows.length < since) { seen = 0; return poll(); }
+      if (Array.isArray(st.log)) rows = rows.slice(0, since).concat(st.log);
+      if (typeof st.log_total === 'number') seen = st.log_total;
       show(st);
       drawChart();
       const running = st.state === 'running' || st.state === 'starting';

@@ -43,8 +43,14 @@ static void on_stop_signal(int sig) { stop_signal = sig; }
 
 int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
 {
+    /* the table with this command's default port, so that --help shows the
+     * port it listens on */
+    at_opt_spec sp[NSPECS];
+    memcpy(sp, specs, sizeof sp);
+    for (int i = 0; i < NSPECS; i++)
+        if (!strcmp(sp[i].name, "port")) sp[i].def = c->default_port;
     at_options *o = NULL;
-    int prc = at_cli_parse(specs, NSPECS, argc, argv, c->command, c->usage, &o);
+    int prc = at_cli_parse(sp, NSPECS, argc, argv, c->command, c->usage, &o);
     if (prc >= 0) return prc;
     at_log_set_level(at_opt_bool(o, "verbose") ? AT_LOG_DEBUG : AT_LOG_INFO);
     /* the signals are taken by sigwait below: block them before any thread starts */
@@ -71,7 +77,7 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
     at_server_opts so = {0};
     so.host = at_opt_str(o, "host");
-    so.port = at_opt_source_of(o, "port") == AT_SRC_DEFAULT ? c->default_port : (int)at_opt_int(o, "port");
+    so.port = (int)at_opt_int(o, "port");
     so.max_batch_size = (int)at_opt_int(o, "max_batch_size");
     so.max_model_len = (int)at_opt_int(o, "max_model_len");
     so.max_tokens = (int)at_opt_int(o, "max_tokens_limit");
@@ -92,6 +98,11 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
         fprintf(stderr, "anytune %s: warning: listening on %s: whoever reaches this port can start training jobs "
                         "that read and write files as you%s\n",
                 c->command, host, so.api_key ? "" : " (no --api_key set)");
+    else if (c->webui_train && !so.api_key)
+        /* loopback is every local account's, not only yours */
+        fprintf(stderr, "anytune %s: note: without --api_key, every user of this machine can start training jobs "
+                        "here that read and write files as you\n",
+                c->command);
     fflush(stderr);
     /* SIGTERM/SIGINT are blocked in every thread we create, but a library may
      * start threads of its own that do not block them: a handler catches the
@@ -120,6 +131,6 @@ done:
 int at_cmd_serve(int argc, char **argv)
 {
     const at_serve_cli c = {"serve", "usage: anytune serve [--model DIR] [--adapters NAME=DIR ...] [--port 8000] [OPTIONS]",
-                            0, 8000};
+                            0, "8000"};
     return at_cli_serve(argc, argv, &c);
 }

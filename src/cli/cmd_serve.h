@@ -7,7 +7,7 @@ typedef struct {
     const char *command; /* "serve" or "web-ui": messages and --help */
     const char *usage;   /* first line of --help */
     int webui_train;     /* the page's Train tab starts `anytune sft` jobs */
-    int default_port;    /* when --port is not given */
+    const char *default_port; /* --port's default (static text), shown by --help */
 } at_serve_cli;
 
 /* Parses argv and serves until a stop signal. Returns the exit status. */

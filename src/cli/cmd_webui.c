@@ -11,6 +11,6 @@ int at_cmd_webui(int argc, char **argv)
     const at_serve_cli c = {"web-ui",
                             "usage: anytune web-ui [--model DIR] [--adapters NAME=DIR ...] [--port 7860] [OPTIONS]\n"
                             "  a browser page to chat with the model and to fine-tune it (anytune sft)",
-                            1, 7860};
+                            1, "7860"};
     return at_cli_serve(argc, argv, &c);
 }

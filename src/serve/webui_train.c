@@ -318,8 +318,10 @@ static const char *state_name(job_state s)
     return n[s];
 }
 
-#define RING 64      /* lines of output kept */
-#define LINE_CAP 512 /* bytes kept of one line */
+#define RING 64 /* lines of output kept */
+/* bytes kept of one line: room for the trainer's "...; output in DIR" line
+ * with the longest output_dir accepted, so that run_dir is never cut */
+#define LINE_CAP (MAX_PATH_LEN + 512)
 
 struct at_train_job {
     char *program;
@@ -376,6 +378,15 @@ static void feed(at_train_job *j, const char *buf, size_t n)
     }
 }
 
+/* Under j->mu, while the job runs: sig to the child's process group (it made
+ * one with setpgid), so that a process it started, holding the output pipe
+ * open, ends with it instead of keeping the monitor (and a server stopping)
+ * waiting; the child alone when the group is gone. */
+static void signal_job(at_train_job *j, int sig)
+{
+    if (kill(-j->pid, sig) != 0) kill(j->pid, sig);
+}
+
 static void set_state(at_train_job *j, job_state s)
 {
     j->state = s;
@@ -422,12 +433,13 @@ static void *monitor(void *arg)
         (void)w;
         _exit(127);
     }
+    int fork_errno = errno; /* before close() may change it */
     close(out[1]);
     close(err[1]);
     out[1] = err[1] = -1;
     if (pid < 0) {
         pthread_mutex_lock(&j->mu);
-        snprintf(j->error, sizeof j->error, "fork: %s", strerror(errno));
+        snprintf(j->error, sizeof j->error, "cannot start the training process (fork): %s", strerror(fork_errno));
         set_state(j, S_FAILED);
         pthread_mutex_unlock(&j->mu);
         goto done;
@@ -464,10 +476,18 @@ static void *monitor(void *arg)
     while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR) {}
     pthread_mutex_lock(&j->mu);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    pid_t w;
+    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {}
+    int wait_errno = errno;
     if (j->partial_len) push_line(j);
     j->ended = mono_now();
-    if (WIFEXITED(status)) {
+    if (w != pid) {
+        /* reaped by someone else (SIGCHLD ignored, a waitpid(-1) elsewhere):
+         * the outcome is unknown, which is not a success */
+        snprintf(j->error, sizeof j->error, "the training process %d ended but its exit status is lost: %s", (int)pid,
+                 strerror(wait_errno));
+        set_state(j, j->stop_requested ? S_STOPPED : S_FAILED);
+    } else if (WIFEXITED(status)) {
         j->exit_code = WEXITSTATUS(status);
         set_state(j, j->exit_code == 0 ? S_FINISHED : j->stop_requested ? S_STOPPED : S_FAILED);
     } else {
@@ -564,7 +584,7 @@ at_status at_train_job_stop(at_train_job *j)
         st = at_error(AT_ERR_NOT_FOUND, "no training job is running (state: %s)", state_name(j->state));
     } else {
         j->stop_requested = 1;
-        kill(j->pid, SIGTERM);
+        signal_job(j, SIGTERM);
     }
     pthread_mutex_unlock(&j->mu);
     return st;
@@ -583,8 +603,9 @@ static void add_log_rows(cJSON *o, const char *run_dir, long since)
             const char *nl = memchr(p, '\n', (size_t)(end - p));
             if (!nl) break; /* a row being written */
             if (total >= since && rows) {
+                /* a row that is not JSON stays as {}: row i of the answer is row since+i of the file */
                 cJSON *row = cJSON_ParseWithLength(p, (size_t)(nl - p));
-                if (row) cJSON_AddItemToArray(rows, row);
+                cJSON_AddItemToArray(rows, row ? row : cJSON_CreateObject());
             }
             total++;
             p = nl + 1;
@@ -644,7 +665,7 @@ void at_train_job_free(at_train_job *j, double grace_s)
     while (j->state == S_STARTING) pthread_cond_wait(&j->cv, &j->mu);
     if (j->state == S_RUNNING) {
         j->stop_requested = 1;
-        kill(j->pid, SIGTERM);
+        signal_job(j, SIGTERM);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         double t = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + (grace_s > 0 ? grace_s : 0);
@@ -652,7 +673,7 @@ void at_train_job_free(at_train_job *j, double grace_s)
         until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
         while (j->state == S_RUNNING)
             if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
-        if (j->state == S_RUNNING) kill(j->pid, SIGKILL);
+        if (j->state == S_RUNNING) signal_job(j, SIGKILL);
         while (j->state == S_RUNNING) pthread_cond_wait(&j->cv, &j->mu);
     }
     reset(j);

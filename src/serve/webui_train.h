@@ -43,19 +43,22 @@ at_status at_train_job_new(const char *program, at_train_job **out);
  * could not be started. */
 at_status at_train_job_start(at_train_job *j, const char *body, size_t len, char *param, size_t cap);
 
-/* Sends SIGTERM to the running child (the trainer's checkpoints are written
- * atomically, so those on disk stay whole). AT_ERR_NOT_FOUND when none runs. */
+/* Sends SIGTERM to the running child and the processes it started (its
+ * process group). The trainer's checkpoints are written atomically, so those
+ * on disk stay whole; steps since the last one are lost. AT_ERR_NOT_FOUND
+ * when none runs. */
 at_status at_train_job_stop(at_train_job *j);
 
 /* The job as JSON: state (idle, running, finished, failed, stopped), pid,
  * exit_code, signal, argv, run_dir (parsed from the trainer's output), the
  * last lines of its output, and the rows of run_dir/logging.jsonl from
- * index `since` on (log_total: how many complete rows there are). Caller
+ * index `since` on (log_total: how many complete rows there are; a row
+ * that is not JSON comes as {} so that indices stay aligned). Caller
  * frees the string; NULL when out of memory. */
 char *at_train_job_status_json(at_train_job *j, long since);
 
-/* Stops a running child (SIGTERM; SIGKILL after grace_s seconds), waits for
- * it and frees j. NULL ok. */
+/* Stops a running child and its process group (SIGTERM; SIGKILL after
+ * grace_s seconds), waits for it and frees j. NULL ok. */
 void at_train_job_free(at_train_job *j, double grace_s);
 
 #endif

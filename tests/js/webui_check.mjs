@@ -7,8 +7,11 @@
 //  - stop aborts a long generation (the download throttled so that it is
 //    still streaming): the text stops growing and is a strict prefix of the
 //    whole answer;
+//  - Clear while an answer streams: the next request holds only the new
+//    turn (the cut answer is not carried into the new conversation);
 //  - UTF-8 split across chunks decodes right, and model output is text,
-//    never HTML;
+//    never HTML; a stream that ends without [DONE] shows as an error;
+//  - the tabs follow the ARIA tabs pattern (arrow keys, aria-selected);
 //  - the Train tab refuses a bad field with the server's message, runs a
 //    3-step job, and draws one loss point per row of its logging.jsonl.
 // Usage: node tests/js/webui_check.mjs URL TMPDIR   (run by tests/test_webui.c)
@@ -106,6 +109,30 @@ try {
   check(health.running === 0, 'a slot is still running after stop');
   console.log(`webui_check: stop kept ${cut.length} of ${full.length} characters`);
 
+  // 3b. Clear while streaming: the cut answer stays out of the next conversation
+  await page.click('#clear');
+  await cdp.send('Network.emulateNetworkConditions',
+    { offline: false, latency: 0, downloadThroughput: 2000, uploadThroughput: -1 });
+  await page.fill('#prompt', 'Tell me a long story about a dog.');
+  await page.click('#send');
+  await page.waitForFunction(() => {
+    const t = document.querySelector('.msg.assistant .text');
+    return t && t.textContent.length > 0;
+  }, null, { timeout: 60000 });
+  await page.click('#clear');
+  await cdp.send('Network.emulateNetworkConditions', { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
+  await page.waitForFunction(() => !document.getElementById('send').disabled, null, { timeout: 10000 });
+  await sleep(200);
+  check(await page.locator('.msg').count() === 0, 'messages after clear while streaming');
+  await page.fill('#max_tokens', '5');
+  const afterReqP = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
+  await page.fill('#prompt', 'Hi');
+  await page.click('#send');
+  const afterSent = JSON.parse((await afterReqP).postData());
+  check(afterSent.messages.length === 1 && afterSent.messages[0].content === 'Hi',
+        'after clear while streaming, the request holds ' + JSON.stringify(afterSent.messages));
+  await page.waitForSelector('.msg.assistant[data-state="done"]', { timeout: 60000 });
+
   // 4. UTF-8 split between chunks, byte by byte, through the page's reader
   const utf = await page.evaluate(async () => {
     const want = 'h\u00e9llo \u4e16\u754c \ud83d\ude00 \u201cquoted\u201d';
@@ -138,6 +165,38 @@ try {
   check(await page.locator('#messages img, #messages b').count() === 0, 'model output became HTML');
   check(await page.evaluate(() => window.__pwned === undefined), 'model output ran script');
   await page.unroute('**/v1/chat/completions');
+
+  // 5b. a stream cut before [DONE] (the server gone): an error, the text kept
+  await page.route('**/v1/chat/completions', (route) => route.fulfill({
+    status: 200, headers: { 'Content-Type': 'text/event-stream' },
+    body: 'data: ' + JSON.stringify({ choices: [{ delta: { content: 'half an ans' } }] }) + '\n\n',
+  }));
+  await page.click('#clear');
+  await page.fill('#prompt', 'cut?');
+  await page.click('#send');
+  await page.waitForSelector('.msg.assistant[data-state="error"]', { timeout: 10000 });
+  check(await page.textContent('.msg.assistant .text') === 'half an ans', 'cut answer text');
+  check(!(await page.isHidden('#chat-error')) && (await page.textContent('#chat-error')).includes('[DONE]'),
+        'cut stream message: ' + await page.textContent('#chat-error'));
+  await page.unroute('**/v1/chat/completions');
+
+  // 5c. keyboard: the tabs as ARIA tabs, the message box named
+  check(await page.getAttribute('#prompt', 'aria-label') === 'Message', 'the message box has no accessible name');
+  await page.waitForSelector('#tab-train:not([hidden])');
+  await page.focus('#tab-chat');
+  await page.keyboard.press('ArrowRight');
+  const tabState = await page.evaluate(() => ({
+    focused: document.activeElement && document.activeElement.id,
+    train: document.getElementById('tab-train').getAttribute('aria-selected'),
+    chat: document.getElementById('tab-chat').getAttribute('aria-selected'),
+    panel: !document.getElementById('panel-train').hidden && document.getElementById('panel-chat').hidden,
+    tabindex: [document.getElementById('tab-chat').tabIndex, document.getElementById('tab-train').tabIndex],
+  }));
+  check(tabState.focused === 'tab-train' && tabState.train === 'true' && tabState.chat === 'false' && tabState.panel &&
+        tabState.tabindex[0] === -1 && tabState.tabindex[1] === 0, 'ArrowRight on the tabs: ' + JSON.stringify(tabState));
+  await page.keyboard.press('ArrowRight'); // wraps around to Chat
+  check(await page.evaluate(() => document.activeElement.id) === 'tab-chat' &&
+        !(await page.isHidden('#panel-chat')), 'ArrowRight from the last tab does not wrap to Chat');
 
   // 6. the Train tab
   await page.waitForSelector('#tab-train:not([hidden])');
