@@ -196,6 +196,35 @@ static void test_kill_and_resume(const char *root)
              "test $(wc -l < %s/a.txt) -eq 12 && cmp %s/a.txt %s/b.txt",
              out_a, out_b, root, root, root, root, root);
     CHECK_MSG(system(cmd) == 0, "logging.jsonl of the resumed run differs from the uninterrupted one");
+
+    /* The same run stopped by SIGTERM after step 7: the trainer finishes the
+     * step, writes checkpoint-7 (not a save step) and exits with 128 + 15;
+     * resumed from it, the log again equals the uninterrupted one. */
+    char out_c[512];
+    snprintf(out_c, sizeof out_c, "%s/resume-term", root);
+    k -= 2;
+    argv[k - 1] = out_c;
+    argv[k] = NULL;
+    setenv("ANYTUNE_DEBUG_TERM_AFTER_STEP", "7", 1);
+    pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    unsetenv("ANYTUNE_DEBUG_TERM_AFTER_STEP");
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM, "SIGTERM: status %d", status);
+    snprintf(cmd, sizeof cmd, "c=$(ls -d %s/v0-*) && test -d $c/checkpoint-7 && test ! -d $c/checkpoint-8 && "
+             "test $(wc -l < $c/logging.jsonl) -eq 7", out_c);
+    CHECK_MSG(system(cmd) == 0, "SIGTERM after step 7: no checkpoint-7, or steps after it");
+    argv[k++] = "--resume_from_checkpoint";
+    argv[k++] = "last";
+    argv[k] = NULL;
+    pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    snprintf(cmd, sizeof cmd,
+             "c=$(ls -d %s/v0-*) && "
+             "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' $c/logging.jsonl > %s/c.txt && "
+             "cmp %s/a.txt %s/c.txt",
+             out_c, root, root, root);
+    CHECK_MSG(system(cmd) == 0, "logging.jsonl of the run resumed after SIGTERM differs from the uninterrupted one");
 }
 
 static void test_full(const char *root)

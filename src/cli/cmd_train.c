@@ -359,7 +359,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
                 res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
     at_comm_finalize();
-    rc = 0;
+    rc = res.stopped_by ? 128 + res.stopped_by : 0; /* as a shell reports a process ended by the signal */
 done:
     cJSON_Delete(plan_json);
     free(args_json);

@@ -806,6 +806,23 @@ static at_status sum_over_ranks(trainer *t, double *loss_sum)
     return st;
 }
 
+/* SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C, the web UI's Stop):
+ * the step under way finishes, every rank stops at the same step boundary
+ * (the flag travels with the step's counts), the last step is checkpointed
+ * and the run ends, so no finished step is lost. A second signal ends the
+ * process at once (the default action). */
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    if (g_stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    g_stop_signal = sig;
+}
+
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
 {
     const at_train_args *a = t->a;
@@ -820,10 +837,14 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     int64_t interval_tokens = 0, tokens_run = 0;
     at_status st = AT_OK;
     res->first_loss = NAN;
+    res->steps_done = start_step;
+    int64_t last_saved = start_step; /* the newest checkpoint's step (start_step: the one resumed from, or none) */
     /* ANYTUNE_DEBUG_KILL_AFTER_STEP=N: the process kills itself (SIGKILL) right
-     * after step N, as a crash would; the resume tests use it. */
-    const char *ks = getenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
-    int64_t kill_after = ks ? strtoll(ks, NULL, 10) : 0;
+     * after step N, as a crash would; ANYTUNE_DEBUG_TERM_AFTER_STEP=N: it sends
+     * itself SIGTERM there, as a scheduler would. The resume tests use them
+     * (an outside signal would race a fast run). */
+    const char *ks = getenv("ANYTUNE_DEBUG_KILL_AFTER_STEP"), *ts = getenv("ANYTUNE_DEBUG_TERM_AFTER_STEP");
+    int64_t kill_after = ks ? strtoll(ks, NULL, 10) : 0, term_after = ts ? strtoll(ts, NULL, 10) : 0;
     for (int64_t step = start_step; step < t->total_steps && st == AT_OK; step++) {
         int64_t epoch = step / t->steps_per_epoch;
         AT_TRY(plan_epoch(t, epoch));
@@ -856,8 +877,14 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             if (st != AT_OK) break;
             for (size_t r = 0; r < batches[m].rows; r++) tokens += batches[m].lengths[r];
         }
-        double counts[3] = {(double)targets, (double)tokens, (double)nll_targets};
-        if (st == AT_OK) st = at_comm_allreduce_f64(t->comm, counts, 3); /* the whole step's, over every rank */
+        double counts[4] = {(double)targets, (double)tokens, (double)nll_targets, g_stop_signal ? 1.0 : 0.0};
+        if (st == AT_OK) st = at_comm_allreduce_f64(t->comm, counts, 4); /* the whole step's, over every rank */
+        if (st == AT_OK && counts[3] > 0) { /* some rank was told to stop: none runs this step */
+            for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
+            free(batches);
+            res->stopped_by = g_stop_signal ? (int)g_stop_signal : SIGTERM;
+            break;
+        }
         targets = (int64_t)counts[0];
         tokens = (int64_t)counts[1];
         t->step_nll_targets = counts[2];
@@ -965,10 +992,23 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
                  (double)tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
         at_progress_update(&bar, done, status);
         if (st == AT_OK && t->rank == 0 &&
-            ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps))
+            ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps)) {
             st = save_checkpoint(t, done);
+            last_saved = done;
+        }
         res->steps_done = done;
         if (kill_after > 0 && done == kill_after) raise(SIGKILL); /* crash tests: die between checkpoints */
+        if (term_after > 0 && done == term_after) raise(SIGTERM);
+    }
+    if (st == AT_OK && res->stopped_by && t->rank == 0) {
+        if (res->steps_done > last_saved) st = save_checkpoint(t, res->steps_done);
+        const char *sig = res->stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
+        if (st == AT_OK && res->steps_done > 0)
+            at_log_warn("%s: stopped after step %lld of %lld, checkpoint-%lld saved; continue with "
+                        "--resume_from_checkpoint last", sig, (long long)res->steps_done, (long long)t->total_steps,
+                        (long long)res->steps_done);
+        else if (st == AT_OK)
+            at_log_warn("%s: stopped before the first step finished: nothing to save", sig);
     }
     at_progress_finish(&bar, NULL);
     res->train_seconds = at_now_seconds() - t0;
@@ -1062,8 +1102,18 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         fprintf(out, "Before training:\n");
         AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
     }
-train:
-    AT_CHECK(train_loop(&t, start_step, res));
+train:;
+    struct sigaction stop_action, old_term, old_int;
+    memset(&stop_action, 0, sizeof stop_action);
+    stop_action.sa_handler = on_stop_signal;
+    sigemptyset(&stop_action.sa_mask);
+    g_stop_signal = 0;
+    sigaction(SIGTERM, &stop_action, &old_term);
+    sigaction(SIGINT, &stop_action, &old_int);
+    st = train_loop(&t, start_step, res);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
+    if (st != AT_OK) goto done;
     if (t.rank != 0) goto done;
     if (t.n_hist) {
         char *img = at_path_join(t.run_dir, "images");
@@ -1076,7 +1126,7 @@ train:
         free(img);
         if (st != AT_OK) goto done;
     }
-    if (a->n_preview_prompts) {
+    if (a->n_preview_prompts && !res->stopped_by) {
         fprintf(out, "After training:\n");
         AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
     }

@@ -88,10 +88,14 @@ typedef struct {
     double last_loss;
     double first_loss;
     double train_seconds;
+    int stopped_by;         /* SIGTERM or SIGINT when a signal ended the run early (after checkpointing
+                               its last step: resume with --resume_from_checkpoint last); 0: it ran to the end */
 } at_train_result;
 
 /* Runs the whole training. Progress goes to stderr, the answers of the
- * preview prompts to `out` (stdout when NULL). */
+ * preview prompts to `out` (stdout when NULL). While the steps run, SIGTERM
+ * and SIGINT stop it at the next step boundary with a checkpoint (returns
+ * AT_OK with res->stopped_by set; a second signal kills the process). */
 at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res);
 
 #endif
