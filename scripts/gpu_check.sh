@@ -6,7 +6,7 @@
 # - the PyTorch training goldens on cuda:0 (test_backward),
 # - the trainer on cuda:0 against the CPU (test_train),
 # - greedy generation of the demo model on cuda:0 equal to the CPU's, in
-#   f32 and with q8_0 weights (anytune infer),
+#   f32 and with q8_0 weights (anytune infer), and DPO's losses (anytune rlhf),
 # - bench_train_gpu: tokens/s and MFU against PyTorch + PEFT on the same GPU.
 # Writes one log per step into OUT_DIR (at most 8 files); exits non-zero when
 # a test fails.
@@ -48,6 +48,24 @@ for q in 0 8; do
     cat "$OUT/infer-cpu-q$q.txt" "$OUT/infer-cuda-q$q.txt" >> "$OUT/infer.txt"
     rm -f "$OUT/infer-cpu-q$q.txt" "$OUT/infer-cuda-q$q.txt"
 done
+# DPO (one pass over the vocabulary with per-row weights) on cuda:0 against the CPU, f32
+for d in cpu cuda; do
+    rm -rf "$OUT/dpo-$d"
+    timeout 120 "$BUNDLE/anytune" rlhf --rlhf_type dpo --device $d --torch_dtype float32 --model demo/stories260K \
+        --dataset tests/data/dpo/dpo_en_demo_8.json --max_steps 3 --logging_steps 1 --max_length 96 \
+        --truncation_strategy left --per_device_train_batch_size 1 --lora_dropout 0 --output_dir "$OUT/dpo-$d" \
+        > /dev/null 2>&1
+    grep -ho '"loss":[^,]*' "$OUT"/dpo-$d/v*/logging.jsonl | cut -d: -f2 > "$OUT/dpo-$d.txt"
+    rm -rf "$OUT/dpo-$d"
+done
+if paste "$OUT/dpo-cpu.txt" "$OUT/dpo-cuda.txt" | awk 'NF == 2 { n++; d = $1 - $2; if (d < 0) d = -d;
+        if (d > 1e-4 * ($1 < 0 ? -$1 : $1) + 1e-6) bad++ } END { exit !(n == 3 && !bad) }'; then
+    echo "dpo: cuda:0 losses equal the CPU's (3 steps):" $(cat "$OUT/dpo-cuda.txt")
+else
+    echo "dpo: cuda:0 and the CPU differ:"; paste "$OUT/dpo-cpu.txt" "$OUT/dpo-cuda.txt"; rc=1
+fi
+cat "$OUT/dpo-cpu.txt" "$OUT/dpo-cuda.txt" >> "$OUT/infer.txt"
+rm -f "$OUT/dpo-cpu.txt" "$OUT/dpo-cuda.txt"
 timeout 420 "$BUNDLE/bench_train_gpu" ${BENCH_ARGS:-} > "$OUT/bench_train_gpu.txt" 2>&1
 echo "bench_train_gpu: exit $?"
 cat "$OUT/bench_train_gpu.txt"
