@@ -19,12 +19,20 @@ for p in $PKGS; do
     missing="$missing $p"
   fi
 done
-if [ -z "$missing" ]; then
-  exit 0
+if [ -n "$missing" ]; then
+  echo "setup: installing:$missing"
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends $missing
 fi
-echo "setup: installing:$missing"
-SUDO=""
-if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends $missing
+# The tests' JavaScript checkers (tests/js: the GGUF reader, transformers.js,
+# playwright-core), from the lock file, when missing or older than it. Here
+# and not in the tests: two tests running npm ci at once would collide.
+cd "$(dirname "$0")/.."
+if [ ! -f tests/js/node_modules/.package-lock.json ] ||
+   [ tests/js/package-lock.json -nt tests/js/node_modules/.package-lock.json ]; then
+  echo "setup: npm ci --prefix tests/js"
+  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+fi

@@ -14,7 +14,15 @@
  *    to llama.cpp's own stories260K.gguf (q/k permutation included), same
  *    vocabulary, and the PyTorch logits when loaded back;
  *  - tokenizers embedded in GGUF (gpt2 and llama kinds) encode llama.cpp's
- *    tokenizer test vectors exactly as Hugging Face did. */
+ *    tokenizer test vectors exactly as Hugging Face did;
+ *  - Hugging Face tokenizer files written from GGUF files (a whole model
+ *    exported --to hf, or a vocabulary-only GGUF), from llama2.c's
+ *    tokenizer.bin and from the byte-level families: read back by our loader
+ *    they encode llama.cpp's vectors as Hugging Face did and everything as
+ *    the tokenizer they came from; the merges derived from Llama 2's scores
+ *    are the ones in transformers' Llama 2 tokenizer.json; tokenizers with no
+ *    such form fail clearly and leave no folder. (test_tokenizer_hf_js.c has
+ *    transformers.js read the same folders.) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +45,7 @@
 #include "testing.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_export.h"
+#include "text/tokenizer_hf_export.h"
 #include "train/run_files.h"
 
 static char tmp_root[64];
@@ -774,6 +783,375 @@ static void test_llama2c_tokenizer(void)
     at_tokenizer_free(back);
 }
 
+/* ---- Hugging Face tokenizer files written from GGUF / llama2.c ------------ */
+
+/* Frees what read_vectors returned. */
+static void free_vectors(size_t n, char **texts, size_t *lens, int32_t **ids, size_t *nids)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(texts[i]);
+        free(ids[i]);
+    }
+    free(texts);
+    free(lens);
+    free(ids);
+    free(nids);
+}
+
+static int ids_equal(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
+}
+
+/* Loads the tokenizer of folder dir (what at_tokenizer_load makes of the
+ * written tokenizer.json + tokenizer_config.json) and checks it against
+ *   - llama.cpp's vectors `vec` (ids Hugging Face gave), when vec is set;
+ *   - src, the tokenizer it was written from: the same ids for the vectors'
+ *     texts (or `texts_of`'s when vec is NULL) and the probe text, the same
+ *     text decoded, the same BOS/EOS/UNK, and BOS added alike;
+ *   - decode(ids) giving the text back (skip when the source does not). */
+static void check_hf_dir(const char *label, const at_tokenizer *src, const char *dir, const char *vec,
+                         const char *texts_of, unsigned flags)
+{
+    at_tokenizer *back = NULL;
+    char **texts = NULL;
+    size_t *lens = NULL, *nids = NULL;
+    int32_t **ids = NULL;
+    size_t n = read_vectors(vec ? vec : texts_of, &texts, &lens, &ids, &nids);
+    CHECK_MSG(n > 0, "%s: no test texts", label);
+    CHECK_OK(at_tokenizer_load(dir, NULL, &back));
+    if (!back) goto done;
+    CHECK(at_tokenizer_bos(back) == at_tokenizer_bos(src) && at_tokenizer_eos(back) == at_tokenizer_eos(src));
+    CHECK_MSG(at_tokenizer_unk(back) == at_tokenizer_unk(src) || at_tokenizer_unk(src) < 0, "%s: unk %d, source %d",
+              label, (int)at_tokenizer_unk(back), (int)at_tokenizer_unk(src));
+    size_t ok = 0, same = 0, dec = 0, round = 0, nonempty = 0;
+    for (size_t i = 0; i <= n; i++) {
+        const char *text = i < n ? texts[i] : at_tokenizer_probe_text();
+        size_t len = i < n ? lens[i] : strlen(text);
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK_OK(at_tokenizer_encode(back, text, len, flags, &a, &na));
+        CHECK_OK(at_tokenizer_encode(src, text, len, flags, &b, &nb));
+        if (vec && i < n) {
+            int good = ids_equal(a, na, ids[i], nids[i]);
+            if (!good) fprintf(stderr, "  %s: case %zu \"%.40s\" differs from Hugging Face's ids\n", label, i, text);
+            ok += (size_t)good;
+        }
+        int alike = ids_equal(a, na, b, nb);
+        if (!alike) fprintf(stderr, "  %s: \"%.40s\" encodes unlike the source tokenizer\n", label, text);
+        same += (size_t)alike;
+        if (na) {
+            char *da = NULL, *db = NULL;
+            size_t la = 0, lb = 0;
+            nonempty++;
+            CHECK_OK(at_tokenizer_decode(back, a, na, 0, &da, &la));
+            CHECK_OK(at_tokenizer_decode(src, a, na, 0, &db, &lb));
+            dec += da && db && la == lb && memcmp(da, db, la) == 0;
+            round += da && la == len && memcmp(da, text, len) == 0;
+            free(da);
+            free(db);
+        }
+        free(a);
+        free(b);
+    }
+    /* BOS (and EOS) from the post-processor, as the source adds them. */
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    CHECK_OK(at_tokenizer_encode(back, "Hello world", 11, AT_TOK_ADD_SPECIAL, &a, &na));
+    CHECK_OK(at_tokenizer_encode(src, "Hello world", 11, AT_TOK_ADD_SPECIAL, &b, &nb));
+    CHECK_MSG(ids_equal(a, na, b, nb), "%s: special tokens added unlike the source", label);
+    free(a);
+    free(b);
+    if (vec) {
+        printf("hf tokenizer %-28s %zu/%zu vectors as Hugging Face", label, ok, n);
+        CHECK_MSG(ok == n, "%s: %zu of %zu vectors differ", label, n - ok, n);
+    } else {
+        printf("hf tokenizer %-28s", label);
+    }
+    printf(", %zu/%zu texts as the source, %zu/%zu decode alike, %zu round trip\n", same, n + 1, dec, nonempty, round);
+    CHECK_MSG(same == n + 1 && dec == nonempty, "%s: differs from its source tokenizer", label);
+done:
+    at_tokenizer_free(back);
+    free_vectors(n, texts, lens, ids, nids);
+}
+
+/* Whether file dir/name holds `want` (a JSON value at key). */
+static cJSON *read_json_in(const char *dir, const char *name)
+{
+    char *p = at_path_join(dir, name);
+    cJSON *j = NULL;
+    CHECK_OK(at_json_parse_file(p, &j));
+    free(p);
+    return j;
+}
+
+/* A model GGUF → Hugging Face folder with at_export_run: the folder has the
+ * tokenizer files, loads in our loader, and encodes as the GGUF did. */
+static void test_hf_from_gguf_model(const char *label, const char *gguf, const char *vec, const char *texts_of,
+                                    int64_t ctx_len)
+{
+    char name[64];
+    snprintf(name, sizeof name, "hf_tok_%s", label);
+    char *out = tmp_path(name);
+    at_export_args a = {.model = gguf, .to = "hf", .output_dir = out, .dtype = AT_DTYPE_COUNT};
+    CHECK_OK(at_export_run(&a));
+    at_gguf *g = NULL;
+    at_tokenizer *src = NULL;
+    CHECK_OK(at_gguf_open(gguf, &g));
+    if (g) CHECK_OK(at_export_gguf_read_tokenizer(g, &src));
+    if (src) check_hf_dir(label, src, out, vec, texts_of, 0);
+    cJSON *cfg = read_json_in(out, "tokenizer_config.json");
+    if (cfg) {
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length");
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(cfg, "tokenizer_class");
+        CHECK(cJSON_IsNumber(mx) && (int64_t)mx->valuedouble == ctx_len);
+        CHECK(cJSON_IsString(cls) && !strcmp(cls->valuestring, "LlamaTokenizerFast"));
+        CHECK(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token")));
+    }
+    cJSON_Delete(cfg);
+    char *mf = at_path_join(out, "special_tokens_map.json");
+    CHECK(at_file_exists(mf));
+    free(mf);
+    at_tokenizer_free(src);
+    at_gguf_close(g);
+    free(out);
+}
+
+/* A vocabulary-only GGUF (no weights): the tokenizer written with
+ * at_tokenizer_hf_write, read back, run on the vectors. */
+static void test_hf_from_gguf_vocab(const char *label, const char *gguf, const char *vec, unsigned flags)
+{
+    char name[64];
+    snprintf(name, sizeof name, "hf_vocab_%s", label);
+    char *out = tmp_path(name);
+    at_gguf *g = NULL;
+    at_tokenizer *src = NULL;
+    CHECK_OK(at_gguf_open(gguf, &g));
+    if (g) CHECK_OK(at_export_gguf_read_tokenizer(g, &src));
+    CHECK_OK(at_mkdirs(out));
+    if (src) {
+        CHECK_OK(at_tokenizer_hf_write(src, NULL, out));
+        check_hf_dir(label, src, out, vec, NULL, flags);
+    }
+    at_tokenizer_free(src);
+    at_gguf_close(g);
+    free(out);
+}
+
+/* Other byte-level families and SentencePiece forms, from the tokenizer
+ * folders of tests/data (Hugging Face files) through our writer. */
+static void test_hf_from_folder(const char *label, const char *path, const char *vec, unsigned flags)
+{
+    char name[64];
+    snprintf(name, sizeof name, "hf_fam_%s", label);
+    char *out = tmp_path(name);
+    at_tokenizer *src = NULL;
+    CHECK_OK(at_tokenizer_load(path, NULL, &src));
+    CHECK_OK(at_mkdirs(out));
+    if (src) {
+        CHECK_OK(at_tokenizer_hf_write(src, NULL, out));
+        check_hf_dir(label, src, out, vec, NULL, flags);
+    }
+    at_tokenizer_free(src);
+    free(out);
+}
+
+/* stories260K two ways, llama.cpp's GGUF and the llama2.c .bin with
+ * tok512.bin (the same vocabulary, stored differently): both exports write
+ * the same tokenizer.json, and the llama2.c tokenizer encodes as the one it
+ * was written from. */
+static void test_hf_stories(void)
+{
+    test_hf_from_gguf_model("stories-gguf", "tests/data/models/stories260K.gguf", NULL, "llama-spm", 2048);
+    char *out = tmp_path("hf_tok_stories-bin");
+    at_export_args a = {.model = "tests/data/models/stories260K.bin", .tokenizer = GOLDEN_DIR "/tok512.bin",
+                        .to = "hf", .output_dir = out, .dtype = AT_F32};
+    CHECK_OK(at_export_run(&a));
+    at_tokenizer *src = NULL;
+    CHECK_OK(at_tokenizer_load(GOLDEN_DIR "/tok512.bin", NULL, &src));
+    if (src) check_hf_dir("stories-llama2c", src, out, NULL, "llama-spm", 0);
+    at_tokenizer_free(src);
+    char *p1 = at_path_join(out, "tokenizer.json"), *p2 = tmp_path("hf_tok_stories-gguf/tokenizer.json");
+    char *t1 = NULL, *t2 = NULL;
+    size_t l1 = 0, l2 = 0;
+    CHECK_OK(at_read_file(p1, &t1, &l1));
+    CHECK_OK(at_read_file(p2, &t2, &l2));
+    CHECK_MSG(t1 && t2 && l1 == l2 && !memcmp(t1, t2, l1),
+              "stories260K: tokenizer.json from the llama2.c tokenizer differs from the one from the GGUF");
+    /* Without --tokenizer: the tokenizer.bin beside the checkpoint, as infer
+     * finds it (here the only tok*.bin). */
+    char *src_dir = tmp_path("l2c_src"), *beside = tmp_path("hf_tok_stories-beside");
+    char *m = at_path_join(src_dir, "model.bin"), *tb = at_path_join(src_dir, "tok512.bin");
+    CHECK_OK(at_mkdirs(src_dir));
+    CHECK_OK(at_export_copy_file("tests/data/models/stories260K.bin", m));
+    CHECK_OK(at_export_copy_file(GOLDEN_DIR "/tok512.bin", tb));
+    at_export_args b = {.model = m, .to = "hf", .output_dir = beside, .dtype = AT_F32};
+    CHECK_OK(at_export_run(&b));
+    char *p3 = at_path_join(beside, "tokenizer.json"), *t3 = NULL;
+    size_t l3 = 0;
+    CHECK_OK(at_read_file(p3, &t3, &l3));
+    CHECK(t1 && t3 && l1 == l3 && !memcmp(t1, t3, l1));
+    free(t3);
+    free(p3);
+    free(m);
+    free(tb);
+    free(src_dir);
+    free(beside);
+    free(t1);
+    free(t2);
+    free(p1);
+    free(p2);
+    free(out);
+}
+
+/* The merges derived from Llama 2's scores are the ones transformers wrote
+ * into Llama 2's tokenizer.json: tests/data/tokenizers/phi-3 holds them
+ * (trimmed: every merge whose parts and result are kept tokens, in the
+ * original order), so ours, filtered the same way, must be that list. */
+static void test_hf_llama_merges(void)
+{
+    at_gguf *g = NULL;
+    at_tokenizer *t = NULL;
+    cJSON *tj = NULL, *cfg = NULL, *map = NULL, *ref = NULL;
+    CHECK_OK(at_gguf_open(TOKDATA "ggml-vocab-llama-spm.gguf", &g));
+    if (g) CHECK_OK(at_export_gguf_read_tokenizer(g, &t));
+    if (t) CHECK_OK(at_tokenizer_hf_build(t, NULL, &tj, &cfg, &map));
+    CHECK_OK(at_json_parse_file(TOKDATA "phi-3/tokenizer.json", &ref));
+    if (tj && ref) {
+        const cJSON *rm = cJSON_GetObjectItemCaseSensitive(ref, "model");
+        const cJSON *kept = cJSON_GetObjectItemCaseSensitive(rm, "vocab");
+        const cJSON *want = cJSON_GetObjectItemCaseSensitive(rm, "merges");
+        const cJSON *ours = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tj, "model"), "merges");
+        const cJSON *w = want ? want->child : NULL, *m;
+        size_t n_ours = 0, matched = 0, bad = 0;
+        char buf[256];
+        cJSON_ArrayForEach(m, ours)
+        {
+            n_ours++;
+            const char *l = cJSON_GetArrayItem(m, 0)->valuestring, *r = cJSON_GetArrayItem(m, 1)->valuestring;
+            snprintf(buf, sizeof buf, "%s%s", l, r);
+            if (!cJSON_GetObjectItemCaseSensitive(kept, l) || !cJSON_GetObjectItemCaseSensitive(kept, r) ||
+                !cJSON_GetObjectItemCaseSensitive(kept, buf))
+                continue;
+            snprintf(buf, sizeof buf, "%s %s", l, r);
+            if (!w || !cJSON_IsString(w) || strcmp(w->valuestring, buf) != 0) {
+                if (bad++ < 3) fprintf(stderr, "  llama merges: ours \"%s\", transformers' \"%s\"\n", buf,
+                                       w && cJSON_IsString(w) ? w->valuestring : "(end)");
+            } else {
+                matched++;
+            }
+            if (w) w = w->next;
+        }
+        printf("hf tokenizer llama merges: %zu derived from scores (Llama 2: 61249); %zu/%d of transformers' "
+               "(trimmed) list matched in order\n",
+               n_ours, matched, cJSON_GetArraySize(want));
+        CHECK(n_ours == 61249);
+        CHECK(bad == 0 && !w && matched == (size_t)cJSON_GetArraySize(want));
+    }
+    if (cfg) {
+        CHECK(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "legacy")));
+        const cJSON *unk = cJSON_GetObjectItemCaseSensitive(map, "unk_token");
+        CHECK(unk && !strcmp(cJSON_GetObjectItemCaseSensitive(unk, "content")->valuestring, "<unk>"));
+    }
+    cJSON_Delete(tj);
+    cJSON_Delete(cfg);
+    cJSON_Delete(map);
+    cJSON_Delete(ref);
+    at_tokenizer_free(t);
+    at_gguf_close(g);
+}
+
+/* Copies tests/data/models/stories260K.gguf to tmp/name with its
+ * tokenizer.ggml.model value ("llama") replaced by `kind` (5 characters). */
+static char *gguf_with_kind(const char *name, const char *kind)
+{
+    char *data = NULL;
+    size_t n = 0;
+    char *p = tmp_path(name);
+    CHECK_OK(at_read_file("tests/data/models/stories260K.gguf", &data, &n));
+    static const char key[] = "tokenizer.ggml.model";
+    for (size_t i = 0; data && i + sizeof key + 12 + 5 < n; i++) {
+        if (memcmp(data + i, key, sizeof key - 1) != 0) continue;
+        char *v = data + i + (sizeof key - 1) + 4 + 8; /* type u32, length u64 */
+        CHECK(memcmp(v, "llama", 5) == 0);
+        memcpy(v, kind, 5);
+        break;
+    }
+    if (data) CHECK_OK(at_write_file_atomic(p, data, n));
+    free(data);
+    return p;
+}
+
+/* Tokenizers with no Hugging Face form: a clear error naming the kind, and
+ * no output folder (the export is staged and renamed). */
+static void test_hf_tokenizer_errors(void)
+{
+    /* a GGUF whose tokenizer kind we do not know */
+    char *bad = gguf_with_kind("bert.gguf", "bert5"), *out = tmp_path("hf_bad_kind");
+    at_export_args a = {.model = bad, .to = "hf", .output_dir = out, .dtype = AT_DTYPE_COUNT};
+    at_status st = at_export_run(&a);
+    CHECK(st != AT_OK && strstr(at_last_error(), "bert5") != NULL);
+    printf("hf tokenizer: unknown GGUF kind: %s\n", at_last_error());
+    CHECK(!at_is_dir(out) && !at_file_exists(out));
+
+    /* a BPE with a subword prefix (WordPiece-like), given as --tokenizer */
+    static const char json[] =
+        "{\"model\": {\"type\": \"BPE\", \"continuing_subword_prefix\": \"##\", \"vocab\": {\"a\": 0, \"b\": 1, "
+        "\"##b\": 2}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"decoder\": {\"type\": "
+        "\"ByteLevel\"}}";
+    char *tj = tmp_path("prefix_tokenizer.bpe.json");
+    CHECK_OK(at_write_file_atomic(tj, json, sizeof json - 1));
+    at_tokenizer *t = NULL;
+    CHECK_OK(at_tokenizer_load(tj, NULL, &t));
+    if (t) {
+        char *dir = tmp_path("hf_prefix");
+        CHECK_OK(at_mkdirs(dir));
+        st = at_tokenizer_hf_write(t, NULL, dir);
+        CHECK(st == AT_ERR_UNSUPPORTED && strstr(at_last_error(), "prefix") != NULL);
+        printf("hf tokenizer: subword prefix: %s\n", at_last_error());
+        char *f = at_path_join(dir, "tokenizer.json");
+        CHECK(!at_file_exists(f));
+        free(f);
+        free(dir);
+        at_tokenizer_free(t);
+    }
+    at_export_args b = {.model = "tests/data/models/stories260K.bin", .tokenizer = tj, .to = "hf",
+                        .output_dir = out, .dtype = AT_F32};
+    st = at_export_run(&b);
+    CHECK(st == AT_ERR_UNSUPPORTED && strstr(at_last_error(), "prefix") != NULL);
+    CHECK(!at_is_dir(out) && !at_file_exists(out));
+    free(tj);
+    free(bad);
+    free(out);
+}
+
+static void test_hf_tokenizers(void)
+{
+    test_hf_from_gguf_model("llama-2-tiny", "tests/data/models/llama-2-tiny-random.gguf", "llama-spm", NULL, 4096);
+    /* the same folder with special tokens in the text (legacy "▁" after </s>) */
+    {
+        char *out = tmp_path("hf_tok_llama-2-tiny");
+        at_gguf *g = NULL;
+        at_tokenizer *src = NULL;
+        CHECK_OK(at_gguf_open("tests/data/models/llama-2-tiny-random.gguf", &g));
+        if (g) CHECK_OK(at_export_gguf_read_tokenizer(g, &src));
+        if (src) check_hf_dir("llama-2-tiny (+special)", src, out, "tinyllama", NULL, AT_TOK_PARSE_SPECIAL);
+        at_tokenizer_free(src);
+        at_gguf_close(g);
+        free(out);
+    }
+    test_hf_stories();
+    test_hf_from_gguf_vocab("llama-spm", TOKDATA "ggml-vocab-llama-spm.gguf", "llama-spm", 0);
+    test_hf_from_gguf_vocab("gpt-2", "tests/data/tokexport/ggml-vocab-gpt-2.gguf", "gpt-2", 0);
+    test_hf_from_folder("llama-bpe (Llama 3)", TOKDATA "llama3", "llama-bpe", 0);
+    test_hf_from_folder("qwen2", TOKDATA "qwen2", "qwen2", 0);
+    test_hf_from_folder("qwen2 (Qwen3 json)", TOKDATA "qwen3/tokenizer.json", "qwen2", 0);
+    test_hf_from_folder("falcon", TOKDATA "falcon", "falcon", 0);
+    test_hf_from_folder("llama-spm (Phi-3 json)", TOKDATA "phi-3", "phi-3", 0);
+    test_hf_llama_merges();
+    test_hf_tokenizer_errors();
+}
+
 /* ---- the command line ---------------------------------------------------- */
 
 static void test_cli(void)
@@ -813,6 +1191,22 @@ static void test_cli(void)
     snprintf(cmd, sizeof cmd, "%s export --model " GOLDEN_DIR "/llama_gqa --to hf --quant q9 --output_dir %s/x 2>/dev/null",
              bin, tmp_root);
     CHECK(WEXITSTATUS(system(cmd)) == 2);
+    /* A GGUF model to a Hugging Face folder: the tokenizer comes along. */
+    char *hf = tmp_path("cli_hf_from_gguf");
+    snprintf(cmd, sizeof cmd, "%s export --model tests/data/models/stories260K.gguf --to hf --output_dir %s --quiet 2>/dev/null",
+             bin, hf);
+    CHECK(system(cmd) == 0);
+    at_tokenizer *t = NULL;
+    CHECK_OK(at_tokenizer_load(hf, NULL, &t));
+    if (t) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK_OK(at_tokenizer_encode(t, "Once upon a time", 16, AT_TOK_ADD_SPECIAL, &ids, &n));
+        CHECK(n > 1 && ids[0] == 1 && at_tokenizer_vocab_size(t) == 512);
+        free(ids);
+    }
+    at_tokenizer_free(t);
+    free(hf);
     free(f);
     free(out);
 }
@@ -851,6 +1245,7 @@ int main(void)
     test_gguf_tokenizer("llama-spm (Phi-3 tokenizer.json)", TOKDATA "phi-3", "llama-spm", 0, "llama", NULL);
     test_gguf_tokenizer("tinyllama (+parse_special)", TOKDATA "tinyllama", "tinyllama", AT_TOK_PARSE_SPECIAL, "llama",
                         NULL);
+    test_hf_tokenizers();
     test_cli();
     CHECK(no_staging_left());
     at_remove_tree(tmp_root);

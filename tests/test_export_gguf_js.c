@@ -6,8 +6,8 @@
  * (innermost first) and types. The expectations are written here from the
  * model configs and llama.cpp's naming rules, not from our writer.
  *
- * The package is installed into tests/js/node_modules with `npm ci` (the
- * versions pinned by tests/js/package-lock.json) when it is not there yet. */
+ * The package is installed into tests/js/node_modules by scripts/setup.sh
+ * (npm ci, the versions pinned by tests/js/package-lock.json). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,18 +206,13 @@ int main(void)
     char *text = cJSON_Print(all);
     CHECK_OK(at_write_file_atomic(expect_path, text, strlen(text)));
 
-    /* The reader: installed on first use from the lock file. */
-    if (!at_file_exists("tests/js/node_modules/@huggingface/gguf/package.json")) {
-        printf("installing @huggingface/gguf: npm ci --prefix tests/js\n");
-        fflush(stdout);
-        int rc = system("npm ci --prefix tests/js --no-audit --no-fund --loglevel=error");
-        CHECK_MSG(rc == 0, "npm ci --prefix tests/js failed (status %d): the npm registry is needed once to install "
-                  "@huggingface/gguf (pinned in tests/js/package-lock.json)", rc);
+    /* The reader (scripts/setup.sh installs it from the lock file). */
+    if (at_test_js_ready("@huggingface/gguf")) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "node tests/js/check_gguf.mjs %s", expect_path);
+        int rc = system(cmd);
+        CHECK_MSG(rc == 0, "@huggingface/gguf disagrees with the expected layout (status %d)", rc);
     }
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "node tests/js/check_gguf.mjs %s", expect_path);
-    int rc = system(cmd);
-    CHECK_MSG(rc == 0, "@huggingface/gguf disagrees with the expected layout (status %d)", rc);
 
     free(text);
     free(expect_path);

@@ -63,3 +63,19 @@ struct at_backend *at_test_gpu_backend(void)
     free(list);
     return gpu;
 }
+
+int at_test_js_ready(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "tests/js/node_modules/%s/package.json", name);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        fclose(f);
+        return 1;
+    }
+    at_test_checks++;
+    at_test_failures++;
+    fprintf(stderr, "%s is not installed in tests/js/node_modules: run scripts/setup.sh (it runs npm ci --prefix "
+            "tests/js from the pinned package-lock.json; the npm registry is needed once)\n", name);
+    return 0;
+}

@@ -40,4 +40,10 @@ double at_test_max_rel_err(const float *got, const float *want, size_t n, double
 struct at_backend;
 struct at_backend *at_test_gpu_backend(void);
 
+/* Whether the npm package `name` of the JavaScript checkers is installed in
+ * tests/js/node_modules (scripts/setup.sh runs npm ci there; the tests do
+ * not, since two of them installing at once would collide). When it is not,
+ * a failed check says so and 0 is returned. */
+int at_test_js_ready(const char *name);
+
 #endif

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "ops/ops.h"
+#include "text/tokenizer_hf_export.h"
 
 #define DEFAULT_SHARD ((int64_t)5000000000LL)
 
@@ -319,9 +320,15 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
     }
     AT_CHECK(write_config(w, o->source_dir, dtype, staging));
     AT_CHECK(copy_if_present(o->source_dir, "generation_config.json", staging));
-    const char *tdir = o->tokenizer_dir ? o->tokenizer_dir : o->source_dir;
-    for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++)
-        AT_CHECK(copy_if_present(tdir, tokenizer_files[i], staging));
+    if (o->tokenizer) {
+        at_tokenizer_hf_opts to = {.chat_template = o->chat_template,
+                                   .model_max_length = w->cfg.max_position_embeddings};
+        AT_CHECK(at_tokenizer_hf_write(o->tokenizer, &to, staging));
+    } else {
+        const char *tdir = o->tokenizer_dir ? o->tokenizer_dir : o->source_dir;
+        for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++)
+            AT_CHECK(copy_if_present(tdir, tokenizer_files[i], staging));
+    }
     AT_CHECK(at_export_commit(staging, out_dir));
     at_log_info("export: wrote %s (%zu tensors, %s, %zu file%s)", out_dir, l.n, torch_dtype_name(dtype), n_shards,
                 n_shards == 1 ? "" : "s");

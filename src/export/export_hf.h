@@ -12,7 +12,12 @@
  *   tokenizer files                   copied: tokenizer.json, tokenizer_config.json,
  *                                     special_tokens_map.json, added_tokens.json,
  *                                     vocab.json, merges.txt, tokenizer.model,
- *                                     chat_template.jinja (those present)
+ *                                     chat_template.jinja (those present);
+ *                                     or, given a loaded tokenizer (a GGUF or
+ *                                     llama2.c source), written from it:
+ *                                     tokenizer.json, tokenizer_config.json,
+ *                                     special_tokens_map.json
+ *                                     (text/tokenizer_hf_export.h)
  *   MANIFEST.sha256
  * Tensors carry Hugging Face names and the output dtype (norm weights and
  * biases too, as save_pretrained does); the tied lm_head is not written. The
@@ -26,6 +31,7 @@
 #include "base/status.h"
 #include "model/adapter.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 typedef struct {
     at_dtype dtype;          /* AT_F32, AT_BF16, AT_F16; AT_DTYPE_COUNT: the model's own
@@ -33,6 +39,8 @@ typedef struct {
     int64_t max_shard_size;  /* bytes per safetensors file; 0: 5 GB (HF's default) */
     const char *source_dir;  /* model folder to take config.json / generation_config.json from; may be NULL */
     const char *tokenizer_dir; /* folder to copy tokenizer files from; NULL: source_dir */
+    const at_tokenizer *tokenizer; /* when non-NULL: tokenizer files written from it (nothing copied) */
+    const char *chat_template; /* with tokenizer: tokenizer_config.json's chat_template; may be NULL */
     int overwrite;           /* replace an existing out_dir */
     int progress;            /* progress bar on stderr */
 } at_export_hf_opts;

@@ -1,6 +1,7 @@
 /* The export job (export_job.h). */
 #include "export/export_job.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,117 @@ static int has_any(const char *dir, const char *const *names, size_t n)
     return 0;
 }
 
+/* Whether dir holds Hugging Face tokenizer files worth copying as they are. */
+static int has_hf_tokenizer(const char *dir)
+{
+    static const char *const one[] = {"tokenizer.json", "tokenizer.model"};
+    static const char *const vm[] = {"vocab.json", "merges.txt"};
+    if (has_any(dir, one, 2)) return 1;
+    return has_any(dir, vm, 1) && has_any(dir, vm + 1, 1);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The chat template text of the tokenizer folder dir (chat_template.jinja or
+ * tokenizer_config.json), or NULL; a template that does not parse is left
+ * out with a warning. A new string. */
+static char *folder_template(const char *dir)
+{
+    at_chat_template *ct = NULL;
+    char *s = NULL;
+    at_status st = at_chat_template_load(dir, NULL, NULL, &ct);
+    if (st == AT_OK) s = strdup(at_chat_template_source(ct));
+    else if (st != AT_ERR_NOT_FOUND) at_log_warn("export: chat template of %s left out: %s", dir, at_last_error());
+    at_clear_error();
+    at_chat_template_free(ct);
+    return s;
+}
+
+/* The tokenizer and chat template a GGUF file embeds. AT_ERR_NOT_FOUND (no
+ * message kept) when the file is no GGUF or has no tokenizer. */
+static at_status gguf_tokenizer(const char *path, at_tokenizer **tok, char **tmpl)
+{
+    at_gguf *g = NULL;
+    if (at_gguf_open(path, &g) != AT_OK) {
+        at_clear_error();
+        return AT_ERR_NOT_FOUND;
+    }
+    at_status st = tok ? at_export_gguf_read_tokenizer(g, tok) : AT_OK;
+    const char *ct = NULL;
+    if (st == AT_OK && at_gguf_get_string(g, "tokenizer.chat_template", &ct, NULL) == AT_OK && ct[0] &&
+        !(*tmpl = strdup(ct)))
+        st = at_error(AT_ERR_NOMEM, "export: out of memory");
+    at_gguf_close(g);
+    if (st == AT_ERR_NOT_FOUND) at_clear_error();
+    else if (st != AT_OK) at_error_wrap(st, "export: the tokenizer of %s", path);
+    return st;
+}
+
+/* Where an HF export takes its tokenizer from: either *copy_dir (a folder
+ * whose Hugging Face tokenizer files are copied as they are; new string) or
+ * *tok (a loaded tokenizer the files are written from) with *tmpl (its chat
+ * template, new string or NULL), or neither (a warning: no tokenizer).
+ *   --tokenizer DIR holding tokenizer.json / vocab.json+merges.txt /
+ *     tokenizer.model, or --tokenizer .../tokenizer.json: copied (with the
+ *     config files of its folder); any other --tokenizer: loaded;
+ *   a GGUF source: its embedded tokenizer;
+ *   a folder or llama2.c source: the folder's HF files, else what
+ *     at_tokenizer_load reads there (encoder.json + vocab.bpe, tokenizer.bin)
+ *     or the one tok*.bin.
+ * The chat template of a written tokenizer: a GGUF source's, else the one of
+ * the folder the tokenizer came from. */
+static at_status hf_tokenizer_source(const at_export_args *a, int is_dir, const char *model_dir, char **copy_dir,
+                                     at_tokenizer **tok, char **tmpl)
+{
+    *copy_dir = NULL;
+    *tok = NULL;
+    *tmpl = NULL;
+    at_status st = AT_OK;
+    char *bin = NULL;
+    if (a->tokenizer) {
+        int dir = at_is_dir(a->tokenizer);
+        if (dir ? has_hf_tokenizer(a->tokenizer) : ends_with(a->tokenizer, "tokenizer.json")) {
+            *copy_dir = dir ? strdup(a->tokenizer) : dir_of(a->tokenizer);
+            return *copy_dir ? AT_OK : at_error(AT_ERR_NOMEM, "export: out of memory");
+        }
+        st = at_tokenizer_load(a->tokenizer, NULL, tok);
+        if (st != AT_OK) return at_error_wrap(st, "export: --tokenizer %s", a->tokenizer);
+        if (is_dir || gguf_tokenizer(a->model, NULL, tmpl) != AT_OK) *tmpl = dir ? folder_template(a->tokenizer) : NULL;
+        return AT_OK;
+    }
+    if (!is_dir) {
+        st = gguf_tokenizer(a->model, tok, tmpl);
+        if (st != AT_ERR_NOT_FOUND) return st;
+        /* not a GGUF, or one without a tokenizer: look beside the file */
+    }
+    static const char *const encoder[] = {"encoder.json"};
+    if (has_hf_tokenizer(model_dir)) {
+        *copy_dir = strdup(model_dir);
+        return *copy_dir ? AT_OK : at_error(AT_ERR_NOMEM, "export: out of memory");
+    }
+    if (has_any(model_dir, encoder, 1)) {
+        st = at_tokenizer_load(model_dir, NULL, tok);
+    } else if (at_tokenizer_find_llama2c(model_dir, &bin) == AT_OK) {
+        st = at_tokenizer_load(bin, NULL, tok);
+    } else {
+        at_clear_error();
+        at_log_warn("export: no tokenizer found for %s (pass --tokenizer): the folder will have none", a->model);
+        /* a folder source may still have chat_template.jinja and the like */
+        *copy_dir = is_dir ? strdup(model_dir) : NULL;
+        return !is_dir || *copy_dir ? AT_OK : at_error(AT_ERR_NOMEM, "export: out of memory");
+    }
+    if (st != AT_OK)
+        at_error_wrap(st, "export: the tokenizer in %s (pass --tokenizer to use another)", bin ? bin : model_dir);
+    else
+        *tmpl = folder_template(model_dir);
+    free(bin);
+    return st;
+}
+
 /* The tokenizer for a GGUF export from a folder or llama2.c source: the one
  * asked for, else the model folder's, else tokenizer.bin beside a llama2.c
  * file. *tok stays NULL (with a warning) when there is none at all. */
@@ -91,7 +203,7 @@ at_status at_export_run(const at_export_args *a)
     at_tokenizer *tok = NULL;
     at_chat_template *ct = NULL;
     at_gguf *src_gguf = NULL;
-    char *model_dir = NULL, *tdir = NULL, *staging = NULL, *path = NULL;
+    char *model_dir = NULL, *tdir = NULL, *staging = NULL, *path = NULL, *tmpl = NULL;
     at_status st;
     int is_dir = at_is_dir(a->model);
     model_dir = is_dir ? strdup(a->model) : dir_of(a->model);
@@ -119,11 +231,14 @@ at_status at_export_run(const at_export_args *a)
             goto done;
         }
         if (ad) AT_CHECK(at_merge_lora(w, ad));
+        AT_CHECK(hf_tokenizer_source(a, is_dir, model_dir, &tdir, &tok, &tmpl));
         at_export_hf_opts ho = {
             .dtype = a->dtype,
             .max_shard_size = a->max_shard_size,
             .source_dir = is_dir ? a->model : NULL,
-            .tokenizer_dir = a->tokenizer ? (at_is_dir(a->tokenizer) ? a->tokenizer : NULL) : model_dir,
+            .tokenizer_dir = tdir,
+            .tokenizer = tok,
+            .chat_template = tmpl,
             .overwrite = a->overwrite,
             .progress = a->progress,
         };
@@ -179,6 +294,7 @@ done:
     free(path);
     free(model_dir);
     free(tdir);
+    free(tmpl);
     at_chat_template_free(ct);
     at_tokenizer_free(tok);
     at_gguf_close(src_gguf);

@@ -59,41 +59,14 @@ static void model_name(const char *path, char *out, size_t cap)
     if (!out[0]) snprintf(out, cap, "model");
 }
 
-/* A llama2.c tokenizer next to a .bin: tokenizer.bin, else the only tok*.bin. */
+/* A llama2.c tokenizer next to a .bin (text/tokenizer.h finds it). */
 static at_status find_llama2c_tokenizer(const char *model, char **out)
 {
-    *out = NULL;
     char *dir = dir_of(model);
     if (!dir) return at_error(AT_ERR_NOMEM, "out of memory");
-    char *p = at_path_join(dir, "tokenizer.bin");
-    if (p && at_file_exists(p)) {
-        free(dir);
-        *out = p;
-        return AT_OK;
-    }
-    free(p);
-    p = NULL;
-    int found = 0;
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, "tok", 3) || !ends_with(e->d_name, ".bin")) continue;
-        found++;
-        free(p);
-        p = at_path_join(dir, e->d_name);
-    }
-    if (d) closedir(d);
-    at_status st = AT_OK;
-    if (found == 1 && p) {
-        *out = p;
-        p = NULL;
-    } else {
-        st = at_error(AT_ERR_NOT_FOUND, "%s: no tokenizer.bin (or a single tok*.bin) in %s; give --tokenizer", model,
-                      dir);
-    }
-    free(p);
+    at_status st = at_tokenizer_find_llama2c(dir, out);
     free(dir);
-    return st;
+    return st == AT_OK ? AT_OK : at_error_wrap(st, "%s: give --tokenizer", model);
 }
 
 /* A string element of a GGUF array (pointer into g). */

@@ -2,6 +2,7 @@
  * streaming decode, and the choice of loader. The parts live in tok_*.c. */
 #include "text/tokenizer.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
@@ -477,6 +478,35 @@ static int ends_with(const char *s, const char *suffix)
 {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+at_status at_tokenizer_find_llama2c(const char *dir, char **path)
+{
+    *path = NULL;
+    char *p = at_path_join(dir, "tokenizer.bin");
+    if (!p) return at_error(AT_ERR_NOMEM, "out of memory");
+    if (at_file_exists(p)) {
+        *path = p;
+        return AT_OK;
+    }
+    free(p);
+    p = NULL;
+    int found = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "tok", 3) != 0 || !ends_with(e->d_name, ".bin")) continue;
+        found++;
+        free(p);
+        p = at_path_join(dir, e->d_name);
+    }
+    if (d) closedir(d);
+    if (found == 1 && p) {
+        *path = p;
+        return AT_OK;
+    }
+    free(p);
+    return at_error(AT_ERR_NOT_FOUND, "no tokenizer.bin (or a single tok*.bin) in %s", dir);
 }
 
 static at_status load_json_file(const char *path, const char *dir, at_tokenizer **out)

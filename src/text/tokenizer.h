@@ -46,6 +46,12 @@ typedef struct {
  * component this library lacks is an AT_ERR_UNSUPPORTED naming it. */
 at_status at_tokenizer_load(const char *path, const at_tokenizer_opts *opts, at_tokenizer **out);
 
+/* The llama2.c tokenizer file in folder dir: dir/tokenizer.bin, else the one
+ * tok*.bin there (llama2.c's tok512.bin, ...). *path: a new string (free()).
+ * AT_ERR_NOT_FOUND, with a message naming dir, when there is none or several
+ * tok*.bin. */
+at_status at_tokenizer_find_llama2c(const char *dir, char **path);
+
 /* Builds a tokenizer from the text of a tokenizer.json; `what` names it in
  * errors. */
 at_status at_tokenizer_from_json(const char *json, size_t len, const char *what, at_tokenizer **out);

@@ -202,9 +202,11 @@ at_status at_tokenizer_to_gguf(const at_tokenizer *t, at_tokenizer_gguf **out)
     int spm = !byte_level && (llama2c || m->byte_fallback || m->kind == TOK_MODEL_SCORES || has_dec(t, TOK_DEC_METASPACE) ||
                               has_dec(t, TOK_DEC_REPLACE));
     if (!byte_level && !spm)
-        return at_error(AT_ERR_UNSUPPORTED, "tokenizer: neither byte-level BPE nor SentencePiece-style: no GGUF form");
+        return at_error(AT_ERR_UNSUPPORTED, "tokenizer: neither byte-level BPE nor SentencePiece-style BPE "
+                                            "(no ByteLevel decoder, byte fallback or \"\xE2\x96\x81\" spaces): not supported");
     if (m->cont_prefix || m->eow_suffix)
-        return at_error(AT_ERR_UNSUPPORTED, "tokenizer: BPE with subword prefixes/suffixes has no GGUF form");
+        return at_error(AT_ERR_UNSUPPORTED, "tokenizer: BPE with a subword prefix or suffix (continuing_subword_prefix "
+                                            "/ end_of_word_suffix, WordPiece-like) is not supported");
     at_status st = AT_OK;
     merge_rec *recs = NULL;
     at_tokenizer_gguf *g = calloc(1, sizeof *g);
