@@ -18,9 +18,14 @@
  *    the output open; a child ignoring SIGTERM is killed after the grace;
  *  - `anytune serve` has the page but not the train endpoints; an API key
  *    guards the train endpoints but not the page;
- *  - the program: `anytune web-ui` prints its URL, tests/js/webui_check.mjs
- *    drives the page in Debian's chromium (playwright-core), and SIGTERM
- *    stops the server and the job it runs. */
+ *  - `anytune web-ui` without --api_key prints its URL with a random token
+ *    (>= 128 bits, another on each start): without it (or with a wrong one)
+ *    the train endpoints and the OpenAI API answer 401, with it they work;
+ *    --api_key K prints ?token=K;
+ *  - the program: tests/js/webui_check.mjs drives the page opened from the
+ *    printed URL in Debian's chromium (playwright-core): it sends the token,
+ *    which leaves the address bar; SIGTERM stops the server and the job it
+ *    runs. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -587,17 +592,25 @@ static int have_program(const char *name)
     return system(cmd) == 0;
 }
 
-/* Starts `anytune web-ui` on a free port; returns its pid and port. */
-static pid_t start_webui(const char *bin, int *port, int *err_fd)
+/* Starts `anytune web-ui` on a free port (with --api_key api_key unless
+ * NULL); returns its pid, port, the token its URL carries (into
+ * token[cap]) and the read end of its stderr. */
+static pid_t start_webui(const char *bin, const char *api_key, int *port, char *token, size_t cap, int *err_fd)
 {
     int err[2];
     *port = 0;
+    token[0] = 0;
+    *err_fd = -1;
     if (pipe(err) != 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
         dup2(err[1], 2);
         close(err[0]);
-        execl(bin, bin, "web-ui", "--model", DEMO_MODEL, "--port", "0", "--max_batch_size", "2", (char *)NULL);
+        if (api_key)
+            execl(bin, bin, "web-ui", "--model", DEMO_MODEL, "--port", "0", "--max_batch_size", "2", "--api_key",
+                  api_key, (char *)NULL);
+        else
+            execl(bin, bin, "web-ui", "--model", DEMO_MODEL, "--port", "0", "--max_batch_size", "2", (char *)NULL);
         _exit(127);
     }
     close(err[1]);
@@ -610,13 +623,132 @@ static pid_t start_webui(const char *bin, int *port, int *err_fd)
         if (g <= 0) break;
         len += (size_t)g;
         text[len] = 0;
-        /* "open http://127.0.0.1:PORT/ in a browser": loopback by default */
+        /* "open http://127.0.0.1:PORT/?token=TOKEN in a browser": loopback by default */
         char *at = strstr(text, "open http://127.0.0.1:");
-        if (at && strchr(at, '\n')) *port = atoi(at + 22);
+        char *eol = at ? strchr(at, '\n') : NULL;
+        if (!eol) continue;
+        *port = atoi(at + 22);
+        const char *q = strstr(at, "/?token=");
+        const char *sp = q && q < eol ? strchr(q, ' ') : NULL;
+        if (sp && sp < eol && (size_t)(sp - q - 8) < cap) {
+            memcpy(token, q + 8, (size_t)(sp - q - 8));
+            token[sp - q - 8] = 0;
+        }
     }
     CHECK_MSG(*port > 0, "web-ui printed no URL on 127.0.0.1: %s", len ? text : "(nothing)");
+    CHECK_MSG(token[0], "web-ui's URL carries no ?token=: %s", len ? text : "(nothing)");
     *err_fd = err[0];
     return pid;
+}
+
+/* SIGTERM, and SIGKILL if it has not exited within timeout_s; returns its wait status (-1: killed). */
+static int stop_webui(pid_t pid, int err_fd, double timeout_s)
+{
+    int status = -1;
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        double t0 = now_s();
+        while (now_s() - t0 < timeout_s && waitpid(pid, &status, WNOHANG) == 0) usleep(20000);
+        if (waitpid(pid, NULL, WNOHANG) == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            status = -1;
+        }
+    }
+    if (err_fd >= 0) close(err_fd);
+    return status;
+}
+
+static int finished_ok(const cJSON *j) { return not_running(j); }
+
+/* web-ui without --api_key: a random token guards the train endpoints and
+ * the OpenAI API (every account on the machine reaches 127.0.0.1); the
+ * page itself needs none (it takes the token from its URL). A second start
+ * gets another token; --api_key K is the token. */
+static void test_token(const char *bin)
+{
+    int port = 0, err_fd = -1, st;
+    char token[128], token2[128], auth[256], wrong[256], body[512];
+    pid_t pid = start_webui(bin, NULL, &port, token, sizeof token, &err_fd);
+    if (pid > 0 && port > 0 && token[0]) {
+        size_t n = strlen(token);
+        CHECK_MSG(n >= 32 && strspn(token, "0123456789abcdef") == n, "token %s: want >= 32 hex digits (128 bits)",
+                  token);
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", token);
+        /* the same length, one digit changed */
+        snprintf(wrong, sizeof wrong, "Authorization: Bearer %.*s%c\r\n", (int)n - 1, token,
+                 token[n - 1] == '0' ? '1' : '0');
+        http_resp r;
+        CHECK(http(port, "GET", "/", NULL, NULL, &r) && r.status == 200);
+        free(r.body);
+        cJSON *j = get_json(port, "GET", "/ui/api/config", NULL, NULL, &st);
+        CHECK(st == 200 && cJSON_IsTrue(cJSON_GetObjectItem(j, "auth")) && cJSON_IsTrue(cJSON_GetObjectItem(j, "train")));
+        cJSON_Delete(j);
+        snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"max_steps\": 1, "
+                 "\"logging_steps\": 1, \"output_dir\": \"%s/token\"}", tmp);
+        const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2}";
+        const char *const refused[] = {NULL, wrong, "Authorization: Bearer \r\n", "Authorization: token\r\n"};
+        for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+            j = get_json(port, "POST", "/ui/api/train", refused[i], body, &st);
+            CHECK_MSG(st == 401, "POST /ui/api/train with %s: %d, want 401", refused[i] ? refused[i] : "no key", st);
+            cJSON_Delete(j);
+            j = get_json(port, "POST", "/v1/chat/completions", refused[i], chat, &st);
+            CHECK_MSG(st == 401, "POST /v1/chat/completions with %s: %d, want 401", refused[i] ? refused[i] : "no key",
+                      st);
+            cJSON_Delete(j);
+        }
+        j = get_json(port, "GET", "/ui/api/train/status", NULL, NULL, &st);
+        CHECK_MSG(st == 401, "status without the token: %d", st);
+        cJSON_Delete(j);
+        j = get_json(port, "GET", "/v1/models", NULL, NULL, &st);
+        CHECK_MSG(st == 401, "/v1/models without the token: %d", st);
+        cJSON_Delete(j);
+        /* the refused starts started nothing */
+        j = get_json(port, "GET", "/ui/api/train/status", auth, NULL, &st);
+        CHECK_MSG(st == 200 && jstr(j, "state", NULL) && !strcmp(jstr(j, "state", NULL), "idle"),
+                  "after the refused starts: %d %s", st, jstr(j, "state", NULL));
+        cJSON_Delete(j);
+        /* with it: an answer, and a 1-step job that runs to its end */
+        j = get_json(port, "POST", "/v1/chat/completions", auth, chat, &st);
+        CHECK_MSG(st == 200 && jnum(cJSON_GetObjectItem(j, "usage"), "completion_tokens") > 0,
+                  "chat with the token: %d", st);
+        cJSON_Delete(j);
+        j = get_json(port, "POST", "/ui/api/train", auth, body, &st);
+        CHECK_MSG(st == 200 && jnum(j, "pid") > 0, "start with the token: %d %s", st, jstr(j, "error", "message"));
+        cJSON_Delete(j);
+        j = poll_status(port, auth, finished_ok, 60);
+        CHECK_MSG(jstr(j, "state", NULL) && !strcmp(jstr(j, "state", NULL), "finished") && jnum(j, "log_total") == 1,
+                  "the job started with the token: %s, %g rows", jstr(j, "state", NULL), jnum(j, "log_total"));
+        cJSON_Delete(j);
+        printf("token: %zu hex digits; without it (or with a wrong one) 401 on train, chat, status, models; "
+               "with it a chat answer and a 1-step job\n", n);
+    }
+    CHECK_MSG(stop_webui(pid, err_fd, 30) == 0, "web-ui did not exit 0 on SIGTERM");
+
+    /* another start, another token; the first no longer opens anything */
+    pid = start_webui(bin, NULL, &port, token2, sizeof token2, &err_fd);
+    if (pid > 0 && port > 0 && token2[0]) {
+        CHECK_MSG(strcmp(token, token2), "two starts printed the same token %s", token);
+        cJSON *j = get_json(port, "GET", "/ui/api/train/status", auth, NULL, &st);
+        CHECK_MSG(st == 401, "the first start's token on the second: %d", st);
+        cJSON_Delete(j);
+    }
+    stop_webui(pid, err_fd, 30);
+
+    /* --api_key K: K is the token, printed in the URL */
+    const char *key = "my-key_1.x~K";
+    pid = start_webui(bin, key, &port, token, sizeof token, &err_fd);
+    if (pid > 0 && port > 0) {
+        CHECK_MSG(!strcmp(token, key), "web-ui --api_key %s printed ?token=%s", key, token);
+        cJSON *j = get_json(port, "GET", "/ui/api/train/status", NULL, NULL, &st);
+        CHECK_MSG(st == 401, "--api_key: status without it: %d", st);
+        cJSON_Delete(j);
+        j = get_json(port, "GET", "/ui/api/train/status", "Authorization: Bearer my-key_1.x~K\r\n", NULL, &st);
+        CHECK_MSG(st == 200, "--api_key: status with it: %d", st);
+        cJSON_Delete(j);
+    }
+    stop_webui(pid, err_fd, 30);
+    printf("token: a second start has another; --api_key %s prints ?token=%s\n", key, token);
 }
 
 static void test_browser(const char *bin)
@@ -626,19 +758,16 @@ static void test_browser(const char *bin)
     CHECK_MSG(ok_node && ok_npm && ok_chromium, "the browser test needs node, npm and /usr/bin/chromium: run "
               "scripts/setup.sh (node %d, npm %d, chromium %d)", ok_node, ok_npm, ok_chromium);
     if (!ok_node || !ok_npm || !ok_chromium) return;
-    if (!at_file_exists("tests/js/node_modules/playwright-core/package.json")) {
-        printf("installing playwright-core: npm ci --prefix tests/js\n");
-        fflush(stdout);
-        int rc = system("npm ci --prefix tests/js --no-audit --no-fund --loglevel=error");
-        CHECK_MSG(rc == 0, "npm ci --prefix tests/js failed (status %d): the npm registry is needed once to install "
-                  "playwright-core (pinned in tests/js/package-lock.json)", rc);
-        if (rc != 0) return;
-    }
+    if (!at_test_js_ready("playwright-core")) return; /* scripts/setup.sh installs it */
     int port = 0, err_fd = -1;
-    pid_t pid = start_webui(bin, &port, &err_fd);
-    if (pid > 0 && port > 0) {
+    char token[128], auth[256];
+    pid_t pid = start_webui(bin, NULL, &port, token, sizeof token, &err_fd);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", token);
+    if (pid > 0 && port > 0 && token[0]) {
+        /* the URL web-ui printed: the page must work from it alone */
         char cmd[512];
-        snprintf(cmd, sizeof cmd, "node tests/js/webui_check.mjs http://127.0.0.1:%d/ %s/browser", port, tmp);
+        snprintf(cmd, sizeof cmd, "node tests/js/webui_check.mjs 'http://127.0.0.1:%d/?token=%s' %s/browser", port,
+                 token, tmp);
         double t0 = now_s();
         int rc = system(cmd);
         CHECK_MSG(rc == 0, "tests/js/webui_check.mjs failed (status %d)", rc);
@@ -649,11 +778,11 @@ static void test_browser(const char *bin)
         snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"max_steps\": "
                  "1000000, \"logging_steps\": 1, \"save_steps\": 1000000, \"output_dir\": \"%s/sigterm\"}", tmp);
         int st;
-        cJSON *j = get_json(port, "POST", "/ui/api/train", NULL, body, &st);
+        cJSON *j = get_json(port, "POST", "/ui/api/train", auth, body, &st);
         int job = (int)jnum(j, "pid");
         CHECK_MSG(st == 200 && job > 0, "start: %d", st);
         cJSON_Delete(j);
-        j = poll_status(port, NULL, six_rows, 60);
+        j = poll_status(port, auth, six_rows, 60);
         cJSON_Delete(j);
         kill(pid, SIGTERM);
         int status = -1;
@@ -710,6 +839,7 @@ int main(void)
         }
         test_job_processes();
         test_modes(b, bin);
+        test_token(bin);
         test_browser(bin);
     }
     at_bundle_free(b);

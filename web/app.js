@@ -3,6 +3,18 @@
 'use strict';
 
 window.AT = (function () {
+  // ?token=KEY, in the URL `anytune web-ui` prints: the API key for this
+  // tab's session. Taken off the address bar at once, so that it is not left
+  // in the tab's history, a bookmark or a copied link.
+  const params = new URLSearchParams(location.search);
+  if (params.has('token')) {
+    const token = params.get('token');
+    if (token) sessionStorage.setItem('anytune-api-key', token);
+    params.delete('token');
+    const rest = params.toString();
+    history.replaceState(history.state, '', location.pathname + (rest ? '?' + rest : '') + location.hash);
+  }
+
   const keyInput = document.getElementById('api-key');
   keyInput.value = sessionStorage.getItem('anytune-api-key') || '';
   keyInput.addEventListener('change', () => {
@@ -10,7 +22,7 @@ window.AT = (function () {
     document.dispatchEvent(new Event('anytune-key'));
   });
 
-  // Request headers: JSON body, and the key when one was typed.
+  // Request headers: JSON body, and the key when there is one.
   function headers(json) {
     const h = {};
     if (json) h['Content-Type'] = 'application/json';
@@ -60,7 +72,8 @@ window.AT = (function () {
   // GET /ui/api/config once; the tabs wait on it.
   const config = fetch('/ui/api/config').then((r) => r.json()).catch(() => ({ train: false, auth: false }));
   config.then((c) => {
-    if (c.auth) showKeyBox();
+    // a key from the URL (or typed before) needs no box; a 401 shows it
+    if (c.auth && !keyInput.value) showKeyBox();
     document.getElementById('tab-train').hidden = !c.train;
   });
 

@@ -2,10 +2,20 @@
  * chat page at / until SIGTERM or SIGINT, which stop it gracefully: no new
  * connections, requests in flight finish (cancelled after
  * --shutdown_timeout seconds), exit 0. `anytune web-ui` (cmd_webui.c) is the
- * same with the page's Train tab (cmd_serve.h). */
+ * same with the page's Train tab (cmd_serve.h).
+ *
+ * web-ui always wants an API key: loopback is every local account's, and the
+ * Train tab runs programs as the user who started it. Without --api_key it
+ * makes a random token, as Jupyter does, and prints the page's URL with
+ * ?token=...; the page keeps it as its key (web/app.js). serve stays an
+ * open OpenAI-compatible API unless --api_key is given, as vLLM. */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
@@ -37,6 +47,59 @@ static const at_opt_spec specs[] = {
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
+/* web-ui's token: 24 bytes (192 bits) from /dev/urandom as 48 hex digits
+ * into hex[49]. */
+static at_status random_token(char hex[49])
+{
+    unsigned char raw[24];
+    size_t got = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return at_error(AT_ERR_IO, "/dev/urandom: %s (web-ui needs it for its access token)", strerror(errno));
+    while (got < sizeof raw) {
+        ssize_t n = read(fd, raw + got, sizeof raw - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            close(fd);
+            return at_error(AT_ERR_IO, "/dev/urandom: %s (web-ui needs it for its access token)", strerror(e));
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        hex[2 * i] = digits[raw[i] >> 4];
+        hex[2 * i + 1] = digits[raw[i] & 15];
+    }
+    hex[2 * sizeof raw] = 0;
+    memset(raw, 0, sizeof raw);
+    return AT_OK;
+}
+
+/* key percent-encoded for a URL's query (RFC 3986 unreserved characters
+ * kept) into out[cap]; cut to an empty string if it does not fit. */
+static void url_encode(const char *key, char *out, size_t cap)
+{
+    static const char digits[] = "0123456789ABCDEF";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+        int keep = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                   strchr("-._~", *p);
+        if (n + (keep ? 1 : 3) >= cap) {
+            out[0] = 0;
+            return;
+        }
+        if (keep) {
+            out[n++] = (char)*p;
+        } else {
+            out[n++] = '%';
+            out[n++] = digits[*p >> 4];
+            out[n++] = digits[*p & 15];
+        }
+    }
+    out[n] = 0;
+}
+
 static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int sig) { stop_signal = sig; }
@@ -49,6 +112,9 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     memcpy(sp, specs, sizeof sp);
     for (int i = 0; i < NSPECS; i++)
         if (!strcmp(sp[i].name, "port")) sp[i].def = c->default_port;
+        else if (!strcmp(sp[i].name, "api_key") && c->webui_train)
+            sp[i].help = "require Authorization: Bearer KEY (default: a random token; the printed URL "
+                         "carries it as ?token=KEY and the page keeps it)";
     at_options *o = NULL;
     int prc = at_cli_parse(sp, NSPECS, argc, argv, c->command, c->usage, &o);
     if (prc >= 0) return prc;
@@ -70,6 +136,7 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     int rc = 1;
     at_bundle *b = NULL;
     at_server *srv = NULL;
+    char token[49] = {0}, *query = NULL;
     if (at_opt_int(o, "max_body_bytes") < 1024 || at_opt_int(o, "max_batch_size") < 1) {
         at_error(AT_ERR_INVALID, "--max_body_bytes must be >= 1024 and --max_batch_size >= 1");
         goto fail;
@@ -84,6 +151,21 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     so.max_body_bytes = (size_t)at_opt_int(o, "max_body_bytes");
     so.max_queue = (int)at_opt_int(o, "max_queue");
     so.api_key = at_opt_str(o, "api_key");
+    if (c->webui_train && (!so.api_key || !so.api_key[0])) {
+        /* an empty --api_key would leave the Train tab open: a token instead */
+        if (random_token(token) != AT_OK) goto fail;
+        so.api_key = token;
+    }
+    if (c->webui_train) {
+        size_t cap = 3 * strlen(so.api_key) + 8;
+        query = malloc(cap);
+        if (!query) {
+            at_error(AT_ERR_NOMEM, "out of memory for the page's URL");
+            goto fail;
+        }
+        memcpy(query, "?token=", 7);
+        url_encode(so.api_key, query + 7, cap - 7);
+    }
     so.served_model_name = at_opt_str(o, "served_model_name");
     so.webui_train = c->webui_train;
     if (at_server_start(b, &so, &srv) != AT_OK) goto fail;
@@ -92,17 +174,12 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
             so.served_model_name ? so.served_model_name : b->name, b->tmpl ? "" : " (no chat template)", host,
             at_server_port(srv), so.max_batch_size, at_bundle_context(b, so.max_model_len), b->n_adapters,
             b->n_adapters == 1 ? "" : "s");
-    fprintf(stderr, "anytune %s: %s: open http://%s:%d/ in a browser\n", c->command,
-            c->webui_train ? "chat and training" : "chat page", host, at_server_port(srv));
+    fprintf(stderr, "anytune %s: %s: open http://%s:%d/%s in a browser\n", c->command,
+            c->webui_train ? "chat and training" : "chat page", host, at_server_port(srv), query ? query : "");
     if (c->webui_train && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
-        fprintf(stderr, "anytune %s: warning: listening on %s: whoever reaches this port can start training jobs "
-                        "that read and write files as you%s\n",
-                c->command, host, so.api_key ? "" : " (no --api_key set)");
-    else if (c->webui_train && !so.api_key)
-        /* loopback is every local account's, not only yours */
-        fprintf(stderr, "anytune %s: note: without --api_key, every user of this machine can start training jobs "
-                        "here that read and write files as you\n",
-                c->command);
+        fprintf(stderr, "anytune %s: warning: listening on %s: the token travels over plain HTTP, and whoever "
+                        "learns it can start training jobs that read and write files as you\n",
+                c->command, host);
     fflush(stderr);
     /* SIGTERM/SIGINT are blocked in every thread we create, but a library may
      * start threads of its own that do not block them: a handler catches the
@@ -123,6 +200,8 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
 fail:
     rc = at_cli_fail();
 done:
+    free(query);
+    memset(token, 0, sizeof token);
     at_bundle_free(b);
     at_options_free(o);
     return rc;

@@ -11,8 +11,9 @@
  * The page's files live in web/ in the source tree and are compiled into
  * the program at build time (web/embed.cmake writes webui_assets.c), so the
  * page works offline and needs nothing beside the binary. The page and its
- * files need no API key (the page asks for it); the train endpoints need
- * it when the server has one, accept only JSON bodies (a cross-site form
+ * files need no API key (the page takes it from its URL's ?token=, which
+ * `anytune web-ui` prints, or asks for it); the train endpoints need it
+ * when the server has one (web-ui always has one), accept only JSON bodies (a cross-site form
  * cannot send one without a CORS preflight, which is never granted),
  * refuse an Origin other than the server's own, and refuse a Host header
  * that names neither a loopback address nor the address the server listens

@@ -13,12 +13,19 @@
 //    never HTML; a stream that ends without [DONE] shows as an error;
 //  - the tabs follow the ARIA tabs pattern (arrow keys, aria-selected);
 //  - the Train tab refuses a bad field with the server's message, runs a
-//    3-step job, and draws one loss point per row of its logging.jsonl.
-// Usage: node tests/js/webui_check.mjs URL TMPDIR   (run by tests/test_webui.c)
+//    3-step job, and draws one loss point per row of its logging.jsonl;
+//  - the token: opened from the URL web-ui printed (?token=...), the page
+//    drops the token from the address bar, shows no key box, sends
+//    Authorization: Bearer TOKEN on every API request, and still has it
+//    after a reload; a page opened without it asks for a key; the API
+//    refuses a request without it (401).
+// Usage: node tests/js/webui_check.mjs URL?token=TOKEN TMPDIR   (run by tests/test_webui.c)
 import { chromium } from 'playwright-core';
 import { readFileSync } from 'node:fs';
 
 const [url, tmpdir] = process.argv.slice(2);
+const token = new URL(url).searchParams.get('token');
+const base = new URL('/', url).toString(); // the page without the token
 let failures = 0, checks = 0;
 function check(cond, msg) {
   checks++;
@@ -27,7 +34,8 @@ function check(cond, msg) {
     console.error('webui_check: FAIL: ' + msg);
   }
 }
-const api = (path) => new URL(path, url).toString();
+const api = (path) => new URL(path, base).toString();
+const auth = { Authorization: 'Bearer ' + token };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const browser = await chromium.launch({ executablePath: '/usr/bin/chromium', headless: true, args: ['--no-sandbox'] });
@@ -36,8 +44,37 @@ try {
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  // every API request the page makes (the routed ones too), to check their key
+  const apiRequests = [];
+  page.on('request', (r) => {
+    const p = new URL(r.url()).pathname;
+    if (p.startsWith('/v1/') || p.startsWith('/ui/api/train')) apiRequests.push(r);
+  });
+  check(token && token.length >= 32, 'the URL carries no token: ' + url);
   await page.goto(url);
   await page.waitForFunction(() => document.querySelectorAll('#model option').length > 0);
+
+  // 0. the token: off the address bar, no key box, kept across a reload
+  check(page.url() === base && !page.url().includes(token) && await page.evaluate(() => location.search === ''),
+        'the address bar after load: ' + page.url());
+  check(await page.isHidden('#key-box'), 'the key box is shown although the URL gave the token');
+  await page.reload();
+  await page.waitForFunction(() => document.querySelectorAll('#model option').length > 0);
+  check(await page.isHidden('#key-box') && page.url() === base, 'after a reload the page lost its key');
+  const noKey = await fetch(api('/v1/chat/completions'), {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 }),
+  });
+  check(noKey.status === 401, `chat without the token: ${noKey.status}`);
+  {
+    // another browser session, opened without the token: it has to ask
+    const other = await browser.newPage();
+    await other.goto(base);
+    await other.waitForSelector('#key-box:not([hidden])', { timeout: 10000 });
+    check(await other.locator('#model option').count() === 0, 'a page without the token listed the models');
+    await other.close();
+  }
+  console.log('webui_check: the token left the address bar and is sent; without it 401');
 
   // 1. a greedy answer, streamed, equals the API's whole answer
   await page.fill('#temperature', '0');
@@ -46,7 +83,9 @@ try {
   const respP = page.waitForResponse((r) => r.url().endsWith('/v1/chat/completions'));
   await page.fill('#prompt', 'Who are you?');
   await page.click('#send');
-  const sent = JSON.parse((await reqP).postData());
+  const sentReq = await reqP;
+  const sent = JSON.parse(sentReq.postData());
+  check((await sentReq.allHeaders()).authorization === 'Bearer ' + token, 'the chat request carries no token');
   await page.waitForSelector('.msg.assistant[data-state="done"]', { timeout: 60000 });
   const shown = await page.textContent('.msg.assistant .text');
   check(sent.stream === true && sent.temperature === 0 && sent.max_tokens === 60 && sent.top_k === 40 &&
@@ -58,7 +97,7 @@ try {
   delete plain.stream_options;
   const whole = async (body) => {
     const r = await fetch(api('/v1/chat/completions'), {
-      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+      method: 'POST', headers: { 'Content-Type': 'application/json', ...auth }, body: JSON.stringify(body),
     });
     return (await r.json()).choices[0].message.content;
   };
@@ -229,6 +268,12 @@ try {
   // the one error answer expected: the bad lora_rank (400)
   const unexpected = errors.filter((e) => !e.includes('status of 400'));
   check(unexpected.length === 0, 'page errors: ' + unexpected.join(' | '));
+  // the models, chats, train start, status polls: each with the token
+  const keyless = [];
+  for (const r of apiRequests)
+    if ((await r.allHeaders()).authorization !== 'Bearer ' + token) keyless.push(r.method() + ' ' + r.url());
+  check(apiRequests.length >= 8 && keyless.length === 0,
+        `${keyless.length} of ${apiRequests.length} API requests without the token: ${keyless.slice(0, 5).join(', ')}`);
 } finally {
   await browser.close();
 }
