@@ -34,5 +34,8 @@ cd "$(dirname "$0")/.."
 if [ ! -f tests/js/node_modules/.package-lock.json ] ||
    [ tests/js/package-lock.json -nt tests/js/node_modules/.package-lock.json ]; then
   echo "setup: npm ci --prefix tests/js"
-  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+  # a registry hiccup should not fail the whole setup: three tries
+  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error ||
+    { sleep 10; npm ci --prefix tests/js --no-audit --no-fund --loglevel=error; } ||
+    { sleep 30; npm ci --prefix tests/js --no-audit --no-fund --loglevel=error; }
 fi
