@@ -147,13 +147,47 @@ static pid_t spawn(char *const argv[])
     return pid;
 }
 
+/* The run of argv (its last two items "--output_dir", dir) with the debug
+ * variable env=7: it must end with `status` (a wait status check), then,
+ * resumed from its last checkpoint, log what the uninterrupted run logged
+ * (root/whole.txt, timings left out). */
+static void interrupt_and_resume(char **argv, int k, const char *root, const char *dir, const char *env,
+                                 int (*ended_as_expected)(int status), const char *what)
+{
+    argv[k - 1] = (char *)dir;
+    argv[k] = NULL;
+    setenv(env, "7", 1);
+    int status = 0;
+    pid_t pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    unsetenv(env);
+    CHECK_MSG(ended_as_expected(status), "%s: the run ended with status %d", what, status);
+    argv[k] = "--resume_from_checkpoint";
+    argv[k + 1] = "last";
+    argv[k + 2] = NULL;
+    pid = spawn(argv);
+    waitpid(pid, &status, 0);
+    argv[k] = NULL;
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the resumed run ended with status %d", what, status);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "r=$(ls -d %s/v0-*) && sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' "
+             "$r/logging.jsonl > %s/resumed.txt && cmp %s/whole.txt %s/resumed.txt",
+             dir, root, root, root);
+    CHECK_MSG(system(cmd) == 0, "%s: logging.jsonl of the resumed run differs from the uninterrupted one", what);
+}
+
+static int killed(int status) { return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL; }
+static int stopped_by_sigterm(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM; }
+
 static void test_kill_and_resume(const char *root)
 {
     const char *bin = getenv("ANYTUNE_BIN");
     if (!bin) bin = "build/anytune";
-    char out_a[512], out_b[512];
+    char out_a[512], out_b[512], out_c[512];
     snprintf(out_a, sizeof out_a, "%s/resume-whole", root);
     snprintf(out_b, sizeof out_b, "%s/resume-killed", root);
+    snprintf(out_c, sizeof out_c, "%s/resume-term", root);
     char *common[] = {"--model", (char *)MODEL, "--dataset", (char *)DATA, "--model_name", "anytune",
                       "--learning_rate", "1e-3", "--logging_steps", "1", "--save_steps", "3", "--max_steps", "12",
                       "--lora_dropout", "0.1", "--per_device_train_batch_size", "2", "--seed", "7"};
@@ -170,61 +204,26 @@ static void test_kill_and_resume(const char *root)
     pid_t pid = spawn(argv);
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-
-    /* The same run, killed with SIGKILL after step 7 (checkpoint-6 is the last
-     * one written): the trainer raises it on itself at that point, which is
-     * deterministic where an outside kill would race a fast run. */
-    argv[k - 1] = out_b;
-    setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "7", 1);
-    pid = spawn(argv);
-    waitpid(pid, &status, 0);
-    unsetenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
-    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the run was not killed (status %d)", status);
-    argv[k++] = "--resume_from_checkpoint";
-    argv[k++] = "last";
-    argv[k] = NULL;
-    pid = spawn(argv);
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-
-    /* logging.jsonl of both runs: same steps, same losses and norms, bit for bit */
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "a=$(ls -d %s/v0-*) && b=$(ls -d %s/v0-*) && "
-             "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' $a/logging.jsonl > %s/a.txt && "
-             "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' $b/logging.jsonl > %s/b.txt && "
-             "test $(wc -l < %s/a.txt) -eq 12 && cmp %s/a.txt %s/b.txt",
-             out_a, out_b, root, root, root, root, root);
-    CHECK_MSG(system(cmd) == 0, "logging.jsonl of the resumed run differs from the uninterrupted one");
+             "a=$(ls -d %s/v0-*) && sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' "
+             "$a/logging.jsonl > %s/whole.txt && test $(wc -l < %s/whole.txt) -eq 12",
+             out_a, root, root);
+    CHECK_MSG(system(cmd) == 0, "the uninterrupted run did not log 12 steps");
 
-    /* The same run stopped by SIGTERM after step 7: the trainer finishes the
-     * step, writes checkpoint-7 (not a save step) and exits with 128 + 15;
-     * resumed from it, the log again equals the uninterrupted one. */
-    char out_c[512];
-    snprintf(out_c, sizeof out_c, "%s/resume-term", root);
-    k -= 2;
-    argv[k - 1] = out_c;
-    argv[k] = NULL;
-    setenv("ANYTUNE_DEBUG_TERM_AFTER_STEP", "7", 1);
-    pid = spawn(argv);
-    waitpid(pid, &status, 0);
-    unsetenv("ANYTUNE_DEBUG_TERM_AFTER_STEP");
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM, "SIGTERM: status %d", status);
+    /* Killed with SIGKILL after step 7 (checkpoint-6 is the last one written):
+     * the trainer raises it on itself at that point, which is deterministic
+     * where an outside kill would race a fast run. */
+    interrupt_and_resume(argv, k, root, out_b, "ANYTUNE_DEBUG_KILL_AFTER_STEP", killed, "SIGKILL after step 7");
+
+    /* Stopped by SIGTERM after step 7: the trainer finishes the step, writes
+     * checkpoint-7 (not a save step) and exits with 128 + 15. */
+    interrupt_and_resume(argv, k, root, out_c, "ANYTUNE_DEBUG_TERM_AFTER_STEP", stopped_by_sigterm,
+                         "SIGTERM after step 7");
+    /* checkpoint-7 from the stop, none at 8 (the stop came right after 7), 9 from the resumed run */
     snprintf(cmd, sizeof cmd, "c=$(ls -d %s/v0-*) && test -d $c/checkpoint-7 && test ! -d $c/checkpoint-8 && "
-             "test $(wc -l < $c/logging.jsonl) -eq 7", out_c);
-    CHECK_MSG(system(cmd) == 0, "SIGTERM after step 7: no checkpoint-7, or steps after it");
-    argv[k++] = "--resume_from_checkpoint";
-    argv[k++] = "last";
-    argv[k] = NULL;
-    pid = spawn(argv);
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    snprintf(cmd, sizeof cmd,
-             "c=$(ls -d %s/v0-*) && "
-             "sed -E 's/\"tokens_per_s\":[^,}]*,?//; s/\"memory_mb\":[^,}]*,?//' $c/logging.jsonl > %s/c.txt && "
-             "cmp %s/a.txt %s/c.txt",
-             out_c, root, root, root);
-    CHECK_MSG(system(cmd) == 0, "logging.jsonl of the run resumed after SIGTERM differs from the uninterrupted one");
+             "test -d $c/checkpoint-9", out_c);
+    CHECK_MSG(system(cmd) == 0, "SIGTERM after step 7: not checkpoint-7 alone at the stop");
 }
 
 static void test_full(const char *root)
