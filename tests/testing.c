@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
+#include "base/file.h"
 #include "device/registry.h"
 
 int at_test_failures;
@@ -78,4 +80,26 @@ int at_test_js_ready(const char *name)
     fprintf(stderr, "%s is not installed in tests/js/node_modules: run scripts/setup.sh (it runs npm ci --prefix "
             "tests/js from the pinned package-lock.json; the npm registry is needed once)\n", name);
     return 0;
+}
+
+void at_test_js_check(const char *dir, const cJSON *expect, const char *package, const char *script,
+                      const char *reader)
+{
+    char path[512], cmd[1200];
+    snprintf(path, sizeof path, "%s/expect.json", dir);
+    char *text = cJSON_Print(expect);
+    at_test_checks++;
+    if (!text || at_write_file_atomic(path, text, strlen(text)) != AT_OK) {
+        at_test_failures++;
+        fprintf(stderr, "cannot write %s\n", path);
+    } else if (at_test_js_ready(package)) {
+        snprintf(cmd, sizeof cmd, "node tests/js/%s %s", script, path);
+        int rc = system(cmd);
+        at_test_checks++;
+        if (rc != 0) {
+            at_test_failures++;
+            fprintf(stderr, "%s disagrees with the expectations of %s (status %d)\n", reader, path, rc);
+        }
+    }
+    free(text);
 }

@@ -46,4 +46,11 @@ struct at_backend *at_test_gpu_backend(void);
  * a failed check says so and 0 is returned. */
 int at_test_js_ready(const char *name);
 
+/* The expectations `expect` (JSON) written to dir/expect.json and checked by
+ * the node script tests/js/SCRIPT with the npm package `package` (a failed
+ * check names `reader` when the script disagrees). */
+struct cJSON;
+void at_test_js_check(const char *dir, const struct cJSON *expect, const char *package, const char *script,
+                      const char *reader);
+
 #endif
