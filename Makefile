@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 
-.PHONY: all setup run test test-release test-asan clean configure FORCE
+.PHONY: all setup setup-test run test test-release test-asan clean configure FORCE
 
 all: $(BUILD)/anytune
 
@@ -22,11 +22,14 @@ FORCE:
 setup:
 	scripts/setup.sh
 
+setup-test:
+	scripts/setup.sh --test
+
 run: setup $(BUILD)/anytune
 	$(BUILD)/anytune env
 	$(BUILD)/anytune sft
 
-test: setup
+test: setup-test
 	$(MAKE) test-release
 	$(MAKE) test-asan
 

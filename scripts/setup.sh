@@ -1,16 +1,32 @@
 #!/bin/sh
 # Install the Debian packages anytune needs, only those that are missing.
-# Usage: scripts/setup.sh [--dev]   (--dev adds what the goldens/benchmarks need)
+# Usage: scripts/setup.sh [--test] [--dev]
+#   (none)  what building and running need (make run)
+#   --test  also what the test suite needs (make test): clang's sanitizers,
+#           chromium, node and npm, and the tests' npm packages
+#   --dev   also what regenerating the goldens and the benchmarks' PyTorch side need
 set -e
+test_deps=0
+dev_deps=0
+for a in "$@"; do
+  case "$a" in
+    --test) test_deps=1 ;;
+    --dev) dev_deps=1 ;;
+    *) echo "setup: unknown option $a (use --test, --dev)" >&2; exit 2 ;;
+  esac
+done
 PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
-libopenblas-dev libdnnl-dev openmpi-bin chromium"
-# node and npm (the web UI's browser test, the GGUF reader check): Debian's,
-# unless some node is already on PATH (e.g. NodeSource's, which bundles npm
-# and conflicts with Debian's npm package)
-if ! command -v node >/dev/null 2>&1; then PKGS="$PKGS nodejs"; fi
-if ! command -v npm >/dev/null 2>&1; then PKGS="$PKGS npm"; fi
-if [ "$1" = "--dev" ]; then
+libopenblas-dev libdnnl-dev openmpi-bin"
+if [ $test_deps = 1 ]; then
+  PKGS="$PKGS chromium"
+  # node and npm (the web UI's browser test, the GGUF and tokenizer readers):
+  # Debian's, unless some node is already on PATH (e.g. NodeSource's, which
+  # bundles npm and conflicts with Debian's npm package)
+  if ! command -v node >/dev/null 2>&1; then PKGS="$PKGS nodejs"; fi
+  if ! command -v npm >/dev/null 2>&1; then PKGS="$PKGS npm"; fi
+fi
+if [ $dev_deps = 1 ]; then
   PKGS="$PKGS python3-torch python3-jinja2 python3-numpy libopenblas0-openmp"
 fi
 missing=""
@@ -30,6 +46,7 @@ fi
 # The tests' JavaScript checkers (tests/js: the GGUF reader, transformers.js,
 # playwright-core), from the lock file, when missing or older than it. Here
 # and not in the tests: two tests running npm ci at once would collide.
+[ $test_deps = 1 ] || exit 0
 cd "$(dirname "$0")/.."
 if [ ! -f tests/js/node_modules/.package-lock.json ] ||
    [ tests/js/package-lock.json -nt tests/js/node_modules/.package-lock.json ]; then
