@@ -1125,6 +1125,100 @@ static void test_hf_tokenizer_errors(void)
     free(out);
 }
 
+/* Token bytes JSON must escape or cannot hold, through a llama2.c
+ * tokenizer.bin (which stores any bytes): control characters, quote and
+ * backslash come back byte for byte from the written tokenizer.json (parsed
+ * by cJSON, an independent reader of JSON escapes); a repeated token keeps
+ * its first id; invalid UTF-8 and NUL fail naming the token's id and leave
+ * no tokenizer.json. */
+static void write_l2c(const char *path, const char *const *toks, const size_t *lens, size_t n)
+{
+    size_t cap = 4 + n * 8, off = 0;
+    for (size_t i = 0; i < n; i++) cap += lens[i];
+    char *b = malloc(cap);
+    int32_t maxlen = 16;
+    memcpy(b, &maxlen, 4);
+    off = 4;
+    for (size_t i = 0; i < n; i++) {
+        float score = -(float)i;
+        int32_t len = (int32_t)lens[i];
+        memcpy(b + off, &score, 4);
+        memcpy(b + off + 4, &len, 4);
+        memcpy(b + off + 8, toks[i], lens[i]);
+        off += 8 + lens[i];
+    }
+    CHECK_OK(at_write_file_atomic(path, b, off));
+    free(b);
+}
+
+static void test_hf_odd_tokens(void)
+{
+    static const char *const good[] = {"\n<unk>\n", "\n<s>\n", "\n</s>\n", "a", "\n", "\t\x01\x1f\"\\", "\x7f", "a"};
+    size_t lens[8];
+    for (size_t i = 0; i < 8; i++) lens[i] = strlen(good[i]);
+    char *bin = tmp_path("odd_tok.bin"), *dir = tmp_path("hf_odd");
+    CHECK_OK(at_mkdirs(dir));
+    write_l2c(bin, good, lens, 8);
+    at_tokenizer *t = NULL;
+    CHECK_OK(at_tokenizer_load(bin, NULL, &t));
+    if (t) CHECK_OK(at_tokenizer_hf_write(t, NULL, dir));
+    at_tokenizer_free(t);
+    cJSON *tj = read_json_in(dir, "tokenizer.json");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tj, "model"), "vocab");
+    const cJSON *e;
+    CHECK((e = cJSON_GetObjectItemCaseSensitive(v, "\n")) && e->valueint == 4);
+    CHECK((e = cJSON_GetObjectItemCaseSensitive(v, "\t\x01\x1f\"\\")) && e->valueint == 5);
+    CHECK((e = cJSON_GetObjectItemCaseSensitive(v, "\x7f")) && e->valueint == 6);
+    CHECK((e = cJSON_GetObjectItemCaseSensitive(v, "a")) && e->valueint == 3);
+    CHECK(cJSON_GetArraySize(v) == 7); /* the second "a" (id 7) is left out */
+    cJSON_Delete(tj);
+    at_tokenizer *back = NULL;
+    CHECK_OK(at_tokenizer_load(dir, NULL, &back));
+    at_tokenizer_free(back);
+
+    static const char *const bad[][4] = {{"\n<unk>\n", "\n<s>\n", "\n</s>\n", "a\xff"}, {"\n<unk>\n", "\n<s>\n", "\n</s>\n", "a\0b"}};
+    for (int k = 0; k < 2; k++) {
+        size_t bl[4] = {7, 5, 6, k ? 3u : 2u};
+        char name[32];
+        snprintf(name, sizeof name, "hf_odd_bad%d", k);
+        char *bdir = tmp_path(name), *f = at_path_join(bdir, "tokenizer.json");
+        CHECK_OK(at_mkdirs(bdir));
+        write_l2c(bin, bad[k], bl, 4);
+        t = NULL;
+        CHECK_OK(at_tokenizer_load(bin, NULL, &t));
+        if (t) {
+            at_status st = at_tokenizer_hf_write(t, NULL, bdir);
+            CHECK_MSG(st == AT_ERR_UNSUPPORTED && strstr(at_last_error(), "token 3 "), "odd token %d: %s", k,
+                      at_last_error());
+            CHECK(!at_file_exists(f));
+        }
+        at_tokenizer_free(t);
+        free(f);
+        free(bdir);
+    }
+    free(bin);
+    free(dir);
+}
+
+/* --tokenizer naming a file that is not called tokenizer.json (here
+ * "my-tokenizer.json" beside nothing else) is that tokenizer, loaded and
+ * written: not the folder's (absent) tokenizer.json copied. */
+static void test_hf_tokenizer_file_arg(void)
+{
+    char *src = tmp_path("named_tok"), *out = tmp_path("hf_named_tok");
+    char *f = at_path_join(src, "my-tokenizer.json"), *w = at_path_join(out, "tokenizer.json");
+    CHECK_OK(at_mkdirs(src));
+    CHECK_OK(at_export_copy_file(TOKDATA "phi-3/tokenizer.json", f));
+    at_export_args a = {.model = "tests/data/models/stories260K.bin", .tokenizer = f, .to = "hf",
+                        .output_dir = out, .dtype = AT_F32};
+    CHECK_OK(at_export_run(&a));
+    CHECK_MSG(at_file_exists(w), "--tokenizer %s: the export has no tokenizer.json", f);
+    free(w);
+    free(f);
+    free(src);
+    free(out);
+}
+
 static void test_hf_tokenizers(void)
 {
     test_hf_from_gguf_model("llama-2-tiny", "tests/data/models/llama-2-tiny-random.gguf", "llama-spm", NULL, 4096);
@@ -1150,6 +1244,8 @@ static void test_hf_tokenizers(void)
     test_hf_from_folder("llama-spm (Phi-3 json)", TOKDATA "phi-3", "phi-3", 0);
     test_hf_llama_merges();
     test_hf_tokenizer_errors();
+    test_hf_odd_tokens();
+    test_hf_tokenizer_file_arg();
 }
 
 /* ---- the command line ---------------------------------------------------- */

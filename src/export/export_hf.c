@@ -241,9 +241,16 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
     tensor_list l = {0};
     char *staging = NULL, *path = NULL;
     size_t *shard_of = NULL, n_shards = 0;
-    cJSON *index = NULL;
+    cJSON *index = NULL, *tok_json = NULL, *tok_cfg = NULL, *tok_map = NULL;
     at_status st = AT_OK;
     AT_CHECK(at_export_each_hf_tensor(w, list_add, &l));
+    /* The tokenizer files are built before any shard is written: a tokenizer
+     * with no Hugging Face form fails in a moment, not after gigabytes. */
+    if (o->tokenizer) {
+        at_tokenizer_hf_opts to = {.chat_template = o->chat_template,
+                                   .model_max_length = w->cfg.max_position_embeddings};
+        AT_CHECK(at_tokenizer_hf_build(o->tokenizer, &to, &tok_json, &tok_cfg, &tok_map));
+    }
 
     /* Shards as save_pretrained makes them: tensors in order, a new file when
      * the next tensor would take this one past max_shard_size. */
@@ -321,9 +328,7 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
     AT_CHECK(write_config(w, o->source_dir, dtype, staging));
     AT_CHECK(copy_if_present(o->source_dir, "generation_config.json", staging));
     if (o->tokenizer) {
-        at_tokenizer_hf_opts to = {.chat_template = o->chat_template,
-                                   .model_max_length = w->cfg.max_position_embeddings};
-        AT_CHECK(at_tokenizer_hf_write(o->tokenizer, &to, staging));
+        AT_CHECK(at_tokenizer_hf_save(tok_json, tok_cfg, tok_map, staging));
     } else {
         const char *tdir = o->tokenizer_dir ? o->tokenizer_dir : o->source_dir;
         for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++)
@@ -338,6 +343,9 @@ done:
     free(path);
     free(shard_of);
     cJSON_Delete(index);
+    cJSON_Delete(tok_json);
+    cJSON_Delete(tok_cfg);
+    cJSON_Delete(tok_map);
     list_free(&l);
     return st;
 }

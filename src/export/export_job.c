@@ -61,10 +61,13 @@ static int has_hf_tokenizer(const char *dir)
     return has_any(dir, vm, 1) && has_any(dir, vm + 1, 1);
 }
 
-static int ends_with(const char *s, const char *suffix)
+/* Whether the last component of path is exactly name: "my-tokenizer.json"
+ * is not a folder's tokenizer.json, and copying that folder's would take
+ * another file (or none). */
+static int is_named(const char *path, const char *name)
 {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
+    const char *slash = strrchr(path, '/');
+    return strcmp(slash ? slash + 1 : path, name) == 0;
 }
 
 /* The chat template text of the tokenizer folder dir (chat_template.jinja or
@@ -125,7 +128,7 @@ static at_status hf_tokenizer_source(const at_export_args *a, int is_dir, const 
     char *bin = NULL;
     if (a->tokenizer) {
         int dir = at_is_dir(a->tokenizer);
-        if (dir ? has_hf_tokenizer(a->tokenizer) : ends_with(a->tokenizer, "tokenizer.json")) {
+        if (dir ? has_hf_tokenizer(a->tokenizer) : is_named(a->tokenizer, "tokenizer.json")) {
             *copy_dir = dir ? strdup(a->tokenizer) : dir_of(a->tokenizer);
             return *copy_dir ? AT_OK : at_error(AT_ERR_NOMEM, "export: out of memory");
         }

@@ -78,7 +78,15 @@ static at_status replace_regex(pcre2_code *re, const char *rep, size_t rl, const
     at_status st = AT_OK;
     size_t i = 0, last = 0;
     while (i <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, i, PCRE2_NO_UTF_CHECK, md, NULL);
+        /* the first call checks the subject's UTF-8 once (PCRE2 must never see
+         * invalid UTF-8 with NO_UTF_CHECK: a tokenizer file's own normalizer
+         * strings may hold bytes the input sanitizing never saw) */
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, i, i ? PCRE2_NO_UTF_CHECK : 0, md, NULL);
+        if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
+            st = at_error(AT_ERR_INVALID, "tokenizer: normalized text is not valid UTF-8 (a normalizer string of the "
+                          "tokenizer file holds invalid bytes)");
+            goto done;
+        }
         if (rc < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         AT_CHECK(tok_buf_put(out, s + last, ov[0] - last));

@@ -75,7 +75,8 @@ static at_status find_regex(pcre2_code *re, pcre2_match_data *md, const char *s,
 {
     size_t prev = 0, pos = 0;
     while (pos <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+        /* the first call checks the subject's UTF-8 once (see tok_norm.c) */
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, pos ? PCRE2_NO_UTF_CHECK : 0, md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0 && rc != 0) {
             PCRE2_UCHAR msg[128];

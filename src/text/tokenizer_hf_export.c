@@ -95,7 +95,9 @@ static at_status ctx_init(ctx *c, const at_tokenizer *t)
     if (st != AT_OK) return at_error_wrap(st, "tokenizer: cannot be written as Hugging Face files");
     const at_tokenizer_gguf *g = c->g;
     c->spm = strcmp(g->model, "llama") == 0;
-    c->hole = calloc(g->n_tokens, 1);
+    if (g->n_tokens > (size_t)INT32_MAX) /* ids are int32 throughout */
+        return at_error(AT_ERR_UNSUPPORTED, "tokenizer: %zu tokens: more than ids can number", g->n_tokens);
+    c->hole = calloc(g->n_tokens ? g->n_tokens : 1, 1); /* calloc(0) may be NULL */
     if (!c->hole) return at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
     AT_TRY(tok_vocab_init(&c->idx, (int32_t)g->n_tokens));
     const tok_vocab *v = &t->model.vocab;
@@ -447,15 +449,46 @@ static at_status model(ctx *c, cJSON *root)
     if (c->t->model.kind == TOK_MODEL_SCORES) AT_TRY(derived_merges(c, &recs, &n));
     else AT_TRY(table_merges(c, &recs, &n));
     cJSON *merges = put(c, m, "merges", cJSON_CreateArray());
+    /* Hugging Face's BPE refuses a merge whose parts or result are not in
+     * the vocabulary (MergeTokenOutOfVocabulary); one can arise when an added
+     * token takes the id of a vocabulary entry with other text. Such a merge
+     * is left out: it could never apply. */
+    char *buf = NULL;
+    size_t cap = 0, dropped = 0;
+    at_status st = AT_OK;
     for (size_t i = 0; i < n && !c->oom; i++) {
         const char *l = tok_str(c, recs[i].l), *r = tok_str(c, recs[i].r);
-        if (!l || !r) continue;
+        if (!l || !r) {
+            dropped++;
+            continue;
+        }
+        size_t ll = c->g->token_lens[recs[i].l], rl = c->g->token_lens[recs[i].r];
+        if (ll + rl > cap) {
+            char *nb = realloc(buf, ll + rl);
+            if (!nb) {
+                st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
+                break;
+            }
+            buf = nb;
+            cap = ll + rl;
+        }
+        memcpy(buf, l, ll);
+        memcpy(buf + ll, r, rl);
+        if (tok_vocab_find(&c->idx, buf, ll + rl) < 0) {
+            dropped++;
+            continue;
+        }
         cJSON *p = put(c, merges, NULL, cJSON_CreateArray());
         put_str(c, p, NULL, l);
         put_str(c, p, NULL, r);
     }
+    if (dropped)
+        at_log_warn("tokenizer: %zu merges left out of tokenizer.json: a part or the merged token is not in the "
+                    "vocabulary",
+                    dropped);
+    free(buf);
     free(recs);
-    return AT_OK;
+    return st;
 }
 
 static cJSON *tokenizer_json(ctx *c, at_status *st)
@@ -624,14 +657,19 @@ done:
     return st;
 }
 
+at_status at_tokenizer_hf_save(const cJSON *tj, const cJSON *cfg, const cJSON *map, const char *dir)
+{
+    AT_TRY(write_json(dir, "tokenizer.json", tj, 0));
+    AT_TRY(write_json(dir, "tokenizer_config.json", cfg, 1));
+    return write_json(dir, "special_tokens_map.json", map, 1);
+}
+
 at_status at_tokenizer_hf_write(const at_tokenizer *t, const at_tokenizer_hf_opts *o, const char *dir)
 {
     cJSON *tj = NULL, *cfg = NULL, *map = NULL;
     at_status st;
     AT_CHECK(at_tokenizer_hf_build(t, o, &tj, &cfg, &map));
-    AT_CHECK(write_json(dir, "tokenizer.json", tj, 0));
-    AT_CHECK(write_json(dir, "tokenizer_config.json", cfg, 1));
-    AT_CHECK(write_json(dir, "special_tokens_map.json", map, 1));
+    AT_CHECK(at_tokenizer_hf_save(tj, cfg, map, dir));
 done:
     cJSON_Delete(tj);
     cJSON_Delete(cfg);

@@ -34,7 +34,9 @@
  *   special_tokens_map.json  bos/eos/unk/pad tokens
  *
  * Ids without a token (gaps in a trimmed vocabulary) are left out of the
- * vocabulary. A token that is not valid UTF-8 (or holds a NUL) cannot be a
+ * vocabulary; so is a merge whose parts or result are not in the written
+ * vocabulary (Hugging Face refuses such a merge; a warning counts them). A
+ * token that is not valid UTF-8 (or holds a NUL) cannot be a
  * JSON string: AT_ERR_UNSUPPORTED naming its id. */
 #ifndef AT_TEXT_TOKENIZER_HF_EXPORT_H
 #define AT_TEXT_TOKENIZER_HF_EXPORT_H
@@ -59,5 +61,12 @@ at_status at_tokenizer_hf_build(const at_tokenizer *t, const at_tokenizer_hf_opt
 /* Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json
  * into the existing folder dir (each file atomically). */
 at_status at_tokenizer_hf_write(const at_tokenizer *t, const at_tokenizer_hf_opts *o, const char *dir);
+
+/* Writes the three objects at_tokenizer_hf_build made into dir, as
+ * at_tokenizer_hf_write does (the caller keeps ownership). Lets a caller
+ * build first, so that a tokenizer with no Hugging Face form fails before
+ * any slow work, and write later. */
+at_status at_tokenizer_hf_save(const cJSON *tokenizer_json, const cJSON *tokenizer_config,
+                               const cJSON *special_tokens_map, const char *dir);
 
 #endif
