@@ -21,8 +21,8 @@ libopenblas-dev libdnnl-dev openmpi-bin"
 if [ $test_deps = 1 ]; then
   PKGS="$PKGS chromium"
   # node and npm (the web UI's browser test, the GGUF and tokenizer readers):
-  # Debian's, unless some node is already on PATH (e.g. NodeSource's, which
-  # bundles npm and conflicts with Debian's npm package)
+  # Debian's, unless some node is already on PATH (e.g. one installed from
+  # another source, which may bundle npm and conflict with Debian's npm package)
   if ! command -v node >/dev/null 2>&1; then PKGS="$PKGS nodejs"; fi
   if ! command -v npm >/dev/null 2>&1; then PKGS="$PKGS npm"; fi
 fi
