@@ -919,41 +919,41 @@ static void test_hf_from_gguf_model(const char *label, const char *gguf, const c
 
 /* A vocabulary-only GGUF (no weights): the tokenizer written with
  * at_tokenizer_hf_write, read back, run on the vectors. */
-static void test_hf_from_gguf_vocab(const char *label, const char *gguf, const char *vec, unsigned flags)
+/* src written with at_tokenizer_hf_write into the temporary folder
+ * PREFIX_LABEL, read back and run on the vectors (check_hf_dir). */
+static void hf_write_and_check(const char *prefix, const char *label, const at_tokenizer *src, const char *vec,
+                               unsigned flags)
 {
     char name[64];
-    snprintf(name, sizeof name, "hf_vocab_%s", label);
+    snprintf(name, sizeof name, "%s_%s", prefix, label);
     char *out = tmp_path(name);
-    at_gguf *g = NULL;
-    at_tokenizer *src = NULL;
-    CHECK_OK(at_gguf_open(gguf, &g));
-    if (g) CHECK_OK(at_export_gguf_read_tokenizer(g, &src));
     CHECK_OK(at_mkdirs(out));
     if (src) {
         CHECK_OK(at_tokenizer_hf_write(src, NULL, out));
         check_hf_dir(label, src, out, vec, NULL, flags);
     }
+    free(out);
+}
+
+static void test_hf_from_gguf_vocab(const char *label, const char *gguf, const char *vec, unsigned flags)
+{
+    at_gguf *g = NULL;
+    at_tokenizer *src = NULL;
+    CHECK_OK(at_gguf_open(gguf, &g));
+    if (g) CHECK_OK(at_export_gguf_read_tokenizer(g, &src));
+    hf_write_and_check("hf_vocab", label, src, vec, flags);
     at_tokenizer_free(src);
     at_gguf_close(g);
-    free(out);
 }
 
 /* Other byte-level families and SentencePiece forms, from the tokenizer
  * folders of tests/data (Hugging Face files) through our writer. */
 static void test_hf_from_folder(const char *label, const char *path, const char *vec, unsigned flags)
 {
-    char name[64];
-    snprintf(name, sizeof name, "hf_fam_%s", label);
-    char *out = tmp_path(name);
     at_tokenizer *src = NULL;
     CHECK_OK(at_tokenizer_load(path, NULL, &src));
-    CHECK_OK(at_mkdirs(out));
-    if (src) {
-        CHECK_OK(at_tokenizer_hf_write(src, NULL, out));
-        check_hf_dir(label, src, out, vec, NULL, flags);
-    }
+    hf_write_and_check("hf_fam", label, src, vec, flags);
     at_tokenizer_free(src);
-    free(out);
 }
 
 /* stories260K two ways, llama.cpp's GGUF and the llama2.c .bin with

@@ -82,6 +82,24 @@ static __device__ __forceinline__ int64_t att_kvl(const att_geo &g, int64_t b)
     return n < 0 ? 0 : n > g.Tk ? g.Tk : n;
 }
 
+/* The query rows a thread block owns: blocks are laid out query block
+ * fastest, then query head, then batch row (rows query rows per block);
+ * kvh is the key/value head its query head reads (GQA). */
+struct att_block {
+    int64_t h, b, kvh, i0, kvl; /* i0: the block's first query row; kvl: keys it may see */
+};
+static __device__ __forceinline__ att_block att_block_of(const att_geo &g, int rows)
+{
+    att_block a;
+    int64_t nqb = (g.Tq + rows - 1) / rows, blk = blockIdx.x;
+    a.h = (blk / nqb) % g.Hq;
+    a.b = blk / (nqb * g.Hq);
+    a.kvh = a.h / g.G;
+    a.i0 = blk % nqb * rows;
+    a.kvl = att_kvl(g, a.b);
+    return a;
+}
+
 /* The last key query i may see (−1: none). */
 static __device__ __forceinline__ int64_t att_lim(const att_geo &g, int64_t b, int64_t i, int64_t kvl)
 {
@@ -170,13 +188,12 @@ static __global__ void k_att_forward(att_geo g, const void *q, int tq, const voi
     __shared__ int lims[ATT_THREADS], segq[ATT_THREADS], segk[ATT_MAX_CHUNK];
     __shared__ float red[32];
     float *Ks = smem, *Vs = smem + kc * g.D;
-    int64_t nqb = (g.Tq + RPB - 1) / RPB, blk = blockIdx.x;
-    int64_t qb = blk % nqb, h = (blk / nqb) % g.Hq, b = blk / (nqb * g.Hq), kvh = h / g.G;
+    const att_block ab = att_block_of(g, RPB);
+    const int64_t h = ab.h, b = ab.b, kvh = ab.kvh, kvl = ab.kvl;
     const int D = (int)g.D;
     int row = threadIdx.x / TP, sub = threadIdx.x % TP;
-    int64_t i = qb * RPB + row;
+    int64_t i = ab.i0 + row;
     bool valid = i < g.Tq;
-    int64_t kvl = att_kvl(g, b);
     int64_t lim = valid ? att_lim(g, b, i, kvl) : -1;
     int segi = valid && g.seg ? g.seg[b * g.Tq + i] : 0;
     if (sub == 0) {
@@ -343,13 +360,12 @@ static __global__ void k_att_dq(att_geo g, const void *q, int tq, const void *k,
     __shared__ int lims[ATT_THREADS], segq[ATT_THREADS], segk[ATT_MAX_CHUNK];
     __shared__ float red[32];
     float *Ks = smem, *Vs = smem + kc * g.D;
-    int64_t nqb = (g.Tq + RPB - 1) / RPB, blk = blockIdx.x;
-    int64_t qb = blk % nqb, h = (blk / nqb) % g.Hq, b = blk / (nqb * g.Hq), kvh = h / g.G;
+    const att_block ab = att_block_of(g, RPB);
+    const int64_t h = ab.h, b = ab.b, kvh = ab.kvh, kvl = ab.kvl;
     const int D = (int)g.D;
     int row = threadIdx.x / TP, sub = threadIdx.x % TP;
-    int64_t i = qb * RPB + row;
+    int64_t i = ab.i0 + row;
     bool valid = i < g.Tq;
-    int64_t kvl = att_kvl(g, b);
     float L = valid ? lse[(b * g.Hq + h) * g.Tq + i] : -INFINITY;
     float Dd = valid ? Di[(b * g.Hq + h) * g.Tq + i] : 0.0f;
     /* a query that sees nothing (lse = −inf) gets dq = 0 */
@@ -679,10 +695,9 @@ static __global__ void __launch_bounds__(TC_THREADS)
           *ral = (float *)(sm + P.f2), *red = (float *)(sm + P.red), *pos = (float *)(sm + P.pos);
     int *lims = (int *)(sm + P.i0), *segq = (int *)(sm + P.i1), *segk = (int *)(sm + P.i2);
 
-    int64_t nqb = (g.Tq + TC_ROWS - 1) / TC_ROWS, blk = blockIdx.x;
-    int64_t qb = blk % nqb, h = (blk / nqb) % g.Hq, b = blk / (nqb * g.Hq), kvh = h / g.G, i0 = qb * TC_ROWS;
+    const att_block ab = att_block_of(g, TC_ROWS);
+    const int64_t h = ab.h, b = ab.b, kvh = ab.kvh, i0 = ab.i0, kvl = ab.kvl;
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    int64_t kvl = att_kvl(g, b);
     float mylim = -1.0f;
     for (int r = tid; r < TC_ROWS; r += TC_THREADS) {
         int64_t i = i0 + r, lim = i < g.Tq ? att_lim(g, b, i, kvl) : -1;
@@ -866,10 +881,9 @@ static __global__ void __launch_bounds__(TC_THREADS)
           *Dd = (float *)(sm + P.f1), *red = (float *)(sm + P.red);
     int *lims = (int *)(sm + P.i0), *segq = (int *)(sm + P.i1), *segk = (int *)(sm + P.i2);
 
-    int64_t nqb = (g.Tq + TC_ROWS - 1) / TC_ROWS, blk = blockIdx.x;
-    int64_t qb = blk % nqb, h = (blk / nqb) % g.Hq, b = blk / (nqb * g.Hq), kvh = h / g.G, i0 = qb * TC_ROWS;
+    const att_block ab = att_block_of(g, TC_ROWS);
+    const int64_t h = ab.h, b = ab.b, kvh = ab.kvh, i0 = ab.i0, kvl = ab.kvl;
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    int64_t kvl = att_kvl(g, b);
     float mylim = -1.0f;
     for (int r = tid; r < TC_ROWS; r += TC_THREADS) {
         int64_t i = i0 + r;
