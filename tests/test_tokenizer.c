@@ -514,6 +514,11 @@ static void test_errors(void)
     snprintf(buf, sizeof buf, "{%s,\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"}}}", m);
     fails_with(buf, AT_ERR_FORMAT, "regex");
     fails_with("[1,2]", AT_ERR_FORMAT, "object");
+    /* not UTF-8 (a lone continuation byte, an overlong "/", a truncated
+     * sequence at the end): refused before parsing, naming line and byte */
+    fails_with("{\"model\":{\"type\":\"BPE\",\n\"vocab\":{\"a\x80\":0}}}", AT_ERR_FORMAT, "line 2, byte 12");
+    fails_with("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\xc0\xaf\":0}}}", AT_ERR_FORMAT, "not valid UTF-8");
+    fails_with("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}\xe2\x96", AT_ERR_FORMAT, "not valid UTF-8");
     /* The Llama 2 copy in shared/ has U+00A0 turned into spaces: merges such
      * as "▁  " are ambiguous, and HF refuses the file as well. */
     at_tokenizer *t = NULL;

@@ -422,12 +422,32 @@ static at_status load_added(ctx *c, const cJSON *list)
     return AT_OK;
 }
 
+/* JSON text is UTF-8 (RFC 8259), and Hugging Face's tokenizers refuses a
+ * tokenizer.json that is not; so do we, before any of its strings reach the
+ * regex engine or the vocabulary. Names the line and byte. */
+static at_status check_utf8(const char *text, size_t len, const char *what)
+{
+    const uint8_t *s = (const uint8_t *)text;
+    size_t line = 1, line_start = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        int k = tok_utf8_decode(s + i, len - i, &cp);
+        if (k <= 0)
+            return at_error(AT_ERR_FORMAT, "%s: line %zu, byte %zu: not valid UTF-8 (byte 0x%02x)", what, line,
+                            i - line_start + 1, s[i]);
+        if (cp == '\n') line++, line_start = i + 1;
+        i += (size_t)k;
+    }
+    return AT_OK;
+}
+
 at_status tok_load_json_text(const char *text, size_t len, const char *what, at_tokenizer **out)
 {
     cJSON *root = NULL;
     at_tokenizer *t = NULL;
     at_status st;
     *out = NULL;
+    AT_TRY(check_utf8(text, len, what));
     AT_CHECK(at_json_parse(text, len, what, &root));
     if (!cJSON_IsObject(root)) {
         st = at_error(AT_ERR_FORMAT, "%s: not a JSON object", what);
