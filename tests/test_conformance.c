@@ -993,17 +993,258 @@ static void test_dropout(void)
             for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
                 int64_t n = sizes[s];
                 uint64_t seed = rnd(), offset = (uint64_t)k << 40; /* offsets past 2^32 too */
+                /* contiguous counters, short runs (a row's tokens), runs longer than a vector */
+                int64_t run = (s + k) % 3 == 0 ? 0 : (s + k) % 3 == 1 ? 37 : 4096;
+                uint64_t pitch = run ? ((uint64_t)run << 24) + 5 : 0;
                 tp X = in_rand(dts[d], 1, &n, "x", -3, 3);
                 tp Y = out_new(dts[d], 1, &n, "y", POISON, 0, 0);
                 char desc[64];
-                snprintf(desc, sizeof desc, "n%lld p%.1f", (long long)n, (double)ps[k]);
-                CHECK_OK(at_ref_dropout(Y.h, X.h, ps[k], seed, offset));
-                if (called(at_dropout(Y.d, X.d, ps[k], seed, offset), desc)) compare(&Y, desc, "y");
+                snprintf(desc, sizeof desc, "n%lld p%.1f run%lld", (long long)n, (double)ps[k], (long long)run);
+                CHECK_OK(at_ref_dropout(Y.h, X.h, ps[k], seed, offset, run, pitch));
+                if (called(at_dropout(Y.d, X.d, ps[k], seed, offset, run, pitch), desc)) compare(&Y, desc, "y");
                 tp_free(&X);
                 tp_free(&Y);
             }
         end();
     }
+}
+
+/* ---- out-of-range indices: the CPU kernel's error on every backend ----
+ * A backend may report a bad embedding id or label from the call itself (cpu)
+ * or, so as not to make the host wait on every call, from the next download
+ * or synchronize (cuda); either way the caller sees exactly the CPU kernel's
+ * message, for the first bad call in order, and once only. */
+
+/* The first failure among the calls made so far (s) or else of a synchronize;
+ * its message is copied into msg ("" when none). */
+static at_status or_sync(at_status s, char *msg, size_t len)
+{
+    if (s == AT_OK) s = g_be->synchronize(g_be);
+    snprintf(msg, len, "%s", s == AT_OK ? "" : at_last_error());
+    return s;
+}
+
+/* The backend's status and message (want: the CPU kernel's on the host copies). */
+static void expect_same_error(at_status got, const char *gmsg, at_status want, const char *wmsg, const char *what)
+{
+    G.cases++;
+    if (got == want && want != AT_OK && strcmp(gmsg, wmsg) == 0) return;
+    if (!G.fails++)
+        snprintf(G.msg, sizeof G.msg, "%.40s: got %s \"%.90s\", want %s \"%.90s\"", what, at_status_name(got), gmsg,
+                 at_status_name(want), wmsg);
+}
+
+/* After an error was reported, the next synchronize is clean. */
+static void expect_clean_sync(const char *what)
+{
+    char msg[256];
+    at_status s = or_sync(AT_OK, msg, sizeof msg);
+    G.cases++;
+    if (s != AT_OK && !G.fails++) snprintf(G.msg, sizeof G.msg, "%.40s: reported again: %.180s", what, msg);
+}
+
+static void test_index_errors(void)
+{
+    char got[256], want[256], what[96];
+    int64_t V = 10, D = 4, N = 4;
+    uint64_t rng = g_rng; /* restored at the end: the other groups' inputs stay as they were */
+    begin("index errors", "i32");
+    static const int32_t bad_ids[] = {10, -1, 1 << 30, INT32_MIN};
+    static const at_dtype tdt[] = {F32, BF16}; /* the backward's two CUDA kernels */
+    for (int t = 0; t < 2; t++)
+        for (int b = 0; b < 4; b++) {
+            int32_t iv[4] = {1, bad_ids[b], 2, 11}; /* the first bad one is named */
+            tp I = in_idx(1, &N, "input_ids", iv);
+            tp T = in_rand(tdt[t], 2, SH(V, D), "embed_tokens", -1, 1);
+            tp Y = in_rand(tdt[t], 2, SH(N, D), "hidden", -1, 1);
+            snprintf(what, sizeof what, "embedding_forward %s id %d", dn(tdt[t]), bad_ids[b]);
+            at_status w = at_embedding_forward(Y.h, I.h, T.h);
+            snprintf(want, sizeof want, "%s", at_last_error());
+            at_status g = or_sync(at_embedding_forward(Y.d, I.d, T.d), got, sizeof got);
+            expect_same_error(g, got, w, want, what);
+            expect_clean_sync(what);
+            snprintf(what, sizeof what, "embedding_backward %s id %d", dn(tdt[t]), bad_ids[b]);
+            w = at_embedding_backward(T.h, Y.h, I.h);
+            snprintf(want, sizeof want, "%s", at_last_error());
+            g = or_sync(at_embedding_backward(T.d, Y.d, I.d), got, sizeof got);
+            expect_same_error(g, got, w, want, what);
+            expect_clean_sync(what);
+            tp_free(&I);
+            tp_free(&T);
+            tp_free(&Y);
+        }
+    static const int32_t bad_labels[] = {10, 11, INT32_MAX};
+    for (int b = 0; b < 3; b++)
+        for (int mode = 0; mode < 3; mode++) { /* dlogits separate, NULL, in place */
+            int32_t lv[4] = {0, -100, bad_labels[b], 12};
+            tp L = in_idx(1, &N, "labels", lv);
+            tp X = in_rand(F32, 2, SH(N, V), "lm_logits", -4, 4);
+            tp R = in_rand(F32, 1, &N, "row_loss", 0, 1);
+            tp DL = in_rand(F32, 2, SH(N, V), "dlogits", 0, 1);
+            snprintf(what, sizeof what, "cross_entropy label %d mode %d", bad_labels[b], mode);
+            at_status w = at_cross_entropy(R.h, mode == 1 ? NULL : mode == 0 ? DL.h : X.h, X.h, L.h, 1.0f);
+            snprintf(want, sizeof want, "%s", at_last_error());
+            at_status g = or_sync(at_cross_entropy(R.d, mode == 1 ? NULL : mode == 0 ? DL.d : X.d, X.d, L.d, 1.0f),
+                                  got, sizeof got);
+            expect_same_error(g, got, w, want, what);
+            expect_clean_sync(what);
+            tp_free(&L);
+            tp_free(&X);
+            tp_free(&R);
+            tp_free(&DL);
+        }
+
+    /* several calls before a sync: the first bad call is the error, also when
+     * more calls are made than a backend keeps pending (cuda: 64) */
+    {
+        int32_t good[4] = {0, 1, -100, 9}, badl[4] = {0, -1, 10, 3}, badi[4] = {0, 1, 2, -5};
+        tp LG = in_idx(1, &N, "targets", good), LB = in_idx(1, &N, "labels", badl), IB = in_idx(1, &N, "ids", badi);
+        tp X = in_rand(F32, 2, SH(N, V), "lm_logits", -4, 4), R = in_rand(F32, 1, &N, "row_loss", 0, 1);
+        tp T = in_rand(F32, 2, SH(V, D), "embed_tokens", -1, 1), Y = in_rand(F32, 2, SH(N, D), "hidden", -1, 1);
+        at_status w = at_cross_entropy(R.h, NULL, X.h, LB.h, 1.0f);
+        snprintf(want, sizeof want, "%s", at_last_error());
+        static const int goods[] = {0, 1, 63, 64, 70};
+        for (size_t k = 0; k < sizeof goods / sizeof goods[0]; k++) {
+            at_status s = AT_OK;
+            for (int i = 0; i < goods[k] && s == AT_OK; i++) s = at_cross_entropy(R.d, NULL, X.d, LG.d, 1.0f);
+            if (s == AT_OK) s = at_cross_entropy(R.d, NULL, X.d, LB.d, 1.0f);
+            for (int i = 0; i < 70 && s == AT_OK; i++) /* later bad calls do not replace it */
+                s = i % 2 ? at_cross_entropy(R.d, NULL, X.d, LB.d, 1.0f) : at_embedding_forward(Y.d, IB.d, T.d);
+            at_status g = or_sync(s, got, sizeof got);
+            snprintf(what, sizeof what, "%d good calls, then bad ones", goods[k]);
+            expect_same_error(g, got, w, want, what);
+            expect_clean_sync(what);
+        }
+        tp_free(&LG);
+        tp_free(&LB);
+        tp_free(&IB);
+        tp_free(&X);
+        tp_free(&R);
+        tp_free(&T);
+        tp_free(&Y);
+    }
+    end();
+    g_rng = rng;
+}
+
+/* ---- views at element offsets ----
+ * Every input and output below is a view of a larger device buffer at an
+ * element offset (1 and 3: only 4- or 2-byte aligned), with rows of 64 values:
+ * the shapes the CUDA kernels walk with 16-byte vector accesses (and the
+ * tensor-core attention loads with them), at addresses where only their
+ * element-wise fallback is legal. On a GPU a 16-byte access there fails
+ * (cudaErrorMisalignedAddress); everywhere the results must match the
+ * reference, which proves the view's offset is honoured. */
+
+/* Replaces p's backend tensor by a view, at element `off`, of a bigger buffer
+ * holding NaN before it and p's values from `off` on. */
+static void to_view(tp *p, int64_t off)
+{
+    at_dtype dt = p->d->dtype;
+    int64_t n = at_tensor_numel(p->d);
+    float *v = floats_of(p->d);
+    at_tensor *big = host_new(dt, 1, SH(n + off), "padded"), *bd = NULL, *view = NULL;
+    for (int64_t i = 0; i < n + off; i++) put(at_tensor_data(big), dt, i, i < off || !v ? NAN : v[i - off]);
+    bd = dev_copy(big);
+    if (bd) CHECK_OK(at_tensor_view(bd, (size_t)off, p->d->ndim, p->d->shape, p->d->name, &view));
+    free(v);
+    at_tensor_free(big);
+    at_tensor_free(bd); /* the view holds the buffer */
+    at_tensor_free(p->d);
+    p->d = view;
+}
+
+static void test_views(void)
+{
+    uint64_t saved_rng = g_rng; /* the other ops' inputs stay what they were without these cases */
+    static const at_dtype dts[] = {F32, BF16, F16};
+    static const int64_t offs[] = {1, 3};
+    const int64_t R = 5, C = 64, sh[2] = {5, 64};
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+        at_dtype dt = dts[d];
+        begin("views", dn(dt));
+        for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
+            int64_t off = offs[o];
+            char desc[80];
+            /* add, b broadcast over the rows; axpy; cast to f32 */
+            {
+                tp A = in_rand(dt, 2, sh, "a", -1, 1), B = in_rand(dt, 1, &C, "b", -1, 1);
+                tp Y = out_new(dt, 2, sh, "y", POISON, 0, 0), Z = out_new(dt, 2, sh, "z", RANDOM, -1, 1);
+                tp F = out_new(F32, 2, sh, "f", POISON, 0, 0);
+                to_view(&A, off), to_view(&B, off), to_view(&Y, off), to_view(&Z, off), to_view(&F, off);
+                snprintf(desc, sizeof desc, "add/axpy/cast offset %lld", (long long)off);
+                CHECK_OK(at_ref_add(Y.h, A.h, B.h));
+                CHECK_OK(at_ref_axpy(Z.h, 0.5f, A.h));
+                CHECK_OK(at_ref_cast(F.h, A.h));
+                if (called(at_add(Y.d, A.d, B.d), desc)) compare(&Y, desc, "add y");
+                if (called(at_axpy(Z.d, 0.5f, A.d), desc)) compare(&Z, desc, "axpy y");
+                if (called(at_cast(F.d, A.d), desc)) compare(&F, desc, "cast y");
+                tp_free(&A), tp_free(&B), tp_free(&Y), tp_free(&Z), tp_free(&F);
+            }
+            /* rmsnorm, softmax, swiglu, sumsq */
+            {
+                tp X = in_rand(dt, 2, sh, "x", -3, 3), W = in_rand(dt, 1, &C, "w", 0.5f, 1.5f);
+                tp U = in_rand(dt, 2, sh, "up", -2, 2);
+                tp Y = out_new(dt, 2, sh, "y", POISON, 0, 0), S = out_new(dt, 2, sh, "s", POISON, 0, 0);
+                tp G = out_new(dt, 2, sh, "g", POISON, 0, 0), Q = out_new(F32, 1, SH(1), "sumsq", POISON, 0, 0);
+                to_view(&X, off), to_view(&W, off), to_view(&U, off), to_view(&Y, off), to_view(&S, off);
+                to_view(&G, off);
+                snprintf(desc, sizeof desc, "rmsnorm/softmax/swiglu/sumsq offset %lld", (long long)off);
+                CHECK_OK(at_ref_rmsnorm_forward(Y.h, NULL, X.h, W.h, 1e-5f));
+                CHECK_OK(at_ref_softmax(S.h, X.h));
+                CHECK_OK(at_ref_swiglu_forward(G.h, X.h, U.h));
+                CHECK_OK(at_ref_sumsq(Q.h, X.h));
+                if (called(at_rmsnorm_forward(Y.d, NULL, X.d, W.d, 1e-5f), desc)) compare(&Y, desc, "rmsnorm y");
+                if (called(at_softmax(S.d, X.d), desc)) compare(&S, desc, "softmax y");
+                if (called(at_swiglu_forward(G.d, X.d, U.d), desc)) compare(&G, desc, "swiglu y");
+                if (called(at_sumsq(Q.d, X.d), desc)) compare_t(Q.d, Q.h, tol_of(F32), desc, "sumsq");
+                tp_free(&X), tp_free(&W), tp_free(&U), tp_free(&Y), tp_free(&S), tp_free(&G), tp_free(&Q);
+            }
+            /* cross-entropy: logits and dlogits views */
+            {
+                int32_t lv[5] = {3, -100, 63, 0, 17};
+                tp Lab = in_idx(1, &R, "labels", lv);
+                tp X = in_rand(dt, 2, sh, "logits", -4, 4);
+                tp L = out_new(F32, 1, &R, "row_loss", POISON, 0, 0), DL = out_new(dt, 2, sh, "dlogits", POISON, 0, 0);
+                to_view(&X, off), to_view(&DL, off);
+                snprintf(desc, sizeof desc, "cross_entropy offset %lld", (long long)off);
+                CHECK_OK(at_ref_cross_entropy(L.h, DL.h, X.h, Lab.h, 0.25f));
+                if (called(at_cross_entropy(L.d, DL.d, X.d, Lab.d, 0.25f), desc)) {
+                    compare(&L, desc, "row_loss");
+                    compare(&DL, desc, "dlogits");
+                }
+                tp_free(&Lab), tp_free(&X), tp_free(&L), tp_free(&DL);
+            }
+            /* rope over [T 5, H 2, D 64] and attention with head_dim 64 (the tensor-core shape) */
+            {
+                int32_t pv[5] = {0, 1, 7, 100, 4095};
+                const int64_t half = 32, T = 5;
+                tp P = in_idx(1, &T, "pos", pv);
+                tp Fq = {host_new(F32, 1, &half, "inv_freq"), NULL};
+                for (int64_t i = 0; i < half; i++)
+                    ((float *)at_tensor_data(Fq.h))[i] = (float)pow(10000.0, -2.0 * (double)i / 64.0);
+                Fq.d = dev_copy(Fq.h);
+                tp X = in_rand(dt, 3, SH(5, 2, 64), "x", -2, 2), Y = out_new(dt, 3, SH(5, 2, 64), "y", POISON, 0, 0);
+                to_view(&X, off), to_view(&Y, off);
+                snprintf(desc, sizeof desc, "rope/attention offset %lld", (long long)off);
+                CHECK_OK(at_ref_rope(Y.h, X.h, P.h, Fq.h, 0));
+                if (called(at_rope(Y.d, X.d, P.d, Fq.d, 0), desc)) compare(&Y, desc, "rope y");
+                const int64_t qs[4] = {1, 17, 2, 64}, ks[4] = {1, 17, 1, 64};
+                tp Qt = in_rand(dt, 4, qs, "q", -2, 2), K = in_rand(dt, 4, ks, "k", -2, 2);
+                tp V = in_rand(dt, 4, ks, "v", -1, 1), O = out_new(dt, 4, qs, "out", POISON, 0, 0);
+                to_view(&Qt, off), to_view(&K, off), to_view(&V, off), to_view(&O, off);
+                at_attn_params ap;
+                memset(&ap, 0, sizeof ap);
+                ap.scale = 0.125f;
+                CHECK_OK(at_ref_attention_forward(O.h, NULL, Qt.h, K.h, V.h, &ap));
+                if (called(at_attention_forward(O.d, NULL, Qt.d, K.d, V.d, &ap), desc)) compare(&O, desc, "attention out");
+                tp_free(&P), tp_free(&Fq), tp_free(&X), tp_free(&Y);
+                tp_free(&Qt), tp_free(&K), tp_free(&V), tp_free(&O);
+            }
+        }
+        end();
+    }
+    g_rng = saved_rng;
 }
 
 /* Runs every op on `be` (tensors allocated there) against the reference;
@@ -1024,6 +1265,8 @@ static int run_backend(at_backend *be)
     test_cross_entropy();
     test_adamw_sumsq();
     test_dropout();
+    test_views();
+    test_index_errors();
     return at_test_failures - before;
 }
 

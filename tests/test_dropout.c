@@ -1,6 +1,7 @@
 /* The CPU dropout at every ISA level of this machine gives, bit for bit, the
  * mask and values its definition in ops/ops.h says: element i kept when
- * at_rng_hash_uniform(seed, offset + i) >= p (base/rng.c, the scalar hash),
+ * at_rng_hash_uniform(seed, counter(i)) >= p (base/rng.c, the scalar hash),
+ * counter(i) = offset + i, or offset + (i / run)·pitch + i % run with runs,
  * kept values x[i] · (1 / (1 − p)) in f32, dropped ones +0. Covers the SIMD
  * path's tails (n not a multiple of 16, chunk edges), counters that wrap
  * past 2⁶⁴, in-place calls and probabilities on the 2⁻²⁴ grid of the hash,
@@ -25,7 +26,8 @@ static uint32_t bits(float f)
 
 /* Runs at_dropout on n values (in place or not) and counts elements that
  * differ from the definition. */
-static int64_t mismatches(int64_t n, float p, uint64_t seed, uint64_t offset, int in_place, int64_t *kept)
+static int64_t mismatches_runs(int64_t n, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch,
+                               int in_place, int64_t *kept)
 {
     at_tensor *x = NULL, *y = NULL;
     int64_t bad = -1;
@@ -40,12 +42,13 @@ static int64_t mismatches(int64_t n, float p, uint64_t seed, uint64_t offset, in
         *kept = 0;
         for (int64_t i = 0; i < n; i++) {
             xd[i] = (float)(at_rng_uniform(&r) * 6.0 - 3.0);
-            int k = at_rng_hash_uniform(seed, offset + (uint64_t)i) >= p;
+            uint64_t counter = run ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
+            int k = at_rng_hash_uniform(seed, counter) >= p;
             *kept += k;
             want[i] = k ? xd[i] * keep : 0.0f;
             yd[i] = NAN;
         }
-        CHECK_OK(at_dropout(in_place ? x : y, x, p, seed, offset));
+        CHECK_OK(at_dropout(in_place ? x : y, x, p, seed, offset, run, pitch));
         const float *got = in_place ? xd : yd;
         bad = 0;
         for (int64_t i = 0; i < n; i++) bad += bits(got[i]) != bits(want[i]);
@@ -54,6 +57,11 @@ static int64_t mismatches(int64_t n, float p, uint64_t seed, uint64_t offset, in
     at_tensor_free(x);
     at_tensor_free(y);
     return bad;
+}
+
+static int64_t mismatches(int64_t n, float p, uint64_t seed, uint64_t offset, int in_place, int64_t *kept)
+{
+    return mismatches_runs(n, p, seed, offset, 0, 0, in_place, kept);
 }
 
 int main(void)
@@ -89,6 +97,18 @@ int main(void)
                           (unsigned long long)(17 + i));
             }
         }
+        /* counters in runs (LoRA dropout's rows): runs shorter than a
+         * SIMD vector, ending inside one, longer than a thread's chunk;
+         * pitches equal to the run and far past it */
+        static const int64_t runs[] = {1, 5, 16, 37, 2047, 4096, 9000};
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
+            for (int far = 0; far < 2; far++) {
+                uint64_t pitch = far ? ((uint64_t)runs[r] << 24) + 3 : (uint64_t)runs[r];
+                int64_t kept = 0, n = runs[r] * 3 + 11;
+                int64_t bad = mismatches_runs(n, 0.25f, 77 + r, 1000 + r, runs[r], pitch, far, &kept);
+                CHECK_MSG(bad == 0, "isa %s run %lld pitch %llu: %lld elements differ", at_cpu_isa_name((at_cpu_isa)l),
+                          (long long)runs[r], (unsigned long long)pitch, (long long)bad);
+            }
         /* the mask is not trivial: on 40000 values p = 0.5 keeps about half */
         int64_t kept = 0;
         CHECK(mismatches(40000, 0.5f, 42, 0, 0, &kept) == 0);

@@ -252,14 +252,14 @@ static void test_dropout_op(void)
     float *px = at_tensor_data(x), *p1 = at_tensor_data(y1), *p2 = at_tensor_data(y2), *p3 = at_tensor_data(y3);
     for (int64_t i = 0; i < n; i++) px[i] = (float)(i % 97) * 0.25f - 3.0f;
     /* p = 0: identity */
-    CHECK_OK(at_dropout(y1, x, 0.0f, 5, 0));
+    CHECK_OK(at_dropout(y1, x, 0.0f, 5, 0, 0, 0));
     CHECK(!memcmp(p1, px, (size_t)n * 4));
     /* same seed: same mask, at any thread count */
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    CHECK_OK(at_dropout(y1, x, 0.3f, 42, 1000));
+    CHECK_OK(at_dropout(y1, x, 0.3f, 42, 1000, 0, 0));
     omp_set_num_threads(threads > 1 ? threads : 2);
-    CHECK_OK(at_dropout(y2, x, 0.3f, 42, 1000));
+    CHECK_OK(at_dropout(y2, x, 0.3f, 42, 1000, 0, 0));
     omp_set_num_threads(threads);
     CHECK(!memcmp(p1, p2, (size_t)n * 4));
     /* each kept element is x / (1 - p), each dropped 0, and the mask is the hash of (seed, offset + i) */
@@ -274,7 +274,7 @@ static void test_dropout_op(void)
     double frac = (double)kept / (double)n;
     CHECK_MSG(frac > 0.67 && frac < 0.73, "kept fraction %g for p = 0.3", frac);
     /* the offset shifts the counter: offset 1010 masks element i as offset 1000 masks element i + 10 */
-    CHECK_OK(at_dropout(y3, x, 0.3f, 42, 1010));
+    CHECK_OK(at_dropout(y3, x, 0.3f, 42, 1010, 0, 0));
     int shift_ok = 1;
     for (int64_t i = 0; i + 10 < n; i++) {
         int keep3 = p3[i] != 0.0f || px[i] == 0.0f, keep1 = p1[i + 10] != 0.0f || px[i + 10] == 0.0f;
@@ -282,15 +282,18 @@ static void test_dropout_op(void)
     }
     CHECK(shift_ok);
     /* another seed: another mask */
-    CHECK_OK(at_dropout(y2, x, 0.3f, 43, 1000));
+    CHECK_OK(at_dropout(y2, x, 0.3f, 43, 1000, 0, 0));
     CHECK(memcmp(p1, p2, (size_t)n * 4) != 0);
     /* in place equals out of place */
     memcpy(p2, px, (size_t)n * 4);
-    CHECK_OK(at_dropout(y2, y2, 0.3f, 42, 1000));
+    CHECK_OK(at_dropout(y2, y2, 0.3f, 42, 1000, 0, 0));
     CHECK(!memcmp(p1, p2, (size_t)n * 4));
     /* bad p */
-    CHECK_FAILS(at_dropout(y1, x, 1.0f, 1, 0), AT_ERR_INVALID);
-    CHECK_FAILS(at_dropout(y1, x, -0.1f, 1, 0), AT_ERR_INVALID);
+    CHECK_FAILS(at_dropout(y1, x, 1.0f, 1, 0, 0, 0), AT_ERR_INVALID);
+    CHECK_FAILS(at_dropout(y1, x, -0.1f, 1, 0, 0, 0), AT_ERR_INVALID);
+    /* runs that would overlap, a negative run */
+    CHECK_FAILS(at_dropout(y1, x, 0.3f, 1, 0, 10, 9), AT_ERR_INVALID);
+    CHECK_FAILS(at_dropout(y1, x, 0.3f, 1, 0, -1, 9), AT_ERR_INVALID);
 done:
     at_tensor_free(x);
     at_tensor_free(y1);

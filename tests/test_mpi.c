@@ -1,11 +1,14 @@
 /* Data parallel training through MPI on the CPU:
- *  - `mpirun -np 2 anytune sft … --gradient_accumulation_steps 2` logs what one
- *    process with --gradient_accumulation_steps 4 logs: the same tokens, the
- *    same first loss and gradient norm (up to the order of the sums: 1e-6),
- *    and later steps within 2e-3 (AdamW's first steps divide by sqrt(v), so a
- *    last-bit difference in a tiny gradient moves a weight by up to lr);
+ *  - `mpirun -np 2 anytune sft …` with micro-batches of 1 row, 2 accumulated,
+ *    logs what one process with micro-batches of 2 rows, 2 accumulated, logs
+ *    (LoRA dropout on: its masks are keyed by the row of the step, not by
+ *    the micro-batch layout): the same tokens, the same first loss and
+ *    gradient norm (up to the order of the sums: 1e-6), and later steps
+ *    within 2e-3 (AdamW's first steps divide by sqrt(v), so a last-bit
+ *    difference in a tiny gradient moves a weight by up to lr);
  *  - rank 0 alone writes the run (one run folder, a verified checkpoint);
- *  - DPO (anytune rlhf) likewise: 2 ranks x 1 pair = 1 process x 2 pairs;
+ *  - DPO (anytune rlhf) likewise: 2 ranks x 1 pair = 1 process x one
+ *    micro-batch of 2 pairs;
  *  - the same on the CUDA backend under the emulator (gradients staged
  *    through host memory: the emulator has no NCCL);
  *  - an error on the ranks (a missing dataset) ends the job with the message,
@@ -29,9 +32,9 @@
 #include "train/run_files.h"
 #include "testing.h"
 
-#define COMMON                                                                                              \
-    " sft --model demo/stories260K --dataset demo/identity.json --max_steps 4 --per_device_train_batch_size " \
-    "1 --logging_steps 1 --lora_dropout 0.05 --seed 7 --learning_rate 1e-3"
+#define COMMON                                                                         \
+    " sft --model demo/stories260K --dataset demo/identity.json --max_steps 4 --logging_steps 1 " \
+    "--lora_dropout 0.05 --seed 7 --learning_rate 1e-3"
 #define MPIRUN "mpirun -np 2 --oversubscribe"
 
 /* The only v*-* run folder under dir (NULL if none or several). */
@@ -186,7 +189,7 @@ int main(int argc, char **argv)
     if (!T) return at_test_result("test_mpi");
     char cmd[2048];
 
-    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" COMMON " --gradient_accumulation_steps 2 --output_dir %s/mpi > %s/mpi.out 2>&1",
+    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" COMMON " --per_device_train_batch_size 1 --gradient_accumulation_steps 2 --output_dir %s/mpi > %s/mpi.out 2>&1",
              bin, T, T);
     int rc = run(cmd);
     CHECK_MSG(rc == 0, "mpirun -np 2 anytune sft exited with %d (see below)", rc);
@@ -194,7 +197,7 @@ int main(int argc, char **argv)
         snprintf(cmd, sizeof cmd, "tail -20 %s/mpi.out >&2", T);
         run(cmd);
     }
-    snprintf(cmd, sizeof cmd, "timeout 300 %s" COMMON " --gradient_accumulation_steps 4 --output_dir %s/one > %s/one.out 2>&1",
+    snprintf(cmd, sizeof cmd, "timeout 300 %s" COMMON " --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --output_dir %s/one > %s/one.out 2>&1",
              bin, T, T);
     CHECK(run(cmd) == 0);
 
@@ -234,12 +237,12 @@ int main(int argc, char **argv)
      * same order either way, so the logs are equal to the last digit */
     snprintf(cmd, sizeof cmd,
              "ANYTUNE_CUDA_EMULATE=%s timeout 300 " MPIRUN " -x ANYTUNE_CUDA_EMULATE %s" COMMON
-             " --device cuda --torch_dtype float32 --max_steps 3 --gradient_accumulation_steps 1 --output_dir %s/cuda-mpi > %s/cuda-mpi.out 2>&1",
+             " --device cuda --torch_dtype float32 --max_steps 3 --per_device_train_batch_size 1 --gradient_accumulation_steps 1 --output_dir %s/cuda-mpi > %s/cuda-mpi.out 2>&1",
              AT_CUDA_EMU_LIBRARY, bin, T, T);
     CHECK_MSG(run(cmd) == 0, "mpirun -np 2 anytune sft --device cuda (emulated) failed");
     snprintf(cmd, sizeof cmd,
              "ANYTUNE_CUDA_EMULATE=%s timeout 300 %s" COMMON
-             " --device cuda --torch_dtype float32 --max_steps 3 --gradient_accumulation_steps 2 --output_dir %s/cuda-one > %s/cuda-one.out 2>&1",
+             " --device cuda --torch_dtype float32 --max_steps 3 --per_device_train_batch_size 1 --gradient_accumulation_steps 2 --output_dir %s/cuda-one > %s/cuda-one.out 2>&1",
              AT_CUDA_EMU_LIBRARY, bin, T, T);
     CHECK(run(cmd) == 0);
     snprintf(dir, sizeof dir, "%s/cuda-mpi", T);
@@ -260,15 +263,16 @@ int main(int argc, char **argv)
 #endif
 
     /* DPO: each rank's pairs, the step's pair count, DPO sums and gradients
-     * summed over the ranks; one pair per micro-batch on both sides so the
-     * rows (and dropout masks) are laid out alike */
+     * summed over the ranks; one pair per micro-batch on each rank against
+     * one micro-batch of both pairs: the dropout masks are the rows', not
+     * the layout's */
 #define DPO " rlhf --rlhf_type dpo --model demo/stories260K --dataset tests/data/dpo/dpo_en_demo_8.json --max_steps 3 " \
             "--logging_steps 1 --lora_dropout 0.05 --learning_rate 1e-4 --max_length 96 --truncation_strategy left " \
-            "--per_device_train_batch_size 1 --seed 7"
-    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" DPO " --gradient_accumulation_steps 1 --output_dir %s/dpo-mpi > %s/dpo-mpi.out 2>&1",
+            "--seed 7"
+    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s" DPO " --per_device_train_batch_size 1 --gradient_accumulation_steps 1 --output_dir %s/dpo-mpi > %s/dpo-mpi.out 2>&1",
              bin, T, T);
     CHECK_MSG(run(cmd) == 0, "mpirun -np 2 anytune rlhf failed");
-    snprintf(cmd, sizeof cmd, "timeout 300 %s" DPO " --gradient_accumulation_steps 2 --output_dir %s/dpo-one > %s/dpo-one.out 2>&1", bin, T, T);
+    snprintf(cmd, sizeof cmd, "timeout 300 %s" DPO " --per_device_train_batch_size 2 --gradient_accumulation_steps 1 --output_dir %s/dpo-one > %s/dpo-one.out 2>&1", bin, T, T);
     CHECK(run(cmd) == 0);
     snprintf(dir, sizeof dir, "%s/dpo-mpi", T);
     run_mpi = run_folder(dir, &n_mpi);

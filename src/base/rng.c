@@ -64,8 +64,13 @@ void at_rng_shuffle(at_rng *r, int64_t *v, int64_t n)
     }
 }
 
-float at_rng_hash_uniform(uint64_t seed, uint64_t index)
+uint64_t at_rng_mix(uint64_t seed, uint64_t index)
 {
     uint64_t x = seed ^ (index * 0xd1342543de82ef95ull);
-    return (float)(splitmix64(&x) >> 40) * (1.0f / 16777216.0f);
+    return splitmix64(&x);
+}
+
+float at_rng_hash_uniform(uint64_t seed, uint64_t index)
+{
+    return (float)(at_rng_mix(seed, index) >> 40) * (1.0f / 16777216.0f);
 }

@@ -29,5 +29,8 @@ void at_rng_shuffle(at_rng *r, int64_t *v, int64_t n);
 
 /* splitmix64 finalizer of (seed, index): a uniform float in [0, 1). */
 float at_rng_hash_uniform(uint64_t seed, uint64_t index);
+/* The same hash's whole 64 bits: a seed derived from (seed, index), for
+ * streams that must not overlap (one per layer and module of a dropout). */
+uint64_t at_rng_mix(uint64_t seed, uint64_t index);
 
 #endif

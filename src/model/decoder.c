@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/rng.h"
 #include "device/quant.h"
 #include "ops/ops.h"
 
@@ -151,9 +152,9 @@ const at_layer_lora *at_decoder_layer_lora(const at_decoder *d, int l, float p, 
     buf->pairs = at_adapter_pair(d->adapter, l, AT_MOD_Q);
     buf->scale = (float)d->adapter->scale;
     buf->dropout = p;
-    buf->seed = seed;
-    buf->offset = (uint64_t)l << 44;
-    buf->token_offset = 0;
+    buf->seed = at_rng_mix(seed, (uint64_t)l);
+    buf->first_row = 0;
+    buf->row_tokens = 0;
     return buf;
 }
 

@@ -74,9 +74,10 @@ void at_decoder_free(at_decoder *d); /* frees the weights too; NULL ok (never th
  * were allocated: set the adapter first, then allocate them. */
 at_status at_decoder_set_adapter(at_decoder *d, at_adapter *ad);
 /* The LoRA settings of layer l for a forward with dropout p and seed, filled
- * into *buf (returns buf), or NULL without an adapter. Dropout masks of
- * different layers use disjoint counter ranges (layer << 44; module m adds
- * m << 40). */
+ * into *buf (returns buf), or NULL without an adapter. Each layer draws its
+ * dropout masks from its own seed, at_rng_mix(seed, l) (and each module
+ * from at_rng_mix of that and m, layers.h); the batch is one row from row 0
+ * (set first_row and row_tokens for a batch of several rows). */
 const at_layer_lora *at_decoder_layer_lora(const at_decoder *d, int l, float p, uint64_t seed, at_layer_lora *buf);
 
 /* ---- training forward ------------------------------------------------------ */
@@ -111,19 +112,21 @@ typedef struct at_decoder_acts {
     const at_tensor *ids, *fwd_pos, *segments;
     float lora_dropout;
     uint64_t dropout_seed;
-    /* Set by the caller before the forward when this batch is a piece of a
-     * bigger micro-batch (rows cut apart to save memory): the first token's
-     * index in that micro-batch, so the pieces draw its dropout masks. 0 else. */
-    int64_t dropout_token_offset;
+    /* Set by the caller before the forward: the index of the batch's first
+     * row among the rows of the training step (all micro-batches, pieces and
+     * ranks; 0 for one batch). LoRA dropout masks are keyed by (that row + b,
+     * token, feature), so a row draws the same mask however the step's rows
+     * are laid out in micro-batches (layers.h). */
+    int64_t dropout_first_row;
     int forward_done;       /* a forward ran since allocation */
     int loss_done;          /* at_decoder_loss left d_final ready (with gradients) */
     /* AT_ACTS_LOSS or AT_ACTS_TRAIN (buf NULL otherwise): */
     int chunk_rows;         /* rows of logits computed at once */
     at_tensor logits_chunk; /* [chunk_rows, V] f32: logits, then their gradient */
-    at_tensor chunk_loss;   /* [chunk_rows] f32: loss of each row of the chunk */
+    at_tensor target_loss;  /* [B·T] f32: loss of each position (its target), chunk by chunk */
     at_tensor *targets;     /* i32 [B·T]: label predicted at each position (−100: none) */
     int32_t *host_targets;  /* host [B·T] (owned) */
-    float *host_chunk_loss; /* host [chunk_rows] (owned) */
+    float *host_target_loss; /* host [B·T] (owned) */
     /* AT_ACTS_TRAIN only (buf NULL otherwise): */
     at_tensor d_final;      /* dL/d final_norm [B·T, hidden], written by at_decoder_loss */
     at_tensor d_resid;      /* dL/d resid[l] while the backward runs [B·T, hidden] */

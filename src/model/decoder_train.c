@@ -33,7 +33,7 @@ static int chunk_rows_for(const at_model_config *c, int64_t N)
 
 /* Where everything lives in the arena, in elements. */
 typedef struct {
-    size_t resid, layers, final_norm, final_rstd, lora, logits, chunk_loss, d_final, d_resid, bwd, total;
+    size_t resid, layers, final_norm, final_rstd, lora, logits, target_loss, d_final, d_resid, bwd, total;
     size_t layer_stride, lora_stride;
 } acts_plan;
 
@@ -59,8 +59,8 @@ static void plan_acts(const at_model_config *c, int B, int T, unsigned flags, in
     off += nl * p->lora_stride;
     p->logits = off;
     off += round16(chunk * (size_t)c->vocab_size);
-    p->chunk_loss = off;
-    off += round16(chunk);
+    p->target_loss = off;
+    off += loss ? round16(N) : 0;
     p->d_final = off;
     off += train ? round16(N * hd) : 0;
     p->d_resid = off;
@@ -90,7 +90,7 @@ void at_decoder_acts_free(at_decoder_acts *a)
     at_tensor_free(a->pos);
     at_tensor_free(a->targets);
     free(a->host_targets);
-    free(a->host_chunk_loss);
+    free(a->host_target_loss);
     free(a->resid);
     free(a->layers);
     free(a);
@@ -149,13 +149,12 @@ at_status at_decoder_acts_new_ex(const at_decoder *d, int B, int T, unsigned fla
     if (flags & (AT_ACTS_LOSS | AT_ACTS_TRAIN)) {
         a->chunk_rows = chunk_rows_for(c, N);
         view2(&a->logits_chunk, a->arena, p.logits, a->chunk_rows, c->vocab_size, "acts.logits_chunk");
-        int64_t cr = a->chunk_rows;
-        at_tensor_view_inplace(&a->chunk_loss, a->arena, p.chunk_loss, 1, &cr);
-        at_tensor_set_name(&a->chunk_loss, "acts.chunk_loss");
+        at_tensor_view_inplace(&a->target_loss, a->arena, p.target_loss, 1, &N);
+        at_tensor_set_name(&a->target_loss, "acts.target_loss");
         AT_CHECK(at_tensor_new(d->be, AT_I32, 1, &N, "acts.targets", &a->targets));
         a->host_targets = malloc((size_t)N * sizeof *a->host_targets);
-        a->host_chunk_loss = malloc((size_t)cr * sizeof *a->host_chunk_loss);
-        if (!a->host_targets || !a->host_chunk_loss) {
+        a->host_target_loss = malloc((size_t)N * sizeof *a->host_target_loss);
+        if (!a->host_targets || !a->host_target_loss) {
             st = at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
             goto done;
         }
@@ -234,6 +233,9 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
     if (!d->adapter) lora_dropout = 0.0f;
     if (lora_dropout > 0.0f && !(a->flags & AT_ACTS_TRAIN))
         return at_error(AT_ERR_INVALID, "decoder forward: LoRA dropout needs activations made with AT_ACTS_TRAIN");
+    if (lora_dropout > 0.0f && T > AT_DROPOUT_ROW_PITCH)
+        return at_error(AT_ERR_INVALID, "decoder forward: LoRA dropout keys its masks by token for rows of up to "
+                        "%lld tokens, not %d", (long long)AT_DROPOUT_ROW_PITCH, T);
 
     a->ids = ids;
     a->fwd_pos = pos;
@@ -252,7 +254,8 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
         const at_layer_weights *lw = &d->w->layers[l];
         at_layer_lora ll;
         io.lora = at_decoder_layer_lora(d, l, lora_dropout, dropout_seed, &ll);
-        ll.token_offset = a->dropout_token_offset;
+        ll.first_row = a->dropout_first_row;
+        ll.row_tokens = a->T;
         AT_TRY(at_attention_block_forward(c, lw, la, &la->res_mid, &a->resid[l], &io));
         AT_TRY(at_mlp_block_forward(c, lw, la, &a->resid[l + 1], &la->res_mid, &io));
     }
@@ -503,7 +506,10 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
     }
     AT_CHECK(at_tensor_upload(a->targets, tg, (size_t)N * sizeof *tg));
 
+    /* the chunks write their rows' losses into target_loss, read back once
+     * after the last (on a GPU the host waits once, not once per chunk) */
     const float *rs = g ? stats->row_grad_scale : NULL;
+    int any_chunk = 0;
     for (int64_t r0 = 0, rows; r0 < N; r0 += rows) {
         rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
         /* per-row scales: a chunk stops at the end of its row, so one
@@ -521,24 +527,28 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
             continue;
         }
         at_tensor_view_inplace(&lg, &a->logits_chunk, 0, 2, sl);
-        at_tensor_view_inplace(&cl, &a->chunk_loss, 0, 1, &rows);
+        at_tensor_view_inplace(&cl, &a->target_loss, (size_t)r0, 1, &rows);
         at_tensor_view_inplace(&tt, a->targets, (size_t)r0, 1, &rows);
         /* logits = h·W_headᵀ;  CE; dlogits = grad_scale·(softmax − onehot) in place */
         AT_CHECK(at_decoder_logits(d, &lg, &hid));
         AT_CHECK(at_cross_entropy(&cl, g ? &lg : NULL, &lg, &tt, scale));
-        AT_CHECK(at_tensor_download(&cl, a->host_chunk_loss, (size_t)rows * sizeof(float)));
-        for (int64_t i = 0; i < rows; i++) {
-            int64_t row = r0 + i;
-            if (tg[row] < 0) continue;
-            double v = a->host_chunk_loss[i];
-            stats->loss_sum += v;
-            if (stats->row_loss) stats->row_loss[row / T] += v;
-            if (stats->token_loss) stats->token_loss[row] = (float)v;
-        }
+        any_chunk = 1;
         if (g) {
             /* dh = dlogits·W_head;  dW_head += dlogitsᵀ·h */
             AT_CHECK(at_matmul(&dfin, &lg, d->w->lm_head, 0, 0, 1.0f, 0.0f));
             if (dhead) AT_CHECK(at_matmul(dhead, &lg, &hid, 1, 0, 1.0f, 1.0f));
+        }
+    }
+    /* summed in row order, as the targets lie (rows of skipped chunks are
+     * all ignored and not read) */
+    if (any_chunk) {
+        AT_CHECK(at_tensor_download(&a->target_loss, a->host_target_loss, (size_t)N * sizeof(float)));
+        for (int64_t row = 0; row < N; row++) {
+            if (tg[row] < 0) continue;
+            double v = a->host_target_loss[row];
+            stats->loss_sum += v;
+            if (stats->row_loss) stats->row_loss[row / T] += v;
+            if (stats->token_loss) stats->token_loss[row] = (float)v;
         }
     }
     if (g) a->loss_done = 1;
@@ -590,7 +600,8 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
         const at_layer_weights *lw = &d->w->layers[l];
         at_layer_lora ll;
         io.lora = at_decoder_layer_lora(d, l, a->lora_dropout, a->dropout_seed, &ll);
-        ll.token_offset = a->dropout_token_offset;
+        ll.first_row = a->dropout_first_row;
+        ll.row_tokens = a->T;
         if (ckpt && l != L - 1) {
             /* recompute layer l from its input (same dropout masks: same seed);
              * the block output goes to scratch, resid[l+1] is already used */

@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include <string.h>
+#include "base/rng.h"
 #include "device/quant.h"
 #include "ops/ops.h"
 
@@ -136,12 +137,15 @@ static const at_lora_pair *lora_of(const at_layer_io *io, at_module m)
     return &io->lora->pairs[m];
 }
 
-/* Counter base of module m's dropout mask over an input of `in` columns:
- * element (token n, column c) draws counter base + n·in + c, with n counted
- * from the whole micro-batch's first token. */
-static uint64_t lora_offset(const at_layer_io *io, at_module m, int64_t in)
+/* y = drop(x) for module m over an input of `in` columns (layers.h): token
+ * n of the batch is token n % row_tokens of row first_row + n / row_tokens,
+ * and its features are a run of `in` counters of that row's pitch. */
+static at_status lora_dropout(at_tensor *y, const at_tensor *x, const at_layer_io *io, at_module m, int64_t in)
 {
-    return io->lora->offset + ((uint64_t)m << 40) + (uint64_t)io->lora->token_offset * (uint64_t)in;
+    const at_layer_lora *l = io->lora;
+    uint64_t pitch = (uint64_t)AT_DROPOUT_ROW_PITCH * (uint64_t)in;
+    return at_dropout(y, x, l->dropout, at_rng_mix(l->seed, (uint64_t)m), (uint64_t)l->first_row * pitch,
+                      l->row_tokens * in, pitch);
 }
 
 /* drop(x) for module m: x itself without dropout, else the dropped copy in
@@ -156,7 +160,7 @@ static at_status lora_input(const at_tensor **xin, at_tensor *tmp, const at_tens
                         (double)io->lora->dropout);
     int64_t shape[2] = {x->shape[0], x->shape[1]};
     at_tensor_view_inplace(tmp, buf, 0, 2, shape);
-    AT_TRY(at_dropout(tmp, x, io->lora->dropout, io->lora->seed, lora_offset(io, m, x->shape[1])));
+    AT_TRY(lora_dropout(tmp, x, io, m, x->shape[1]));
     *xin = tmp;
     return AT_OK;
 }
@@ -255,7 +259,7 @@ static at_status linear_backward(at_tensor *dx, float dx_beta, const at_tensor *
     if (drop <= 0.0f) return at_matmul(dx, &du, p->A, 0, 0, 1.0f, 1.0f);
     at_tensor_view_inplace(&tmp, &s->lora_x, 0, 2, shx);
     AT_TRY(at_matmul(&tmp, &du, p->A, 0, 0, 1.0f, 0.0f));
-    AT_TRY(at_dropout(&tmp, &tmp, drop, io->lora->seed, lora_offset(io, m, in)));
+    AT_TRY(lora_dropout(&tmp, &tmp, io, m, in));
     return at_axpy(dx, 1.0f, &tmp);
 }
 

@@ -64,16 +64,20 @@ void at_layer_acts_bind_lora(at_layer_acts *a, int64_t n_tokens, int rank, unsig
 
 /* LoRA on one layer's linear modules (model/adapter.h), forward:
  *   y = x·Wᵀ + b + s · (drop(x)·Aᵀ)·Bᵀ,   drop(x) = x · mask / (1 − p)
- * mask element i of module m is at_rng_hash_uniform(seed, offset + (m << 40) + i) >= p
- * (ops.h at_dropout), so the backward regenerates it instead of storing it. */
+ * The mask element of module m at (token t of batch row b, input feature c)
+ * is at_rng_hash_uniform(at_rng_mix(seed, m), ((first_row + b)·AT_DROPOUT_ROW_PITCH + t)·in + c) >= p
+ * (ops.h at_dropout): keyed by the row, not by where the row sits, so a row
+ * draws the same mask in any micro-batch layout (one process accumulating,
+ * several ranks, a micro-batch cut in pieces), and the backward regenerates
+ * it instead of storing it. */
+#define AT_DROPOUT_ROW_PITCH ((int64_t)1 << 24) /* tokens: more than any row has */
 typedef struct at_layer_lora {
     const at_lora_pair *pairs; /* [AT_MOD_COUNT] of this layer; A == NULL: module not adapted */
     float scale;               /* s = alpha / r (alpha / sqrt(r) with rsLoRA) */
     float dropout;             /* p; 0 in inference (then a->lora_x is not needed) */
-    uint64_t seed;             /* dropout seed of this forward (kept for the backward) */
-    uint64_t offset;           /* counter base of this layer (the decoder uses layer << 44) */
-    int64_t token_offset;      /* this batch's first token within the batch whose masks it continues
-                                  (a micro-batch cut in pieces draws the masks of the whole) */
+    uint64_t seed;             /* this layer's dropout seed in this forward (kept for the backward) */
+    int64_t first_row;         /* the batch's row 0 among the rows sharing the seed (the step's) */
+    int64_t row_tokens;        /* tokens per row of the batch (its columns; 0: one row) */
 } at_layer_lora;
 
 /* How a layer sees its batch. */

@@ -749,7 +749,8 @@ at_status at_read_scalar(const at_tensor *t, float *out)
     return t->buf->backend->download(t->buf->backend, out, (char *)t->buf->ptr + t->offset, sizeof(float));
 }
 
-at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                     uint64_t pitch)
 {
     const char *op = "dropout";
     AT_TRY(need(y, op, "output"));
@@ -758,14 +759,17 @@ at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
     AT_TRY(need_float(x, op));
     AT_TRY(need_numel(y, at_tensor_numel(x), op));
     if (!(p >= 0.0f && p < 1.0f)) return at_error(AT_ERR_INVALID, "dropout: p = %g must be in [0, 1)", (double)p);
+    if (run < 0 || (run > 0 && pitch < (uint64_t)run))
+        return at_error(AT_ERR_INVALID, "dropout: runs of %lld elements %llu apart overlap", (long long)run,
+                        (unsigned long long)pitch);
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, dropout, y, x, p, seed, offset);
+    BACKEND_OR_FALLBACK(be, dropout, y, x, p, seed, offset, run, pitch);
     fallback f = {0};
     const at_tensor *dev[] = {y, x};
     const int is_out[] = {1, 0};
     at_tensor *h[2];
     at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->dropout(h[0], h[1], p, seed, offset);
+    if (st == AT_OK) st = cpu_ops()->dropout(h[0], h[1], p, seed, offset, run, pitch);
     return fb_finish(&f, st);
 }

@@ -126,12 +126,17 @@ at_status at_sumsq(at_tensor *out, const at_tensor *x);
 at_status at_read_scalar(const at_tensor *t, float *out);
 
 /* Inverted dropout with a counter-based mask (LoRA dropout):
- *   y[i] = x[i] / (1 − p)   when at_rng_hash_uniform(seed, offset + i) >= p   (base/rng.h)
+ *   y[i] = x[i] / (1 − p)   when at_rng_hash_uniform(seed, counter(i)) >= p   (base/rng.h)
  *   y[i] = 0                otherwise
- * The mask depends only on (seed, offset + i): reproducible at any thread
+ *   counter(i) = offset + (i / run)·pitch + i % run     (run 0: offset + i)
+ * The mask depends only on (seed, counter): reproducible at any thread
  * count, and the backward is the same call on dy (dx = dropout(dy), same
- * seed and offset), so no mask is stored. 0 <= p < 1; p == 0 copies.
+ * seed and counters), so no mask is stored. Runs let the elements of one
+ * sequence row keep their counters whatever rows share the tensor (LoRA
+ * dropout keys its masks by (row of the step, token, feature)).
+ * 0 <= p < 1; p == 0 copies. run >= 0; pitch >= run when run > 0.
  * x, y: f32/bf16/f16, same number of elements; y may be x (in place). */
-at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset);
+at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                     uint64_t pitch);
 
 #endif

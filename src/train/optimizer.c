@@ -31,8 +31,10 @@ at_status at_optimizer_init(at_optimizer *o, at_decoder *d, const at_decoder_gra
         snprintf(name, sizeof name, "exp_avg_sq.%s", p->name);
         AT_CHECK(at_tensor_zeros(p->buf->backend, AT_F32, p->ndim, p->shape, name, &o->v[i]));
     }
-    int64_t one = 1;
-    AT_CHECK(at_tensor_zeros(d->be, AT_F32, 1, &one, "grad_sumsq", &o->sumsq));
+    int64_t count = n;
+    AT_CHECK(at_tensor_zeros(d->be, AT_F32, 1, &count, "grad_sumsq", &o->sumsq));
+    o->sumsq_host = calloc((size_t)n, sizeof *o->sumsq_host);
+    if (!o->sumsq_host) st = at_error(AT_ERR_NOMEM, "out of memory");
 done:
     if (st != AT_OK) at_optimizer_free(o);
     return st;
@@ -48,18 +50,24 @@ void at_optimizer_free(at_optimizer *o)
     free(o->v);
     free(o->params);
     at_tensor_free(o->sumsq);
+    free(o->sumsq_host);
     memset(o, 0, sizeof *o);
 }
 
+/* Each gradient's sum of squares goes to its own element of o->sumsq and
+ * all of them come back in one download: on a GPU the host waits once per
+ * step, not once per trainable tensor (hundreds with LoRA). */
 at_status at_optimizer_grad_norm(at_optimizer *o, double *norm)
 {
     double total = 0;
     for (int i = 0; i < o->n; i++) {
-        float s = 0;
-        AT_TRY(at_sumsq(o->sumsq, o->params[i].grad));
-        AT_TRY(at_read_scalar(o->sumsq, &s));
-        total += (double)s;
+        at_tensor one;
+        int64_t shape = 1;
+        at_tensor_view_inplace(&one, o->sumsq, (size_t)i, 1, &shape);
+        AT_TRY(at_sumsq(&one, o->params[i].grad));
     }
+    AT_TRY(at_tensor_download(o->sumsq, o->sumsq_host, (size_t)o->n * sizeof *o->sumsq_host));
+    for (int i = 0; i < o->n; i++) total += (double)o->sumsq_host[i];
     *norm = sqrt(total);
     return AT_OK;
 }

@@ -17,7 +17,8 @@ typedef struct {
     int n;
     at_param_grad *params; /* not owned tensors (the decoder's and the gradients') */
     at_tensor **m, **v;    /* f32 moments, owned */
-    at_tensor *sumsq;      /* f32 [1] scratch */
+    at_tensor *sumsq;      /* f32 [n] scratch: each gradient's Σ g², read back at once */
+    float *sumsq_host;     /* their host copy [n], owned */
     int64_t step;          /* updates done */
 } at_optimizer;
 

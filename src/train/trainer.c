@@ -12,6 +12,7 @@
 #include "base/json.h"
 #include "base/log.h"
 #include "base/progress.h"
+#include "base/rng.h"
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "device/registry.h"
@@ -98,6 +99,7 @@ typedef struct {
      * side of each). */
     at_pref_pairs pref_train, pref_val;
     at_pref_stats pref_step, pref_interval;
+    int64_t step_base;       /* plan index of the step's first micro-batch (of rank 0) */
     int64_t step_first;      /* plan index of this rank's first micro-batch of the step */
     double step_nll_targets; /* chosen-reply targets of the whole step (the NLL term) */
     /* history for the SVG */
@@ -690,9 +692,12 @@ done:
 #define LOSS_SCALE_INIT 65536.0
 #define LOSS_SCALE_GROWTH_INTERVAL 2000
 
-static uint64_t dropout_seed(const trainer *t, int64_t step, int micro)
+/* The step's LoRA dropout seed; the masks are keyed by the row of the step
+ * (decoder.h dropout_first_row), so they do not depend on how the step's
+ * rows are split into micro-batches, pieces and ranks. */
+static uint64_t dropout_seed(const trainer *t, int64_t step)
 {
-    return t->a->seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)step << 16) ^ (uint64_t)micro;
+    return at_rng_mix(t->a->seed * 0x9e3779b97f4a7c15ull, (uint64_t)step);
 }
 
 /* ---- out of memory: smaller micro-batches ----
@@ -702,8 +707,8 @@ static uint64_t dropout_seed(const trainer *t, int64_t step, int micro)
  * grad_scale (1 / supervised tokens of the whole step) and the batch's
  * column count, so the summed gradients are those of the whole micro-batch:
  * the results do not change, only the speed (up to the rounding of the sums;
- * the pieces draw the LoRA dropout masks of their rows in the whole
- * micro-batch). At most two halvings. */
+ * the LoRA dropout masks are the rows', wherever they are). At most two
+ * halvings. */
 #define MAX_OOM_HALVINGS 2
 
 static int is_oom(at_status st) { return st == AT_ERR_DEVICE_OOM || st == AT_ERR_NOMEM; }
@@ -742,10 +747,11 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
             batch_tensors bt;
             st = upload_batch(t, &piece, &bt);
             if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
-            /* the piece draws the dropout masks of its rows in the whole micro-batch */
-            if (st == AT_OK) t->acts->dropout_token_offset = (int64_t)(u0 * unit) * (int64_t)piece.cols;
+            /* the dropout masks are keyed by the rows' place among the step's rows */
+            size_t step_row = t->plan.batch_start[t->step_first + m] - t->plan.batch_start[t->step_base];
+            if (st == AT_OK) t->acts->dropout_first_row = (int64_t)((step_row + u0) * unit);
             float dropout = (float)(a->full ? 0.0 : a->lora_dropout);
-            uint64_t seed = dropout_seed(t, step, t->rank * a->grad_accum + m);
+            uint64_t seed = dropout_seed(t, step);
             if (st == AT_OK && a->pref) {
                 /* the pairs of this piece: the plan's items of the micro-batch's rows */
                 const size_t *pairs = t->plan.items + t->plan.row_start[t->plan.batch_start[t->step_first + m]] + u0;
@@ -861,6 +867,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         if (!batches) return at_error(AT_ERR_NOMEM, "out of memory");
         /* targets: supervised tokens; for preference objectives the step's pairs (the loss is their mean) */
         int64_t targets = 0, tokens = 0, nll_targets = 0;
+        t->step_base = step_first;
         t->step_first = first;
         for (int m = 0; m < nmicro && st == AT_OK; m++) {
             if (a->pref) {

@@ -15,10 +15,24 @@ static uint64_t keep_threshold(float p)
     return k << 40;
 }
 
-/* y[i] = x[i] / (1 − p) if at_rng_hash_uniform(seed, offset + i) >= p, else 0.
- * Each element's mask bit depends only on its index, so the chunks can be
- * split across threads in any way and the backward regenerates the mask. */
-at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+/* Elements [i, i + n) of one run, whose counters are consecutive from first. */
+static void dropout_span(float *o, const float *xi, int64_t n, uint64_t seed, uint64_t first, float p,
+                         uint64_t thresh, float keep, int avx512)
+{
+    if (avx512) {
+        at_cpu_dropout_chunk_avx512(o, xi, n, seed, first, thresh, keep);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) o[i] = at_rng_hash_uniform(seed, first + (uint64_t)i) >= p ? xi[i] * keep : 0.0f;
+}
+
+/* y[i] = x[i] / (1 − p) if at_rng_hash_uniform(seed, counter(i)) >= p, else
+ * 0, counter(i) = offset + (i / run)·pitch + i % run (ops.h). Each element's
+ * mask bit depends only on its index, so the chunks can be split across
+ * threads in any way and the backward regenerates the mask; a chunk is cut
+ * where a run ends, the counters being consecutive within a run. */
+at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                         uint64_t pitch)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
     int avx512 = at_cpu_isa_level() >= AT_ISA_AVX512;
@@ -35,11 +49,15 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
         float *o = at_cpu_out(by, py, y->dtype, off);
         if (p == 0.0f) {
             for (int64_t i = 0; i < len; i++) o[i] = xi[i];
-        } else if (avx512) {
-            at_cpu_dropout_chunk_avx512(o, xi, len, seed, offset + (uint64_t)off, thresh, keep);
+        } else if (run == 0) {
+            dropout_span(o, xi, len, seed, offset + (uint64_t)off, p, thresh, keep, avx512);
         } else {
-            for (int64_t i = 0; i < len; i++)
-                o[i] = at_rng_hash_uniform(seed, offset + (uint64_t)(off + i)) >= p ? xi[i] * keep : 0.0f;
+            for (int64_t i = 0; i < len;) {
+                int64_t g = off + i, in_run = g % run, n = run - in_run < len - i ? run - in_run : len - i;
+                uint64_t first = offset + (uint64_t)(g / run) * pitch + (uint64_t)in_run;
+                dropout_span(o + i, xi + i, n, seed, first, p, thresh, keep, avx512);
+                i += n;
+            }
         }
         at_cpu_out_done(v, o, py, y->dtype, off, len);
     }

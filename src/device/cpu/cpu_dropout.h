@@ -4,7 +4,8 @@
 
 #include "device/backend.h"
 
-at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset);
+at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                         uint64_t pitch);
 
 /* One chunk of f32 values: y[i] = x[i] · keep when element first + i is kept,
  * else 0 (y may be x). Kept means at_rng_hash_uniform(seed, first + i) >= p,

@@ -19,7 +19,7 @@
 #include "base/status.h"
 #include "device/backend.h"
 
-#define AT_CUDA_API_VERSION 2 /* 2: allreduce_sum takes a list */
+#define AT_CUDA_API_VERSION 3 /* 2: allreduce_sum takes a list; 3: dropout counters in runs */
 #define AT_CUDA_OPEN_SYMBOL "at_cuda_backend_open"
 
 typedef struct at_cuda_host_api {

@@ -163,20 +163,24 @@ static at_status be_upload(at_backend *be, void *dst, const void *src, size_t n)
     return cu_check(c, cudaStreamSynchronize(c->stream), "upload (cudaStreamSynchronize)");
 }
 
+/* Device -> host; the wait also reports the deferred index checks of the
+ * operations queued before it (cuda_check.cu): a bad label or id becomes the
+ * error of the first download or synchronize after it (at_read_scalar and
+ * the dispatcher's CPU fallback download too). The data is copied either way. */
 static at_status be_download(at_backend *be, void *dst, const void *src, size_t n)
 {
     cuda_ctx *c = (cuda_ctx *)be->ctx;
     if (!n) return AT_OK;
     CU_TRY(cu_check(c, cudaSetDevice(c->device), "cudaSetDevice"));
     CU_TRY(cu_check(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream), "download (cudaMemcpyAsync)"));
-    return cu_check(c, cudaStreamSynchronize(c->stream), "download (cudaStreamSynchronize)");
+    return cu_sync_report(c, "download (cudaStreamSynchronize)");
 }
 
 static at_status be_synchronize(at_backend *be)
 {
     cuda_ctx *c = (cuda_ctx *)be->ctx;
     CU_TRY(cu_check(c, cudaSetDevice(c->device), "cudaSetDevice"));
-    return cu_check(c, cudaStreamSynchronize(c->stream), "synchronize");
+    return cu_sync_report(c, "synchronize");
 }
 
 /* ---- open ---- */
@@ -186,6 +190,7 @@ static void release(cu_device *d)
     cuda_ctx *c = &d->ctx;
     if (c->nf4_code) (void)cudaFree(c->nf4_code);
     if (c->dyn8_code) (void)cudaFree(c->dyn8_code);
+    if (c->chk_dev) (void)cudaFree(c->chk_dev);
     if (c->scratch) (void)cudaFree(c->scratch);
     if (d->scratch2) (void)cudaFree(d->scratch2);
     if (c->cublas) (void)cublasDestroy(c->cublas);

@@ -322,23 +322,32 @@ at_status cu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
 }
 
 /* ---- dropout ----
- * y[i] = x[i]·keep if at_cu_hash_uniform(seed, offset + i) >= p, else 0, with
- * keep = 1/(1 − p) formed on the host in f32 as the CPU does: the mask and
- * the values equal the CPU's bit for bit. p == 0 copies (converting dtype). */
+ * y[i] = x[i]·keep if at_cu_hash_uniform(seed, counter(i)) >= p, else 0,
+ * counter(i) = offset + (i / run)·pitch + i % run (ops.h; run 0: offset + i),
+ * with keep = 1/(1 − p) formed on the host in f32 as the CPU does: the mask
+ * and the values equal the CPU's bit for bit. p == 0 copies (converting dtype). */
 static __global__ void k_dropout(void *y, int ty, const void *x, int tx, float p, float keep, uint64_t seed,
-                                 uint64_t offset, int64_t n, int vec)
+                                 uint64_t offset, int64_t run, uint64_t pitch, int64_t n, int vec)
 {
     at_cu_for_each(n, vec, [&](int64_t i, int w) {
         float v[AT_VEC];
         at_cu_loadw(x, tx, i, v, w);
-        if (p != 0.0f)
-            for (int k = 0; k < w; k++)
-                v[k] = at_cu_hash_uniform(seed, offset + (uint64_t)(i + k)) >= p ? v[k] * keep : 0.0f;
+        if (p != 0.0f) {
+            /* one division per vector: the counter then steps, jumping at a run's end */
+            int64_t in_run = run > 0 ? i % run : i;
+            uint64_t row = run > 0 ? (uint64_t)(i / run) : 0;
+            for (int k = 0; k < w; k++) {
+                uint64_t counter = offset + row * pitch + (uint64_t)in_run;
+                v[k] = at_cu_hash_uniform(seed, counter) >= p ? v[k] * keep : 0.0f;
+                if (++in_run == run) in_run = 0, row++;
+            }
+        }
         at_cu_storew(y, ty, i, v, w);
     });
 }
 
-at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                     uint64_t pitch)
 {
     cuda_ctx *c = cu_ctx(y);
     int64_t n = cu_numel(x);
@@ -347,6 +356,6 @@ at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
     float keep = 1.0f / (1.0f - p);
     int vec = vec_ok(cu_ptr(y), cu_ptr(x));
     AT_LAUNCH(k_dropout, ew_grid(c, n / (vec ? AT_VEC : 1)), EW_THREADS, 0, c->stream, cu_ptr(y), (int)y->dtype,
-              cu_ptr(x), (int)x->dtype, p, keep, seed, offset, n, vec);
+              cu_ptr(x), (int)x->dtype, p, keep, seed, offset, run, pitch, n, vec);
     return cu_launched(c, "dropout");
 }

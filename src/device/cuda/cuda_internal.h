@@ -26,6 +26,18 @@ extern "C" {
 /* dtype codes as device/dtype.h (at_cu_load / at_cu_store take the first three). */
 enum { CU_F32 = AT_F32, CU_BF16 = AT_BF16, CU_F16 = AT_F16, CU_I32 = AT_I32 };
 
+/* One deferred index check (cuda_check.cu, below). */
+#define CU_CHK_MAX 64
+enum { CU_CHK_BELOW = 0, /* label: must be < limit (negatives are ignored) */
+       CU_CHK_RANGE = 1  /* id: must lie in [0, limit) */ };
+typedef struct cu_pending_check {
+    const char *op;  /* a string literal: "cross_entropy", "embedding_forward", ... */
+    int kind;        /* CU_CHK_* */
+    int64_t limit;
+    char name[96];   /* the index tensor's name (AT_NAME_MAX) */
+    char table[200]; /* CU_CHK_RANGE: the table's description, "name [V, D] dtype" */
+} cu_pending_check;
+
 typedef struct cuda_ctx {
     int device;
     const at_cuda_host_api *host;
@@ -37,10 +49,28 @@ typedef struct cuda_ctx {
     size_t scratch_size;
     float *nf4_code;    /* device copies of the code books (16 and 256 floats) */
     float *dyn8_code;
+    /* deferred index checks (cuda_check.cu): one device word per pending
+     * check, and on the host what its error message needs */
+    unsigned long long *chk_dev;          /* CU_CHK_MAX words, ~0 = no bad index seen */
+    unsigned long long chk_host[CU_CHK_MAX]; /* their values, read back at the next sync */
+    cu_pending_check chk_pending[CU_CHK_MAX];
+    int chk_n;                               /* checks queued since the last report */
 } cuda_ctx;
 
-/* The context of the backend a tensor lives on. */
-static inline cuda_ctx *cu_ctx(const at_tensor *t) { return (cuda_ctx *)t->buf->backend->ctx; }
+/* The context of the backend a tensor lives on, its device made the calling
+ * thread's current one (every operation entry starts here). CUDA keeps the
+ * current device per host thread and sends launches, cuBLAS calls and
+ * cudaMalloc to it; a launch on another device's stream fails. The serve
+ * engine runs the model on a thread of its own, where device 0 is current
+ * until set, so without this a model on cuda:1 would fail there. A failed
+ * switch is reported by the launch that follows (cudaGetLastError). */
+static inline cuda_ctx *cu_ctx(const at_tensor *t)
+{
+    cuda_ctx *c = (cuda_ctx *)t->buf->backend->ctx;
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != c->device) (void)cudaSetDevice(c->device);
+    return c;
+}
 
 /* Device address of the tensor's first element. */
 static inline void *cu_ptr(const at_tensor *t) { return (char *)t->buf->ptr + t->offset; }
@@ -87,6 +117,38 @@ at_status cu_scratch(cuda_ctx *c, size_t bytes, void **out);
 /* A second, independent scratch area for operations that need two. */
 at_status cu_scratch2(cuda_ctx *c, size_t bytes, void **out);
 
+/* ---- deferred index checks (cuda_check.cu) ----
+ * Kernels that index with caller data (embedding ids, cross-entropy labels)
+ * do not make the host wait for a check. A call takes a slot with
+ * cu_check_defer, its kernel records the first bad index in it
+ * (cu_record_bad) and treats that row as ignored, never reading or writing
+ * out of bounds; the error is raised, with the CPU kernel's message, at the
+ * next download or synchronize (cu_sync_report), which waits anyway. */
+/* A device word for one more check of index tensor `idx` against `limit`
+ * (`table`: the table described in the message, or NULL), owned by the
+ * context. With CU_CHK_MAX checks already pending it first waits for and
+ * reports them (so an earlier call's bad index may be this call's error). */
+at_status cu_check_defer(cuda_ctx *c, const char *op, int kind, const at_tensor *idx, const at_tensor *table,
+                         int64_t limit, unsigned long long **slot);
+/* Waits for the stream (after the caller queued its copies) and reports the
+ * first pending check that saw a bad index, as AT_ERR_INVALID with the CPU
+ * kernel's message; resets the pending checks either way. A CUDA error of
+ * the wait comes first. `what` names the wait in a CUDA error. */
+at_status cu_sync_report(cuda_ctx *c, const char *what);
+
+/* Records bad index value v at position i in `slot`, keeping the lowest
+ * position: the key is (i << 32 | v) and the word keeps the smallest key. */
+static __device__ __forceinline__ void cu_record_bad(unsigned long long *slot, int64_t i, int32_t v)
+{
+    unsigned long long pos = (unsigned long long)(i < 0xFFFFFFFELL ? i : 0xFFFFFFFELL);
+    unsigned long long key = pos << 32 | (unsigned long long)(uint32_t)v, old = *(volatile unsigned long long *)slot;
+    while (key < old) {
+        unsigned long long seen = atomicCAS(slot, old, key);
+        if (seen == old) break;
+        old = seen;
+    }
+}
+
 #define CU_TRY(expr)                               \
     do {                                           \
         at_status cu_try_s_ = (expr);              \
@@ -108,7 +170,8 @@ at_status cu_sum_rows(at_tensor *y, const at_tensor *x, float beta);
 at_status cu_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up);
 at_status cu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
                              const at_tensor *up);
-at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset);
+at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                     uint64_t pitch);
 /* cuda_norm.cu */
 at_status cu_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps);
 at_status cu_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,

@@ -10,14 +10,17 @@
  *   cross-entropy:  dlogits = grad_scale · (exp(x − lse) − onehot(label)),
  *                   row_loss = lse − x[label]
  * An ignored label (< 0) gives row_loss 0 and a zero dlogits row. A label
- * ≥ V is an error, found before anything is written (as the CPU kernel): one
- * block checks the labels and a flag is read back once per call.
+ * ≥ V is an error (the CPU kernel's message), but the host does not wait for
+ * it here: the kernel records the first one in a deferred-check word
+ * (cuda_check.cu), treats its row as ignored (never reading past the row),
+ * and the error is raised by the next download or synchronize; the trainer
+ * downloads the chunk losses right after, so its step fails with it. Unlike
+ * the CPU kernel, the other rows are written meanwhile.
  * The label's logit is read before the block's reductions, whose barriers
  * order every read of a row before any write of it, so dlogits may be the
  * logits tensor itself. Rows are walked 8 elements a step in 16-byte accesses
  * when V is a multiple of 8 and the pointers are 16-byte aligned. */
 #include <math.h>
-#include <stdlib.h>
 #include "device/cuda/cuda_internal.h"
 #include "device/cuda/cuda_vec.h"
 
@@ -98,52 +101,17 @@ at_status cu_softmax(at_tensor *y, const at_tensor *x)
 
 /* ---- cross-entropy ---- */
 
-/* flag[0] = 1 when some label is ≥ V (one block). */
-static __global__ void k_check_labels(uint32_t *flag, const int32_t *labels, int64_t n, int64_t V)
-{
-    __shared__ float red[32];
-    float bad = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        if (labels[i] >= V) bad = 1.0f;
-    bad = at_cu_block_max(bad, red);
-    if (threadIdx.x == 0) flag[0] = bad > 0.0f ? 1u : 0u;
-}
-
-static at_status check_labels(cuda_ctx *c, const at_tensor *labels, int64_t n, int64_t V)
-{
-    const char *op = "cross_entropy";
-    if (n == 0) return AT_OK;
-    void *p = NULL;
-    CU_TRY(cu_scratch(c, sizeof(uint32_t), &p));
-    AT_LAUNCH(k_check_labels, 1, 1024, 0, c->stream, (uint32_t *)p, (const int32_t *)cu_ptr(labels), n, V);
-    CU_TRY(cu_launched(c, "cross_entropy (labels)"));
-    uint32_t flag = 0;
-    CU_TRY(cu_check(c, cudaMemcpyAsync(&flag, p, sizeof flag, cudaMemcpyDeviceToHost, c->stream), op));
-    CU_TRY(cu_check(c, cudaStreamSynchronize(c->stream), op));
-    if (!flag) return AT_OK;
-    /* the error path: name the first bad label, as the CPU kernel does */
-    int32_t *h = (int32_t *)malloc((size_t)n * sizeof(int32_t));
-    if (!h) return c->host->error(AT_ERR_NOMEM, "cross_entropy: a label is not below the vocabulary size %lld", (long long)V);
-    at_status st = cu_check(
-        c, cudaMemcpyAsync(h, cu_ptr(labels), (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream), op);
-    if (st == AT_OK) st = cu_check(c, cudaStreamSynchronize(c->stream), op);
-    if (st == AT_OK) {
-        int64_t i = 0;
-        while (i < n && h[i] < V) i++;
-        st = c->host->error(AT_ERR_INVALID, "cross_entropy: %s[%lld] = %d is not below the vocabulary size %lld",
-                            labels->name[0] ? labels->name : "labels", (long long)i, i < n ? h[i] : -1, (long long)V);
-    }
-    free(h);
-    return st;
-}
-
 static __global__ void k_cross_entropy(float *loss, void *dl, int tdl, const void *x, int tx, const int32_t *labels,
-                                       int64_t rows, int64_t V, float gs, int vec)
+                                       int64_t rows, int64_t V, float gs, int vec, unsigned long long *bad)
 {
     __shared__ float red[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t off = r * V;
         int32_t lab = labels[r];
+        if (lab >= V) { /* an error, reported at the next sync; the row counts as ignored */
+            if (threadIdx.x == 0) cu_record_bad(bad, r, lab);
+            lab = -1;
+        }
         if (lab < 0) { /* ignored: the same branch for the whole block */
             if (threadIdx.x == 0) loss[r] = 0.0f;
             if (dl)
@@ -174,11 +142,12 @@ at_status cu_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_ten
 {
     cuda_ctx *c = cu_ctx(row_loss);
     int64_t rows = cu_rows(logits), V = cu_cols(logits);
-    CU_TRY(check_labels(c, labels, rows, V));
     if (rows == 0) return AT_OK;
+    unsigned long long *bad = NULL;
+    CU_TRY(cu_check_defer(c, "cross_entropy", CU_CHK_BELOW, labels, NULL, V, &bad));
     int vec = V % AT_VEC == 0 && cu_aligned16(cu_ptr(logits)) && (!dlogits || cu_aligned16(cu_ptr(dlogits)));
     AT_LAUNCH(k_cross_entropy, row_grid(rows), row_threads(V), 0, c->stream, (float *)cu_ptr(row_loss),
               dlogits ? cu_ptr(dlogits) : (void *)NULL, dlogits ? (int)dlogits->dtype : 0, cu_ptr(logits),
-              (int)logits->dtype, (const int32_t *)cu_ptr(labels), rows, V, grad_scale, vec);
+              (int)logits->dtype, (const int32_t *)cu_ptr(labels), rows, V, grad_scale, vec, bad);
     return cu_launched(c, "cross_entropy");
 }

@@ -84,6 +84,7 @@ at_status cu_allreduce_sum(at_backend *be, at_tensor *const *ts, int n)
 {
     cuda_ctx *c = (cuda_ctx *)be->ctx;
     if (!g_comm) return c->host->error(AT_ERR_INTERNAL, "all-reduce of %s before the NCCL communicator", ts[0]->name);
+    CU_TRY(cu_check(c, cudaSetDevice(c->device), "cudaSetDevice")); /* the stream's device (see cu_ctx) */
     CU_TRY(nccl_check(c, nccl.group_start(), "ncclGroupStart"));
     at_status st = AT_OK;
     for (int i = 0; i < n && st == AT_OK; i++) {

@@ -476,15 +476,18 @@ done:
     return st;
 }
 
-/* y[i] = x[i] / (1 − p) where the counter-based uniform of (seed, offset + i)
- * is >= p, else 0. The mask is the definition in base/rng.h. */
-at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset)
+/* y[i] = x[i] / (1 − p) where the counter-based uniform of (seed, counter(i))
+ * is >= p, else 0, counter(i) = offset + (i / run)·pitch + i % run (ops.h).
+ * The mask is the definition in base/rng.h. */
+at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                         uint64_t pitch)
 {
     double *X = NULL;
     at_status st = AT_OK;
     AT_CHECK(at_ref_load(x, "dropout", &X));
     for (int64_t i = 0; i < at_tensor_numel(x); i++) {
-        int keep = at_rng_hash_uniform(seed, offset + (uint64_t)i) >= p;
+        uint64_t counter = run > 0 ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
+        int keep = at_rng_hash_uniform(seed, counter) >= p;
         X[i] = keep ? X[i] / (1.0 - (double)p) : 0.0;
     }
     AT_CHECK(at_ref_store(y, X, "dropout"));

@@ -56,7 +56,8 @@ at_status at_ref_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at
 at_status at_ref_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v,
                        const at_adamw_params *p);
 at_status at_ref_sumsq(at_tensor *out, const at_tensor *x);
-at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset);
+at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
+                         uint64_t pitch);
 
 /* The table of all the above (static storage; never freed). */
 const at_backend_ops *at_ref_ops(void);
