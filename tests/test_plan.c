@@ -29,7 +29,9 @@
 #include "plan/memory.h"
 #include "plan/planner.h"
 #include "plan/profiles.h"
+#include "model/weights.h"
 #include "train/optimizer.h"
+#include "train/preference.h"
 #include "train/trainer.h"
 #include "testing.h"
 
@@ -148,7 +150,8 @@ static void test_decisions(void)
                 /* the largest micro-batch: twice as many rows would not fit */
                 if (p.batch_size < 16) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
-                                              p.batch_size * 2, 2048, 1, 0, d->threads, d->runtime_overhead};
+                                              p.batch_size * 2, 2048, 1, 0, d->threads, d->runtime_overhead,
+                                              0, NULL, AT_F32};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -156,7 +159,8 @@ static void test_decisions(void)
                 /* checkpointing off only when the same batch fits without it */
                 if (p.checkpointing) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
-                                              p.batch_size, 2048, 0, 0, d->threads, d->runtime_overhead};
+                                              p.batch_size, 2048, 0, 0, d->threads, d->runtime_overhead,
+                                              0, NULL, AT_F32};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -278,6 +282,40 @@ static void test_expectations(void)
     CHECK(p.tune == AT_TUNE_QLORA && p.quant_dtype == AT_Q8_0);
     CHECK(p.mem.weights > 7500000000LL && p.mem.weights < 8300000000LL);
 
+    /* DPO (anytune rlhf): 2 rows a pair, and the reference pass before the
+     * gradients exist, which keeps only the layer inputs (the measured cases
+     * below check the sizes). Qwen, one pair of 2048 tokens on an H100: the
+     * reference pass of the policy's base stays below the step, checkpointing
+     * or not (it holds less than a checkpointed step's activations and no
+     * gradients); --ref_model holds a second copy of the weights (Mistral as
+     * its own reference: 2 × 14.5 GB of bf16 at once), then the pass is the
+     * peak; cpo/simpo/orpo have no reference pass. */
+    at_plan_request_defaults(&rq);
+    rq.command = "dpo";
+    rq.preference = 1;
+    rq.batch_size_set = rq.checkpointing_set = 1;
+    CHECK_OK(plan_for("h100", &q, "qwen", &rq, &p));
+    CHECK(p.checkpointing && p.mem.reference == 0);
+    rq.checkpointing = 0;
+    CHECK_OK(plan_for("h100", &q, "qwen", &rq, &p));
+    CHECK(!p.checkpointing && p.mem.reference == 0);
+    at_plan_request_defaults(&rq);
+    rq.command = "dpo";
+    rq.preference = 1;
+    rq.ref_cfg = &m;
+    rq.batch_size_set = rq.checkpointing_set = 1; /* one pair of 2048 tokens, checkpointing */
+    rq.batch_size = 1;
+    rq.checkpointing = 1;
+    CHECK_OK(plan_for("h100", &m, "mistral", &rq, &p));
+    CHECK(p.tune == AT_TUNE_LORA && p.weight_dtype == AT_BF16);
+    CHECK(p.mem.reference > 0 && p.mem.total >= 2 * 14496047104LL);
+    char *dtext = at_plan_to_text(&p);
+    CHECK(dtext && strstr(dtext, "DPO reference pass"));
+    free(dtext);
+    rq.reference_free = 1;
+    CHECK_OK(plan_for("h100", &m, "mistral", &rq, &p));
+    CHECK(p.mem.reference == 0 && p.mem.total < 2 * 14496047104LL);
+
     /* bad requests */
     at_plan_request_defaults(&rq);
     rq.train_type = "prefix";
@@ -341,18 +379,31 @@ typedef struct {
     int hidden, inter, layers, heads, kv_heads, vocab, tied;
     at_dtype dtype;
     at_tune_kind tune;
-    int rank, B, T, ckpt;
+    int rank, B, T, ckpt; /* B: rows; preference cases: pairs (2·B rows) */
+    int pref;             /* 0: sft; DPO with the reference log-probs of the policy's base (PREF_BASE) or
+                             of a second model, as --ref_model (PREF_REF_MODEL: random, same shape) */
 } mcase;
+
+enum { PREF_NONE = 0, PREF_BASE, PREF_REF_MODEL };
 
 static const mcase cases[] = {
     /* tiny real models: the estimate is a few MB at most */
-    {"stories260K lora", "demo/stories260K", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_LORA, 16, 4, 256, 0},
-    {"qwen2 golden full", "tests/data/goldens/qwen2_bias_tied", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_FULL, 0, 2, 64, 0},
+    {"stories260K lora", "demo/stories260K", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_LORA, 16, 4, 256, 0, PREF_NONE},
+    {"qwen2 golden full", "tests/data/goldens/qwen2_bias_tied", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_FULL, 0, 2, 64, 0,
+     PREF_NONE},
     /* random models of a few hundred MB */
-    {"250MB bf16 lora", NULL, 1024, 2816, 6, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0},
-    {"activations lora", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 0},
-    {"activations ckpt", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 1},
-    {"200MB full f32", NULL, 512, 1376, 3, 8, 8, 8000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 64, 1},
+    {"250MB bf16 lora", NULL, 1024, 2816, 6, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_NONE},
+    {"activations lora", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 0, PREF_NONE},
+    {"activations ckpt", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 1, PREF_NONE},
+    {"200MB full f32", NULL, 512, 1376, 3, 8, 8, 8000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 64, 1, PREF_NONE},
+    /* DPO (train/preference.h, as the trainer runs it): the reference pass
+     * first, then steps of 2·B rows through at_pref_forward_backward */
+    {"dpo lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 384, 0, PREF_BASE},
+    /* with checkpointing: the reference pass (layer inputs only) below the step */
+    {"dpo lora ckpt", NULL, 128, 344, 8, 4, 2, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 512, 1, PREF_BASE},
+    {"dpo full f32", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 1, 64, 1, PREF_BASE},
+    /* --ref_model: a second model of the policy's size beside it */
+    {"dpo bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -383,8 +434,76 @@ static void random_config(const mcase *c, at_model_config *cfg)
     cfg->max_position_embeddings = 4096;
 }
 
+/* Preference pairs of B prompts + replies of T tokens each (chosen and
+ * rejected alike long: every micro-batch is [2·B, T]), labels on the replies
+ * (the last 3/4 of each row), as at_pref_pairs_encode leaves them. */
+static at_status pref_pairs_make(int B, int T, int vocab, at_pref_pairs *p)
+{
+    memset(p, 0, sizeof *p);
+    size_t n = (size_t)B;
+    p->chosen = calloc(n, sizeof *p->chosen);
+    p->rejected = calloc(n, sizeof *p->rejected);
+    p->len = calloc(n, sizeof *p->len);
+    p->n_c = calloc(n, sizeof *p->n_c);
+    p->n_r = calloc(n, sizeof *p->n_r);
+    p->ref_c = calloc(n, sizeof *p->ref_c);
+    p->ref_r = calloc(n, sizeof *p->ref_r);
+    if (!p->chosen || !p->rejected || !p->len || !p->n_c || !p->n_r || !p->ref_c || !p->ref_r) goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        p->n++; /* at_pref_pairs_free frees the replies of the first n pairs */
+        for (int side = 0; side < 2; side++) {
+            at_encoded *e = side ? &p->rejected[i] : &p->chosen[i];
+            e->ids = malloc((size_t)T * sizeof *e->ids);
+            e->labels = malloc((size_t)T * sizeof *e->labels);
+            if (!e->ids || !e->labels) goto nomem;
+            e->n = (size_t)T;
+            for (int k = 0; k < T; k++) {
+                int64_t salt = k < T / 4 ? 0 : 101 * (int64_t)(2 * i + (size_t)side + 1);
+                e->ids[k] = (int32_t)(((int64_t)k * 7919 + 13 + salt) % vocab);
+                e->labels[k] = k < T / 4 ? -100 : e->ids[k];
+            }
+        }
+        p->len[i] = (size_t)T;
+        p->n_c[i] = p->n_r[i] = T - T / 4;
+    }
+    return AT_OK;
+nomem:
+    at_pref_pairs_free(p);
+    return at_error(AT_ERR_NOMEM, "out of memory");
+}
+
+/* DPO's reference log-probs as the trainer's dpo_reference computes them,
+ * before the gradients and optimizer state exist: by the policy's base (the
+ * adapter taken off), or by a second model held beside the policy (a random
+ * one of the policy's shape standing in for --ref_model), freed afterwards. */
+static at_status pref_reference(const mcase *c, at_decoder *d, at_adapter *ad, at_pref_pairs *pairs)
+{
+    at_status st = AT_OK;
+    if (c->pref == PREF_REF_MODEL) {
+        at_model_config cfg;
+        at_decoder_weights *w = NULL;
+        at_decoder *ref = NULL;
+        random_config(c, &cfg);
+        st = at_decoder_weights_random(&cfg, at_cpu_backend(), c->dtype, 2, &w);
+        if (st == AT_OK) st = at_decoder_new(w, &ref);
+        if (st != AT_OK) at_decoder_weights_free(w);
+        if (st == AT_OK) st = at_pref_reference(ref, pairs, c->B, 0);
+        at_decoder_free(ref);
+        return st;
+    }
+    st = at_decoder_set_adapter(d, NULL);
+    if (st == AT_OK) st = at_pref_reference(d, pairs, c->B, 0);
+    if (ad) {
+        at_status s2 = at_decoder_set_adapter(d, ad);
+        if (st == AT_OK) st = s2;
+    }
+    return st;
+}
+
 /* The child: runs two training steps of case i and prints the estimate and
- * the measured growth of the peak RSS, in bytes. */
+ * the measured growth of the peak RSS, in bytes. Preference cases run the
+ * trainer's DPO path: the reference pass, then at_pref_forward_backward on
+ * the [2·B, T] micro-batch of B pairs. */
 static int measure(int i)
 {
     const mcase *c = &cases[i];
@@ -396,8 +515,12 @@ static int measure(int i)
     at_decoder_acts *acts = NULL;
     at_optimizer opt;
     int opt_ready = 0;
-    at_tensor *ids = NULL, *labels = NULL;
+    at_tensor *ids = NULL, *labels = NULL, *pos = NULL;
     int32_t *host = NULL;
+    at_pref_pairs pairs = {0};
+    at_pref_config pc;
+    at_batch pb = {0};
+    size_t *idx = NULL;
     int full = c->tune == AT_TUNE_FULL;
     at_status st = AT_OK;
     if (c->path) {
@@ -420,42 +543,81 @@ static int measure(int i)
         if (st == AT_OK) st = at_decoder_set_adapter(d, ad);
         if (st != AT_OK) goto done;
     }
+    if (c->pref) {
+        st = at_pref_config_init(&pc, "dpo");
+        if (st == AT_OK) st = pref_pairs_make(c->B, c->T, d->cfg.vocab_size, &pairs);
+        if (st == AT_OK) st = pref_reference(c, d, ad, &pairs);
+        if (st != AT_OK) goto done;
+    }
     at_adamw_config oc = {0.9, 0.999, 1e-8, 0, 1.0};
     st = at_decoder_grads_new(d, full, &g);
     if (st == AT_OK) st = at_optimizer_init(&opt, d, g, &oc);
     if (st != AT_OK) goto done;
     opt_ready = 1;
-    st = at_decoder_acts_new_ex(d, c->B, c->T, AT_ACTS_TRAIN | (c->ckpt ? AT_ACTS_CHECKPOINT : 0), &acts);
-    int64_t shape[2] = {c->B, c->T}, N = (int64_t)c->B * c->T;
+    int rows = c->pref ? 2 * c->B : c->B;
+    st = at_decoder_acts_new_ex(d, rows, c->T, AT_ACTS_TRAIN | (c->ckpt ? AT_ACTS_CHECKPOINT : 0), &acts);
+    int64_t shape[2] = {rows, c->T}, N = (int64_t)rows * c->T;
     host = malloc((size_t)N * sizeof *host);
-    if (st == AT_OK && !host) st = at_error(AT_ERR_NOMEM, "out of memory");
+    idx = malloc((size_t)c->B * sizeof *idx);
+    if (st == AT_OK && (!host || !idx)) st = at_error(AT_ERR_NOMEM, "out of memory");
     if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "ids", &ids);
     if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "labels", &labels);
     if (st != AT_OK) goto done;
-    for (int64_t k = 0; k < N; k++) host[k] = (int32_t)((k * 7919 + 13) % d->cfg.vocab_size);
-    at_tensor_upload(ids, host, (size_t)N * 4);
-    at_tensor_upload(labels, host, (size_t)N * 4);
+    if (c->pref) {
+        for (int k = 0; k < c->B; k++) idx[k] = (size_t)k;
+        st = at_pref_batch_build(&pairs, idx, (size_t)c->B, 0, &pb);
+        if (st == AT_OK && (pb.rows != (size_t)rows || pb.cols != (size_t)c->T))
+            st = at_error(AT_ERR_INTERNAL, "preference batch %zu x %zu, expected %d x %d", pb.rows, pb.cols, rows, c->T);
+        if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "position_ids", &pos);
+        if (st == AT_OK) st = at_tensor_upload(ids, pb.ids, (size_t)N * 4);
+        if (st == AT_OK) st = at_tensor_upload(pos, pb.positions, (size_t)N * 4);
+        if (st == AT_OK) st = at_tensor_upload(labels, pb.labels, (size_t)N * 4);
+    } else {
+        for (int64_t k = 0; k < N; k++) host[k] = (int32_t)((k * 7919 + 13) % d->cfg.vocab_size);
+        at_tensor_upload(ids, host, (size_t)N * 4);
+        at_tensor_upload(labels, host, (size_t)N * 4);
+    }
     for (int step = 0; step < 2 && st == AT_OK; step++) {
-        at_loss_stats ls = {0};
         double norm = 0;
-        st = at_decoder_forward_backward(d, acts, ids, NULL, NULL, labels, full ? 0.0f : 0.05f, 1, 1.0f / (float)N, g,
-                                         &ls);
+        float dropout = full ? 0.0f : 0.05f;
+        if (c->pref) {
+            /* the step's loss is the mean over its pairs plus rpo_alpha (0) × the chosen NLL */
+            at_pref_stats ps = {0};
+            double nll_targets = 0;
+            for (int k = 0; k < c->B; k++) nll_targets += (double)pairs.n_c[k];
+            st = at_pref_forward_backward(&pc, &pairs, idx, (size_t)c->B, d, acts, ids, pos, labels, dropout,
+                                          (uint64_t)step + 1, (double)c->B, nll_targets, 1.0, g, &ps);
+            if (st == AT_OK && !(ps.pairs == c->B && isfinite(at_pref_stats_loss(&pc, &ps))))
+                st = at_error(AT_ERR_INTERNAL, "%s: DPO step %d: %g pairs, loss %g", c->name, step, ps.pairs,
+                              at_pref_stats_loss(&pc, &ps));
+        } else {
+            at_loss_stats ls = {0};
+            st = at_decoder_forward_backward(d, acts, ids, NULL, NULL, labels, dropout, 1, 1.0f / (float)N, g, &ls);
+        }
         if (st == AT_OK) st = at_optimizer_grad_norm(&opt, &norm);
         if (st == AT_OK) st = at_optimizer_step(&opt, 1e-4, norm, 1.0);
         if (st == AT_OK) st = at_decoder_grads_zero(g);
     }
     if (st != AT_OK) goto done;
     int64_t hwm = status_kb("VmHWM");
+    at_model_config ref_cfg; /* PREF_REF_MODEL's reference: the policy's shape and format */
+    if (c->pref == PREF_REF_MODEL) random_config(c, &ref_cfg);
     at_mem_train_request r = {&d->cfg, c->tune, full ? AT_F32 : c->dtype, AT_NF4, c->rank, mask, c->B, c->T,
-                              c->ckpt, 0, omp_get_max_threads(), 0};
+                              c->ckpt, c->pref != PREF_NONE, omp_get_max_threads(), 0,
+                              0, c->pref == PREF_REF_MODEL ? &ref_cfg : NULL, c->dtype};
     at_mem_estimate e;
     at_mem_estimate_train(&r, &e);
-    printf("%lld %lld %lld %lld %lld\n", (long long)e.total, (long long)((hwm - base) * 1024), (long long)e.weights,
-           (long long)e.activations, (long long)(e.optimizer + e.gradients + e.trainable));
+    printf("%lld %lld %lld %lld %lld %lld\n", (long long)e.total, (long long)((hwm - base) * 1024),
+           (long long)e.weights, (long long)e.activations, (long long)(e.optimizer + e.gradients + e.trainable),
+           (long long)e.reference);
 done:
     if (st != AT_OK) fprintf(stderr, "measure %s: %s\n", c->name, at_last_error());
     free(host);
+    free(idx);
+    at_batch_free(&pb);
+    at_pref_pairs_free(&pairs);
     at_tensor_free(ids);
+    at_tensor_free(pos);
     at_tensor_free(labels);
     at_decoder_acts_free(acts);
     if (opt_ready) at_optimizer_free(&opt);
@@ -482,16 +644,18 @@ static void test_measured(void)
         char cmd[1200];
         snprintf(cmd, sizeof cmd, "'%s' --measure %d", exe, i);
         FILE *f = popen(cmd, "r");
-        long long est = 0, meas = 0, w = 0, a = 0, o = 0;
-        int got = f ? fscanf(f, "%lld %lld %lld %lld %lld", &est, &meas, &w, &a, &o) : 0;
+        long long est = 0, meas = 0, w = 0, a = 0, o = 0, ref = 0;
+        int got = f ? fscanf(f, "%lld %lld %lld %lld %lld %lld", &est, &meas, &w, &a, &o, &ref) : 0;
         int rc = f ? pclose(f) : -1;
-        CHECK_MSG(got == 5 && rc == 0, "%s: the measuring child failed", cases[i].name);
-        if (got != 5) continue;
+        CHECK_MSG(got == 6 && rc == 0, "%s: the measuring child failed", cases[i].name);
+        if (got != 6) continue;
         double err = (double)(est - meas) / (double)meas;
         printf("  %-20s estimate %8.1f MiB  measured %8.1f MiB  error %+6.1f%%  (weights %.1f, activations %.1f, "
-               "params+grads+adam %.1f MiB)\n",
+               "params+grads+adam %.1f MiB",
                cases[i].name, est / 1048576.0, meas / 1048576.0, 100 * err, w / 1048576.0, a / 1048576.0,
                o / 1048576.0);
+        if (cases[i].pref) printf(", DPO reference pass above the step %.1f MiB", ref / 1048576.0);
+        printf(")\n");
         /* ±15%, or 8 MiB for the small ones (the runtime's own pages) */
         CHECK_MSG(fabs((double)(est - meas)) <= fmax(0.15 * (double)meas, 8.0 * 1048576.0),
                   "%s: estimate %lld, measured %lld", cases[i].name, est, meas);
@@ -645,6 +809,42 @@ static void test_cli(void)
              bin, QWEN);
     out = run_cmd(cmd, &rc);
     CHECK(rc == 0 && out && strstr(out, "1000 tokens") && strstr(out, "kv cache"));
+    free(out);
+    /* rlhf --dry_run: DPO's --ref_model is read (its config only) and its
+     * weights beside the policy's make the reference pass the peak; without
+     * it (the policy's base as the reference) the pass stays below the step */
+    long long ref_total[2] = {0, 0}, ref_part[2] = {-1, -1};
+    for (int with_ref = 0; with_ref < 2; with_ref++) {
+        snprintf(cmd, sizeof cmd, "'%s' rlhf --rlhf_type dpo --model %s --dataset none.jsonl --dry_run --json "
+                 "--simulate_device h100 --max_length 2048 --per_device_train_batch_size 1 "
+                 "--gradient_checkpointing true %s%s 2>/dev/null", bin, MISTRAL, with_ref ? "--ref_model " : "",
+                 with_ref ? MISTRAL : "");
+        out = run_cmd(cmd, &rc);
+        j = out ? cJSON_Parse(out) : NULL;
+        CHECK_MSG(rc == 0 && j, "%s: rc %d", cmd, rc);
+        const cJSON *mem = j ? cJSON_GetObjectItem(j, "memory") : NULL;
+        if (mem && cJSON_GetObjectItem(mem, "reference")) {
+            ref_part[with_ref] = (long long)cJSON_GetObjectItem(mem, "reference")->valuedouble;
+            ref_total[with_ref] = (long long)cJSON_GetObjectItem(mem, "total")->valuedouble;
+        }
+        cJSON_Delete(j);
+        free(out);
+    }
+    CHECK_MSG(ref_part[0] == 0 && ref_part[1] > 0, "dpo reference part %lld, with --ref_model %lld", ref_part[0],
+              ref_part[1]);
+    /* the second model: about its 14.5 GB of bf16 more than the step alone */
+    CHECK(ref_total[1] - ref_total[0] > 10000000000LL && ref_total[1] - ref_total[0] < 14496579584LL);
+    snprintf(cmd, sizeof cmd, "'%s' rlhf --rlhf_type dpo --model %s --dataset none.jsonl --dry_run "
+             "--simulate_device h100 --per_device_train_batch_size 1 --gradient_checkpointing true "
+             "--ref_model %s 2>/dev/null", bin, MISTRAL, MISTRAL);
+    out = run_cmd(cmd, &rc);
+    CHECK(rc == 0 && out && strstr(out, "DPO reference pass"));
+    free(out);
+    /* a --ref_model that is not there: refused before any plan */
+    snprintf(cmd, sizeof cmd, "'%s' rlhf --model %s --dataset none.jsonl --dry_run --simulate_device h100 "
+             "--ref_model tests/data/plan/no-such-model 2>&1", bin, MISTRAL);
+    out = run_cmd(cmd, &rc);
+    CHECK(rc == 2 && out && strstr(out, "--ref_model") && strstr(out, "no-such-model"));
     free(out);
     /* without --dry_run a simulated device is refused */
     snprintf(cmd, sizeof cmd, "'%s' sft --simulate_device v100 2>&1", bin);

@@ -197,6 +197,19 @@ static void test_golden(void)
             CHECK_OK(at_decoder_forward(k.c.d, a, u.ids, u.pos, NULL));
             CHECK_OK(at_decoder_loss(k.c.d, a, u.labels, 1.0f, NULL, &ls));
             for (int r = 0; r < 4 && want_pol; r++) CHECK_NEAR(-row[r], want_pol[r], 1e-5 * fabs(want_pol[r]));
+            /* at_pref_reference (and at_pref_evaluate) keep one layer's
+             * activations for all, with the adapter's intermediates: the same
+             * kernels on the same inputs, so bit for bit the log-probs of the
+             * forward above that keeps every layer */
+            double keep_c[2] = {k.p.ref_c[0], k.p.ref_c[1]}, keep_r[2] = {k.p.ref_r[0], k.p.ref_r[1]};
+            CHECK_OK(at_pref_reference(k.c.d, &k.p, 2, 0));
+            for (int r = 0; r < 4; r++) {
+                double got = r % 2 ? k.p.ref_r[r / 2] : k.p.ref_c[r / 2];
+                CHECK_MSG(got == -row[r], "row %d: %.17g with one layer's activations, %.17g with every layer's", r,
+                          got, -row[r]);
+            }
+            memcpy(k.p.ref_c, keep_c, sizeof keep_c);
+            memcpy(k.p.ref_r, keep_r, sizeof keep_r);
         }
         at_decoder_acts_free(a);
         up_free(&u);

@@ -16,6 +16,7 @@
 #include "data/encode.h"
 #include "model/adapter.h"
 #include "plan/planner.h"
+#include "train/preference.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 
@@ -101,6 +102,22 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
     rq.model = a->model;
     rq.command = c->plan_command ? c->plan_command : c->command;
     rq.preference = c->preference;
+    /* DPO's reference pass (plan/memory.h): none for the reference-free
+     * objectives; --ref_model's config, not its weights, for its size and
+     * the format it is stored in (what a full fine-tuning loads it as) */
+    at_model_config ref_cfg;
+    if (a->pref && !at_pref_needs_reference(a->pref)) rq.reference_free = 1;
+    if (a->pref && a->pref->ref_model) {
+        int has_stored = 0;
+        at_dtype stored = AT_F32;
+        if (at_plan_model_config(a->pref->ref_model, &ref_cfg, &has_stored, &stored) != AT_OK) {
+            fprintf(stderr, "anytune: error: --ref_model: %s\n", at_last_error());
+            return 2;
+        }
+        ref_cfg.has_dtype = has_stored;
+        if (has_stored) ref_cfg.dtype = stored;
+        rq.ref_cfg = &ref_cfg;
+    }
     rq.train_type = tt;
     rq.train_type_set = at_opt_source_of(o, "train_type") != AT_SRC_DEFAULT;
     rq.quant_bits = a->quant_bits;

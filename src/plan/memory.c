@@ -137,7 +137,34 @@ static int64_t workspace_bytes(const at_model_config *c, int64_t N, int threads,
 static void total(at_mem_estimate *e)
 {
     e->total = e->weights + e->trainable + e->gradients + e->optimizer + e->activations + e->attention + e->logits +
-               e->workspace + e->kv_cache;
+               e->workspace + e->kv_cache + e->reference;
+}
+
+/* Peak of DPO's reference pass (train/preference.c at_pref_reference, run by
+ * the trainer's dpo_reference before at_decoder_grads_new and the
+ * optimizer): the policy's weights and its LoRA A and B (allocated, set aside
+ * for a base reference), --ref_model's weights when given, and for the
+ * B rows × T of a micro-batch of pairs the forward's loss-only activations
+ * of the model that runs it (AT_ACTS_LOSS | AT_ACTS_CHECKPOINT: no gradients,
+ * so the layer inputs are kept and one layer's activations shared by all; no
+ * LoRA intermediates: the base and --ref_model run without an adapter), one
+ * logits chunk, the targets (device and host), the batch ids, positions and
+ * labels and the acts' positions, the forward attention scratch and the
+ * workspace. Above the step only with --ref_model (its weights). The
+ * validation's at_pref_evaluate holds the same activations (with the LoRA
+ * intermediates of one layer) after the step's are freed: below the step. */
+static int64_t reference_peak(const at_mem_train_request *r, const at_mem_estimate *e, int B, int T)
+{
+    const at_model_config *rc = r->ref_cfg ? r->ref_cfg : r->cfg;
+    int64_t N = (int64_t)B * T, ref_weights = 0;
+    if (r->ref_cfg && r->tune == AT_TUNE_FULL)
+        ref_weights = at_mem_weight_bytes(rc, r->ref_dtype, r->ref_dtype);
+    else if (r->ref_cfg)
+        ref_weights = at_mem_weight_bytes(rc, r->tune == AT_TUNE_QLORA ? r->quant_dtype : r->weight_dtype,
+                                          r->weight_dtype);
+    size_t acts = at_decoder_acts_elems_ex(rc, B, T, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, 0, 0);
+    return e->weights + e->trainable + ref_weights + 4 * (int64_t)acts + 8 * N + 16 * N +
+           attention_bytes(rc, B, T, r->threads, 0) + workspace_bytes(rc, N, r->threads, r->runtime_overhead);
 }
 
 void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
@@ -166,13 +193,20 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
     size_t all = at_decoder_acts_elems_ex(c, B, T, flags, rank, mask);
     size_t loss = at_decoder_acts_elems_ex(c, B, T, AT_ACTS_LOSS, rank, mask) -
                   at_decoder_acts_elems_ex(c, B, T, 0, rank, mask);
-    /* targets on the device and on the host (i32), the loss chunk on the host */
-    e->logits = 4 * (int64_t)loss + 8 * N;
+    /* targets on the device and on the host (i32), the positions' losses on the host */
+    e->logits = 4 * (int64_t)loss + 12 * N;
     /* the arena, the positions tensor of the acts, and the batch: ids, positions, labels, segments */
     e->activations = 4 * (int64_t)(all - loss) + 4 * N + 16 * N;
     e->attention = attention_bytes(c, B, T, r->threads, 1);
     e->workspace = workspace_bytes(c, N, r->threads, r->runtime_overhead);
     total(e);
+    if (r->preference && !r->reference_free) {
+        int64_t ref = reference_peak(r, e, B, T);
+        if (ref > e->total) {
+            e->reference = ref - e->total;
+            total(e);
+        }
+    }
 }
 
 void at_mem_estimate_infer(const at_mem_infer_request *r, at_mem_estimate *e)

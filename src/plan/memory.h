@@ -25,7 +25,9 @@
  *                [B·T, V] at once) and the targets;
  *   workspace    GEMM packing buffers (per thread on the CPU), library
  *                workspaces, and the device runtime's own overhead (a CUDA
- *                context, ...) from the device profile.
+ *                context, ...) from the device profile;
+ *   reference    DPO: the reference pass's peak above the step's, if any
+ *                (at_mem_train_request.reference_free).
  * Inference: weights + KV cache (per token: 2 · layers · kv_heads ·
  * head_dim · bytes of the cache format) + the decoder's prefill scratch and
  * logits. */
@@ -51,15 +53,26 @@ typedef struct at_mem_train_request {
     int batch;               /* rows per micro-batch (B) */
     int seq_len;             /* tokens per row (T) */
     int checkpointing;       /* gradient checkpointing */
-    int preference;          /* DPO-style objectives: chosen and rejected rows, so 2·B rows run at once
-                                (no reference copy of the weights: the trainer computes the reference
-                                log-probs once before the gradients and optimizer state exist) */
+    int preference;          /* preference objectives: chosen and rejected rows, so 2·B rows run at once */
     int threads;             /* CPU threads (per-thread scratch); 0 or 1 for a GPU */
     int64_t runtime_overhead;/* bytes the device runtime holds before any tensor (device profile) */
+    /* DPO's reference pass (with preference, unless reference_free): the
+     * trainer computes the reference log-probs once, before the gradients and
+     * optimizer state exist, by a forward without gradients that keeps only
+     * the layer inputs (train/preference.h at_pref_reference), by the
+     * policy's base or by --ref_model held beside the policy. Its peak counts
+     * when it is above the step's (at_mem_estimate.reference): in practice
+     * with --ref_model, whose weights the step does not hold. */
+    int reference_free;      /* cpo, simpo, orpo: no reference pass */
+    const at_model_config *ref_cfg; /* --ref_model's config; NULL: the policy's base is the reference */
+    at_dtype ref_dtype;      /* full fine-tuning with ref_cfg: the format --ref_model is loaded in (the
+                                file's); LoRA and QLoRA load it as the policy (weight_dtype, quant_dtype) */
 } at_mem_train_request;
 
 typedef struct at_mem_estimate {
     int64_t weights, trainable, gradients, optimizer, activations, attention, logits, workspace;
+    int64_t reference;       /* DPO: how much more the reference pass needs than the training step
+                                (0 when it needs less); part of total, which is the larger peak */
     int64_t kv_cache;        /* inference */
     int64_t kv_per_token;    /* inference: bytes of cache per token of one sequence */
     int64_t total;           /* sum of the parts */

@@ -51,6 +51,8 @@ typedef struct at_plan_request {
     int has_model_dtype;          /* the format the model's matrices are stored in, when known */
     at_dtype model_dtype;
     int preference;               /* dpo: chosen and rejected rows */
+    int reference_free;           /* with preference: cpo, simpo, orpo (no DPO reference pass) */
+    const at_model_config *ref_cfg; /* DPO --ref_model's config (NULL: the policy's base is the reference) */
     int64_t max_memory;           /* --max_memory bytes; 0: 90% of the free memory */
     /* inference */
     int infer_batch;              /* sequences at once (default 1) */

@@ -328,7 +328,13 @@ static at_status upload(at_backend *be, const at_batch *b, batch_tensors *t)
 }
 
 /* Calls fn for every batch of batch_pairs consecutive pairs of p, with its
- * uploaded tensors and loss-only activations of its shape. */
+ * uploaded tensors and loss-only activations of its shape.
+ * No gradients here, so no layer's activations are needed after the layer:
+ * AT_ACTS_CHECKPOINT makes every layer share one set of them (keeping only
+ * the layer inputs resid[0..L]) instead of keeping all L. The forward runs the
+ * same kernels on the same inputs, so the log-probs are bit-identical; the
+ * pass then needs less memory than a training step (it used to be the peak
+ * of DPO with gradient checkpointing: plan/memory.c reference_peak). */
 typedef at_status (*batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t);
 
 static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, batch_fn fn, void *ctx)
@@ -348,7 +354,7 @@ static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pai
         if (st == AT_OK && (!acts || acts->B != (int)b.rows || acts->T != (int)b.cols)) {
             at_decoder_acts_free(acts);
             acts = NULL;
-            st = at_decoder_acts_new_ex(d, (int)b.rows, (int)b.cols, AT_ACTS_LOSS, &acts);
+            st = at_decoder_acts_new_ex(d, (int)b.rows, (int)b.cols, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, &acts);
         }
         if (st == AT_OK) st = fn(ctx, idx, n, acts, &t);
         batch_tensors_free(&t);

@@ -124,7 +124,10 @@ at_status at_pref_batch_build(const at_pref_pairs *p, const size_t *idx, size_t 
 
 /* Fills p->ref_c / ref_r with the log-prob sums of every reply under d as it
  * is now (its adapter, if any, applies: remove it first for the base), no
- * dropout, batch_pairs pairs at a time. */
+ * dropout, batch_pairs pairs at a time. Holds loss-only activations of one
+ * batch of [2·batch_pairs, longest row] with one layer's activations shared
+ * by all (AT_ACTS_LOSS | AT_ACTS_CHECKPOINT: the layer inputs are kept, no
+ * layer's intermediates), freed before it returns. */
 at_status at_pref_reference(at_decoder *d, at_pref_pairs *p, int batch_pairs, int32_t pad);
 
 /* What a step (or a logging interval) sums over its pairs. */
@@ -163,7 +166,9 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
                                    double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats);
 
 /* Loss terms of every pair of p (batch_pairs at a time, no dropout, no
- * gradients) summed into *stats (zeroed first): the evaluation. */
+ * gradients) summed into *stats (zeroed first): the evaluation. Its own
+ * activations as at_pref_reference's (with the LoRA intermediates of d's
+ * adapter, for one layer), freed before it returns. */
 at_status at_pref_evaluate(const at_pref_config *c, const at_pref_pairs *p, at_decoder *d, int batch_pairs,
                            int32_t pad, at_pref_stats *stats);
 
