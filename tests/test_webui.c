@@ -16,22 +16,33 @@
  *    last 64 lines and its exit code, and a run folder longer than a short
  *    line is read whole; stop ends a process the child started that holds
  *    the output open; a child ignoring SIGTERM is killed after the grace;
+ *    the child (posix_spawn) inherits no descriptor but stdin /dev/null and
+ *    its output pipe (not the server's socket, another job's pipe, or fds
+ *    opened without O_CLOEXEC), no blocked or ignored SIGTERM/SIGINT/SIGPIPE,
+ *    and leads its own process group;
  *  - `anytune serve` has the page but not the train endpoints; an API key
  *    guards the train endpoints but not the page;
  *  - `anytune web-ui` without --api_key prints its URL with a random token
  *    (>= 128 bits, another on each start): without it (or with a wrong one)
  *    the train endpoints and the OpenAI API answer 401, with it they work;
  *    --api_key K prints ?token=K;
+ *  - a web-ui killed with SIGKILL: its running job ends too (its output has
+ *    no reader; SIGPIPE at its next line);
  *  - the program: tests/js/webui_check.mjs drives the page opened from the
  *    printed URL in Debian's chromium (playwright-core): it sends the token,
  *    which leaves the address bar; SIGTERM stops the server and the job it
  *    runs. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -535,6 +546,100 @@ static void test_job_processes(void)
     printf("deaf: SIGKILL after the 0.3 s grace, freed in %.0f ms\n", took * 1000);
 }
 
+/* What the child inherits (posix_spawn's file actions and attributes): run
+ * while the server listens and another job runs, with a socket and a pipe
+ * this process opened without O_CLOEXEC, SIGTERM/SIGINT blocked in the
+ * starting thread and ignored (as SIGPIPE is): the child has stdin
+ * /dev/null, stdout and stderr one pipe and no other descriptor, an empty
+ * signal mask, SIGINT/SIGPIPE/SIGTERM not ignored, and leads its own
+ * process group. */
+static void test_child_fds(void)
+{
+    const char *body = "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}";
+    char param[64];
+    at_train_job *other = NULL, *j = NULL;
+    CHECK_OK(at_train_job_new(script("other.sh", "#!/bin/sh\necho started $$\nexec sleep 1000\n"), &other));
+    if (!other) return;
+    CHECK_OK(at_train_job_start(other, body, strlen(body), param, sizeof param));
+    cJSON *s = job_wait(other, started, 20);
+    cJSON_Delete(s);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    /* descriptors opened without O_CLOEXEC elsewhere in a server: closed in the child too */
+    int sock = socket(AF_INET, SOCK_STREAM, 0), plain[2] = {-1, -1};
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(sock >= 0 && bind(sock, (struct sockaddr *)&addr, sizeof addr) == 0 && listen(sock, 1) == 0);
+    CHECK(pipe(plain) == 0);
+#endif
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old); /* the monitor thread inherits it */
+    void (*old_term)(int) = signal(SIGTERM, SIG_IGN), (*old_int)(int) = signal(SIGINT, SIG_IGN);
+    CHECK_OK(at_train_job_new(script("fds.sh", "#!/bin/sh\necho \"pgrp $(cut -d' ' -f5 /proc/$$/stat) pid $$\"\n"
+                                               /* read by the shell itself: it blocks signals while it waits */
+                                               "while read -r k v; do case $k in SigBlk:|SigIgn:) echo \"$k $v\";; "
+                                               "esac; done </proc/$$/status\n"
+                                               "exec ls -l /proc/self/fd/\n"), &j));
+    if (j) CHECK_OK(at_train_job_start(j, body, strlen(body), param, sizeof param));
+    signal(SIGTERM, old_term);
+    signal(SIGINT, old_int);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    s = j ? job_wait(j, not_running, 20) : NULL;
+    CHECK_MSG(jstr(s, "state", NULL) && !strcmp(jstr(s, "state", NULL), "finished"), "fds.sh: state %s",
+              jstr(s, "state", NULL));
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(s, "output"), *l;
+    int fds = 0, leaked = 0, pgrp = -1, pid = -2, masks = 0;
+    char pipe1[64] = "", pipe2_[64] = "";
+    cJSON_ArrayForEach(l, out)
+    {
+        const char *t = cJSON_IsString(l) ? l->valuestring : "", *arrow = strstr(t, " -> ");
+        if (!strncmp(t, "pgrp ", 5)) {
+            CHECK(sscanf(t, "pgrp %d pid %d", &pgrp, &pid) == 2);
+        } else if (!strncmp(t, "SigBlk:", 7)) {
+            masks++;
+            CHECK_MSG(strtoull(t + 7, NULL, 16) == 0, "the child starts with signals blocked: %s", t);
+        } else if (!strncmp(t, "SigIgn:", 7)) {
+            masks++;
+            unsigned long long ign = strtoull(t + 7, NULL, 16);
+            CHECK_MSG(!(ign & (1ull << (SIGTERM - 1))) && !(ign & (1ull << (SIGINT - 1))) &&
+                      !(ign & (1ull << (SIGPIPE - 1))), "the child starts with SIGTERM/SIGINT/SIGPIPE ignored: %s", t);
+        } else if (arrow) {
+            const char *num = arrow;
+            while (num > t && num[-1] != ' ') num--;
+            int fd = atoi(num);
+            const char *target = arrow + 4;
+            fds++;
+            if (fd == 0)
+                CHECK_MSG(!strcmp(target, "/dev/null"), "the child's stdin is %s", target);
+            else if (fd == 1)
+                snprintf(pipe1, sizeof pipe1, "%s", target);
+            else if (fd == 2)
+                snprintf(pipe2_, sizeof pipe2_, "%s", target);
+            else if (strncmp(target, "/proc/", 6)) { /* ls's own listing of the folder */
+                leaked++;
+                fprintf(stderr, "the child inherited fd %d -> %s\n", fd, target);
+            }
+        }
+    }
+    CHECK_MSG(pgrp > 0 && pgrp == pid, "the child's process group %d, its pid %d", pgrp, pid);
+    CHECK(masks == 2);
+    CHECK_MSG(!strncmp(pipe1, "pipe:", 5) && !strcmp(pipe1, pipe2_), "stdout %s, stderr %s", pipe1, pipe2_);
+    CHECK_MSG(fds >= 3 && leaked == 0, "%d descriptors listed, %d leaked", fds, leaked);
+    printf("child fds: %d listed (0 /dev/null, 1 and 2 %s), none leaked; its own process group; empty mask\n", fds,
+           pipe1);
+    cJSON_Delete(s);
+    at_train_job_free(j, 1);
+    at_train_job_free(other, 1);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    if (sock >= 0) close(sock);
+    for (int i = 0; i < 2; i++)
+        if (plain[i] >= 0) close(plain[i]);
+#endif
+}
+
 /* ---- serve vs web-ui, the API key ---------------------------------------------------- */
 
 static void test_modes(at_bundle *b, const char *program)
@@ -660,6 +765,69 @@ static int stop_webui(pid_t pid, int err_fd, double timeout_s)
 }
 
 static int finished_ok(const cJSON *j) { return not_running(j); }
+
+/* A server that dies (SIGKILL: no handler runs) leaves its job's output
+ * without a reader: the trainer's next line ends it (SIGPIPE), so no
+ * trainer outlives a crashed server for more than a logging step. */
+static void test_server_crash(const char *bin)
+{
+    int port = 0, err_fd = -1, st;
+    char token[128], body[512];
+    const char *auth = "Authorization: Bearer crash-key\r\n";
+    pid_t pid = start_webui(bin, "crash-key", &port, token, sizeof token, &err_fd);
+    if (pid <= 0 || port <= 0) {
+        stop_webui(pid, err_fd, 5);
+        return;
+    }
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"max_steps\": "
+             "1000000, \"logging_steps\": 1, \"save_steps\": 1000000, \"output_dir\": \"%s/crash\"}", tmp);
+    cJSON *j = get_json(port, "POST", "/ui/api/train", auth, body, &st);
+    int job = (int)jnum(j, "pid");
+    CHECK_MSG(st == 200 && job > 0, "start: %d %s", st, jstr(j, "error", "message"));
+    cJSON_Delete(j);
+    j = poll_status(port, auth, six_rows, 60);
+    CHECK_MSG(jnum(j, "log_total") >= 6, "the job logged %g rows", jnum(j, "log_total"));
+    char *run_dir = jstr(j, "run_dir", NULL) ? strdup(jstr(j, "run_dir", NULL)) : NULL;
+    cJSON_Delete(j);
+    /* the orphaned job comes to us, not to whatever init this machine has
+     * (one that kills orphans would hide what the job does), so we can
+     * also read how it ended */
+    CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+    double t0 = now_s();
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(err_fd);
+    int status = 0, ended = 0;
+    while (job > 0 && !ended && now_s() - t0 < 20) {
+        pid_t w = waitpid(job, &status, WNOHANG);
+        if (w == job) ended = 1;
+        else if (w < 0 && errno != EINTR) break;
+        else usleep(2000);
+    }
+    prctl(PR_SET_CHILD_SUBREAPER, 0);
+    CHECK_MSG(ended, "the job %d outlived the killed server", job);
+    printf("crash: the job of a SIGKILLed web-ui ended in %.0f ms\n", (now_s() - t0) * 1000);
+    /* it stopped as Stop stops it (the death signal becomes one SIGTERM: exit 143),
+     * and its last logged step is checkpointed (save_steps is far away):
+     * no work lost */
+    CHECK_MSG(ended && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM,
+              "the job ended with status 0x%x, want exit code %d (stopped by SIGTERM)", status, 128 + SIGTERM);
+    char *ck = NULL, *logp = run_dir ? at_path_join(run_dir, "logging.jsonl") : NULL, *text = NULL;
+    int64_t step = 0;
+    size_t len = 0;
+    CHECK(run_dir != NULL);
+    if (run_dir) CHECK_OK(at_ckpt_find_last(run_dir, &ck, &step));
+    if (ck) CHECK_OK(at_ckpt_verify(ck));
+    int64_t logged = 0;
+    if (logp && at_read_file(logp, &text, &len) == AT_OK)
+        for (char *l = strstr(text, "\"step\":"); l; l = strstr(l + 1, "\"step\":")) logged = strtoll(l + 7, NULL, 10);
+    CHECK_MSG(step >= 6 && step == logged, "after the server's crash: newest checkpoint %lld, last logged step %lld",
+              (long long)step, (long long)logged);
+    free(text);
+    free(logp);
+    free(ck);
+    free(run_dir);
+}
 
 /* web-ui without --api_key: a random token guards the train endpoints and
  * the OpenAI API (every account on the machine reaches 127.0.0.1); the
@@ -835,11 +1003,13 @@ int main(void)
             test_bad_requests(port);
             test_short_job(port);
             test_long_job_stop(port);
+            test_child_fds(); /* while the server listens */
             at_server_stop(s, 5);
         }
         test_job_processes();
         test_modes(b, bin);
         test_token(bin);
+        test_server_crash(bin);
         test_browser(bin);
     }
     at_bundle_free(b);

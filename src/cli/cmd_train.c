@@ -3,9 +3,11 @@
  * `anytune sft` runs the bundled demo: the stories260K model learns who it is
  * from identity.json, and answers before and after. */
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include "base/file.h"
 #include "base/log.h"
@@ -164,6 +166,34 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
             p.grad_accum, p.checkpointing ? "on" : "off", est, bud);
     *plan_out = at_plan_to_json(&p);
     return -1;
+}
+
+/* Started by web-ui's Train tab (serve/webui_train.c sets
+ * ANYTUNE_WEBUI_SERVER_PID): when the server dies, stop as its Stop button
+ * stops the job (SIGTERM: the step under way finishes and is checkpointed),
+ * and keep writing into the pipe nobody reads any more without dying of
+ * SIGPIPE before that checkpoint.
+ * The death signal is SIGHUP turned into one SIGTERM, not SIGTERM itself:
+ * the kernel sends it again each time the orphan is handed to another of
+ * the dying server's threads, and a second SIGTERM ends the trainer at once. */
+static volatile sig_atomic_t g_server_gone;
+
+static void on_server_death(int sig)
+{
+    (void)sig;
+    if (g_server_gone) return;
+    g_server_gone = 1;
+    raise(SIGTERM);
+}
+
+static void follow_webui_server(void)
+{
+    const char *s = getenv("ANYTUNE_WEBUI_SERVER_PID");
+    if (!s) return;
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGHUP, on_server_death);
+    prctl(PR_SET_PDEATHSIG, SIGHUP);
+    if (getppid() != (pid_t)strtol(s, NULL, 10)) raise(SIGHUP); /* it died before the prctl */
 }
 
 int at_cli_train(int argc, char **argv, const at_train_cli *c)
@@ -366,6 +396,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     a.args_json = args_json;
     at_train_result res;
     at_comm *comm = NULL;
+    follow_webui_server();
     if (at_train_run(&a, stdout, &res) != AT_OK) {
         at_cli_fail();
         /* under mpirun the other ranks may be waiting in a collective: end them too */

@@ -5,10 +5,10 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -393,63 +393,101 @@ static void set_state(at_train_job *j, job_state s)
     pthread_cond_broadcast(&j->cv);
 }
 
-/* Forks and runs the child, reads its output, reaps it. The child is forked
- * here, on a thread that lives as long as the child: PR_SET_PDEATHSIG fires
- * when the forking thread ends, which is then only when the server dies. */
+/* glibc >= 2.34 can close every inherited descriptor in the child */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+#define HAVE_CLOSEFROM_NP 1
+#endif
+
+/* Starts the child with posix_spawn, not fork: a server holding a model
+ * would have its page tables copied (slow; ENOMEM under strict overcommit)
+ * only for an exec. What the child gets:
+ *  - stdin /dev/null, stdout and stderr the write end of `out_w`;
+ *  - no other descriptor: ours are O_CLOEXEC (libmicrohttpd's sockets too),
+ *    and on glibc >= 2.34 every descriptor >= 3 is closed, so that one
+ *    opened without O_CLOEXEC elsewhere in the server (or inherited by it)
+ *    does not reach the trainer either;
+ *  - an empty signal mask (the server blocks SIGTERM/SIGINT for sigwait)
+ *    and SIGPIPE/SIGTERM/SIGINT at their defaults (ignored dispositions
+ *    survive exec; caught ones are reset by exec anyway);
+ *  - its own process group, so that a Ctrl-C at the server's terminal goes
+ *    to the server (which stops the job) and a stop reaches the processes
+ *    the child starts;
+ *  - the server's environment and working directory, plus
+ *    ANYTUNE_WEBUI_SERVER_PID=<our pid>: posix_spawn cannot set
+ *    PR_SET_PDEATHSIG in the child as fork could, so the trainer sets it
+ *    itself (cli/cmd_train.c): if the server dies, the job stops as Stop
+ *    stops it (one SIGTERM: the step under way is checkpointed), instead of
+ *    training on unseen or dying of SIGPIPE with its work since the last
+ *    checkpoint lost. The death signal comes when the thread that started
+ *    the child ends; this one lives until the child is reaped.
+ * Returns 0 or the errno posix_spawn reports (exec failures included). */
+static int spawn_child(char *const argv[], int out_w, pid_t *pid)
+{
+    /* environ plus our pid */
+    size_t n_env = 0;
+    while (environ[n_env]) n_env++;
+    char **envp = calloc(n_env + 2, sizeof *envp);
+    char server_pid[64];
+    if (!envp) return ENOMEM;
+    snprintf(server_pid, sizeof server_pid, "ANYTUNE_WEBUI_SERVER_PID=%ld", (long)getpid());
+    size_t k = 0;
+    for (size_t i = 0; i < n_env; i++)
+        if (strncmp(environ[i], "ANYTUNE_WEBUI_SERVER_PID=", 25)) envp[k++] = environ[i];
+    envp[k++] = server_pid;
+    envp[k] = NULL;
+
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    int have_fa = 0, have_at = 0, e;
+    if ((e = posix_spawn_file_actions_init(&fa)) != 0) goto done;
+    have_fa = 1;
+    if ((e = posix_spawnattr_init(&at)) != 0) goto done;
+    have_at = 1;
+    /* 1 and 2 before 0: out_w may itself be 0 (a server started with
+     * stdin closed); dup2(fd, fd) clears FD_CLOEXEC as POSIX asks */
+    if ((e = posix_spawn_file_actions_adddup2(&fa, out_w, 1)) != 0) goto done;
+    if ((e = posix_spawn_file_actions_adddup2(&fa, out_w, 2)) != 0) goto done;
+    if ((e = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0)) != 0) goto done;
+#ifdef HAVE_CLOSEFROM_NP
+    if ((e = posix_spawn_file_actions_addclosefrom_np(&fa, 3)) != 0) goto done;
+#endif
+    sigset_t none, dfl;
+    sigemptyset(&none);
+    sigemptyset(&dfl);
+    sigaddset(&dfl, SIGPIPE);
+    sigaddset(&dfl, SIGTERM);
+    sigaddset(&dfl, SIGINT);
+    if ((e = posix_spawnattr_setsigmask(&at, &none)) != 0) goto done;
+    if ((e = posix_spawnattr_setsigdefault(&at, &dfl)) != 0) goto done;
+    if ((e = posix_spawnattr_setpgroup(&at, 0)) != 0) goto done;
+    if ((e = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF)) !=
+        0)
+        goto done;
+    e = posix_spawn(pid, argv[0], &fa, &at, argv, envp);
+done:
+    if (have_fa) posix_spawn_file_actions_destroy(&fa);
+    if (have_at) posix_spawnattr_destroy(&at);
+    free(envp);
+    return e;
+}
+
+/* Starts the child, reads its output, reaps it. */
 static void *monitor(void *arg)
 {
     at_train_job *j = arg;
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull < 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    int out[2] = {-1, -1};
+    if (pipe2(out, O_CLOEXEC) != 0) {
         pthread_mutex_lock(&j->mu);
-        snprintf(j->error, sizeof j->error, "cannot create pipes: %s", strerror(errno));
+        snprintf(j->error, sizeof j->error, "cannot create a pipe: %s", strerror(errno));
         set_state(j, S_FAILED);
         pthread_mutex_unlock(&j->mu);
         goto done;
     }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* the child: only async-signal-safe calls until exec */
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL); /* the server blocks SIGTERM/SIGINT for sigwait */
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigaction(SIGPIPE, &dfl, NULL); /* ignored dispositions survive exec */
-        sigaction(SIGTERM, &dfl, NULL);
-        sigaction(SIGINT, &dfl, NULL);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(127);
-        setpgid(0, 0); /* a Ctrl-C at the server's terminal goes to the server, which stops the job */
-        dup2(devnull, 0);
-        dup2(out[1], 1);
-        dup2(out[1], 2);
-        execv(j->args.argv[0], j->args.argv);
-        int e = errno;
-        ssize_t w = write(err[1], &e, sizeof e);
-        (void)w;
-        _exit(127);
-    }
-    int fork_errno = errno; /* before close() may change it */
-    close(out[1]);
-    close(err[1]);
-    out[1] = err[1] = -1;
-    if (pid < 0) {
-        pthread_mutex_lock(&j->mu);
-        snprintf(j->error, sizeof j->error, "cannot start the training process (fork): %s", strerror(fork_errno));
-        set_state(j, S_FAILED);
-        pthread_mutex_unlock(&j->mu);
-        goto done;
-    }
-    /* exec succeeded when the error pipe closes with nothing in it */
-    int e = 0;
-    ssize_t got;
-    while ((got = read(err[0], &e, sizeof e)) < 0 && errno == EINTR) {}
-    if (got == (ssize_t)sizeof e) {
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    pid_t pid = 0;
+    int e = spawn_child(j->args.argv, out[1], &pid);
+    close(out[1]); /* the child's copy is the only writer: EOF when it and its own children are done */
+    out[1] = -1;
+    if (e != 0) {
         pthread_mutex_lock(&j->mu);
         snprintf(j->error, sizeof j->error, "cannot run %.150s: %s", j->args.argv[0], strerror(e));
         set_state(j, S_FAILED);
@@ -496,11 +534,8 @@ static void *monitor(void *arg)
     }
     pthread_mutex_unlock(&j->mu);
 done:
-    if (devnull >= 0) close(devnull);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++)
         if (out[i] >= 0) close(out[i]);
-        if (err[i] >= 0) close(err[i]);
-    }
     return NULL;
 }
 

@@ -4,11 +4,14 @@
  * an allow-list of options, each with its value type and range; paths may
  * hold no shell metacharacters and the inputs must exist. The accepted
  * options become an argv array ("sft", "--name=value", ...) for the
- * program's own executable; nothing goes through a shell. The child's
- * stdout and stderr are read into a ring of recent lines by a monitor
- * thread, which also reaps the child when it exits (no zombies). The child
- * gets SIGTERM when the thread that started it goes away (the server
- * crashing), and at_train_job_free stops a running one. */
+ * program's own executable; nothing goes through a shell. The child is
+ * started with posix_spawn (no fork of a server holding a model), in its
+ * own process group, with no descriptor of the server's but its output
+ * pipe. Its stdout and stderr are read into a ring of recent lines by a
+ * monitor thread, which also reaps the child when it exits (no zombies).
+ * at_train_job_free stops a running one; when the server dies (even by
+ * SIGKILL) the child stops as Stop stops it and checkpoints its last step
+ * (the trainer asks for a death signal: ANYTUNE_WEBUI_SERVER_PID). */
 #ifndef AT_SERVE_WEBUI_TRAIN_H
 #define AT_SERVE_WEBUI_TRAIN_H
 
