@@ -7,6 +7,8 @@
 # - the trainer on cuda:0 against the CPU (test_train),
 # - greedy generation of the demo model on cuda:0 equal to the CPU's, in
 #   f32 and with q8_0 weights (anytune infer), and DPO's losses (anytune rlhf),
+# - bench_qgemv_gpu: decoding matmuls with quantized weights, the fused
+#   dequantize-GEMV against the tile path (a few seconds),
 # - bench_train_gpu: tokens/s and MFU against PyTorch + PEFT on the same GPU.
 # Writes one log per step into OUT_DIR (at most 8 files); exits non-zero when
 # a test fails.
@@ -66,6 +68,13 @@ else
 fi
 cat "$OUT/dpo-cpu.txt" "$OUT/dpo-cuda.txt" >> "$OUT/infer.txt"
 rm -f "$OUT/dpo-cpu.txt" "$OUT/dpo-cuda.txt"
+if [ -x "$BUNDLE/bench_qgemv_gpu" ]; then
+    timeout 60 "$BUNDLE/bench_qgemv_gpu" --ms 5 > "$OUT/bench_qgemv_gpu.txt" 2>&1
+    echo "bench_qgemv_gpu: exit $?"
+    cat "$OUT/bench_qgemv_gpu.txt"
+else
+    echo "bench_qgemv_gpu: not in $BUNDLE (scripts/gpu_bundle.sh PROGRAMS)"
+fi
 timeout 420 "$BUNDLE/bench_train_gpu" ${BENCH_ARGS:-} > "$OUT/bench_train_gpu.txt" 2>&1
 echo "bench_train_gpu: exit $?"
 cat "$OUT/bench_train_gpu.txt"

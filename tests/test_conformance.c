@@ -321,14 +321,64 @@ static void test_matmul(void)
 
 /* ---- matmul with a quantized weight W [out, in]: forward x · Wᵀ (tb 1), input backward dy · W (tb 0) ---- */
 
+static void to_view(tp *p, int64_t off);
+
+/* One case: C [bt, N, n] = alpha · A [bt, N, k] · op(W) + beta · C, W a random
+ * f32 [out, in] quantized to qt on the host (its bytes copied to the
+ * backend); A and C are views at element `off` of bigger buffers when off > 0. */
+static void qmm_case(at_dtype qt, at_dtype a_dt, at_dtype c_dt, int64_t bt, int64_t N, int64_t out, int64_t in, int tb,
+                     float alpha, float beta, int64_t off, const char *note)
+{
+    int64_t k = tb ? in : out, n = tb ? out : in;
+    at_tensor *wf = host_new(F32, 2, SH(out, in), "W.f32"), *wq = host_new(qt, 2, SH(out, in), "W");
+    for (int64_t i = 0; i < out * in; i++) ((float *)at_tensor_data(wf))[i] = urand(-1, 1);
+    CHECK_OK(at_quantize(wq, wf));
+    at_tensor *wd = dev_copy(wq);
+    tp A = bt > 1 ? in_rand(a_dt, 3, SH(bt, N, k), "A", -1, 1) : in_rand(a_dt, 2, SH(N, k), "A", -1, 1);
+    tp C = bt > 1 ? out_new(c_dt, 3, SH(bt, N, n), "C", beta == 0 ? POISON : RANDOM, -1, 1)
+                  : out_new(c_dt, 2, SH(N, n), "C", beta == 0 ? POISON : RANDOM, -1, 1);
+    if (off > 0) to_view(&A, off), to_view(&C, off);
+    char desc[128];
+    snprintf(desc, sizeof desc, "batch %lld N%lld out%lld in%lld tb%d a%g b%g%s%s", (long long)bt, (long long)N,
+             (long long)out, (long long)in, tb, (double)alpha, (double)beta, off ? " view" : "", note);
+    /* the reference multiplies the dequantized weight (ref_util.c loads a
+     * quantized tensor as its values), rounded to bf16 when A is bf16 */
+    at_tensor *rb = wq, *deq = NULL;
+    if (a_dt == BF16) {
+        deq = host_new(F32, 2, SH(out, in), "W.deq");
+        CHECK_OK(at_dequantize(deq, wq));
+        rb = bf16_rounded(deq);
+    }
+    CHECK_OK(at_ref_matmul(C.h, A.h, rb, 0, tb, alpha, beta));
+    if (A.d && C.d && called(at_matmul(C.d, A.d, wd, 0, tb, alpha, beta), desc)) compare(&C, desc, "C");
+    if (rb != wq) at_tensor_free(rb);
+    at_tensor_free(deq);
+    at_tensor_free(wf);
+    at_tensor_free(wq);
+    at_tensor_free(wd);
+    tp_free(&A);
+    tp_free(&C);
+}
+
 static void test_qmatmul(void)
 {
     uint64_t saved_rng = g_rng; /* the other ops' inputs stay what they were without these cases */
     static const at_dtype qts[] = {AT_Q8_0, AT_Q4_0, AT_NF4};
-    static const at_dtype combos[][2] = {{F32, F32}, {BF16, F32}, {BF16, BF16}, {F16, F32}}; /* A, C */
+    static const at_dtype combos[][2] = {{F32, F32}, {BF16, F32}, {BF16, BF16}, {F16, F32}, {F16, BF16}}; /* A, C */
     static const int64_t shapes[][4] = {/* batch, N, out, in (in: a multiple of every block, 64) */
                                         {1, 1, 1, 64}, {1, 3, 17, 128}, {1, 65, 3, 192}, {1, 17, 1000, 64},
                                         {1, 33, 130, 1088}, {2, 5, 70, 128}};
+    /* decoding shapes, x · Wᵀ only: the CUDA backend's fused GEMV takes up to
+     * 8 rows of A (batch stacked), the tile path the rest (9 rows, 2 x 5).
+     * Odd out; in of several blocks, with units of 32 values that do and do
+     * not fill a warp's 32 lanes (in 1024 / 1088). A and C are views at an
+     * element offset in some (1: only scalar accesses are legal; 8: 16-byte
+     * aligned again). Each runs with the fused path on and off
+     * (ANYTUNE_CUDA_NO_QGEMV), against the same reference. */
+    static const int64_t gemv[][5] = {/* batch, N, out, in, view offset */
+                                      {1, 1, 257, 320, 0}, {1, 2, 33, 1024, 1}, {1, 3, 7, 1088, 8},
+                                      {1, 5, 129, 192, 0}, {1, 8, 65, 576, 3},  {1, 9, 31, 256, 0},
+                                      {2, 4, 37, 128, 8},  {3, 2, 19, 64, 1},   {2, 5, 9, 64, 0}};
     for (size_t q = 0; q < sizeof qts / sizeof qts[0]; q++)
         for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
             char dt[48];
@@ -337,41 +387,22 @@ static void test_qmatmul(void)
             int variant = 0;
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 for (int tb = 0; tb < 2; tb++) {
-                    int64_t bt = shapes[s][0], N = shapes[s][1], out = shapes[s][2], in = shapes[s][3];
-                    int64_t k = tb ? in : out, n = tb ? out : in;
                     float alpha = variant % 3 == 0 ? 1.0f : variant % 3 == 1 ? 0.5f : -1.0f;
                     float beta = variant % 3 == 0 ? 0.0f : variant % 3 == 1 ? 1.5f : 1.0f;
                     variant++;
-                    /* the weight: random f32 quantized on the host, its bytes copied to the backend */
-                    at_tensor *wf = host_new(F32, 2, SH(out, in), "W.f32"), *wq = host_new(qts[q], 2, SH(out, in), "W");
-                    for (int64_t i = 0; i < out * in; i++) ((float *)at_tensor_data(wf))[i] = urand(-1, 1);
-                    CHECK_OK(at_quantize(wq, wf));
-                    at_tensor *wd = dev_copy(wq);
-                    tp A = bt > 1 ? in_rand(combos[c][0], 3, SH(bt, N, k), "A", -1, 1)
-                                  : in_rand(combos[c][0], 2, SH(N, k), "A", -1, 1);
-                    tp C = bt > 1 ? out_new(combos[c][1], 3, SH(bt, N, n), "C", beta == 0 ? POISON : RANDOM, -1, 1)
-                                  : out_new(combos[c][1], 2, SH(N, n), "C", beta == 0 ? POISON : RANDOM, -1, 1);
-                    char desc[96];
-                    snprintf(desc, sizeof desc, "batch %lld N%lld out%lld in%lld tb%d a%g b%g", (long long)bt,
-                             (long long)N, (long long)out, (long long)in, tb, (double)alpha, (double)beta);
-                    /* the reference multiplies the dequantized weight (ref_util.c loads a
-                     * quantized tensor as its values), rounded to bf16 when A is bf16 */
-                    at_tensor *rb = wq, *deq = NULL;
-                    if (combos[c][0] == BF16) {
-                        deq = host_new(F32, 2, SH(out, in), "W.deq");
-                        CHECK_OK(at_dequantize(deq, wq));
-                        rb = bf16_rounded(deq);
-                    }
-                    CHECK_OK(at_ref_matmul(C.h, A.h, rb, 0, tb, alpha, beta));
-                    if (called(at_matmul(C.d, A.d, wd, 0, tb, alpha, beta), desc)) compare(&C, desc, "C");
-                    if (rb != wq) at_tensor_free(rb);
-                    at_tensor_free(deq);
-                    at_tensor_free(wf);
-                    at_tensor_free(wq);
-                    at_tensor_free(wd);
-                    tp_free(&A);
-                    tp_free(&C);
+                    qmm_case(qts[q], combos[c][0], combos[c][1], shapes[s][0], shapes[s][1], shapes[s][2],
+                             shapes[s][3], tb, alpha, beta, 0, "");
                 }
+            for (size_t s = 0; s < sizeof gemv / sizeof gemv[0]; s++)
+                for (int path = 0; path < 2; path++) {
+                    float alpha = variant % 3 == 0 ? 1.0f : variant % 3 == 1 ? 0.5f : -1.0f;
+                    float beta = variant % 3 == 0 ? 0.0f : variant % 3 == 1 ? 1.5f : 1.0f;
+                    variant++;
+                    setenv("ANYTUNE_CUDA_NO_QGEMV", path ? "1" : "0", 1);
+                    qmm_case(qts[q], combos[c][0], combos[c][1], gemv[s][0], gemv[s][1], gemv[s][2], gemv[s][3], 1,
+                             alpha, beta, gemv[s][4], path ? " tiles" : "");
+                }
+            unsetenv("ANYTUNE_CUDA_NO_QGEMV");
             end();
         }
     g_rng = saved_rng;
@@ -1009,6 +1040,33 @@ static void test_dropout(void)
     }
 }
 
+/* ---- uniform noise added in place (NEFTune), dropout's counters ---- */
+
+static void test_add_uniform_noise(void)
+{
+    static const at_dtype dts[] = {F32, BF16, F16};
+    static const int64_t sizes[] = {1, 17, 5000, 70001};
+    static const float ms[] = {0.0f, 0.01f, 0.7f};
+    for (int d = 0; d < 3; d++) {
+        begin("add_uniform_noise", dn(dts[d]));
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
+                int64_t n = sizes[s];
+                uint64_t seed = rnd(), offset = (uint64_t)(k + 1) << 40; /* offsets past 2^32 too */
+                int64_t run = (s + k) % 3 == 0 ? 0 : (s + k) % 3 == 1 ? 37 : 4096;
+                uint64_t pitch = run ? ((uint64_t)run << 24) + 5 : 0;
+                /* y is read and written: the same values on both sides */
+                tp Y = out_new(dts[d], 1, &n, "y", RANDOM, -3, 3);
+                char desc[64];
+                snprintf(desc, sizeof desc, "n%lld m%.2f run%lld", (long long)n, (double)ms[k], (long long)run);
+                CHECK_OK(at_ref_add_uniform_noise(Y.h, ms[k], seed, offset, run, pitch));
+                if (called(at_add_uniform_noise(Y.d, ms[k], seed, offset, run, pitch), desc)) compare(&Y, desc, "y");
+                tp_free(&Y);
+            }
+        end();
+    }
+}
+
 /* ---- out-of-range indices: the CPU kernel's error on every backend ----
  * A backend may report a bad embedding id or label from the call itself (cpu)
  * or, so as not to make the host wait on every call, from the next download
@@ -1265,6 +1323,7 @@ static int run_backend(at_backend *be)
     test_cross_entropy();
     test_adamw_sumsq();
     test_dropout();
+    test_add_uniform_noise();
     test_views();
     test_index_errors();
     return at_test_failures - before;

@@ -210,6 +210,7 @@ static void test_bad_requests(int port)
         {"\"output_dir\": \"\"", "output_dir"},
         {"\"max_length\": 1e300", "max_length"},
         {"\"lora_rank\": 8, \"lora_rank\": 16", "lora_rank"},
+        {"\"neftune_noise_alpha\": -1", "neftune_noise_alpha"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", %s}", bad[i][0]);
@@ -300,13 +301,18 @@ static void test_short_job(int port)
 {
     char body[1024];
     snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"max_steps\": 3, "
-             "\"logging_steps\": 1, \"lora_rank\": 4, \"learning_rate\": 0.001, \"output_dir\": \"%s/short\"}", tmp);
+             "\"logging_steps\": 1, \"lora_rank\": 4, \"learning_rate\": 0.001, \"neftune_noise_alpha\": 5, "
+             "\"output_dir\": \"%s/short\"}", tmp);
     int st;
     double t0 = now_s();
     cJSON *j = get_json(port, "POST", "/ui/api/train", "Origin: http://localhost\r\n", body, &st);
     CHECK_MSG(st == 200 && jnum(j, "pid") > 0, "start: %d %s", st, jstr(j, "error", "message"));
     const cJSON *argv = cJSON_GetObjectItemCaseSensitive(j, "argv");
-    CHECK(cJSON_GetArraySize(argv) == 9 && !strcmp(cJSON_GetArrayItem(argv, 1)->valuestring, "sft"));
+    CHECK(cJSON_GetArraySize(argv) == 10 && !strcmp(cJSON_GetArrayItem(argv, 1)->valuestring, "sft"));
+    int neftune = 0;
+    for (int i = 0; i < cJSON_GetArraySize(argv); i++)
+        neftune += !strcmp(cJSON_GetArrayItem(argv, i)->valuestring, "--neftune_noise_alpha=5");
+    CHECK_MSG(neftune == 1, "neftune_noise_alpha did not reach the job's argv");
     cJSON_Delete(j);
     j = poll_status(port, NULL, not_running, 60);
     const char *state = jstr(j, "state", NULL), *run_dir = jstr(j, "run_dir", NULL);

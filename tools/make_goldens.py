@@ -36,6 +36,23 @@ and, for training (every NAME of TRAIN_CONFIGS),
 The training reference is hf_forward with PEFT's lora.Linear added by hand
 (y = x W^T + b + (alpha/r) (x A^T) B^T); torch autograd computes the gradients.
 
+and, for NEFTune (every NAME of NEFTUNE_CONFIGS; the batch and adapter of
+NAME.train.golden.safetensors, read back, so nothing above changes),
+
+    tests/data/goldens/NAME.neftune.golden.safetensors
+        alpha      f32 [1]       --neftune_noise_alpha
+        seed       i32 [1]       the step's dropout seed; the noise seed is at_rng_mix(seed, NEFTUNE_STREAM)
+        noise      f32 [B, T, H] the noise added to embed[ids] (padding included)
+        full_loss  f32 [1]       the loss without the adapter (full fine-tuning)
+        loss, n_targets, row_loss, lora.<PEFT name>, full.<HF name>: as the training golden, with
+                                 hf_forward's embeddings + noise (transformers' neftune_post_forward_hook:
+                                 U(-m, m), m = alpha / sqrt(T * H), T the batch's columns)
+
+The noise is base/rng.c's counter hash redone in numpy: u = splitmix64(seed' ^
+counter * K1) >> 40 as k * 2^-24, counter = (row * 2^24 + token) * H + feature
+(model/layers.h AT_DROPOUT_ROW_PITCH), n = f32(m * f32(2u - 1)), so the goldens
+pin the exact noise, not only its distribution.
+
 and, from the llama2.c checkpoint tests/data/models/stories260K.bin,
 
     tests/data/goldens/stories260K.golden.safetensors
@@ -205,10 +222,11 @@ def repeat_kv(x, n_rep):
     return x.reshape(b, h * n_rep, t, d)
 
 
-def hf_forward(cfg, W, ids, lora=None, lora_scale=1.0):
+def hf_forward(cfg, W, ids, lora=None, lora_scale=1.0, noise=None):
     """ids: int64 [B, T], all positions valid. Returns f32 logits [B, T, V].
     lora: optional dict HF module prefix -> (A [r, in], B [out, r]), added as
-    peft's lora.Linear does (dropout 0): y = x W^T + b + s (x A^T) B^T."""
+    peft's lora.Linear does (dropout 0): y = x W^T + b + s (x A^T) B^T.
+    noise: optional [B, T, hidden] added to the embeddings (NEFTune's hook)."""
     B, T = ids.shape
     H = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads", H)
@@ -217,6 +235,8 @@ def hf_forward(cfg, W, ids, lora=None, lora_scale=1.0):
     qk_norm = cfg["model_type"] == "qwen3"
 
     h = F.embedding(ids, W["model.embed_tokens.weight"])
+    if noise is not None:
+        h = h + noise
     pos = torch.arange(T)[None, :].expand(B, T)
     inv_freq, attn_scaling = hf_inv_freq(cfg)
     # LlamaRotaryEmbedding.forward (autocast off, f32)
@@ -483,15 +503,17 @@ def train_batch(cfg, lengths, gen):
     return ids, labels
 
 
-def causal_lm_loss(cfg, W, ids, labels, lengths, lora=None):
+def causal_lm_loss(cfg, W, ids, labels, lengths, lora=None, noise=None):
     """Sum over rows of HF's shifted cross-entropy, each row run alone (no
-    padding in the reference). Returns (loss_sum, n_targets, row_loss)."""
+    padding in the reference; noise [B, T, hidden] is cut to the row too).
+    Returns (loss_sum, n_targets, row_loss)."""
     total = 0.0
     n = 0
     rows = []
     s = LORA_ALPHA / LORA_R
     for b, L in enumerate(lengths):
-        logits = hf_forward(cfg, W, ids[b:b + 1, :L], lora, s)[0]
+        nz = None if noise is None else noise[b:b + 1, :L]
+        logits = hf_forward(cfg, W, ids[b:b + 1, :L], lora, s, nz)[0]
         tgt = labels[b, 1:L]
         ls = F.cross_entropy(logits[:-1], tgt, ignore_index=-100, reduction="sum")
         rows.append(ls)
@@ -563,6 +585,72 @@ def make_train(root, name, spec):
                       {"format": "pt", "source": "tools/make_goldens.py", "config": name})
     print("%-16s train: loss %.4f over %d targets, %d LoRA tensors%s" % (
         name, out["loss"].item(), n, len(lora_T), ", full grads" if name in FULL_GRADS else ""))
+
+
+# --------------------------------------------------------------------------
+# NEFTune: the counter-based noise of base/rng.c and ops.h at_add_uniform_noise
+
+NEFTUNE_CONFIGS = ["llama_gqa", "qwen2_bias_tied"]
+NEFTUNE_ALPHA = 5.0
+NEFTUNE_SEED = 20231005
+NEFTUNE_STREAM = 0x6e656674756e65        # model/decoder.h AT_NEFTUNE_STREAM ("neftune")
+ROW_PITCH = 1 << 24                      # model/layers.h AT_DROPOUT_ROW_PITCH
+_M64 = (1 << 64) - 1
+
+
+def splitmix64_mix(seed, index):
+    """base/rng.c at_rng_mix on numpy uint64 arrays (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = np.uint64(seed) ^ (np.asarray(index, dtype=np.uint64) * np.uint64(0xd1342543de82ef95))
+        z = x + np.uint64(0x9e3779b97f4a7c15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+        return z ^ (z >> np.uint64(31))
+
+
+def neftune_noise(B, T, H, alpha, seed, first_row=0):
+    """The noise at_decoder_forward_train adds to embed[ids] of a [B, T] batch
+    (f32 [B, T, H]): m = f32(alpha / sqrt(T*H)), n = f32(m * f32(2u - 1))."""
+    nseed = int(splitmix64_mix(seed, NEFTUNE_STREAM))
+    b = np.arange(B, dtype=np.uint64)[:, None, None] + np.uint64(first_row)
+    t = np.arange(T, dtype=np.uint64)[None, :, None]
+    c = np.arange(H, dtype=np.uint64)[None, None, :]
+    counter = (b * np.uint64(ROW_PITCH) + t) * np.uint64(H) + c
+    u = (splitmix64_mix(nseed, counter) >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24)
+    m = np.float32(alpha / math.sqrt(T * H))
+    return torch.from_numpy((m * (np.float32(2) * u - np.float32(1))).astype(np.float32))
+
+
+def make_neftune(root, name):
+    cfg = CONFIGS[name]["cfg"]
+    W32 = {k: v.float() for k, v in read_safetensors(os.path.join(root, name, "model.safetensors")).items()}
+    lora_T = {k: v.float() for k, v in
+              read_safetensors(os.path.join(root, name + "_lora", "adapter_model.safetensors")).items()}
+    G = read_safetensors(os.path.join(root, name + ".train.golden.safetensors"))
+    ids, labels = G["input_ids"].long(), G["labels"].long()
+    lengths = [int(x) for x in G["lengths"]]
+    B, T = ids.shape
+    noise = neftune_noise(B, T, cfg["hidden_size"], NEFTUNE_ALPHA, NEFTUNE_SEED)
+    out = {"alpha": torch.tensor([NEFTUNE_ALPHA], dtype=torch.float32),
+           "seed": torch.tensor([NEFTUNE_SEED], dtype=torch.int32), "noise": noise}
+    P = {k: v.clone().requires_grad_(True) for k, v in lora_T.items()}
+    total, n, rows = causal_lm_loss(cfg, W32, ids, labels, lengths, lora_dict(cfg, P), noise)
+    (total / n).backward()
+    out["loss"] = (total / n).detach().reshape(1).float()
+    out["n_targets"] = torch.tensor([n], dtype=torch.int32)
+    out["row_loss"] = torch.stack([r.detach() for r in rows]).float()
+    for k, v in P.items():
+        out["lora." + k] = v.grad.detach().clone()
+    Wg = {k: v.clone().requires_grad_(True) for k, v in W32.items()}
+    total, n, _ = causal_lm_loss(cfg, Wg, ids, labels, lengths, None, noise)
+    (total / n).backward()
+    out["full_loss"] = (total / n).detach().reshape(1).float()
+    for k, v in Wg.items():
+        out["full." + k] = v.grad.detach().clone()
+    write_safetensors(os.path.join(root, name + ".neftune.golden.safetensors"), out,
+                      {"format": "pt", "source": "tools/make_goldens.py", "config": name})
+    print("%-16s neftune: alpha %g, |noise| max %.4f, loss %.6f (without noise %.6f)" % (
+        name, NEFTUNE_ALPHA, noise.abs().max().item(), out["loss"].item(), float(G["loss"][0])))
 
 
 # --------------------------------------------------------------------------
@@ -695,13 +783,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/data/goldens")
     ap.add_argument("--stories", default="tests/data/models/stories260K.bin")
+    ap.add_argument("--only-neftune", action="store_true",
+                    help="write only the NEFTune goldens (from the training goldens already there)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
+    if args.only_neftune:
+        for name in NEFTUNE_CONFIGS:
+            make_neftune(args.out, name)
+        return
     for name, spec in CONFIGS.items():
         make_config(args.out, name, spec)
     for name in TRAIN_CONFIGS:
         make_train(args.out, name, CONFIGS[name])
+    for name in NEFTUNE_CONFIGS:
+        make_neftune(args.out, name)
     make_stories(args.out, args.stories)
 
 

@@ -41,6 +41,8 @@ static const at_opt_spec specs[] = {
     {"lora_rank", AT_OPT_INT, "8", "LoRA rank", NULL},
     {"lora_alpha", AT_OPT_FLOAT, "32", "LoRA alpha (scale alpha/rank)", NULL},
     {"lora_dropout", AT_OPT_FLOAT, "0.05", "dropout on the LoRA input", NULL},
+    {"neftune_noise_alpha", AT_OPT_FLOAT, "0", "NEFTune: uniform noise alpha/sqrt(length*hidden) on the "
+     "embeddings in training (e.g. 5; 0: off)", NULL},
     {"target_modules", AT_OPT_LIST, "all-linear", "all-linear or names such as q_proj,v_proj", NULL},
     {"use_rslora", AT_OPT_BOOL, "false", "scale alpha/sqrt(rank)", NULL},
     {"adapters", AT_OPT_STRING, NULL, "start from this PEFT adapter folder", NULL},
@@ -305,6 +307,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     a.lora_rank = (int)at_opt_int(o, "lora_rank");
     a.lora_alpha = at_opt_float(o, "lora_alpha");
     a.lora_dropout = at_opt_float(o, "lora_dropout");
+    a.neftune_noise_alpha = at_opt_float(o, "neftune_noise_alpha");
     a.use_rslora = at_opt_bool(o, "use_rslora");
     a.adapters = at_opt_str(o, "adapters");
     a.max_length = (int)at_opt_int(o, "max_length");

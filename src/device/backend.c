@@ -4,7 +4,7 @@ static const char *const op_names[] = {
     "matmul", "add", "scale", "axpy", "fill", "cast", "sum_rows", "rmsnorm_forward", "rmsnorm_backward",
     "rope", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
     "embedding_forward", "embedding_backward", "softmax", "cross_entropy", "adamw", "sumsq",
-    "dropout",
+    "dropout", "add_uniform_noise",
 };
 
 _Static_assert(sizeof op_names / sizeof op_names[0] == sizeof(at_backend_ops) / sizeof(void (*)(void)),

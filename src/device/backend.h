@@ -64,6 +64,8 @@ typedef struct at_backend_ops {
     at_status (*sumsq)(at_tensor *out, const at_tensor *x);
     at_status (*dropout)(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
                          uint64_t pitch);
+    at_status (*add_uniform_noise)(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                                   uint64_t pitch);
 } at_backend_ops;
 
 /* Names of the entries of at_backend_ops, in order (for warnings and tests). */

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/rng.h"
 #include "ops/ops.h"
 
 static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
@@ -213,8 +214,27 @@ static at_status layer_io(at_decoder *d, const at_decoder_acts *a, at_layer_io *
     return at_decoder_qact(d, (int64_t)a->B * a->T, &io->qact);
 }
 
-at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
-                                   const at_tensor *segments, float lora_dropout, uint64_t dropout_seed)
+/* NEFTune:  x_0 = embed[ids] + n,  n = m·(2u − 1) ∈ [−m, m),  m = alpha / sqrt(L·hidden)
+ * with u the counter-based uniform of (row of the step, token, feature), so a
+ * row draws the same noise in any micro-batch layout.  Backward: dx_0 passes
+ * to the embedding unchanged (the noise is additive), and a checkpointed
+ * backward recomputes layer 0 from the stored noisy x_0. */
+static at_status neftune_noise(const at_decoder *d, at_decoder_acts *a, uint64_t dropout_seed)
+{
+    int64_t H = d->cfg.hidden_size, L = a->neftune_columns > 0 ? a->neftune_columns : a->T;
+    if (a->T > AT_DROPOUT_ROW_PITCH)
+        return at_error(AT_ERR_INVALID, "decoder forward: NEFTune keys its noise by token for rows of up to %lld "
+                        "tokens, not %d", (long long)AT_DROPOUT_ROW_PITCH, a->T);
+    float m = (float)((double)a->neftune_alpha / sqrt((double)L * (double)H));
+    uint64_t pitch = (uint64_t)AT_DROPOUT_ROW_PITCH * (uint64_t)H;
+    return at_add_uniform_noise(&a->resid[0], m, at_rng_mix(dropout_seed, AT_NEFTUNE_STREAM),
+                                (uint64_t)a->dropout_first_row * pitch, (int64_t)a->T * H, pitch);
+}
+
+/* The training forward, with the embedding noise when `neftune` (not for
+ * at_decoder_forward, which shares the activations with evaluation). */
+static at_status forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
+                         const at_tensor *segments, float lora_dropout, uint64_t dropout_seed, int neftune)
 {
     const at_model_config *c = &d->cfg;
     int B = a->B, T = a->T;
@@ -249,6 +269,7 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
 
     /* x_0 = embed[ids] */
     AT_TRY(at_embedding_forward(&a->resid[0], ids, d->w->embed));
+    if (neftune && a->neftune_alpha > 0.0f) AT_TRY(neftune_noise(d, a, dropout_seed));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         at_layer_acts *la = &a->layers[l];
         const at_layer_weights *lw = &d->w->layers[l];
@@ -265,10 +286,19 @@ at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_t
     return AT_OK;
 }
 
+at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
+                                   const at_tensor *segments, float lora_dropout, uint64_t dropout_seed)
+{
+    if (!(a->neftune_alpha >= 0.0f && isfinite(a->neftune_alpha)))
+        return at_error(AT_ERR_INVALID, "decoder forward: --neftune_noise_alpha %g must be finite and >= 0",
+                        (double)a->neftune_alpha);
+    return forward(d, a, ids, pos, segments, lora_dropout, dropout_seed, 1);
+}
+
 at_status at_decoder_forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
                              const at_tensor *segments)
 {
-    return at_decoder_forward_train(d, a, ids, pos, segments, 0.0f, 0);
+    return forward(d, a, ids, pos, segments, 0.0f, 0, 0);
 }
 
 /* ---- gradients ---------------------------------------------------------------------- */

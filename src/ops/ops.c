@@ -1,5 +1,6 @@
 #include "ops/ops.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -771,5 +772,29 @@ at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
     at_tensor *h[2];
     at_status st = fb_add_all(&f, dev, is_out, 2, h);
     if (st == AT_OK) st = cpu_ops()->dropout(h[0], h[1], p, seed, offset, run, pitch);
+    return fb_finish(&f, st);
+}
+
+at_status at_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                               uint64_t pitch)
+{
+    const char *op = "add_uniform_noise";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need_float(y, op));
+    if (!(magnitude >= 0.0f && isfinite(magnitude)))
+        return at_error(AT_ERR_INVALID, "add_uniform_noise: magnitude %g of %s must be finite and >= 0",
+                        (double)magnitude, y->name);
+    if (run < 0 || (run > 0 && pitch < (uint64_t)run))
+        return at_error(AT_ERR_INVALID, "add_uniform_noise: runs of %lld elements %llu apart overlap",
+                        (long long)run, (unsigned long long)pitch);
+    if (magnitude == 0.0f) return AT_OK;
+    at_backend *be = y->buf->backend;
+    BACKEND_OR_FALLBACK(be, add_uniform_noise, y, magnitude, seed, offset, run, pitch);
+    fallback f = {0};
+    const at_tensor *dev[] = {y};
+    const int is_out[] = {1};
+    at_tensor *h[1];
+    at_status st = fb_add_all(&f, dev, is_out, 1, h);
+    if (st == AT_OK) st = cpu_ops()->add_uniform_noise(h[0], magnitude, seed, offset, run, pitch);
     return fb_finish(&f, st);
 }

@@ -139,4 +139,14 @@ at_status at_read_scalar(const at_tensor *t, float *out);
 at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
                      uint64_t pitch);
 
+/* Uniform noise added in place, with at_dropout's counters (NEFTune):
+ *   y[i] += m · (2·at_rng_hash_uniform(seed, counter(i)) − 1)   ∈ [−m, m)
+ *   counter(i) = offset + (i / run)·pitch + i % run     (run 0: offset + i)
+ * computed in f32 as n = m·(2u − 1), then y + n (two roundings, no fused
+ * multiply-add), so every backend adds the same noise bit for bit. The
+ * gradient passes through unchanged (the noise is additive), so there is no
+ * backward. m >= 0 and finite (0 leaves y as it is). y: f32/bf16/f16. */
+at_status at_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                               uint64_t pitch);
+
 #endif

@@ -51,6 +51,7 @@ static const field fields[] = {
     {"lora_rank", V_INT, 1, 1024, NULL},
     {"lora_alpha", V_NUM, 1e-6, 1e6, NULL},
     {"lora_dropout", V_NUM, 0, 0.99, NULL},
+    {"neftune_noise_alpha", V_NUM, 0, 1e6, NULL},
     {"learning_rate", V_NUM, 1e-12, 10, NULL},
     {"num_train_epochs", V_NUM, 1e-6, 1e6, NULL},
     {"max_steps", V_INT, -1, 1e9, NULL},

@@ -102,6 +102,7 @@ typedef struct {
     int64_t step_base;       /* plan index of the step's first micro-batch (of rank 0) */
     int64_t step_first;      /* plan index of this rank's first micro-batch of the step */
     double step_nll_targets; /* chosen-reply targets of the whole step (the NLL term) */
+    int64_t step_columns;    /* NEFTune's L: columns of one micro-batch of the whole step (step_columns) */
     /* history for the SVG */
     int64_t *hist_step, *eval_step;
     double *hist_loss, *hist_lr, *eval_loss;
@@ -700,6 +701,25 @@ static uint64_t dropout_seed(const trainer *t, int64_t step)
     return at_rng_mix(t->a->seed * 0x9e3779b97f4a7c15ull, (uint64_t)step);
 }
 
+/* The columns one micro-batch holding the whole step (plan batches [b0, b1),
+ * every rank's) would have: the packing length, or the step's longest row.
+ * NEFTune scales its noise by it (transformers: the batch's columns), and
+ * taking the step's rather than each micro-batch's keeps the noise, like the
+ * dropout masks, independent of how the step is split. */
+static int64_t step_columns(const trainer *t, int64_t b0, int64_t b1)
+{
+    const at_batch_plan *pl = &t->plan;
+    if (pl->packing_length) return (int64_t)pl->packing_length;
+    size_t cols = 1;
+    for (size_t r = pl->batch_start[b0]; r < pl->batch_start[b1]; r++) {
+        size_t len = 0; /* a preference row is one pair: train_len is its longer side */
+        for (size_t k = pl->row_start[r]; k < pl->row_start[r + 1]; k++)
+            if (pl->items[k] < t->n_train) len += t->train_len[pl->items[k]];
+        if (len > cols) cols = len;
+    }
+    return (int64_t)cols;
+}
+
 /* ---- out of memory: smaller micro-batches ----
  * When a micro-batch runs out of device memory, the step is run again from
  * zeroed gradients with every micro-batch cut into 2 (then 4) pieces of
@@ -750,6 +770,10 @@ static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmic
             /* the dropout masks are keyed by the rows' place among the step's rows */
             size_t step_row = t->plan.batch_start[t->step_first + m] - t->plan.batch_start[t->step_base];
             if (st == AT_OK) t->acts->dropout_first_row = (int64_t)((step_row + u0) * unit);
+            if (st == AT_OK) { /* NEFTune noise: keyed like the masks, scaled by the step's columns */
+                t->acts->neftune_alpha = (float)a->neftune_noise_alpha;
+                t->acts->neftune_columns = t->step_columns;
+            }
             float dropout = (float)(a->full ? 0.0 : a->lora_dropout);
             uint64_t seed = dropout_seed(t, step);
             if (st == AT_OK && a->pref) {
@@ -869,6 +893,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         int64_t targets = 0, tokens = 0, nll_targets = 0;
         t->step_base = step_first;
         t->step_first = first;
+        t->step_columns = step_columns(t, step_first, step_last);
         for (int m = 0; m < nmicro && st == AT_OK; m++) {
             if (a->pref) {
                 const at_batch_plan *pl = &t->plan;
@@ -1036,6 +1061,9 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
     if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
+    if (!(a->neftune_noise_alpha >= 0 && isfinite(a->neftune_noise_alpha)))
+        return at_error(AT_ERR_INVALID, "--neftune_noise_alpha %g must be finite and >= 0 (0: off)",
+                        a->neftune_noise_alpha);
     if (a->pref && a->packing)
         return at_error(AT_ERR_UNSUPPORTED, "--packing with rlhf: each pair's chosen and rejected replies are rows of "
                         "their own; drop --packing");

@@ -42,6 +42,10 @@ typedef struct {
                                        matrices quantized (LoRA only; refused with full) */
     int lora_rank;
     double lora_alpha, lora_dropout;
+    double neftune_noise_alpha;     /* NEFTune: uniform noise of alpha / sqrt(L·hidden) on the embeddings in
+                                       training (decoder.h at_decoder_acts); 0: off. L is the columns of a
+                                       micro-batch holding the whole step (the step's longest row, or the
+                                       packing length), so every micro-batch layout adds the same noise */
     unsigned target_mask;
     int use_rslora;
     const char *adapters;           /* start from this PEFT adapter */

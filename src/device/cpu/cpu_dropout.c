@@ -63,3 +63,48 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
     }
     return AT_OK;
 }
+
+/* y[i] += m·(2u − 1) over one run's consecutive counters from first. n is
+ * formed in its own statement so no compiler fuses it into the add: the sum
+ * is rounded twice, as on every other backend (ops.h). */
+static void noise_span(float *o, int64_t n, uint64_t seed, uint64_t first, float m)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float s = 2.0f * at_rng_hash_uniform(seed, first + (uint64_t)i) - 1.0f; /* exact: k·2⁻²³ − 1 */
+        float v = m * s;
+        o[i] = o[i] + v;
+    }
+}
+
+/* The noise of each element depends only on its counter, so the chunks may be
+ * split across threads in any way; a chunk is cut where a run ends. Scalar:
+ * the noise goes on the embeddings only (B·T·hidden elements once a step). */
+at_status at_cpu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                                   uint64_t pitch)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    int64_t n = at_tensor_numel(y), nc = (n + AT_CPU_CHUNK - 1) / AT_CPU_CHUNK;
+    void *py = at_tensor_data(y);
+    if (magnitude == 0.0f) return AT_OK;
+#pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
+    for (int64_t u = 0; u < nc; u++) {
+        float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
+        int64_t off = u * AT_CPU_CHUNK, len = n - off < AT_CPU_CHUNK ? n - off : AT_CPU_CHUNK;
+        const float *yi = at_cpu_in(v, bx, py, y->dtype, off, len);
+        float *o = at_cpu_out(by, py, y->dtype, off);
+        if (o != yi)
+            for (int64_t i = 0; i < len; i++) o[i] = yi[i];
+        if (run == 0) {
+            noise_span(o, len, seed, offset + (uint64_t)off, magnitude);
+        } else {
+            for (int64_t i = 0; i < len;) {
+                int64_t g = off + i, in_run = g % run, k = run - in_run < len - i ? run - in_run : len - i;
+                uint64_t first = offset + (uint64_t)(g / run) * pitch + (uint64_t)in_run;
+                noise_span(o + i, k, seed, first, magnitude);
+                i += k;
+            }
+        }
+        at_cpu_out_done(v, o, py, y->dtype, off, len);
+    }
+    return AT_OK;
+}

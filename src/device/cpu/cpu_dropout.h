@@ -7,6 +7,11 @@
 at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
                          uint64_t pitch);
 
+/* y[i] += m·(2u − 1), u = at_rng_hash_uniform(seed, counter(i)), in f32
+ * (ops.h at_add_uniform_noise; NEFTune). */
+at_status at_cpu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                                   uint64_t pitch);
+
 /* One chunk of f32 values: y[i] = x[i] · keep when element first + i is kept,
  * else 0 (y may be x). Kept means at_rng_hash_uniform(seed, first + i) >= p,
  * which is the same as its hash's top 24 bits >= ceil(p · 2²⁴), passed as

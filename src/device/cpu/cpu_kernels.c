@@ -33,6 +33,7 @@ static const at_backend_ops table = {
     .adamw = at_cpu_adamw,
     .sumsq = at_cpu_sumsq,
     .dropout = at_cpu_dropout,
+    .add_uniform_noise = at_cpu_add_uniform_noise,
 };
 
 const at_backend_ops *at_cpu_ops(void) { return &table; }

@@ -263,6 +263,7 @@ static at_status open_device(const at_cuda_host_api *host, int index, cu_device 
         o->adamw = cu_adamw;
         o->sumsq = cu_sumsq;
         o->dropout = cu_dropout;
+        o->add_uniform_noise = cu_add_uniform_noise;
 #ifndef AT_CUDA_EMULATE
         /* the emulator has no NCCL: NULL lets the core reduce through host memory and MPI */
         be->comm_id = cu_comm_id;

@@ -359,3 +359,37 @@ at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
               cu_ptr(x), (int)x->dtype, p, keep, seed, offset, run, pitch, n, vec);
     return cu_launched(c, "dropout");
 }
+
+/* ---- uniform noise (NEFTune) ----
+ * y[i] += m·(2u − 1), u = at_cu_hash_uniform(seed, counter(i)), counters as
+ * in dropout. __fmul_rn/__fadd_rn keep nvcc from fusing them into one fma:
+ * two roundings, as the CPU does, so the noise equals the CPU's bit for bit. */
+static __global__ void k_add_uniform_noise(void *y, int ty, float m, uint64_t seed, uint64_t offset, int64_t run,
+                                           uint64_t pitch, int64_t n, int vec)
+{
+    at_cu_for_each(n, vec, [&](int64_t i, int w) {
+        float v[AT_VEC];
+        at_cu_loadw(y, ty, i, v, w);
+        int64_t in_run = run > 0 ? i % run : i;
+        uint64_t row = run > 0 ? (uint64_t)(i / run) : 0;
+        for (int k = 0; k < w; k++) {
+            uint64_t counter = offset + row * pitch + (uint64_t)in_run;
+            float s = 2.0f * at_cu_hash_uniform(seed, counter) - 1.0f; /* exact */
+            v[k] = __fadd_rn(v[k], __fmul_rn(m, s));
+            if (++in_run == run) in_run = 0, row++;
+        }
+        at_cu_storew(y, ty, i, v, w);
+    });
+}
+
+at_status cu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                               uint64_t pitch)
+{
+    cuda_ctx *c = cu_ctx(y);
+    int64_t n = cu_numel(y);
+    if (n == 0 || magnitude == 0.0f) return AT_OK;
+    int vec = vec_ok(cu_ptr(y));
+    AT_LAUNCH(k_add_uniform_noise, ew_grid(c, n / (vec ? AT_VEC : 1)), EW_THREADS, 0, c->stream, cu_ptr(y),
+              (int)y->dtype, magnitude, seed, offset, run, pitch, n, vec);
+    return cu_launched(c, "add_uniform_noise");
+}

@@ -160,6 +160,13 @@ static __device__ __forceinline__ void cu_record_bad(unsigned long long *slot, i
 /* cuda_matmul.cu: cuBLAS for f32/bf16/f16, dequantizing tiles for q8_0, q4_0, nf4. */
 at_status cu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
                     float beta);
+/* cuda_qgemv.cu: fused dequantize-GEMV, C = alpha · A · Wᵀ + beta · C for a
+ * quantized W [N, K] and A of at most QG_MAX_ROWS rows (batch stacked), when
+ * !ta and tb; sets *done = 0 (and does nothing) when the call does not fit
+ * it or ANYTUNE_CUDA_NO_QGEMV=1, so the caller takes the tile path. */
+#define QG_MAX_ROWS 8
+at_status cu_qgemv(cuda_ctx *c, at_tensor *ct, const at_tensor *a, const at_tensor *w, int ta, int tb, float alpha,
+                   float beta, int *done);
 /* cuda_elementwise.cu */
 at_status cu_add(at_tensor *y, const at_tensor *a, const at_tensor *b);
 at_status cu_scale(at_tensor *y, const at_tensor *x, float s);
@@ -172,6 +179,8 @@ at_status cu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
                              const at_tensor *up);
 at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
                      uint64_t pitch);
+at_status cu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                               uint64_t pitch);
 /* cuda_norm.cu */
 at_status cu_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps);
 at_status cu_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,

@@ -34,7 +34,10 @@
  * when it is larger. The dequantized values are those of device/quant.c, bit
  * for bit: the same formulas in the same f32 operations (the NF4 scale is a
  * product then a sum, kept apart from an FMA with __fmul_rn), rounded to bf16
- * when A is bf16. */
+ * when A is bf16.
+ *
+ * x · Wᵀ with at most QG_MAX_ROWS rows of x (decoding) skips the tile: the
+ * fused GEMV of cuda_qgemv.cu reads each weight byte once instead. */
 #include <limits.h>
 #include <math.h>
 #include "device/cuda/cuda_internal.h"
@@ -233,6 +236,11 @@ static at_status mm_quantized(cuda_ctx *c, at_tensor *ct, const at_tensor *a, co
     if (wc % (w->dtype == AT_NF4 ? 64 : 32))
         return c->host->error(AT_ERR_INVALID, "matmul: quantized weight %s: rows of %lld values are not whole blocks",
                               w->name, (long long)wc);
+    if (tb && !ta && M * batch <= QG_MAX_ROWS) { /* decoding: the fused GEMV of cuda_qgemv.cu, when it fits */
+        int done = 0;
+        CU_TRY(cu_qgemv(c, ct, a, w, ta, tb, alpha, beta, &done));
+        if (done) return AT_OK;
+    }
     int abf = a->dtype == AT_BF16;
     int td = abf ? CU_BF16 : CU_F32; /* the compute format, and the tile's dtype */
     size_t te = abf ? 2 : 4;

@@ -496,6 +496,25 @@ done:
     return st;
 }
 
+/* y[i] += m·(2u − 1), u the counter-based uniform of (seed, counter(i)) of
+ * base/rng.h, counter(i) as in dropout. In double: the backends' f32 sum is
+ * within an ulp or two of it. */
+at_status at_ref_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                                   uint64_t pitch)
+{
+    double *Y = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(y, "add_uniform_noise", &Y));
+    for (int64_t i = 0; i < at_tensor_numel(y); i++) {
+        uint64_t counter = run > 0 ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
+        Y[i] += (double)magnitude * (2.0 * (double)at_rng_hash_uniform(seed, counter) - 1.0);
+    }
+    AT_CHECK(at_ref_store(y, Y, "add_uniform_noise"));
+done:
+    free(Y);
+    return st;
+}
+
 static const at_backend_ops ref_ops = {
     .matmul = at_ref_matmul,
     .add = at_ref_add,
@@ -518,6 +537,7 @@ static const at_backend_ops ref_ops = {
     .adamw = at_ref_adamw,
     .sumsq = at_ref_sumsq,
     .dropout = at_ref_dropout,
+    .add_uniform_noise = at_ref_add_uniform_noise,
 };
 
 const at_backend_ops *at_ref_ops(void) { return &ref_ops; }

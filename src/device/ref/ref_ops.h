@@ -58,6 +58,8 @@ at_status at_ref_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at
 at_status at_ref_sumsq(at_tensor *out, const at_tensor *x);
 at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
                          uint64_t pitch);
+at_status at_ref_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
+                                   uint64_t pitch);
 
 /* The table of all the above (static storage; never freed). */
 const at_backend_ops *at_ref_ops(void);
