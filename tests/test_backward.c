@@ -14,6 +14,7 @@
  *  - errors: backward before the loss, full FT on bf16 weights, mismatched
  *    activations. */
 #include "device/cuda_loader.h"
+#include "train/optimizer.h"
 #include "train_goldens.h"
 
 #define TOL 1e-4
@@ -61,13 +62,25 @@ static void test_lora_grads(const char *name, at_backend *be)
             at_decoder_trainables(c.d, g1, p1, n);
             at_decoder_trainables(c.d, g2, p2, n);
             int same = 1;
+            double sumsq = 0;
             for (int i = 0; i < n; i++) {
                 float *a = tc_host(p1[i].grad), *b = tc_host(p2[i].grad);
                 same &= a && b && !memcmp(a, b, at_tensor_nbytes(p1[i].grad));
+                for (int64_t k = 0; a && k < at_tensor_numel(p1[i].grad); k++) sumsq += (double)a[k] * a[k];
                 free(a);
                 free(b);
             }
             CHECK_MSG(same, "%s: gradients differ with and without checkpointing", name);
+            /* the optimizer's global norm (every tensor's Σg² on the device,
+             * read back at once) against the host's, over all n tensors */
+            at_optimizer opt = {0};
+            at_adamw_config oc = {0.9, 0.999, 1e-8, 0.0, 1.0};
+            double norm = -1;
+            CHECK_OK(at_optimizer_init(&opt, c.d, g1, &oc));
+            if (opt.n == n) CHECK_OK(at_optimizer_grad_norm(&opt, &norm));
+            CHECK_MSG(opt.n == n && fabs(norm - sqrt(sumsq)) <= 1e-5 * sqrt(sumsq),
+                      "%s: optimizer grad norm %.9g, host %.9g over %d tensors", name, norm, sqrt(sumsq), n);
+            at_optimizer_free(&opt);
         }
         free(p1);
         free(p2);

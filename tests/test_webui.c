@@ -26,8 +26,9 @@
  *    (>= 128 bits, another on each start): without it (or with a wrong one)
  *    the train endpoints and the OpenAI API answer 401, with it they work;
  *    --api_key K prints ?token=K;
- *  - a web-ui killed with SIGKILL: its running job ends too (its output has
- *    no reader; SIGPIPE at its next line);
+ *  - a web-ui killed with SIGKILL: its running job stops as Stop stops it
+ *    (the death signal the trainer asked for becomes one SIGTERM: exit 143)
+ *    and its last logged step is checkpointed;
  *  - the program: tests/js/webui_check.mjs drives the page opened from the
  *    printed URL in Debian's chromium (playwright-core): it sends the token,
  *    which leaves the address bar; SIGTERM stops the server and the job it
@@ -773,8 +774,22 @@ static int stop_webui(pid_t pid, int err_fd, double timeout_s)
 static int finished_ok(const cJSON *j) { return not_running(j); }
 
 /* A server that dies (SIGKILL: no handler runs) leaves its job's output
- * without a reader: the trainer's next line ends it (SIGPIPE), so no
- * trainer outlives a crashed server for more than a logging step. */
+ * without a reader: the trainer, told by its death signal (cmd_train.c
+ * follow_webui_server; it ignores SIGPIPE), finishes the step under way,
+ * checkpoints it and ends, so no trainer outlives a crashed server and no
+ * finished step is lost. */
+/* ANYTUNE_WEBUI_SERVER_PID naming a live process that is not the trainer's
+ * parent (inherited from elsewhere) is not about this trainer: it trains. */
+static void test_inherited_server_pid(const char *bin)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "ANYTUNE_WEBUI_SERVER_PID=1 '%s' sft --model " DEMO_MODEL " --dataset " DEMO_DATA
+             " --max_steps 2 --logging_steps 1 --output_dir %s/inherited > %s/inherited.out 2>&1", bin, tmp, tmp);
+    int rc = system(cmd);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "sft with an inherited ANYTUNE_WEBUI_SERVER_PID: status 0x%x",
+              rc);
+}
+
 static void test_server_crash(const char *bin)
 {
     int port = 0, err_fd = -1, st;
@@ -1016,6 +1031,7 @@ int main(void)
         test_modes(b, bin);
         test_token(bin);
         test_server_crash(bin);
+        test_inherited_server_pid(bin);
         test_browser(bin);
     }
     at_bundle_free(b);

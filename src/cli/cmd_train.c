@@ -2,6 +2,7 @@
  * option names as ms-swift's. With neither --model nor --dataset,
  * `anytune sft` runs the bundled demo: the stories260K model learns who it is
  * from identity.json, and answers before and after. */
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -192,10 +193,19 @@ static void follow_webui_server(void)
 {
     const char *s = getenv("ANYTUNE_WEBUI_SERVER_PID");
     if (!s) return;
+    pid_t server = (pid_t)strtol(s, NULL, 10);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGHUP, on_server_death);
     prctl(PR_SET_PDEATHSIG, SIGHUP);
-    if (getppid() != (pid_t)strtol(s, NULL, 10)) raise(SIGHUP); /* it died before the prctl */
+    if (getppid() == server) return;
+    if (server > 0 && (kill(server, 0) == 0 || errno == EPERM)) {
+        /* alive but not our parent: the variable was inherited, it is not about us */
+        prctl(PR_SET_PDEATHSIG, 0);
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        return;
+    }
+    raise(SIGHUP); /* it died before the prctl */
 }
 
 int at_cli_train(int argc, char **argv, const at_train_cli *c)

@@ -148,11 +148,12 @@ static void total(at_mem_estimate *e)
  * of the model that runs it (AT_ACTS_LOSS | AT_ACTS_CHECKPOINT: no gradients,
  * so the layer inputs are kept and one layer's activations shared by all; no
  * LoRA intermediates: the base and --ref_model run without an adapter), one
- * logits chunk, the targets (device and host), the batch ids, positions and
- * labels and the acts' positions, the forward attention scratch and the
- * workspace. Above the step only with --ref_model (its weights). The
- * validation's at_pref_evaluate holds the same activations (with the LoRA
- * intermediates of one layer) after the step's are freed: below the step. */
+ * logits chunk, the targets (device and host) and the positions' losses on
+ * the host (as e->logits), the batch ids, positions and labels and the acts'
+ * positions, the forward attention scratch and the workspace. Above the step
+ * only with --ref_model (its weights). The validation's at_pref_evaluate
+ * holds the same activations (with the LoRA intermediates of one layer)
+ * after the step's are freed: below the step. */
 static int64_t reference_peak(const at_mem_train_request *r, const at_mem_estimate *e, int B, int T)
 {
     const at_model_config *rc = r->ref_cfg ? r->ref_cfg : r->cfg;
@@ -163,7 +164,7 @@ static int64_t reference_peak(const at_mem_train_request *r, const at_mem_estima
         ref_weights = at_mem_weight_bytes(rc, r->tune == AT_TUNE_QLORA ? r->quant_dtype : r->weight_dtype,
                                           r->weight_dtype);
     size_t acts = at_decoder_acts_elems_ex(rc, B, T, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, 0, 0);
-    return e->weights + e->trainable + ref_weights + 4 * (int64_t)acts + 8 * N + 16 * N +
+    return e->weights + e->trainable + ref_weights + 4 * (int64_t)acts + 12 * N + 16 * N +
            attention_bytes(rc, B, T, r->threads, 0) + workspace_bytes(rc, N, r->threads, r->runtime_overhead);
 }
 

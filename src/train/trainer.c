@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -1061,7 +1062,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
     if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
-    if (!(a->neftune_noise_alpha >= 0 && isfinite(a->neftune_noise_alpha)))
+    if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha <= FLT_MAX))
         return at_error(AT_ERR_INVALID, "--neftune_noise_alpha %g must be finite and >= 0 (0: off)",
                         a->neftune_noise_alpha);
     if (a->pref && a->packing)
