@@ -11,7 +11,7 @@ ARCH=${ARCH:-90-real}
 B=build-gpu
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DANYTUNE_GEMM_LIBS=OFF -DANYTUNE_CUDA_EMULATOR=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" > /dev/null
-PROGRAMS="anytune test_conformance test_backward test_train bench_train_gpu bench_qgemv_gpu"
+PROGRAMS="anytune test_conformance test_backward test_train test_train_neftune bench_train_gpu bench_qgemv_gpu"
 cmake --build $B -j"$(nproc)" --target anytune_cuda $PROGRAMS
 rm -rf gpu-bundle
 mkdir -p gpu-bundle/lib

@@ -4,7 +4,8 @@
 #   sh scripts/gpu_check.sh [BUNDLE [OUT_DIR]]
 # - the conformance suite on cuda:0 (every op against the reference kernels),
 # - the PyTorch training goldens on cuda:0 (test_backward),
-# - the trainer on cuda:0 against the CPU (test_train),
+# - the trainer on cuda:0 against the CPU (test_train), NEFTune's goldens
+#   (test_train_neftune),
 # - greedy generation of the demo model on cuda:0 equal to the CPU's, in
 #   f32 and with q8_0 weights (anytune infer), and DPO's losses (anytune rlhf),
 # - bench_qgemv_gpu: decoding matmuls with quantized weights, the fused
@@ -23,11 +24,10 @@ for f in "$BUNDLE"/anytune "$BUNDLE"/libanytune_cuda.so; do
     ldd "$f" | grep "not found" && echo "missing libraries for $f (see above)"
 done
 export ANYTUNE_BIN="$PWD/$BUNDLE/anytune" OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-"$BUNDLE/anytune" env > "$OUT/env.txt" 2>&1
-sed -n '/devices:/,/^$/p' "$OUT/env.txt"
+{ nvidia-smi; "$BUNDLE/anytune" env; } > "$OUT/machine.txt" 2>&1
+sed -n '/devices:/,/^$/p' "$OUT/machine.txt"
 rc=0
-for t in test_conformance test_backward test_train; do
+for t in test_conformance test_backward test_train test_train_neftune; do
     start=$(date +%s)
     timeout 300 "$BUNDLE/$t" > "$OUT/$t.log" 2>&1
     r=$?
