@@ -29,6 +29,14 @@ void at_rng_shuffle(at_rng *r, int64_t *v, int64_t n);
 
 /* splitmix64 finalizer of (seed, index): a uniform float in [0, 1). */
 float at_rng_hash_uniform(uint64_t seed, uint64_t index);
+
+/* The counter of element i of a tensor laid out in runs (the dropout and
+ * noise operations, ops.h): offset + (i / run)·pitch + i % run, or offset + i
+ * when run is 0. */
+static inline uint64_t at_rng_run_counter(uint64_t offset, int64_t i, int64_t run, uint64_t pitch)
+{
+    return run > 0 ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
+}
 /* The same hash's whole 64 bits: a seed derived from (seed, index), for
  * streams that must not overlap (one per layer and module of a dropout). */
 uint64_t at_rng_mix(uint64_t seed, uint64_t index);

@@ -15,6 +15,13 @@ static uint64_t keep_threshold(float p)
     return k << 40;
 }
 
+/* How many of the `len` elements from element g on have consecutive
+ * counters: all of them, or up to the end of g's run. */
+static int64_t span_len(int64_t g, int64_t len, int64_t run)
+{
+    return run > 0 && run - g % run < len ? run - g % run : len;
+}
+
 /* Elements [i, i + n) of one run, whose counters are consecutive from first. */
 static void dropout_span(float *o, const float *xi, int64_t n, uint64_t seed, uint64_t first, float p,
                          uint64_t thresh, float keep, int avx512)
@@ -49,14 +56,11 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
         float *o = at_cpu_out(by, py, y->dtype, off);
         if (p == 0.0f) {
             for (int64_t i = 0; i < len; i++) o[i] = xi[i];
-        } else if (run == 0) {
-            dropout_span(o, xi, len, seed, offset + (uint64_t)off, p, thresh, keep, avx512);
         } else {
-            for (int64_t i = 0; i < len;) {
-                int64_t g = off + i, in_run = g % run, n = run - in_run < len - i ? run - in_run : len - i;
-                uint64_t first = offset + (uint64_t)(g / run) * pitch + (uint64_t)in_run;
-                dropout_span(o + i, xi + i, n, seed, first, p, thresh, keep, avx512);
-                i += n;
+            for (int64_t i = 0, k; i < len; i += k) {
+                k = span_len(off + i, len - i, run);
+                dropout_span(o + i, xi + i, k, seed, at_rng_run_counter(offset, off + i, run, pitch), p, thresh, keep,
+                             avx512);
             }
         }
         at_cpu_out_done(v, o, py, y->dtype, off, len);
@@ -94,15 +98,9 @@ at_status at_cpu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed,
         float *o = at_cpu_out(by, py, y->dtype, off);
         if (o != yi)
             for (int64_t i = 0; i < len; i++) o[i] = yi[i];
-        if (run == 0) {
-            noise_span(o, len, seed, offset + (uint64_t)off, magnitude);
-        } else {
-            for (int64_t i = 0; i < len;) {
-                int64_t g = off + i, in_run = g % run, k = run - in_run < len - i ? run - in_run : len - i;
-                uint64_t first = offset + (uint64_t)(g / run) * pitch + (uint64_t)in_run;
-                noise_span(o + i, k, seed, first, magnitude);
-                i += k;
-            }
+        for (int64_t i = 0, k; i < len; i += k) {
+            k = span_len(off + i, len - i, run);
+            noise_span(o + i, k, seed, at_rng_run_counter(offset, off + i, run, pitch), magnitude);
         }
         at_cpu_out_done(v, o, py, y->dtype, off, len);
     }

@@ -486,8 +486,7 @@ at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
     at_status st = AT_OK;
     AT_CHECK(at_ref_load(x, "dropout", &X));
     for (int64_t i = 0; i < at_tensor_numel(x); i++) {
-        uint64_t counter = run > 0 ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
-        int keep = at_rng_hash_uniform(seed, counter) >= p;
+        int keep = at_rng_hash_uniform(seed, at_rng_run_counter(offset, i, run, pitch)) >= p;
         X[i] = keep ? X[i] / (1.0 - (double)p) : 0.0;
     }
     AT_CHECK(at_ref_store(y, X, "dropout"));
@@ -506,8 +505,8 @@ at_status at_ref_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed,
     at_status st = AT_OK;
     AT_CHECK(at_ref_load(y, "add_uniform_noise", &Y));
     for (int64_t i = 0; i < at_tensor_numel(y); i++) {
-        uint64_t counter = run > 0 ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
-        Y[i] += (double)magnitude * (2.0 * (double)at_rng_hash_uniform(seed, counter) - 1.0);
+        Y[i] += (double)magnitude * (2.0 * (double)at_rng_hash_uniform(seed, at_rng_run_counter(offset, i, run, pitch)) -
+                                     1.0);
     }
     AT_CHECK(at_ref_store(y, Y, "add_uniform_noise"));
 done:
