@@ -679,6 +679,19 @@ static size_t read_vectors(const char *vec, char ***texts, size_t **lens, int32_
 
 /* Exports a random model with t's vocabulary and the tokenizer embedded,
  * reads the tokenizer back from the file, runs the vectors. */
+/* Frees what read_vectors returned. */
+static void free_vectors(size_t n, char **texts, size_t *lens, int32_t **ids, size_t *nids)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(texts[i]);
+        free(ids[i]);
+    }
+    free(texts);
+    free(lens);
+    free(ids);
+    free(nids);
+}
+
 static void test_gguf_tokenizer(const char *label, const char *tok_path, const char *vec, unsigned flags,
                                 const char *want_model, const char *want_pre)
 {
@@ -737,14 +750,7 @@ static void test_gguf_tokenizer(const char *label, const char *tok_path, const c
         printf("gguf tokenizer %-34s %zu/%zu test vectors encode as Hugging Face\n", label, ok, n);
         CHECK_MSG(ok == n, "%s: %zu of %zu vectors differ", label, n - ok, n);
     }
-    for (size_t i = 0; i < n; i++) {
-        free(texts[i]);
-        free(ids[i]);
-    }
-    free(texts);
-    free(lens);
-    free(ids);
-    free(nids);
+    free_vectors(n, texts, lens, ids, nids);
     at_gguf_close(gg);
     at_tokenizer_free(t);
     at_tokenizer_free(back);
@@ -784,19 +790,6 @@ static void test_llama2c_tokenizer(void)
 }
 
 /* ---- Hugging Face tokenizer files written from GGUF / llama2.c ------------ */
-
-/* Frees what read_vectors returned. */
-static void free_vectors(size_t n, char **texts, size_t *lens, int32_t **ids, size_t *nids)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(texts[i]);
-        free(ids[i]);
-    }
-    free(texts);
-    free(lens);
-    free(ids);
-    free(nids);
-}
 
 static int ids_equal(const int32_t *a, size_t na, const int32_t *b, size_t nb)
 {

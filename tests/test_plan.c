@@ -684,18 +684,8 @@ static int read_losses(const char *run_dir, double *loss, int cap)
 
 static void oom_args(at_train_args *a, const char *out)
 {
-    static const char *ds[1] = {"demo/identity.json#24"};
-    at_train_args_defaults(a);
-    a->model = "demo/stories260K";
-    a->datasets = ds;
-    a->n_datasets = 1;
-    a->model_name = "anytune";
-    a->model_author = "the anytune team";
-    a->output_dir = out;
-    a->learning_rate = 1e-3;
+    at_test_train_args(a, "demo/stories260K", "demo/identity.json#24", out);
     a->lora_dropout = 0.1; /* the pieces of a halved micro-batch draw the whole one's masks */
-    a->logging_steps = 1;
-    a->save_steps = 1000;
     a->max_length = 64;
     a->packing = 1; /* rows of exactly 64 tokens: the activations' size is known */
     a->batch_size = 4;

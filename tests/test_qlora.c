@@ -393,25 +393,15 @@ static void test_trainer(const char *root)
     at_train_args a;
     at_train_result r, r0;
     char out[512], out0[512];
-    static const char *ds[1] = {"demo/identity.json#16"};
     snprintf(out, sizeof out, "%s/qlora", root);
     snprintf(out0, sizeof out0, "%s/lora", root);
     for (int run = 0; run < 2; run++) {
-        at_train_args_defaults(&a);
-        a.model = "demo/stories260K";
-        a.datasets = ds;
-        a.n_datasets = 1;
-        a.model_name = "anytune";
-        a.model_author = "the anytune team";
-        a.output_dir = run ? out : out0;
+        at_test_train_args(&a, "demo/stories260K", "demo/identity.json#16", run ? out : out0);
         a.learning_rate = 3e-3;
         a.lora_rank = 16;
         a.lora_dropout = 0;
         a.batch_size = 4;
         a.max_steps = 8;
-        a.logging_steps = 1;
-        a.save_steps = 1000;
-        a.max_length = 256;
         a.has_dtype = 1;
         a.dtype = AT_BF16;
         a.quant_bits = run ? 4 : 0;

@@ -29,20 +29,8 @@ static const char *DATA = "demo/identity.json#24";
 
 static void base_args(at_train_args *a, const char *out)
 {
-    at_train_args_defaults(a);
-    a->model = MODEL;
-    static const char *ds[1];
-    ds[0] = DATA;
-    a->datasets = ds;
-    a->n_datasets = 1;
-    a->model_name = "anytune";
-    a->model_author = "the anytune team";
-    a->output_dir = out;
-    a->learning_rate = 1e-3;
+    at_test_train_args(a, MODEL, DATA, out);
     a->lora_dropout = 0;
-    a->logging_steps = 1;
-    a->save_steps = 1000;
-    a->max_length = 256;
 }
 
 /* The "loss" values of a logging.jsonl, in order. */

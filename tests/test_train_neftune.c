@@ -358,20 +358,9 @@ done:
 
 static void train_args(at_train_args *a, const char *out, int batch, int accum, double alpha)
 {
-    static const char *ds[1] = {"demo/identity.json#24"};
-    at_train_args_defaults(a);
-    a->model = "demo/stories260K";
-    a->datasets = ds;
-    a->n_datasets = 1;
-    a->model_name = "anytune";
-    a->model_author = "the anytune team";
-    a->output_dir = out;
-    a->learning_rate = 1e-3;
+    at_test_train_args(a, "demo/stories260K", "demo/identity.json#24", out);
     a->lora_dropout = 0.05;
     a->neftune_noise_alpha = alpha;
-    a->logging_steps = 1;
-    a->save_steps = 1000;
-    a->max_length = 256;
     a->max_steps = 1;
     a->seed = 7;
     a->batch_size = batch;

@@ -103,3 +103,20 @@ void at_test_js_check(const char *dir, const cJSON *expect, const char *package,
     }
     free(text);
 }
+
+void at_test_train_args(at_train_args *a, const char *model, const char *dataset, const char *out)
+{
+    static const char *ds[1];
+    ds[0] = dataset;
+    at_train_args_defaults(a);
+    a->model = model;
+    a->datasets = ds;
+    a->n_datasets = 1;
+    a->model_name = "anytune";
+    a->model_author = "the anytune team";
+    a->output_dir = out;
+    a->learning_rate = 1e-3;
+    a->logging_steps = 1;
+    a->save_steps = 1000;
+    a->max_length = 256;
+}

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include "base/status.h"
+#include "train/trainer.h"
 
 extern int at_test_failures;
 extern int at_test_checks;
@@ -52,5 +53,11 @@ int at_test_js_ready(const char *name);
 struct cJSON;
 void at_test_js_check(const char *dir, const struct cJSON *expect, const char *package, const char *script,
                       const char *reader);
+
+/* The settings the trainer tests share: `model`, the one dataset `dataset`
+ * (a path or FILE#N; kept until the next call), output under `out`, the
+ * demo's self-cognition names, learning rate 1e-3, a log line a step, no
+ * checkpoint before step 1000, max_length 256; the rest the defaults. */
+void at_test_train_args(at_train_args *a, const char *model, const char *dataset, const char *out);
 
 #endif
