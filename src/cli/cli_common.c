@@ -26,6 +26,12 @@ int at_cli_parse(const at_opt_spec *specs, int n, int argc, char **argv, const c
         fprintf(stderr, "anytune %s: error: %s\n", command, at_last_error());
         return 2;
     }
+    if (at_cli_resolve_names(*out) != AT_OK) { /* hub names to local paths */
+        fprintf(stderr, "anytune %s: error: %s\n", command, at_last_error());
+        at_options_free(*out);
+        *out = NULL;
+        return 1;
+    }
     return -1;
 }
 

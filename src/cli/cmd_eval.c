@@ -47,6 +47,7 @@ static const at_opt_spec specs[] = {
     {"truncation_strategy", AT_OPT_STRING, "delete", "delete, left or right for samples over --max_length", NULL},
     {"strict", AT_OPT_BOOL, "false", "stop at the first bad dataset record", NULL},
     {"seed", AT_OPT_INT, "42", "seed of FILE#N sampling", NULL},
+    AT_CLI_HUB_OPTIONS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

@@ -21,6 +21,7 @@ static const at_opt_spec specs[] = {
     {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
     {"overwrite", AT_OPT_BOOL, "false", "replace an existing --output_dir", NULL},
     {"quiet", AT_OPT_BOOL, "false", "no progress bar", NULL},
+    AT_CLI_HUB_OPTIONS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

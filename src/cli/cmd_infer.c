@@ -52,6 +52,7 @@ static const at_opt_spec specs[] = {
      "memory)", NULL},
     {"simulate_device", AT_OPT_STRING, NULL, "with --dry_run: plan for a device profile (v100, a100, m2-16gb, "
      "laptop-8gb, ...)", NULL},
+    AT_CLI_HUB_OPTIONS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

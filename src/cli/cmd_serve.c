@@ -44,6 +44,7 @@ static const at_opt_spec specs[] = {
     {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
     {"quant_bits", AT_OPT_INT, "0", "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", NULL},
     {"verbose", AT_OPT_BOOL, "false", "more logging", NULL},
+    AT_CLI_HUB_OPTIONS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

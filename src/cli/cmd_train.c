@@ -82,6 +82,7 @@ static const at_opt_spec specs[] = {
     {"loss_scale", AT_OPT_STRING, "default", "default (every assistant turn) or last_round", NULL},
     {"preview", AT_OPT_LIST, NULL, "questions answered before and after training", NULL},
     {"preview_max_tokens", AT_OPT_INT, "48", "answer length of --preview", NULL},
+    AT_CLI_HUB_OPTIONS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

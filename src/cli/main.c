@@ -20,6 +20,7 @@ static const command commands[] = {
     {"rlhf", at_cmd_rlhf, "preference alignment on chosen/rejected pairs: --rlhf_type dpo, simpo, cpo, orpo"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
     {"eval", at_cmd_eval, "multiple-choice accuracy (MMLU, C-Eval) and perplexity"},
+    {"download", at_cmd_download, "fetch a model or dataset by name from the Hugging Face Hub or ModelScope"},
 };
 
 static void usage(FILE *out)
