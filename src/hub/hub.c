@@ -276,27 +276,31 @@ static at_status api_error(const listing *L, const at_http_reply *r, at_status s
     return at_error_wrap(st, "%s: listing the files on %s", L->repo, hub);
 }
 
+/* GETs a listing at url (taken over; NULL: out of memory), failures said as api_error does. */
+static at_status api_get(const at_hub_options *o, const listing *L, char *url, cJSON **j)
+{
+    if (!url) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_http_reply reply;
+    at_status st = at_http_get_json(&o->http, url, j, &reply);
+    if (st != AT_OK) st = api_error(L, &reply, st);
+    free(url);
+    return st;
+}
+
 static at_status list_hf(const at_hub_options *o, listing *L)
 {
     at_status st = AT_OK;
     cJSON *j = NULL;
     char *rev = url_encode(L->rev, 0);
-    char *url = rev ? strf("%s/api/%s/%s/revision/%s?blobs=true", L->endpoint,
-                           L->kind == AT_REPO_DATASET ? "datasets" : "models", L->repo, rev) : NULL;
-    at_http_reply reply;
-    if (!url) {
-        st = at_error(AT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    st = at_http_get_json(&o->http, url, &j, &reply);
-    if (st != AT_OK) {
-        st = api_error(L, &reply, st);
-        goto done;
-    }
+    st = api_get(o, L, rev ? strf("%s/api/%s/%s/revision/%s?blobs=true", L->endpoint,
+                                  L->kind == AT_REPO_DATASET ? "datasets" : "models", L->repo, rev) : NULL, &j);
+    free(rev);
+    if (st != AT_OK) goto done;
     const cJSON *sha = cJSON_GetObjectItemCaseSensitive(j, "sha");
     const cJSON *sib = cJSON_GetObjectItemCaseSensitive(j, "siblings");
     if (!cJSON_IsString(sha) || !is_hex(sha->valuestring, 40) || !cJSON_IsArray(sib)) {
-        st = at_error(AT_ERR_FORMAT, "%s: the hub's answer has no commit sha or file list (%s)", L->repo, url);
+        st = at_error(AT_ERR_FORMAT, "%s: the hub's answer for revision %s has no commit sha or file list", L->repo,
+                      L->rev);
         goto done;
     }
     strcpy(L->commit, sha->valuestring);
@@ -327,8 +331,6 @@ static at_status list_hf(const at_hub_options *o, listing *L)
     }
 done:
     cJSON_Delete(j);
-    free(url);
-    free(rev);
     return st;
 }
 
@@ -342,16 +344,8 @@ static at_status list_ms(const at_hub_options *o, listing *L)
                     ? strf("%s/api/v1/datasets/%s/repo/tree?Revision=%s&Root=/&Recursive=True&PageNumber=1&PageSize=10000",
                            L->endpoint, L->repo, rev)
                     : strf("%s/api/v1/models/%s/repo/files?Revision=%s&Recursive=true", L->endpoint, L->repo, rev);
-    at_http_reply reply;
-    if (!url) {
-        st = at_error(AT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    st = at_http_get_json(&o->http, url, &j, &reply);
-    if (st != AT_OK) {
-        st = api_error(L, &reply, st);
-        goto done;
-    }
+    free(rev);
+    AT_CHECK(api_get(o, L, url, &j));
     const cJSON *code = cJSON_GetObjectItemCaseSensitive(j, "Code");
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "Data"), "Files");
     if ((cJSON_IsNumber(code) && code->valuedouble != 200) || !cJSON_IsArray(files)) {
@@ -373,8 +367,6 @@ static at_status list_ms(const at_hub_options *o, listing *L)
     }
 done:
     cJSON_Delete(j);
-    free(url);
-    free(rev);
     return st;
 }
 
