@@ -281,6 +281,13 @@ static void test_failures(void)
     CHECK_FAILS(at_hub_snapshot("org/full", AT_REPO_MODEL, &o, &dir), AT_ERR_IO);
     CHECK_MSG(strstr(at_last_error(), "disk is full") != NULL, "%s", at_last_error());
     unlink(part);
+    /* a listing without blob ids: HEAD each file, as huggingface_hub does */
+    CHECK_OK(at_hub_snapshot("org/mirror", AT_REPO_MODEL, &o, &dir));
+    if (dir) {
+        check_linked(dir, "models/org/mirror", "config.json", 0);
+        check_linked(dir, "models/org/mirror", "model.safetensors", 1);
+    }
+    free(dir);
     /* GGUF: one quantization, all its shards, no projector */
     CHECK_OK(at_hub_snapshot("org/quant", AT_REPO_MODEL, &o, &dir));
     if (dir) {

@@ -24,6 +24,18 @@ static int opt_parallel(const at_http_options *o) { return o && o->max_parallel 
 static int opt_retries(const at_http_options *o) { return o && o->max_retries > 0 ? o->max_retries : 5; }
 static double opt_backoff(const at_http_options *o) { return o && o->backoff_s > 0 ? o->backoff_s : 0.5; }
 
+/* One header value into dst (without quotes or a weak W/ prefix). */
+static void header_value(const char *v, size_t vl, char *dst, size_t cap)
+{
+    while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
+    while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ')) vl--;
+    if (vl >= 2 && v[0] == 'W' && v[1] == '/') v += 2, vl -= 2;
+    if (vl >= 2 && v[0] == '"' && v[vl - 1] == '"') v++, vl -= 2;
+    if (vl >= cap) vl = cap - 1;
+    memcpy(dst, v, vl);
+    dst[vl] = '\0';
+}
+
 /* Headers of the answer being received: the hub's error code and message. */
 static size_t on_header(char *buf, size_t size, size_t n, void *ctx)
 {
@@ -40,16 +52,8 @@ static size_t on_header(char *buf, size_t size, size_t n, void *ctx)
     }
     for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
         size_t kl = strlen(keep[k].name);
-        if (len > kl && !strncasecmp(buf, keep[k].name, kl)) {
-            const char *v = buf + kl;
-            size_t vl = len - kl;
-            while (vl && (*v == ' ' || *v == '\t')) v++, vl--;
-            while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ')) vl--;
-            if (vl >= keep[k].cap) vl = keep[k].cap - 1;
-            char *dst = (char *)r + keep[k].off;
-            memcpy(dst, v, vl);
-            dst[vl] = '\0';
-        }
+        if (len > kl && !strncasecmp(buf, keep[k].name, kl))
+            header_value(buf + kl, len - kl, (char *)r + keep[k].off, keep[k].cap);
     }
     return len;
 }
@@ -125,38 +129,33 @@ static size_t on_body(char *data, size_t size, size_t n, void *ctx)
     return len;
 }
 
-at_status at_http_get_json(const at_http_options *o, const char *url, cJSON **out, at_http_reply *reply)
+/* One request to url, tried again after transient failures (waits doubling
+ * from the backoff): `setup` prepares each try's fresh handle (and resets
+ * ctx); an answer below `ok_below` (and at least 200) ends it. */
+static at_status perform(const at_http_options *o, const char *url, at_http_reply *reply, long ok_below,
+                         void (*setup)(CURL *c, void *ctx), void *ctx)
 {
     at_http_reply local;
     if (!reply) reply = &local;
     memset(reply, 0, sizeof *reply);
-    *out = NULL;
     pthread_once(&curl_once, curl_init);
     struct curl_slist *hdr = auth_header(o);
     at_status st = AT_OK;
     double wait = opt_backoff(o);
     for (int attempt = 0;; attempt++) {
-        membuf m = {0};
         CURL *c = curl_easy_init();
         if (!c) {
             st = at_error(AT_ERR_NOMEM, "cannot start an HTTP request");
             break;
         }
         common_setup(c, url, hdr, reply);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, &m);
+        setup(c, ctx);
         CURLcode cc = curl_easy_perform(c);
         long status = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
         curl_easy_cleanup(c);
         reply->status = cc == CURLE_OK ? status : 0;
-        if (cc == CURLE_OK && status >= 200 && status < 300) {
-            *out = m.buf ? cJSON_ParseWithLength(m.buf, m.len) : NULL;
-            free(m.buf);
-            st = *out ? AT_OK : at_error(AT_ERR_FORMAT, "%s: the answer is not JSON", url);
-            break;
-        }
-        free(m.buf);
+        if (cc == CURLE_OK && status >= 200 && status < ok_below) break;
         if (transient(cc, status) && attempt < opt_retries(o)) {
             sleep_s(wait);
             wait *= 2;
@@ -167,6 +166,77 @@ at_status at_http_get_json(const at_http_options *o, const char *url, cJSON **ou
     }
     curl_slist_free_all(hdr);
     return st;
+}
+
+static void setup_get(CURL *c, void *ctx)
+{
+    membuf *m = ctx;
+    free(m->buf);
+    m->buf = NULL;
+    m->len = 0;
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, m);
+}
+
+at_status at_http_get_json(const at_http_options *o, const char *url, cJSON **out, at_http_reply *reply)
+{
+    membuf m = {0};
+    *out = NULL;
+    at_status st = perform(o, url, reply, 300, setup_get, &m);
+    if (st == AT_OK) {
+        *out = m.buf ? cJSON_ParseWithLength(m.buf, m.len) : NULL;
+        if (!*out) st = at_error(AT_ERR_FORMAT, "%s: the answer is not JSON", url);
+    }
+    free(m.buf);
+    return st;
+}
+
+typedef struct {
+    at_http_reply *reply;
+    char etag[96], linked_etag[96];
+    long long size, linked_size;
+} head_info;
+
+static size_t on_head_header(char *buf, size_t size, size_t n, void *ctx)
+{
+    head_info *h = ctx;
+    size_t len = size * n;
+    static const char *const names[] = {"etag:", "x-linked-etag:", "content-length:", "x-linked-size:"};
+    if (len >= 5 && !strncmp(buf, "HTTP/", 5)) h->etag[0] = h->linked_etag[0] = '\0';
+    for (int k = 0; k < 4; k++) {
+        size_t kl = strlen(names[k]);
+        if (len <= kl || strncasecmp(buf, names[k], kl)) continue;
+        char v[96];
+        header_value(buf + kl, len - kl, v, sizeof v);
+        if (k == 0) strcpy(h->etag, v);
+        else if (k == 1) strcpy(h->linked_etag, v);
+        else if (k == 2) h->size = strtoll(v, NULL, 10);
+        else h->linked_size = strtoll(v, NULL, 10);
+    }
+    return on_header(buf, size, n, h->reply);
+}
+
+static void setup_head(CURL *c, void *ctx)
+{
+    head_info *h = ctx;
+    h->etag[0] = h->linked_etag[0] = '\0';
+    h->size = h->linked_size = -1;
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_head_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, h);
+}
+
+at_status at_http_head(const at_http_options *o, const char *url, char etag[96], long long *size,
+                       at_http_reply *reply)
+{
+    at_http_reply local;
+    head_info h = {reply ? reply : &local, "", "", -1, -1};
+    AT_TRY(perform(o, url, h.reply, 400, setup_head, &h));
+    long status = h.reply->status;
+    strcpy(etag, h.linked_etag[0] ? h.linked_etag : h.etag);
+    *size = h.linked_size >= 0 ? h.linked_size : status < 300 ? h.size : -1;
+    return AT_OK;
 }
 
 /* ---- parallel downloads ---- */

@@ -37,6 +37,13 @@ typedef struct {
  * caller can say more. Caller owns *out. */
 at_status at_http_get_json(const at_http_options *o, const char *url, cJSON **out, at_http_reply *reply);
 
+/* HEADs url without following a redirect (the Hub answers a large file's
+ * resolve with a 302 that carries its metadata) and reports the file's
+ * identity: X-Linked-Etag, else ETag (quotes and W/ removed) into etag, and
+ * X-Linked-Size, else Content-Length, into *size (-1 when absent). */
+at_status at_http_head(const at_http_options *o, const char *url, char etag[96], long long *size,
+                       at_http_reply *reply);
+
 typedef struct {
     const char *url;
     const char *part;   /* the partial file (created, appended to, removed on a failed check) */

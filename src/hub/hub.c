@@ -666,6 +666,26 @@ static at_status write_ref(const listing *L)
     return st;
 }
 
+/* A file the listing gave no blob id for (a mirror without ?blobs=true):
+ * HEAD its resolve URL, as huggingface_hub does: the ETag (X-Linked-Etag for
+ * large files, on the 302) names the blob; a sha256 one is also checked. */
+static at_status head_blob(const at_hub_options *o, const listing *L, repo_file *f, const char *url)
+{
+    char etag[96];
+    long long size = -1;
+    at_http_reply reply;
+    at_status st = at_http_head(&o->http, url, etag, &size, &reply);
+    if (st != AT_OK) return reply.status ? api_error(L, &reply, st) : st;
+    int sha = is_hex(etag, 64);
+    if (!sha && !is_hex(etag, 40))
+        return at_error(AT_ERR_FORMAT, "%s: %s: the hub names it by neither a sha256 nor a git blob id (ETag '%s')",
+                        L->repo, f->path, etag);
+    f->blob = strdup(etag);
+    if (sha && !f->sha256) f->sha256 = strdup(etag);
+    if (size >= 0) f->size = size;
+    return f->blob && (!sha || f->sha256) ? AT_OK : at_error(AT_ERR_NOMEM, "out of memory");
+}
+
 /* Downloads the kept files (those not yet in place). */
 static at_status fetch(const at_hub_options *o, listing *L, const char *keep, int offline)
 {
@@ -716,14 +736,12 @@ static at_status fetch(const at_hub_options *o, listing *L, const char *keep, in
             break;
         }
         if (L->hub == AT_HUB_HF) {
-            if (!f->blob) {
-                st = at_error(AT_ERR_FORMAT, "%s: the hub gave no blob id for %s (a mirror without ?blobs=true "
-                              "support?)", L->repo, f->path);
+            s[0] = strf("%s/%s%s/resolve/%s/%s", L->endpoint, L->kind == AT_REPO_DATASET ? "datasets/" : "", L->repo,
+                        L->commit, path);
+            if (!f->blob && s[0] && (st = head_blob(o, L, f, s[0])) != AT_OK) {
                 free(path);
                 break;
             }
-            s[0] = strf("%s/%s%s/resolve/%s/%s", L->endpoint, L->kind == AT_REPO_DATASET ? "datasets/" : "", L->repo,
-                        L->commit, path);
             s[1] = strf("%s/%s", blobs, f->blob);
             s[2] = strf("%s/%s.incomplete", blobs, f->blob);
             s[3] = strf("%s/%s.lock", locks, f->blob);

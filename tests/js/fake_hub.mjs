@@ -57,6 +57,7 @@ repo('models/org/resume', { 'config.json': Buffer.from('{}\n'), 'model.safetenso
 repo('models/org/badsha', { 'config.json': Buffer.from('{}\n'), 'model.safetensors': bytes(7000, 6) }, { badSha: 1 });
 repo('models/org/evil', { 'config.json': Buffer.from('{}\n'), '../../../../evil.json': Buffer.from('{"evil": 1}\n') });
 repo('models/org/full', { 'config.json': Buffer.from('{}\n'), 'model.safetensors': bytes(9000, 7) });
+repo('models/org/mirror', { 'config.json': Buffer.from('{"mirror": 1}\n'), 'model.safetensors': bytes(6000, 12) }, { noBlobs: 1 });
 repo('models/org/quant', {
   'config.json': Buffer.from('{}\n'), 'tiny-Q8_0.gguf': bytes(100, 8), 'tiny-Q4_K_M-00001-of-00002.gguf': bytes(120, 9),
   'tiny-Q4_K_M-00002-of-00002.gguf': bytes(130, 10), 'mmproj-tiny.gguf': bytes(50, 11),
@@ -116,6 +117,7 @@ function authorized(r, req) { return !r.token || req.headers.authorization === `
 
 function siblings(r, v) {
   return Object.entries(v.files).map(([p, b]) => {
+    if (r.noBlobs) return { rfilename: p }; // as a mirror that ignores ?blobs=true
     const s = { rfilename: p, size: b.length, blobId: gitBlob(b) };
     if (isLfs(p)) s.lfs = { sha256: r.badSha ? sha256(Buffer.from('other')) : sha256(b), size: b.length, pointerSize: 134 };
     return s;
