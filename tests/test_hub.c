@@ -212,6 +212,15 @@ static void test_model(void)
     CHECK_FAILS(at_hub_snapshot("org/flaky", AT_REPO_MODEL, &o, &again), AT_ERR_NOT_FOUND);
     CHECK(strstr(at_last_error(), "HF_HUB_OFFLINE") != NULL);
     CHECK(requests("/", 0, NULL) == all + 1); /* the only new request: this look at the log */
+    /* HF_HUB_CACHE wins over HF_HOME */
+    char hc[128];
+    snprintf(hc, sizeof hc, "%s/hubcache", tmp);
+    setenv("HF_HUB_CACHE", hc, 1);
+    o.offline = 0;
+    CHECK_OK(at_hub_snapshot("org/tiny", AT_REPO_MODEL, &o, &again));
+    CHECK(again && !strncmp(again, hc, strlen(hc)) && strstr(again, "/models--org--tiny/snapshots/"));
+    free(again);
+    unsetenv("HF_HUB_CACHE");
     free(dir);
 }
 

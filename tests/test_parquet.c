@@ -81,6 +81,45 @@ static void check_damage(const char *dir)
     free(data);
 }
 
+/* Rows whose string bytes are not UTF-8 go to the issue callback, one each,
+ * numbered; the others come back equal. */
+typedef struct {
+    cJSON *good, *bad;
+} split_rows;
+
+static at_status keep_good(void *ctx, const at_record *rec)
+{
+    split_rows *s = ctx;
+    cJSON_AddItemToArray(s->good, cJSON_Duplicate(rec->json, 1));
+    return AT_OK;
+}
+
+static at_status keep_bad(void *ctx, at_issue_kind kind, int line, const char *msg)
+{
+    split_rows *s = ctx;
+    CHECK(kind == AT_ISSUE_UTF8 && strstr(msg, "binary_utf8.parquet:") != NULL);
+    cJSON_AddItemToArray(s->bad, cJSON_CreateNumber(line));
+    return AT_OK;
+}
+
+static void check_utf8(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/binary_utf8.json", dir);
+    cJSON *want = NULL;
+    CHECK_OK(at_json_parse_file(path, &want));
+    split_rows s = {cJSON_CreateArray(), cJSON_CreateArray()};
+    snprintf(path, sizeof path, "%s/binary_utf8.parquet", dir);
+    CHECK_OK(at_records_read(path, AT_CONTAINER_AUTO, keep_good, keep_bad, &s));
+    CHECK(cJSON_Compare(cJSON_GetObjectItem(want, "good"), s.good, 1));
+    CHECK(cJSON_Compare(cJSON_GetObjectItem(want, "bad"), s.bad, 1));
+    CHECK(cJSON_GetArraySize(s.bad) == 2);
+    CHECK_FAILS(at_records_read(path, AT_CONTAINER_AUTO, keep_good, NULL, &s), AT_ERR_FORMAT);
+    cJSON_Delete(s.good);
+    cJSON_Delete(s.bad);
+    cJSON_Delete(want);
+}
+
 /* A chat file as a dataset: rows become conversations, sampled like any file. */
 static void check_dataset(const char *dir)
 {
@@ -108,6 +147,7 @@ int main(void)
     snprintf(cmd, sizeof cmd, "node tests/js/write_parquet.mjs %s > /dev/null", dir);
     CHECK_MSG(system(cmd) == 0, "tests/js/write_parquet.mjs failed");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(dir, cases[i]);
+    check_utf8(dir);
     check_dataset(dir);
     check_damage(dir);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

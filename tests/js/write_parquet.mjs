@@ -6,7 +6,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import {
-  Table, vectorFromArray, tableToIPC, Field, List, Struct, Utf8, Int32, Int64, Float64, Bool,
+  Table, vectorFromArray, tableToIPC, Field, List, Struct, Utf8, Int32, Int64, Float64, Bool, Binary,
 } from 'apache-arrow';
 import * as pq from 'parquet-wasm/esm';
 
@@ -97,4 +97,17 @@ const deepCols = [['meta', deepType, (r) => r.meta, (r) => r.meta]];
 write('deep_none_v1', deep, deepCols, { codec: pq.Compression.UNCOMPRESSED, rowGroup: 5 });
 write('deep_zstd_v2', deep, deepCols, { codec: pq.Compression.ZSTD, v2: true });
 write('deep_gzip_plain', deep, deepCols, { codec: pq.Compression.GZIP, dictionary: false });
+// Bytes that are not UTF-8 in a string-like column: those rows are skipped
+// as issues; the JSON holds the good rows and the (1-based) bad row numbers.
+const raw = [];
+for (let i = 0; i < 9; i++)
+  raw.push(i % 4 === 2 ? Uint8Array.from([0x61, 0xff, 0xfe]) : new TextEncoder().encode(`text ${i}`));
+write('binary_utf8', raw.map((b, i) => ({ b, i })), [
+  ['text', new Binary(), (r) => r.b, (r) => new TextDecoder().decode(r.b)],
+  ['i', new Int32(), (r) => r.i, (r) => r.i],
+], { codec: pq.Compression.SNAPPY });
+const rows = JSON.parse(readFileSync(`${out}/binary_utf8.json`, 'utf8'));
+writeFileSync(`${out}/binary_utf8.json`, JSON.stringify({
+  good: rows.filter((_, i) => i % 4 !== 2), bad: rows.map((_, i) => i + 1).filter((n) => (n - 1) % 4 === 2),
+}));
 console.log('ok');
