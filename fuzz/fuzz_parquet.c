@@ -27,6 +27,6 @@ static at_status on_issue(void *ctx, at_issue_kind kind, int line, const char *m
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     int rows = 0;
-    (void)at_parquet_read_mem(data, size, "fuzz.parquet", on_row, on_issue, &rows);
+    (void)at_parquet_read_limited(data, size, "fuzz.parquet", (size_t)1 << 16, on_row, on_issue, &rows);
     return 0;
 }

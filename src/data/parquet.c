@@ -18,7 +18,7 @@
 #include <zstd.h>
 #include "data/parquet_internal.h"
 
-#define MAX_PAGE ((size_t)1 << 30)
+#define MAX_PAGE ((size_t)1 << 28)
 
 int at_parquet_sniff(const void *data, size_t len) { return len >= 4 && !memcmp(data, "PAR1", 4); }
 
@@ -61,6 +61,7 @@ typedef struct {
     const char *name;
     pq_meta meta;
     column *cols;
+    size_t max_entries, entries_left; /* of the current row group, all columns */
     uint8_t **bufs; /* decompressed pages of the current row group */
     size_t n_bufs, cap_bufs;
 } reader;
@@ -250,7 +251,7 @@ static at_status decompress(reader *rd, const column *c, int codec, const uint8_
         *out = src;
         return AT_OK;
     }
-    if (out_len > MAX_PAGE) return bad(rd, c, "page larger than 1 GiB");
+    if (out_len > MAX_PAGE) return bad(rd, c, "page larger than 256 MiB");
     if (grow((void **)&rd->bufs, &rd->cap_bufs, rd->n_bufs + 1, sizeof *rd->bufs))
         return at_error(AT_ERR_NOMEM, "out of memory");
     uint8_t *dst = malloc(out_len ? out_len : 1);
@@ -347,7 +348,12 @@ static at_status values(reader *rd, column *c, int encoding, const uint8_t *p, c
 static at_status data_page(reader *rd, column *c, const pq_chunk *k, const pq_page *pg, const uint8_t *body)
 {
     size_t n = (size_t)pg->num_values;
-    if (c->n + n > AT_PARQUET_MAX_ENTRIES) return bad(rd, c, "more than 16M entries in one row group");
+    if (n > rd->entries_left) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "more than %zu entries in one row group", rd->max_entries);
+        return bad(rd, c, msg);
+    }
+    rd->entries_left -= n;
     if (grow((void **)&c->rep, &c->cap, c->n + n, sizeof *c->rep)) return at_error(AT_ERR_NOMEM, "out of memory");
     size_t cap2 = c->cap;
     c->def = realloc(c->def, cap2 * sizeof *c->def);
@@ -383,7 +389,9 @@ static at_status dict_page(reader *rd, column *c, const pq_chunk *k, const pq_pa
     if (pg->encoding != PQ_PLAIN && pg->encoding != PQ_PLAIN_DICTIONARY) return bad(rd, c, "dictionary not PLAIN");
     AT_TRY(decompress(rd, c, k->codec, body, (size_t)pg->compressed_size, (size_t)pg->uncompressed_size, &p));
     size_t n = (size_t)pg->num_values;
-    if (n > (size_t)pg->uncompressed_size * 8 + 1) return bad(rd, c, "dictionary larger than its page");
+    if (n > (size_t)pg->uncompressed_size * 8 + 1 || n > rd->entries_left)
+        return bad(rd, c, "dictionary larger than its page or the row group's bound");
+    rd->entries_left -= n;
     c->dict = malloc((n ? n : 1) * sizeof *c->dict);
     if (!c->dict) return at_error(AT_ERR_NOMEM, "out of memory");
     c->n_dict = n;
@@ -528,6 +536,7 @@ static at_status row_group(reader *rd, const uint8_t *data, int g, size_t *row_n
     at_status st = AT_OK;
     const pq_meta *m = &rd->meta;
     cJSON *row = NULL, *tree = NULL;
+    rd->entries_left = rd->max_entries;
     for (int j = 0; j < m->n_leaves; j++) {
         column *c = &rd->cols[j];
         c->n = c->nv = c->pos = c->vpos = 0;
@@ -604,9 +613,16 @@ nomem:
 at_status at_parquet_read_mem(const uint8_t *data, size_t len, const char *name, at_record_fn on_record,
                               at_record_issue_fn on_issue, void *ctx)
 {
+    return at_parquet_read_limited(data, len, name, AT_PARQUET_MAX_ENTRIES, on_record, on_issue, ctx);
+}
+
+at_status at_parquet_read_limited(const uint8_t *data, size_t len, const char *name, size_t max_entries,
+                                  at_record_fn on_record, at_record_issue_fn on_issue, void *ctx)
+{
     at_status st = AT_OK;
     reader rd = {0};
     rd.name = name;
+    rd.max_entries = max_entries;
     size_t row_no = 0;
     AT_CHECK(pq_meta_read(data, len, name, &rd.meta));
     rd.cols = calloc((size_t)rd.meta.n_leaves + 1, sizeof *rd.cols);

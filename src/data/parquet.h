@@ -15,8 +15,10 @@
  *
  * Reading is streamed one row group at a time (only that group's pages are
  * decoded and held). Every offset, length and count in the file is checked
- * against the bytes that hold it; a row group may hold at most
- * AT_PARQUET_MAX_ENTRIES level entries per column. */
+ * against the bytes that hold it. Memory is bounded: a page decompresses to
+ * at most 256 MiB, and a row group may hold at most AT_PARQUET_MAX_ENTRIES
+ * level entries (values and nulls, all columns together; about 24 bytes
+ * each while the group is assembled). */
 #ifndef AT_DATA_PARQUET_H
 #define AT_DATA_PARQUET_H
 
@@ -25,7 +27,7 @@
 #include "base/status.h"
 #include "data/records.h"
 
-#define AT_PARQUET_MAX_ENTRIES ((size_t)1 << 24)
+#define AT_PARQUET_MAX_ENTRIES ((size_t)1 << 25)
 
 /* 1 when data starts like a Parquet file ("PAR1"). */
 int at_parquet_sniff(const void *data, size_t len);
@@ -37,5 +39,10 @@ int at_parquet_sniff(const void *data, size_t len);
  * what is wrong. */
 at_status at_parquet_read_mem(const uint8_t *data, size_t len, const char *name, at_record_fn on_record,
                               at_record_issue_fn on_issue, void *ctx);
+
+/* The same with another bound on a row group's entries (the fuzzer keeps it
+ * small so that a few bytes of run-length levels cannot make it slow). */
+at_status at_parquet_read_limited(const uint8_t *data, size_t len, const char *name, size_t max_entries,
+                                  at_record_fn on_record, at_record_issue_fn on_issue, void *ctx);
 
 #endif

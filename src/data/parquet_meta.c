@@ -163,7 +163,8 @@ at_status pq_meta_read(const uint8_t *data, size_t len, const char *name, pq_met
             AT_TRY(build_tree(m, name));
             int et;
             size_t n = at_thrift_list(&t, &et);
-            if (et != AT_TT_STRUCT || (n && !m->n_leaves)) {
+            /* each column chunk takes bytes of the footer: bound the table by them */
+            if (et != AT_TT_STRUCT || (n && !m->n_leaves) || (uint64_t)n * (uint64_t)m->n_leaves > flen) {
                 t.err = 1;
                 break;
             }
