@@ -405,6 +405,17 @@ static void test_cli(void)
     char want[256];
     snprintf(want, sizeof want, "%s/want.txt", tmp);
     CHECK(same_file(cmd, want));
+    /* a gated model by name with --hub_token: fetched, and the token kept out of args.json */
+    snprintf(cmd, sizeof cmd, "%s download org/gated --hub_token secret > /dev/null 2> %s", bin, log);
+    CHECK(run(cmd) == 0);
+    snprintf(cmd, sizeof cmd,
+             "%s sft --model org/stories --dataset org/chat#4 --hub_token secret --max_steps 1 "
+             "--output_dir %s/run > %s 2>&1", bin, tmp, log);
+    CHECK_MSG(run(cmd) == 0, "anytune sft with hub names failed (see %s)", log);
+    snprintf(cmd, sizeof cmd, "grep -q '%s/hf/hub/models--org--stories/snapshots/' %s/run/v*/args.json", tmp, tmp);
+    CHECK_MSG(run(cmd) == 0, "args.json does not name the cached model");
+    snprintf(cmd, sizeof cmd, "grep -q secret %s/run/v*/args.json", tmp);
+    CHECK_MSG(run(cmd) == 1, "the token is in args.json");
     /* --hub modelscope and --use_hf false go to ModelScope's routes */
     snprintf(cmd, sizeof cmd, "%s download org/stories --use_hf false --include '*.json' > %s/ms.txt 2> %s", bin, tmp, log);
     CHECK(run(cmd) == 0);

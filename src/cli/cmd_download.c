@@ -97,20 +97,31 @@ static at_status resolve_dataset(const at_hub_options *h, const char *value, cha
     return st;
 }
 
+/* The token is not written to args.json or shown again: the names it
+ * opened are local paths from here on. */
+static at_status hide_token(at_options *o)
+{
+    const char *t = at_opt_str(o, "hub_token");
+    return t && *t ? at_opt_set(o, "hub_token", "(hidden)") : AT_OK;
+}
+
 at_status at_cli_resolve_names(at_options *o)
 {
     static const char *const models[] = {"model", "ref_model", "reward_model", "adapters"};
     static const char *const datasets[] = {"dataset", "val_dataset"};
     at_hub_options h;
     int any = 0;
+    if (at_opt_str(o, "repo_type")) return AT_OK; /* anytune download's own table: it fetches by itself */
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         const char *s = at_opt_str(o, models[k]);
         any |= (s && at_hub_is_name(strchr(s, '=') ? strchr(s, '=') + 1 : s, AT_REPO_MODEL)) ||
                at_opt_list_count(o, models[k]) > 0;
     }
     for (size_t k = 0; k < sizeof datasets / sizeof datasets[0]; k++) any |= at_opt_list_count(o, datasets[k]) > 0;
-    if (!any) return AT_OK;
+    if (!any) return hide_token(o);
     AT_TRY(hub_options(o, &h));
+    char *token = h.token ? strdup(h.token) : NULL; /* hide_token below replaces the option's text */
+    h.token = token;
     at_status st = AT_OK;
     for (size_t k = 0; k < sizeof models / sizeof models[0] && st == AT_OK; k++) {
         const char *key = models[k];
@@ -143,7 +154,8 @@ at_status at_cli_resolve_names(at_options *o)
         if (st == AT_OK && joined) st = at_opt_set(o, datasets[k], joined);
         free(joined);
     }
-    return st;
+    free(token);
+    return st == AT_OK ? hide_token(o) : st;
 }
 
 int at_cmd_download(int argc, char **argv)
