@@ -1,5 +1,6 @@
 /* Repositories by name: the hubs' routes, choosing files, and the caches. */
 #include "hub/hub.h"
+#include "hub/hub_internal.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -19,27 +20,8 @@
 #define MS_DEFAULT_ENDPOINT "https://www.modelscope.cn"
 #define MAX_FILES 100000
 
-typedef struct {
-    char *path;    /* relative, checked */
-    char *blob;    /* HF: the blob's name (LFS sha256 or git blob id) */
-    char *sha256;  /* to check, or NULL */
-    long long size; /* -1 unknown */
-} repo_file;
 
-typedef struct {
-    at_hub_kind hub;
-    at_repo_kind kind;
-    char repo[200];  /* ORG/NAME */
-    char rev[200];
-    char commit[64]; /* HF: the revision's commit */
-    char *root;      /* the repository's cache folder */
-    char *files_dir; /* HF: snapshots/<commit>; ModelScope: root */
-    repo_file *files;
-    size_t n;
-    const char *endpoint;
-} listing;
-
-static void listing_free(listing *L)
+static void listing_free(at_hub_listing *L)
 {
     for (size_t i = 0; i < L->n; i++) {
         free(L->files[i].path);
@@ -210,7 +192,7 @@ static const char *endpoint(const at_hub_options *o)
 }
 
 /* "models--ORG--NAME" (HF) or "models/ORG/NA___ME" (ModelScope). */
-static char *repo_folder(const listing *L)
+static char *repo_folder(const at_hub_listing *L)
 {
     const char *kind = L->kind == AT_REPO_DATASET ? "datasets" : "models";
     const char *slash = strchr(L->repo, '/');
@@ -227,18 +209,18 @@ static char *repo_folder(const listing *L)
 
 /* ---- listing a repository: online ---- */
 
-static at_status add_file(listing *L, const char *path, const char *blob, const char *sha256, long long size)
+static at_status add_file(at_hub_listing *L, const char *path, const char *blob, const char *sha256, long long size)
 {
     if (!safe_relpath(path))
         return at_error(AT_ERR_FORMAT, "%s: the hub lists the file \"%.200s\", a path that would leave the repository's "
                         "folder; refusing it", L->repo, path);
     if (L->n >= MAX_FILES) return at_error(AT_ERR_FORMAT, "%s: the hub lists more than %d files", L->repo, MAX_FILES);
     if (L->n % 64 == 0) {
-        repo_file *nf = realloc(L->files, (L->n + 64) * sizeof *nf);
+        at_hub_file *nf = realloc(L->files, (L->n + 64) * sizeof *nf);
         if (!nf) return at_error(AT_ERR_NOMEM, "out of memory");
         L->files = nf;
     }
-    repo_file *f = &L->files[L->n];
+    at_hub_file *f = &L->files[L->n];
     memset(f, 0, sizeof *f);
     f->size = size;
     f->path = strdup(path);
@@ -250,7 +232,7 @@ static at_status add_file(listing *L, const char *path, const char *blob, const 
 }
 
 /* An error from the API call, said the way a person can act on it. */
-static at_status api_error(const listing *L, const at_http_reply *r, at_status st)
+static at_status api_error(const at_hub_listing *L, const at_http_reply *r, at_status st)
 {
     const char *hub = L->hub == AT_HUB_HF ? "the Hugging Face Hub" : "ModelScope";
     const char *page_kind = L->kind == AT_REPO_DATASET ? "datasets/" : "";
@@ -277,7 +259,7 @@ static at_status api_error(const listing *L, const at_http_reply *r, at_status s
 }
 
 /* GETs a listing at url (taken over; NULL: out of memory), failures said as api_error does. */
-static at_status api_get(const at_hub_options *o, const listing *L, char *url, cJSON **j)
+static at_status api_get(const at_hub_options *o, const at_hub_listing *L, char *url, cJSON **j)
 {
     if (!url) return at_error(AT_ERR_NOMEM, "out of memory");
     at_http_reply reply;
@@ -287,7 +269,7 @@ static at_status api_get(const at_hub_options *o, const listing *L, char *url, c
     return st;
 }
 
-static at_status list_hf(const at_hub_options *o, listing *L)
+static at_status list_hf(const at_hub_options *o, at_hub_listing *L)
 {
     at_status st = AT_OK;
     cJSON *j = NULL;
@@ -334,7 +316,7 @@ done:
     return st;
 }
 
-static at_status list_ms(const at_hub_options *o, listing *L)
+static at_status list_ms(const at_hub_options *o, at_hub_listing *L)
 {
     at_status st = AT_OK;
     cJSON *j = NULL;
@@ -372,7 +354,7 @@ done:
 
 /* ---- listing a repository: offline, from the cache ---- */
 
-static at_status walk(listing *L, const char *base, const char *rel)
+static at_status walk(at_hub_listing *L, const char *base, const char *rel)
 {
     char *dir = rel[0] ? strf("%s/%s", base, rel) : strdup(base);
     if (!dir) return at_error(AT_ERR_NOMEM, "out of memory");
@@ -400,7 +382,7 @@ static at_status walk(listing *L, const char *base, const char *rel)
     return st;
 }
 
-static at_status read_ref(const listing *L, char *commit)
+static at_status read_ref(const at_hub_listing *L, char *commit)
 {
     if (is_hex(L->rev, 40)) {
         strcpy(commit, L->rev);
@@ -418,7 +400,7 @@ static at_status read_ref(const listing *L, char *commit)
     return st;
 }
 
-static at_status list_cache(listing *L)
+static at_status list_cache(at_hub_listing *L)
 {
     if (L->hub == AT_HUB_HF) {
         if (read_ref(L, L->commit) != AT_OK) return AT_ERR_NOT_FOUND;
@@ -431,7 +413,7 @@ static at_status list_cache(listing *L)
     return L->n ? AT_OK : AT_ERR_NOT_FOUND;
 }
 
-static at_status open_listing(const char *name, at_repo_kind kind, const at_hub_options *o, int offline, listing *L)
+static at_status open_listing(const char *name, at_repo_kind kind, const at_hub_options *o, int offline, at_hub_listing *L)
 {
     memset(L, 0, sizeof *L);
     L->hub = o->hub;
@@ -457,7 +439,7 @@ static at_status open_listing(const char *name, at_repo_kind kind, const at_hub_
     at_status st = o->hub == AT_HUB_HF ? list_hf(o, L) : list_ms(o, L);
     if (st == AT_ERR_IO) { /* no answer at all: a cached copy will do, as huggingface_hub does */
         char *msg = strdup(at_last_error());
-        listing C;
+        at_hub_listing C;
         memset(&C, 0, sizeof C);
         C = *L;
         C.files = NULL;
@@ -481,137 +463,10 @@ static at_status open_listing(const char *name, at_repo_kind kind, const at_hub_
     return st;
 }
 
-/* ---- choosing files ---- */
-
-static int has_suffix(const char *s, const char *suf)
-{
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !strcasecmp(s + a - b, suf);
-}
-
-static int model_file(const char *p)
-{
-    static const char *const pats[] = {"*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "vocab.txt",
-                                       "merges.txt", "*.jinja", "tokenizer.bin", "*.model"};
-    for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++)
-        if (fnmatch(pats[i], p, FNM_PATHNAME) == 0) return 1;
-    return 0;
-}
-
-/* The GGUF a person most likely wants: the named file or quantization, else
- * Q4_K_M, else Q8_0, else the first (never a projector, mmproj-*). Shards
- * (-00001-of-00003.gguf) come together: keep[] marks all of them. */
-static const char *pick_gguf(const listing *L, const char *want)
-{
-    const char *prefs[] = {want, "Q4_K_M", "Q8_0", ""};
-    for (size_t k = 0; k < sizeof prefs / sizeof prefs[0]; k++) {
-        if (!prefs[k]) continue;
-        for (size_t i = 0; i < L->n; i++) {
-            const char *p = L->files[i].path, *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
-            if (!has_suffix(p, ".gguf") || strncasecmp(base, "mmproj", 6) == 0) continue;
-            if (!strcmp(p, prefs[k]) || !strcmp(base, prefs[k]) || strcasestr(p, prefs[k])) return p;
-        }
-    }
-    return NULL;
-}
-
-/* The part of a GGUF path before its shard suffix -NNNNN-of-NNNNN.gguf. */
-static size_t gguf_stem(const char *p)
-{
-    size_t n = strlen(p);
-    const char *of = strstr(p, "-of-");
-    if (of && of - p > 6 && has_suffix(p, ".gguf")) return (size_t)(of - p) - 6;
-    return n;
-}
-
-static int included(const at_hub_options *o, const char *p)
-{
-    for (size_t i = 0; i < o->n_include; i++)
-        if (fnmatch(o->include[i], p, 0) == 0) return 1;
-    return 0;
-}
-
-static at_status select_model(const at_hub_options *o, const listing *L, char *keep)
-{
-    size_t n_st = 0, n_keep = 0;
-    for (size_t i = 0; i < L->n; i++) n_st += fnmatch("*.safetensors", L->files[i].path, FNM_PATHNAME) == 0;
-    const char *gguf = NULL;
-    if (!o->n_include && (o->gguf || !n_st)) gguf = pick_gguf(L, o->gguf);
-    if (o->gguf && !o->n_include && !gguf)
-        return at_error(AT_ERR_NOT_FOUND, "%s: no GGUF file matches '%s'", L->repo, o->gguf);
-    for (size_t i = 0; i < L->n; i++) {
-        const char *p = L->files[i].path;
-        if (o->n_include) keep[i] = (char)included(o, p);
-        else if (gguf && has_suffix(p, ".gguf"))
-            keep[i] = (char)(gguf_stem(p) == gguf_stem(gguf) && !strncmp(p, gguf, gguf_stem(gguf)));
-        else keep[i] = (char)(model_file(p) && !(gguf && has_suffix(p, ".safetensors")));
-        n_keep += (size_t)keep[i];
-    }
-    if (!n_keep)
-        return at_error(AT_ERR_NOT_FOUND, "%s: none of its %zu files %s", L->repo, L->n,
-                        o->n_include ? "matches --include" : "is a model file (config, safetensors, GGUF, tokenizer)");
-    return AT_OK;
-}
-
-static int data_ext(const char *p)
-{
-    return has_suffix(p, ".parquet") || has_suffix(p, ".jsonl") || has_suffix(p, ".csv") ||
-           (has_suffix(p, ".json") && !has_suffix(p, "dataset_info.json") && !has_suffix(p, "dataset_infos.json") &&
-            !has_suffix(p, "state.json") && !has_suffix(p, "config.json") && strncmp(p, ".", 1) != 0);
-}
-
-/* Whether path names split `split` as a word: a folder "train", or "train"
- * in the file name bounded by non-letters (train-0000.parquet, alpaca_train.json). */
-static int names_split(const char *p, const char *split)
-{
-    size_t sl = strlen(split);
-    for (const char *s = p; (s = strcasestr(s, split)); s += sl) {
-        int before = s == p || !isalpha((unsigned char)s[-1]);
-        int after = !isalpha((unsigned char)s[sl]);
-        if (before && after) return 1;
-    }
-    return 0;
-}
-
-static int in_subset(const char *p, const char *subset)
-{
-    size_t sl = strlen(subset);
-    for (const char *s = p;;) { /* a folder of that name */
-        const char *e = strchr(s, '/');
-        if (!e) break;
-        if ((size_t)(e - s) == sl && !strncmp(s, subset, sl)) return 1;
-        s = e + 1;
-    }
-    const char *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
-    return !strncmp(base, subset, sl) && (base[sl] == '-' || base[sl] == '_' || base[sl] == '.');
-}
-
-static size_t select_data(const listing *L, const char *subset, char *keep)
-{
-    static const char *const other[] = {"test", "validation", "valid", "dev", "eval"};
-    size_t n_train = 0, n_other = 0, n = 0;
-    for (size_t i = 0; i < L->n; i++) {
-        const char *p = L->files[i].path;
-        keep[i] = (char)(data_ext(p) && (!subset[0] || in_subset(p, subset)));
-        if (!keep[i]) continue;
-        if (names_split(p, "train")) n_train++;
-        for (size_t k = 0; k < sizeof other / sizeof other[0]; k++)
-            if (names_split(p, other[k])) {
-                n_other++;
-                break;
-            }
-    }
-    for (size_t i = 0; i < L->n; i++) {
-        if (keep[i] && (n_train || n_other)) keep[i] = (char)names_split(L->files[i].path, "train");
-        n += (size_t)keep[i];
-    }
-    return n;
-}
-
 /* ---- fetching into the cache ---- */
 
 /* HF: snapshots/<commit>/<path> -> ../../blobs/<blob> (one more ../ per folder in path). */
-static at_status link_snapshot(const listing *L, const repo_file *f)
+static at_status link_snapshot(const at_hub_listing *L, const at_hub_file *f)
 {
     at_status st = AT_OK;
     char *link = strf("%s/%s", L->files_dir, f->path), *target = NULL, *tmp = NULL;
@@ -652,7 +507,7 @@ done:
     return st;
 }
 
-static at_status write_ref(const listing *L)
+static at_status write_ref(const at_hub_listing *L)
 {
     if (is_hex(L->rev, 40)) return AT_OK;
     char *path = strf("%s/refs/%s", L->root, L->rev);
@@ -669,7 +524,7 @@ static at_status write_ref(const listing *L)
 /* A file the listing gave no blob id for (a mirror without ?blobs=true):
  * HEAD its resolve URL, as huggingface_hub does: the ETag (X-Linked-Etag for
  * large files, on the 302) names the blob; a sha256 one is also checked. */
-static at_status head_blob(const at_hub_options *o, const listing *L, repo_file *f, const char *url)
+static at_status head_blob(const at_hub_options *o, const at_hub_listing *L, at_hub_file *f, const char *url)
 {
     char etag[96];
     long long size = -1;
@@ -687,7 +542,7 @@ static at_status head_blob(const at_hub_options *o, const listing *L, repo_file 
 }
 
 /* Downloads the kept files (those not yet in place). */
-static at_status fetch(const at_hub_options *o, listing *L, const char *keep, int offline)
+static at_status fetch(const at_hub_options *o, at_hub_listing *L, const char *keep, int offline)
 {
     at_status st = AT_OK;
     size_t k = 0, n = 0;
@@ -727,7 +582,7 @@ static at_status fetch(const at_hub_options *o, listing *L, const char *keep, in
     }
     for (size_t i = 0; i < L->n; i++) {
         if (!keep[i]) continue;
-        repo_file *f = &L->files[i];
+        at_hub_file *f = &L->files[i];
         at_http_file *h = &hf[k];
         char **s = &strs[4 * k];
         char *path = url_encode(f->path, L->hub == AT_HUB_HF);
@@ -808,7 +663,7 @@ at_status at_hub_snapshot(const char *name, at_repo_kind kind, const at_hub_opti
 {
     at_hub_options eo = with_token(given), *o = &eo;
     *dir = NULL;
-    listing L;
+    at_hub_listing L;
     int offline = offline_mode(o);
     at_status st = open_listing(name, kind, o, offline, &L);
     char *keep = NULL;
@@ -819,7 +674,7 @@ at_status at_hub_snapshot(const char *name, at_repo_kind kind, const at_hub_opti
         goto done;
     }
     if (kind == AT_REPO_DATASET && !o->n_include) memset(keep, 1, L.n);
-    else AT_CHECK(select_model(o, &L, keep));
+    else AT_CHECK(at_hub_select_model(o, &L, keep));
     AT_CHECK(fetch(o, &L, keep, offline));
     *dir = strdup(L.files_dir);
     if (!*dir) st = at_error(AT_ERR_NOMEM, "out of memory");
@@ -839,7 +694,7 @@ at_status at_hub_dataset_files(const char *spec, const at_hub_options *given, ch
         return at_error(AT_ERR_INVALID, "'%s' is neither a local file nor a dataset name ORG/NAME[@REVISION][:SUBSET]",
                         spec);
     int offline = offline_mode(o);
-    listing L;
+    at_hub_listing L;
     char *keep = NULL, *name = strf("%s%s%s", repo, rev[0] ? "@" : "", rev);
     at_status st = name ? open_listing(name, AT_REPO_DATASET, o, offline, &L) : AT_ERR_NOMEM;
     size_t k = 0;
@@ -853,7 +708,7 @@ at_status at_hub_dataset_files(const char *spec, const at_hub_options *given, ch
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    k = select_data(&L, subset, keep);
+    k = at_hub_select_data(&L, subset, keep);
     if (!k && o->hub == AT_HUB_HF && !rev[0]) { /* the Hub's Parquet conversion of the dataset */
         listing_free(&L);
         free(name);
@@ -865,14 +720,7 @@ at_status at_hub_dataset_files(const char *spec, const at_hub_options *given, ch
             st = at_error(AT_ERR_NOMEM, "out of memory");
             goto done;
         }
-        const char *cfg = subset[0] ? subset : "default";
-        for (size_t i = 0; i < L.n; i++) {
-            const char *p = L.files[i].path;
-            size_t cl = strlen(cfg);
-            keep[i] = (char)(has_suffix(p, ".parquet") && !strncmp(p, cfg, cl) && p[cl] == '/' &&
-                             (!strncmp(p + cl + 1, "train/", 6) || !strncmp(p + cl + 1, "partial-train/", 14)));
-            k += (size_t)keep[i];
-        }
+        k = at_hub_select_converted(&L, subset, keep);
     }
     if (!k) {
         st = at_error(AT_ERR_NOT_FOUND, "%s: no data files (.parquet, .jsonl, .json, .csv)%s%s%s for the train split",
