@@ -312,7 +312,8 @@ static at_status levels(reader *rd, const column *c, const uint8_t **p, const ui
 
 static at_status values(reader *rd, column *c, int encoding, const uint8_t *p, const uint8_t *end, size_t nv)
 {
-    if (grow((void **)&c->vals, &c->vcap, c->nv + nv, sizeof *c->vals)) return at_error(AT_ERR_NOMEM, "out of memory");
+    if (grow((void **)&c->vals, &c->vcap, c->nv + nv + 1, sizeof *c->vals))
+        return at_error(AT_ERR_NOMEM, "out of memory");
     pq_value *out = c->vals + c->nv;
     size_t len = (size_t)(end - p);
     if (encoding == PQ_PLAIN) {
@@ -354,7 +355,8 @@ static at_status data_page(reader *rd, column *c, const pq_chunk *k, const pq_pa
         return bad(rd, c, msg);
     }
     rd->entries_left -= n;
-    if (grow((void **)&c->rep, &c->cap, c->n + n, sizeof *c->rep)) return at_error(AT_ERR_NOMEM, "out of memory");
+    /* +1: the arrays are never NULL, even for a page of no entries */
+    if (grow((void **)&c->rep, &c->cap, c->n + n + 1, sizeof *c->rep)) return at_error(AT_ERR_NOMEM, "out of memory");
     size_t cap2 = c->cap;
     c->def = realloc(c->def, cap2 * sizeof *c->def);
     if (!c->def) return at_error(AT_ERR_NOMEM, "out of memory");
