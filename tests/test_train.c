@@ -299,10 +299,13 @@ static void test_nonfinite(const char *root)
     snprintf(out, sizeof out, "%s/nonfinite", root);
     base_args(&a, out);
     a.full = 1;
-    a.learning_rate = 1e38;
+    /* non-finite from the second step on: the first update scales every
+     * weight by 1 - lr·weight_decay = 1 - 1e38 (a learning rate of 1e38 did
+     * it before; the option table now refuses a rate over 1) */
+    a.learning_rate = 1;
     a.scheduler = AT_SCHED_CONSTANT;
     a.max_grad_norm = 0;
-    a.weight_decay = 0;
+    a.weight_decay = 1e38;
     a.max_steps = 20;
     a.save_steps = 1;
     a.max_nonfinite_steps = 3;

@@ -31,32 +31,18 @@
 #include "train/run_files.h"
 #include "device/comm.h"
 #include "train/text_pipeline.h"
+#include "train/train_options.h"
 
 void at_train_args_defaults(at_train_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->lora_rank = 8;
-    a->lora_alpha = 32;
-    a->lora_dropout = 0.05;
+    /* the option table's defaults (train/train_options.c): what `anytune sft` uses */
+    at_options_store_defaults(at_train_options, at_train_n_options, a);
+    /* what the command line parses from text (enums, lists) */
     a->target_mask = (1u << AT_MOD_COUNT) - 1;
-    a->max_length = 2048;
     a->truncation = AT_TRUNCATE_DELETE;
-    a->gradient_checkpointing = 1;
-    a->batch_size = 1;
-    a->grad_accum = 1;
-    a->learning_rate = 1e-4;
-    a->num_train_epochs = 3;
     a->scheduler = AT_SCHED_COSINE;
-    a->adam_beta1 = 0.9;
-    a->adam_beta2 = 0.999;
-    a->adam_epsilon = 1e-8;
-    a->max_grad_norm = 1.0;
-    a->logging_steps = 5;
-    a->save_steps = 500;
-    a->output_dir = "output";
-    a->seed = 42;
     a->max_nonfinite_steps = 5;
-    a->preview_max_tokens = 48;
 }
 
 /* Everything a run holds; released by trainer_free on every path. */
@@ -76,6 +62,7 @@ typedef struct {
     at_encoded *train, *val;
     size_t n_train, n_val;
     size_t *train_len, *val_len;
+    int max_length;       /* --max_length, or the model's context when unset (0) */
     at_decoder_acts *acts;
     char *run_dir;
     FILE *log;
@@ -186,6 +173,8 @@ static at_status load_model(trainer *t)
     at_load_options lo;
     AT_TRY(model_load_options(t, &lo));
     AT_TRY(at_decoder_load(a->model, &lo, &t->dec));
+    /* unset --max_length: the model's context, as ms-swift (a longer sample trains past what the model can see) */
+    t->max_length = a->max_length > 0 ? a->max_length : at_train_default_max_length(&t->dec->cfg);
     /* the tokenizer and template where infer finds them: a model folder's
      * files, a GGUF file's tokenizer.ggml.* and chat template, a llama2.c
      * checkpoint's tokenizer.bin */
@@ -197,6 +186,7 @@ static at_status load_model(trainer *t)
     if (!t->tmpl && !a->template_name)
         at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
+    t->pipe.system = a->system;
     t->pipe_ready = 1;
     return AT_OK;
 }
@@ -208,7 +198,7 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
     const at_train_args *a = t->a;
     at_encoder enc;
     at_text_pipeline_encoder(&t->pipe, &enc);
-    enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
+    enc.max_length = (size_t)t->max_length;
     enc.truncation = a->truncation;
     at_encoded *e = calloc(list->n ? list->n : 1, sizeof *e);
     size_t *len = calloc(list->n ? list->n : 1, sizeof *len);
@@ -257,7 +247,7 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
         return st;
     }
     at_log_info("%s: %zu samples encoded (%zu longer than --max_length %d dropped, %zu failed, %zu without "
-                "trained tokens)", what, n, dropped, a->max_length, failed, no_labels);
+                "trained tokens)", what, n, dropped, t->max_length, failed, no_labels);
     *out = e;
     *lens = len;
     *n_out = n;
@@ -273,7 +263,7 @@ static at_status load_pairs(trainer *t, const at_sample_list *vl)
     const at_train_args *a = t->a;
     at_encoder enc;
     at_text_pipeline_encoder(&t->pipe, &enc);
-    enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
+    enc.max_length = (size_t)t->max_length;
     enc.truncation = a->truncation;
     AT_TRY(at_pref_pairs_encode(&t->ds->train, &enc, a->strict, "train", &t->pref_train));
     if (vl->n) AT_TRY(at_pref_pairs_encode(vl, &enc, a->strict, "eval", &t->pref_val));
@@ -351,7 +341,7 @@ static at_batch_options batch_options(const trainer *t, int64_t epoch)
 {
     at_batch_options o = {0};
     o.batch_size = (size_t)t->a->batch_size;
-    o.packing_length = t->a->packing ? (size_t)t->a->max_length : 0;
+    o.packing_length = t->a->packing ? (size_t)t->max_length : 0;
     o.group_by_length = t->a->group_by_length && !t->a->packing;
     o.shuffle = 1;
     o.seed = t->a->seed + (uint64_t)epoch * 1000003u;
@@ -1061,7 +1051,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (a->batch_size < 1 || a->grad_accum < 1 || a->logging_steps < 1)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
-    if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
+    AT_TRY(at_train_args_check(a));
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha <= FLT_MAX))
         return at_error(AT_ERR_INVALID, "--neftune_noise_alpha %g must be finite and >= 0 (0: off)",
                         a->neftune_noise_alpha);

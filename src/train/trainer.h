@@ -35,6 +35,7 @@ typedef struct {
     int pt;                         /* continued pre-training: every token of text samples */
     int strict;
     const char *model_name, *model_author; /* fill {{name}} / {{author}} in the data */
+    const char *system;             /* the system message of conversations that have none (NULL: none added) */
     int loss_last_turn_only;
     /* how */
     int full;                       /* --train_type full */
