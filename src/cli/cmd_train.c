@@ -4,6 +4,7 @@
  * from identity.json, and answers before and after. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +150,24 @@ static void follow_webui_server(void)
         return;
     }
     raise(SIGHUP); /* it died before the prctl */
+}
+
+/* The end of a run: the steps this process ran (and where a resumed run
+ * started), the logged losses (interval means, as logging.jsonl and the
+ * plot show them), the best checkpoint when there was evaluation. */
+static void print_summary(const at_train_result *r)
+{
+    char resumed[64] = "";
+    if (r->start_step > 0)
+        snprintf(resumed, sizeof resumed, " (resumed at %lld, %lld in all)", (long long)r->start_step,
+                 (long long)r->steps_done);
+    char loss[96] = "";
+    if (!isnan(r->first_logged_loss))
+        snprintf(loss, sizeof loss, ", logged loss %.4f -> %.4f", r->first_logged_loss, r->last_logged_loss);
+    fprintf(stderr, "anytune: %lld steps%s in %.1f s%s; saved in %s\n", (long long)(r->steps_done - r->start_step),
+            resumed, r->train_seconds, loss, r->run_dir);
+    if (r->best_checkpoint[0])
+        fprintf(stderr, "anytune: best checkpoint: %s (eval_loss %.4f)\n", r->best_checkpoint, r->best_eval_loss);
 }
 
 /* --torch_dtype, or ms-swift's --bf16 / --fp16 true (transformers'
@@ -338,9 +357,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (at_comm_world(&comm) == AT_OK) at_comm_abort(comm, 1);
         goto done;
     }
-    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0)
-        fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
-                res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
+    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0) print_summary(&res);
     at_comm_finalize();
     rc = res.stopped_by ? 128 + res.stopped_by : 0; /* as a shell reports a process ended by the signal */
 done:

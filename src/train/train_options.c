@@ -77,6 +77,10 @@ const at_opt_spec at_train_options[] = {
        "checkpoint every N steps and at the end (0: only at the end)"),
     AT("eval_steps", AT_OPT_INT, "500", "[0, 2147483647]", eval_steps,
        "evaluate every N steps and at the end (0: only at the end)"),
+    AT("load_best_model_at_end", AT_OPT_BOOL, "false", NULL, load_best_model_at_end,
+       "checkpoints fall on evaluations (--save_steps a multiple of --eval_steps) and the one with the lowest "
+       "eval_loss is named at the end (the final weights stay the last step's)"),
+    CHOICE("metric_for_best_model", "loss", "loss|eval_loss", "the metric of the best checkpoint (lower is better)"),
     AT("save_total_limit", AT_OPT_INT, "0", "[0, 2147483647]", save_total_limit,
        "keep only the N newest checkpoints (0: all)"),
     AT("output_dir", AT_OPT_STRING, "output", NULL, output_dir,

@@ -858,7 +858,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     int64_t interval_tokens = 0, tokens_run = 0;
     at_status st = AT_OK;
     res->first_loss = NAN;
+    res->first_logged_loss = res->last_logged_loss = NAN;
+    res->best_eval_loss = NAN;
     res->steps_done = start_step;
+    res->start_step = start_step;
+    double eval_now = NAN; /* this step's eval_loss, for the best checkpoint */
     int64_t last_saved = start_step; /* the newest checkpoint's step (start_step: the one resumed from, or none) */
     /* ANYTUNE_DEBUG_KILL_AFTER_STEP=N: the process kills itself (SIGKILL) right
      * after step N, as a crash would; ANYTUNE_DEBUG_TERM_AFTER_STEP=N: it sends
@@ -973,6 +977,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         tokens_run += tokens;
         t->tokens_seen += tokens;
         int64_t done = step + 1;
+        eval_now = NAN;
         int log_now = done % a->logging_steps == 0 || done == t->total_steps || done == 1;
         if (log_now) {
             double now = at_now_seconds();
@@ -980,6 +985,8 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             cJSON_AddNumberToObject(line, "step", (double)done);
             cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
             cJSON_AddNumberToObject(line, "loss", interval_loss / interval_steps);
+            if (isnan(res->first_logged_loss)) res->first_logged_loss = interval_loss / interval_steps;
+            res->last_logged_loss = interval_loss / interval_steps;
             if (a->pref) {
                 at_pref_stats_log(a->pref, &t->pref_interval, line);
                 memset(&t->pref_interval, 0, sizeof t->pref_interval);
@@ -1007,6 +1014,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
             cJSON_AddNumberToObject(line, "eval_loss", el);
             AT_TRY(push_hist(&t->eval_step, &t->eval_loss, NULL, &t->n_eval, &t->cap_eval, done, el, 0));
+            char note[120];
+            snprintf(note, sizeof note, "step %lld/%lld  eval_loss %.4f", (long long)done, (long long)t->total_steps,
+                     el);
+            at_progress_note(&bar, note);
+            eval_now = el;
         }
         if (cJSON_GetObjectItem(line, "step")) st = log_line(t, line);
         cJSON_Delete(line);
@@ -1018,6 +1030,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps)) {
             st = save_checkpoint(t, done);
             last_saved = done;
+            if (st == AT_OK && !isnan(eval_now) && !(eval_now >= res->best_eval_loss)) {
+                res->best_eval_loss = eval_now;
+                snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s/checkpoint-%lld", t->run_dir,
+                         (long long)done);
+            }
         }
         res->steps_done = done;
         if (kill_after > 0 && done == kill_after) raise(SIGKILL); /* crash tests: die between checkpoints */
@@ -1052,6 +1069,9 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
     AT_TRY(at_train_args_check(a));
+    if (a->load_best_model_at_end && a->eval_steps > 0 && (a->save_steps <= 0 || a->save_steps % a->eval_steps))
+        return at_error(AT_ERR_INVALID, "--load_best_model_at_end: checkpoints must fall on evaluations: --save_steps "
+                        "%d is not a multiple of --eval_steps %d", a->save_steps, a->eval_steps);
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha <= FLT_MAX))
         return at_error(AT_ERR_INVALID, "--neftune_noise_alpha %g must be finite and >= 0 (0: off)",
                         a->neftune_noise_alpha);

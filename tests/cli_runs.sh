@@ -1,0 +1,71 @@
+#!/bin/sh
+# A run as a user lives it (issue 21): evaluation visible while training and
+# the best checkpoint named at the end; the summary counts the steps this
+# process ran (a resumed run says where it started); an adapter knows its
+# base and a run folder means its newest checkpoint; export's ms-swift
+# defaults (ADAPTER-merged) and a single-file GGUF that infer finds in a
+# folder; eval counts what it dropped and keeps each run's results; the
+# chat's /help and /reset.
+# Usage: sh tests/cli_runs.sh path/to/anytune   (from the repository root)
+set -u
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+BIN=${1:?usage: cli_runs.sh ANYTUNE}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { # name, command status
+    if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi
+}
+DEMO="--max_steps 4 --save_steps 2 --eval_steps 2 --logging_steps 2 --split_dataset_ratio 0.25 --preview_max_tokens 4"
+
+# issue 21.12: eval_loss on the console, in the plot, the best checkpoint at the end; 21.4: the summary
+"$BIN" sft $DEMO --load_best_model_at_end --output_dir "$T/o" > /dev/null 2> "$T/sft"
+check "the demo trains with validation" $?
+RUN=$(ls -d "$T"/o/v0-*)
+grep -q "step 2/4  eval_loss [0-9]" "$T/sft" && grep -q "step 4/4  eval_loss [0-9]" "$T/sft"
+check "eval_loss on the console" $?
+grep -q "best checkpoint: $RUN/checkpoint-[24] (eval_loss [0-9.]*)" "$T/sft"; check "the best checkpoint named" $?
+grep -q "anytune: 4 steps in .*logged loss [0-9.]* -> [0-9.]*; saved in $RUN" "$T/sft"
+check "the summary: steps and logged losses" $?
+grep -q "eval_loss" "$RUN/images/train_loss.svg"; check "eval_loss in the plot" $?
+"$BIN" sft $DEMO --load_best_model_at_end --save_steps 3 --output_dir "$T/bad" > /dev/null 2> "$T/e"
+[ $? -ne 0 ] && grep -q "not a multiple of --eval_steps" "$T/e"; check "--load_best_model_at_end wants saves on evals" $?
+
+ANYTUNE_DEBUG_TERM_AFTER_STEP=2 "$BIN" sft $DEMO --output_dir "$T/r" > /dev/null 2>&1
+"$BIN" sft $DEMO --output_dir "$T/r" --resume_from_checkpoint last > /dev/null 2> "$T/res"
+grep -q "anytune: 2 steps (resumed at 2, 4 in all)" "$T/res"; check "a resumed run says where it started" $?
+
+# issue 21.2 / 21.14: --adapters without --model; a run folder as --adapters
+"$BIN" infer --model demo/stories260K --adapters "$RUN/checkpoint-4" --prompt "Who are you?" --max_new_tokens 12 \
+    > "$T/want" 2>/dev/null
+"$BIN" infer --adapters "$RUN" --prompt "Who are you?" --max_new_tokens 12 > "$T/got" 2> "$T/err"
+cmp -s "$T/want" "$T/got" && grep -q "is a run folder: using its newest checkpoint, $RUN/checkpoint-4" "$T/err" &&
+    grep -q "no --model given: using demo/stories260K, the base model of" "$T/err"
+check "infer --adapters RUN: the base from args.json, the newest checkpoint" $?
+mkdir "$T/empty"
+"$BIN" infer --adapters "$T/empty" --prompt x > /dev/null 2> "$T/e"
+[ $? -eq 1 ] && grep -q "neither an adapter" "$T/e"; check "--adapters of a folder with nothing says so" $?
+
+# issue 21.2 / 21.13: export's defaults and a single GGUF file
+"$BIN" export --adapters "$RUN/checkpoint-4" --merge_lora --quiet > /dev/null 2> "$T/ex"
+[ $? -eq 0 ] && [ -f "$RUN/checkpoint-4-merged/config.json" ] && grep -q "writing $RUN/checkpoint-4-merged" "$T/ex"
+check "export --merge_lora: the base from the run, ADAPTER-merged" $?
+"$BIN" export --adapters "$RUN" --merge_lora --to gguf --output_dir "$T/x.gguf" --quiet > /dev/null 2>&1
+[ -f "$T/x.gguf" ] && [ "$(head -c 4 "$T/x.gguf")" = "GGUF" ] && ! ls -d "$T"/x.gguf.tmp* > /dev/null 2>&1
+check "export --to gguf --output_dir x.gguf writes that file" $?
+mkdir "$T/g" && cp "$T/x.gguf" "$T/g/"
+"$BIN" infer --model "$T/g" --prompt "Who are you?" --max_new_tokens 12 > "$T/gg" 2> "$T/ge"
+[ $? -eq 0 ] && [ -s "$T/gg" ] && grep -q "holds one GGUF file" "$T/ge"; check "infer --model a folder with one GGUF" $?
+
+# issue 21.5 / 21.14: eval counts what it drops and keeps every run's results
+EV="--adapters $RUN --dataset demo/identity.json --max_length 80 --eval_output_dir $T/ev"
+"$BIN" eval $EV > "$T/ev1" 2>/dev/null && sleep 1 && "$BIN" eval $EV > /dev/null 2>&1
+grep -q "^samples: [0-9]* of 16 (7 longer than --max_length 80 dropped" "$T/ev1"
+check "eval: samples N of M, the dropped counted" $?
+[ "$(ls "$T"/ev/loss_results-*.json | wc -l)" -eq 2 ] && [ -f "$T/ev/loss_results.json" ]
+check "eval writes a new file per run" $?
+
+# issue 21.14: the chat's commands
+printf '/help\nHello\n/reset\n/exit\n' | "$BIN" infer --max_new_tokens 4 > /dev/null 2> "$T/chat"
+grep -q "commands: /reset" "$T/chat" && grep -q "history cleared" "$T/chat"; check "chat: /help and /reset answer" $?
+exit $fail
