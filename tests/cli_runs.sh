@@ -65,6 +65,12 @@ check "eval: samples N of M, the dropped counted" $?
 [ "$(ls "$T"/ev/loss_results-*.json | wc -l)" -eq 2 ] && [ -f "$T/ev/loss_results.json" ]
 check "eval writes a new file per run" $?
 
+# issue 21.14: DPO's console line shows what TRL users watch
+"$BIN" rlhf --rlhf_type dpo --model demo/stories260K --dataset tests/data/dpo/dpo_en_demo_8.json --template chatml \
+    --max_steps 2 --logging_steps 1 --output_dir "$T/dpo" > /dev/null 2> "$T/dpo.err"
+grep -a -q "step 1/2 .* rewards/accuracies [0-9.]*  rewards/margins -*[0-9.]*" "$T/dpo.err"
+check "dpo: rewards/accuracies and rewards/margins on the console" $?
+
 # issue 21.14: the chat's commands
 printf '/help\nHello\n/reset\n/exit\n' | "$BIN" infer --max_new_tokens 4 > /dev/null 2> "$T/chat"
 grep -q "commands: /reset" "$T/chat" && grep -q "history cleared" "$T/chat"; check "chat: /help and /reset answer" $?

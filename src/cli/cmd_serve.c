@@ -36,6 +36,9 @@ static const at_opt_spec specs[] = {
      .help = "IPv4 address to listen on (0.0.0.0: every interface)"},
     {.name = "port", .type = AT_OPT_INT, .def = "8000", .help = "TCP port (0: any free port)", .range = "[0, 65535]"},
     {.name = "served_model_name", .type = AT_OPT_STRING, .help = "the model's name in the API (default: the folder's)"},
+    {.name = "default_model", .type = AT_OPT_STRING,
+     .help = "the model of requests that name none: the served name or an adapter's (default: with --adapters, "
+             "such requests are refused, listing the names)"},
     {.name = "api_key", .type = AT_OPT_STRING, .help = "require Authorization: Bearer KEY"},
     {.name = "max_batch_size", .type = AT_OPT_INT, .def = "8",
      .help = "requests decoded together", .range = "[1, 4096]"},
@@ -178,6 +181,15 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
         url_encode(so.api_key, query + 7, cap - 7);
     }
     so.served_model_name = at_opt_str(o, "served_model_name");
+    so.default_model = at_opt_str(o, "default_model");
+    /* serve with adapters: a request must say which model it means (the page of web-ui always does) */
+    so.model_required = !c->webui_train && b->n_adapters > 0;
+    const char *served = so.served_model_name ? so.served_model_name : b->name;
+    if (so.default_model && strcmp(so.default_model, served) != 0 && !at_bundle_adapter_get(b, so.default_model)) {
+        at_error(AT_ERR_INVALID, "--default_model %s: neither the served name (%s) nor an adapter's", so.default_model,
+                 served);
+        goto fail;
+    }
     so.webui_train = c->webui_train;
     if (at_server_start(b, &so, &srv) != AT_OK) goto fail;
     const char *host = so.host ? so.host : "127.0.0.1";

@@ -998,10 +998,16 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
             AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
                              interval_loss / interval_steps, lr));
-            char note[200];
-            snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  %.0f tok/s",
-                     (long long)done, (long long)t->total_steps, (double)done / (double)t->steps_per_epoch,
-                     interval_loss / interval_steps, norm, lr, tps);
+            char note[300];
+            int k = snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  "
+                             "%.0f tok/s", (long long)done, (long long)t->total_steps,
+                             (double)done / (double)t->steps_per_epoch, interval_loss / interval_steps, norm, lr, tps);
+            /* preference objectives: TRL's two figures a user watches */
+            const cJSON *acc = cJSON_GetObjectItem(line, "rewards/accuracies"),
+                        *mar = cJSON_GetObjectItem(line, "rewards/margins");
+            if (cJSON_IsNumber(acc) && cJSON_IsNumber(mar) && k > 0 && (size_t)k < sizeof note)
+                snprintf(note + k, sizeof note - (size_t)k, "  rewards/accuracies %.3f  rewards/margins %.4f",
+                         acc->valuedouble, mar->valuedouble);
             at_progress_note(&bar, note);
             interval_loss = 0;
             interval_steps = 0;
