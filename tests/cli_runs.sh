@@ -65,6 +65,17 @@ check "eval: samples N of M, the dropped counted" $?
 [ "$(ls "$T"/ev/loss_results-*.json | wc -l)" -eq 2 ] && [ -f "$T/ev/loss_results.json" ]
 check "eval writes a new file per run" $?
 
+# issue 21.7: self-cognition placeholders without --model_name warn; ms-swift's two-value form
+SC="--model demo/stories260K --dataset demo/identity.json --max_steps 1 --save_steps 0 --preview_max_tokens 4"
+"$BIN" sft $SC --output_dir "$T/sc1" > /dev/null 2> "$T/sc1.err"
+grep -q "hold {{name}} / {{author}} placeholders and no --model_name" "$T/sc1.err"
+check "{{name}} without --model_name is a warning" $?
+"$BIN" sft $SC --model_name 小黄 "Xiao Huang" --model_author 魔搭 ModelScope --output_dir "$T/sc2" > /dev/null 2> "$T/sc2.err"
+[ $? -eq 0 ] && ! grep -q "placeholders" "$T/sc2.err" && grep -q '"Xiao Huang"' "$T"/sc2/v0-*/args.json
+check "--model_name 小黄 'Xiao Huang' is accepted (and kept in args.json)" $?
+"$BIN" sft $SC --model_name a b c --output_dir "$T/sc3" > /dev/null 2> "$T/sc3.err"
+[ $? -eq 2 ] && grep -q "two (Chinese, English)" "$T/sc3.err"; check "--model_name with three values is refused" $?
+
 # issue 21.14: DPO's console line shows what TRL users watch
 "$BIN" rlhf --rlhf_type dpo --model demo/stories260K --dataset tests/data/dpo/dpo_en_demo_8.json --template chatml \
     --max_steps 2 --logging_steps 1 --output_dir "$T/dpo" > /dev/null 2> "$T/dpo.err"

@@ -263,6 +263,19 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     a.n_val_datasets = nv;
     a.preview_prompts = prev;
     a.n_preview_prompts = np;
+    /* --model_name NAME [NAME_EN], --model_author AUTHOR [AUTHOR_EN] (ms-swift's two-value form) */
+    static const char *const who[2] = {"model_name", "model_author"};
+    const char **first[2] = {&a.model_name, &a.model_author}, **en[2] = {&a.model_name_en, &a.model_author_en};
+    for (int w = 0; w < 2; w++) {
+        int nw = at_opt_list_count(o, who[w]);
+        if (nw > 2) {
+            fprintf(stderr, "anytune: error: --%s takes one value, or two (Chinese, English), not %d\n", who[w], nw);
+            rc = 2;
+            goto done;
+        }
+        *first[w] = at_opt_list_get(o, who[w], 0);
+        *en[w] = at_opt_list_get(o, who[w], 1);
+    }
     if (demo) {
         a.model = at_cli_demo_path("demo/stories260K", mbuf, sizeof mbuf);
         if (!a.model) a.model = "demo/stories260K"; /* the load error names it */

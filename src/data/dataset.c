@@ -154,7 +154,9 @@ static at_status load_file(at_dataset *ds, const char *spec, size_t file_index, 
     AT_CHECK(at_dataset_parse_spec(spec, &path, &want));
     fc.ds = ds;
     fc.opt = opt;
-    fc.nz = (at_normalizer){&ds->arena, opt->model_name, opt->model_author};
+    size_t unfilled = 0;
+    fc.nz = (at_normalizer){&ds->arena, opt->model_name, opt->model_author, opt->model_name_en, opt->model_author_en,
+                            &unfilled};
     fc.fmt = opt->format;
     fc.path = at_arena_strndup(&ds->arena, path, strlen(path));
     if (!fc.path) {
@@ -162,6 +164,10 @@ static at_status load_file(at_dataset *ds, const char *spec, size_t file_index, 
         goto done;
     }
     AT_CHECK(at_records_read(path, opt->container, on_record, on_issue, &fc));
+    if (unfilled)
+        at_log_warn("%s: %zu strings hold {{name}} / {{author}} placeholders and no --model_name / --model_author "
+                    "fills them: the model would learn the braces (self-cognition data: give --model_name NAME "
+                    "[NAME_EN] --model_author AUTHOR [AUTHOR_EN])", path, unfilled);
     size_t n = fc.n;
     if (n == 0) {
         if (fc.skipped)

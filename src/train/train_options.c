@@ -93,8 +93,10 @@ const at_opt_spec at_train_options[] = {
     CLI("tf32", AT_OPT_BOOL, "false", NULL,
         "on GPUs, let f32 matmuls use TF32 tensor cores (faster, ~1e-3 relative error)"),
     AT("strict", AT_OPT_BOOL, "false", NULL, strict, "stop at the first bad dataset record"),
-    AT("model_name", AT_OPT_STRING, NULL, NULL, model_name, "fills {{name}} in the data (self-cognition data)"),
-    AT("model_author", AT_OPT_STRING, NULL, NULL, model_author, "fills {{author}} in the data"),
+    CLI("model_name", AT_OPT_LIST, NULL, NULL,
+        "fills {{name}} in the data (self-cognition data); two values as ms-swift's: Chinese records', English "
+        "records' (--model_name 小黄 'Xiao Huang')"),
+    CLI("model_author", AT_OPT_LIST, NULL, NULL, "fills {{author}} in the data; two values as --model_name"),
     CHOICE("loss_scale", "default", "default|last_round", "default (every assistant turn) or last_round"),
     CLI("preview", AT_OPT_LIST, NULL, NULL, "questions answered before and after training"),
     AT("preview_max_tokens", AT_OPT_INT, "48", "[1, 1048576]", preview_max_tokens, "answer length of --preview"),

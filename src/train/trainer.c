@@ -320,6 +320,8 @@ static at_status load_data(trainer *t)
     o.split_ratio = a->n_val_datasets ? 0 : a->split_dataset_ratio;
     o.model_name = a->model_name;
     o.model_author = a->model_author;
+    o.model_name_en = a->model_name_en;
+    o.model_author_en = a->model_author_en;
     if (a->pt) o.format = AT_FORMAT_TEXT;
     AT_TRY(at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds));
     at_log_info("%s", t->ds->summary);

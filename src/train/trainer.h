@@ -35,6 +35,8 @@ typedef struct {
     int pt;                         /* continued pre-training: every token of text samples */
     int strict;
     const char *model_name, *model_author; /* fill {{name}} / {{author}} in the data */
+    const char *model_name_en, *model_author_en; /* ms-swift's second value: English records' (the first fills
+                                                    Chinese ones; data/dataset.h); NULL: the first fills all */
     const char *system;             /* the system message of conversations that have none (NULL: none added) */
     int loss_last_turn_only;
     /* how */
