@@ -28,6 +28,7 @@
 #include "train/optimizer.h"
 #include "train/plot.h"
 #include "train/preview.h"
+#include "train/ckpt_files.h"
 #include "train/run_files.h"
 #include "device/comm.h"
 #include "train/text_pipeline.h"
@@ -515,6 +516,11 @@ static at_status save_checkpoint(trainer *t, int64_t step)
                 st = at_write_file_atomic(p, cfg, strlen(cfg));
                 free(p);
             }
+            /* and the tokenizer and generation config: the folder loads as the model did */
+            const char *model_dir = at_is_dir(t->a->model) ? t->a->model : NULL;
+            const char *tok_dir = t->a->tokenizer ? (at_is_dir(t->a->tokenizer) ? t->a->tokenizer : NULL) : model_dir;
+            if (st == AT_OK)
+                st = at_ckpt_write_standalone(dir, tok_dir, model_dir, t->tok, t->tmpl, t->max_length);
         }
         free(cfg);
         free(pg);
