@@ -57,6 +57,28 @@ mkdir "$T/g" && cp "$T/x.gguf" "$T/g/"
 "$BIN" infer --model "$T/g" --prompt "Who are you?" --max_new_tokens 12 > "$T/gg" 2> "$T/ge"
 [ $? -eq 0 ] && [ -s "$T/gg" ] && grep -q "holds one GGUF file" "$T/ge"; check "infer --model a folder with one GGUF" $?
 
+# issue 21.11: batch inference over a dataset, continuous batching, the reference beside each answer
+"$BIN" infer --adapters "$RUN/checkpoint-4" --val_dataset demo/identity.json --model_name anytune \
+    --model_author "the anytune team" --max_new_tokens 12 --max_batch_size 3 --result_path "$T/res.jsonl" \
+    > /dev/null 2> "$T/bi"
+[ $? -eq 0 ] && [ "$(wc -l < "$T/res.jsonl")" -eq 16 ] && grep -q "16 prompts answered" "$T/bi"
+check "infer --val_dataset answers every record" $?
+# each answer equals the one-prompt answer (greedy): batching changes nothing
+ok=0
+for k in 1 2 3 4 5; do
+    q=$(sed -n "${k}p" "$T/res.jsonl" | sed 's/.*"messages":\[{"role":"user","content":"\([^"]*\)"}\].*/\1/')
+    want=$(sed -n "${k}p" "$T/res.jsonl" | sed 's/^{"response":"\([^"]*\)".*/\1/')
+    got=$("$BIN" infer --adapters "$RUN/checkpoint-4" --prompt "$q" --max_new_tokens 12 2>/dev/null)
+    [ "$got" = "$want" ] || { ok=1; echo "  record $k ($q): batch '$want', alone '$got'"; }
+done
+check "batched answers equal one-prompt answers" $ok
+grep -q '"labels":"Hello! I am anytune, an AI assistant developed by the anytune team.' "$T/res.jsonl"
+check "the reference answer beside each result" $?
+"$BIN" infer --adapters "$RUN/checkpoint-4" --load_data_args true --max_new_tokens 4 --result_path "$T/val.jsonl" \
+    > /dev/null 2>&1
+[ $? -eq 0 ] && [ "$(wc -l < "$T/val.jsonl")" -eq 4 ] && grep -q '"labels":".*anytune' "$T/val.jsonl"
+check "--load_data_args answers the run's validation split (4 of 16)" $?
+
 # issue 21.5 / 21.14: eval counts what it drops and keeps every run's results
 EV="--adapters $RUN --dataset demo/identity.json --max_length 80 --eval_output_dir $T/ev"
 "$BIN" eval $EV > "$T/ev1" 2>/dev/null && sleep 1 && "$BIN" eval $EV > /dev/null 2>&1

@@ -55,6 +55,13 @@ at_status at_cli_adapter_path(const char *arg, char **out);
  * string (caller frees); AT_ERR_NOT_FOUND when neither says. */
 at_status at_cli_adapter_base(const char *arg, char **out);
 
+/* infer --val_dataset FILE / --load_data_args: every record's prompt
+ * answered through the continuous-batching scheduler with gp, results as
+ * JSON Lines in --result_path. Returns the exit status. Defined in
+ * infer_dataset.c. */
+struct at_gen_params;
+int at_cli_infer_dataset(const at_options *o, struct at_bundle *b, const struct at_gen_params *gp, int context);
+
 /* --dry_run output: the plan as text or (json) JSON on stdout. Returns the
  * exit status: 0 when the plan fits, 1 when it does not. */
 int at_cli_print_plan(const at_plan *p, int json);

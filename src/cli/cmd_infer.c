@@ -32,6 +32,18 @@ static const at_opt_spec specs[] = {
                                       "mistral, or a .jinja file"},
     {.name = "prompt", .type = AT_OPT_STRING, .help = "answer this and exit (\"\" with no template: start from BOS)"},
     {.name = "system", .type = AT_OPT_STRING, .help = "system message"},
+    {.name = "val_dataset", .type = AT_OPT_LIST,
+     .help = "answer every record of these files (the formats sft reads; the last assistant turn is the "
+             "reference) into --result_path, in batches (as ms-swift's infer --val_dataset)"},
+    {.name = "load_data_args", .type = AT_OPT_BOOL, .def = "false",
+     .help = "with --adapters RUN/checkpoint-N: answer the run's validation split (its args.json's data)"},
+    {.name = "result_path", .type = AT_OPT_STRING,
+     .help = "where --val_dataset's answers go, JSON Lines (default: infer_result/YYYYMMDD-HHMMSS.jsonl)"},
+    {.name = "model_name", .type = AT_OPT_LIST,
+     .help = "with --val_dataset: fills {{name}} in the data (one value, or Chinese and English as sft)"},
+    {.name = "model_author", .type = AT_OPT_LIST, .help = "with --val_dataset: fills {{author}} in the data"},
+    {.name = "max_batch_size", .type = AT_OPT_INT, .def = "8", .range = "[1, 4096]",
+     .help = "with --val_dataset: sequences decoded together (continuous batching)"},
     {.name = "max_new_tokens", .type = AT_OPT_INT, .def = "512",
      .help = "most tokens to generate", .range = "[0, 16777216]"},
     {.name = "temperature", .type = AT_OPT_FLOAT, .def = "0", .help = "0: greedy (reproducible)", .range = "[0, 100]"},
@@ -396,6 +408,14 @@ int at_cmd_infer(int argc, char **argv)
             at_error(AT_ERR_NOT_FOUND, "--adapter_name %s: no adapter of that name", an);
             goto fail;
         }
+    }
+    if (at_opt_list_count(o, "val_dataset") || at_opt_bool(o, "load_data_args")) {
+        if (!b->tmpl) {
+            at_error(AT_ERR_INVALID, "--val_dataset answers conversations: the model has no chat template (--template)");
+            goto fail;
+        }
+        rc = at_cli_infer_dataset(o, b, &ss.gp, ss.context);
+        goto done;
     }
     if (at_generator_new(b->decoder, b->tokenizer, ss.context, &ss.gen) != AT_OK) goto fail;
 

@@ -235,6 +235,9 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
             at_opt_set(o, "per_device_train_batch_size", "4");
         if (at_opt_source_of(o, "lora_rank") == AT_SRC_DEFAULT) at_opt_set(o, "lora_rank", "16");
         if (at_opt_source_of(o, "logging_steps") == AT_SRC_DEFAULT) at_opt_set(o, "logging_steps", "10");
+        /* the demo data's {{name}} and {{author}} (kept in args.json like any option) */
+        if (!at_opt_list_count(o, "model_name")) at_opt_set(o, "model_name", "anytune");
+        if (!at_opt_list_count(o, "model_author")) at_opt_set(o, "model_author", "the anytune team");
     }
     const char *tt = at_opt_str(o, "train_type");
     /* full fine-tuning's default rate is ms-swift's 1e-5 */
@@ -283,8 +286,6 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (!demo_ds[0]) demo_ds[0] = "demo/identity.json";
         a.datasets = demo_ds;
         a.n_datasets = 1;
-        if (!a.model_name) a.model_name = "anytune";
-        if (!a.model_author) a.model_author = "the anytune team";
         if (!np) {
             a.preview_prompts = demo_prompts;
             a.n_preview_prompts = 2;
