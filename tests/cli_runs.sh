@@ -87,6 +87,24 @@ check "eval: samples N of M, the dropped counted" $?
 [ "$(ls "$T"/ev/loss_results-*.json | wc -l)" -eq 2 ] && [ -f "$T/ev/loss_results.json" ]
 check "eval writes a new file per run" $?
 
+# issue 21.9: ms-swift's --save_strategy / --eval_strategy, --save_only_model, --add_version, --columns
+"$BIN" sft --num_train_epochs 2 --save_strategy epoch --eval_strategy no --split_dataset_ratio 0.25 \
+    --save_only_model --preview_max_tokens 4 --output_dir "$T/ep" > /dev/null 2>&1
+EP=$(ls -d "$T"/ep/v0-*)
+[ "$(ls -d "$EP"/checkpoint-* | xargs -n1 basename | tr '\n' ' ')" = "checkpoint-3 checkpoint-6 " ] &&
+    ! grep -q eval_loss "$EP/logging.jsonl" && [ ! -e "$EP/checkpoint-6/trainer_state.safetensors" ]
+check "--save_strategy epoch, --eval_strategy no, --save_only_model" $?
+"$BIN" sft --max_steps 2 --add_version false --preview_max_tokens 4 --output_dir "$T/flat" > /dev/null 2>&1
+[ -f "$T/flat/args.json" ] && [ -d "$T/flat/checkpoint-2" ]; check "--add_version false writes into --output_dir" $?
+printf '{"q": "Who are you?", "a": "I am anytune."}\n{"q": "Hi", "a": "Hello!"}\n' \
+    > "$T/qa.jsonl"
+"$BIN" sft --model demo/stories260K --dataset "$T/qa.jsonl" --max_steps 1 --preview_max_tokens 4 \
+    --output_dir "$T/qa0" > /dev/null 2> "$T/qa0.err"
+[ $? -ne 0 ] && grep -q "fit no dataset format" "$T/qa0.err"; check "unknown columns are refused" $?
+"$BIN" sft --model demo/stories260K --dataset "$T/qa.jsonl" --columns '{"q": "query", "a": "response"}' \
+    --max_steps 1 --preview_max_tokens 4 --output_dir "$T/qa1" > /dev/null 2>&1
+check "--columns renames them (ms-swift's JSON form)" $?
+
 # issue 21.7: self-cognition placeholders without --model_name warn; ms-swift's two-value form
 SC="--model demo/stories260K --dataset demo/identity.json --max_steps 1 --save_steps 0 --preview_max_tokens 4"
 "$BIN" sft $SC --output_dir "$T/sc1" > /dev/null 2> "$T/sc1.err"

@@ -80,8 +80,29 @@ static at_status on_record(void *ctx, const at_record *rec)
         memset(s, 0, sizeof *s);
         st = at_normalize_text(&fc->nz, rec->text, rec->text_len, s);
     } else {
-        if (fc->fmt == AT_FORMAT_AUTO) fc->fmt = at_data_format_detect(rec->json);
-        st = at_normalize_record(&fc->nz, rec->json, fc->fmt, s, &kind);
+        const cJSON *json = rec->json;
+        cJSON *renamed = NULL;
+        if (fc->opt->columns && cJSON_IsObject(json)) { /* --columns: the record's keys renamed first */
+            renamed = cJSON_Duplicate(json, 1);
+            if (!renamed) return at_error(AT_ERR_NOMEM, "%s: out of memory loading the dataset", fc->path);
+            for (cJSON *k = renamed->child; k; k = k->next) {
+                const cJSON *to = cJSON_GetObjectItemCaseSensitive(fc->opt->columns, k->string);
+                if (cJSON_IsString(to) && strcmp(to->valuestring, k->string) != 0) {
+                    char *name = strdup(to->valuestring);
+                    if (!name) {
+                        cJSON_Delete(renamed);
+                        return at_error(AT_ERR_NOMEM, "%s: out of memory loading the dataset", fc->path);
+                    }
+                    if (!(k->type & cJSON_StringIsConst)) free(k->string);
+                    k->string = name;
+                    k->type &= ~cJSON_StringIsConst;
+                }
+            }
+            json = renamed;
+        }
+        if (fc->fmt == AT_FORMAT_AUTO) fc->fmt = at_data_format_detect(json);
+        st = at_normalize_record(&fc->nz, json, fc->fmt, s, &kind);
+        cJSON_Delete(renamed);
     }
     if (st == AT_ERR_NOMEM) return st;
     if (st != AT_OK) {

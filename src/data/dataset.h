@@ -113,6 +113,9 @@ typedef struct {
      * model_name / model_author fill Chinese records (a "tag": "zh" key, or
      * CJK text) and these the others. NULL: the one value fills all. */
     const char *model_name_en, *model_author_en;
+    /* ms-swift's --columns: an object {"their_key": "our_key", ...} renaming
+     * each record's keys before its format is read (borrowed); NULL: none */
+    const cJSON *columns;
 } at_dataset_options;
 
 typedef struct {

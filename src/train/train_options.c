@@ -77,6 +77,18 @@ const at_opt_spec at_train_options[] = {
        "checkpoint every N steps and at the end (0: only at the end)"),
     AT("eval_steps", AT_OPT_INT, "500", "[0, 2147483647]", eval_steps,
        "evaluate every N steps and at the end (0: only at the end)"),
+    {.name = "save_strategy", .type = AT_OPT_STRING, .def = "steps", .choices = "steps|epoch|no",
+     .help = "when to checkpoint: every --save_steps, at each epoch's end, or only at the end (no)",
+     AT_OPT_AT(at_train_args, save_strategy)},
+    {.name = "eval_strategy", .type = AT_OPT_STRING, .def = "steps", .choices = "steps|epoch|no",
+     .help = "when to evaluate: every --eval_steps (and at the end), at each epoch's end, or never (no)",
+     .alias = "evaluation_strategy", AT_OPT_AT(at_train_args, eval_strategy)},
+    AT("save_only_model", AT_OPT_BOOL, "false", NULL, save_only_model,
+       "checkpoints without the optimizer state: smaller, but they cannot be resumed"),
+    AT("add_version", AT_OPT_BOOL, "true", NULL, add_version,
+       "a vN-YYYYMMDD-HHMMSS folder per run in --output_dir (false: the run writes into --output_dir itself)"),
+    AT("columns", AT_OPT_STRING, NULL, NULL, columns,
+       "rename the records' keys, as ms-swift's JSON form: '{\"question\": \"query\", \"answer\": \"response\"}'"),
     AT("load_best_model_at_end", AT_OPT_BOOL, "false", NULL, load_best_model_at_end,
        "checkpoints fall on evaluations (--save_steps a multiple of --eval_steps) and the one with the lowest "
        "eval_loss is named at the end (the final weights stay the last step's)"),
@@ -107,6 +119,8 @@ const at_opt_spec at_train_options[] = {
            "the optimizer: AdamW with decoupled weight decay (torch's)"),
     CLI("logging_first_step", AT_OPT_BOOL, "true", NULL, "log the first step (always done)"),
     /* accepted: nothing to change here */
+    IGNORED("model_type", AT_OPT_STRING, "the family is read from config.json's model_type / architectures (llama, "
+                                         "mistral, qwen2, qwen3 and their relatives such as SmolLM and TinyLlama)"),
     IGNORED("attn_impl", AT_OPT_STRING, "attention is always the fused causal kernel (flash-attention's algorithm)"),
     IGNORED("use_flash_attn", AT_OPT_BOOL, "attention is always the fused causal kernel (flash-attention's algorithm)"),
     IGNORED("dataloader_num_workers", AT_OPT_INT, "data is encoded once before the first step, in-process"),

@@ -323,13 +323,30 @@ static at_status load_data(trainer *t)
     o.model_author = a->model_author;
     o.model_name_en = a->model_name_en;
     o.model_author_en = a->model_author_en;
-    if (a->pt) o.format = AT_FORMAT_TEXT;
-    AT_TRY(at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds));
-    at_log_info("%s", t->ds->summary);
-    if (a->n_val_datasets) {
-        o.split_ratio = 0;
-        AT_TRY(at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds));
+    cJSON *columns = NULL;
+    if (a->columns) {
+        columns = cJSON_Parse(a->columns);
+        if (!cJSON_IsObject(columns)) {
+            cJSON_Delete(columns);
+            return at_error(AT_ERR_INVALID, "--columns %.100s: expected a JSON object such as {\"question\": \"query\"}",
+                            a->columns);
+        }
+        for (const cJSON *c = columns->child; c; c = c->next)
+            if (!cJSON_IsString(c)) {
+                cJSON_Delete(columns);
+                return at_error(AT_ERR_INVALID, "--columns: \"%s\" must map to a key name (a string)", c->string);
+            }
+        o.columns = columns;
     }
+    if (a->pt) o.format = AT_FORMAT_TEXT;
+    at_status st = at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds);
+    if (st == AT_OK) at_log_info("%s", t->ds->summary);
+    if (st == AT_OK && a->n_val_datasets) {
+        o.split_ratio = 0;
+        st = at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds);
+    }
+    cJSON_Delete(columns);
+    AT_TRY(st);
     const at_sample_list *vl = t->val_ds ? &t->val_ds->train : &t->ds->val;
     if (a->pref) return load_pairs(t, vl);
     AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
@@ -538,7 +555,8 @@ static at_status save_checkpoint(trainer *t, int64_t step)
         snprintf(stok, sizeof stok, "%lld", (long long)t->tokens_seen);
         const char *meta[] = {"global_step", sstep, "seed", sseed, "train_type", t->a->full ? "full" : "lora",
                               "tokens_seen", stok, "loss_scale", sscale, "loss_scale_good_steps", sgood};
-        st = at_optimizer_save(&t->opt, p, meta, 6);
+        /* --save_only_model: the weights alone (the moments are what a resume needs) */
+        if (!t->a->save_only_model) st = at_optimizer_save(&t->opt, p, meta, 6);
         free(p);
     }
     if (st == AT_OK) st = at_ckpt_commit(t->run_dir, step, dir);
@@ -553,6 +571,12 @@ static at_status find_resume(const at_train_args *a, char **ckpt, char **run_dir
 {
     *ckpt = NULL;
     *run_dir = NULL;
+    if (!strcmp(a->resume_from_checkpoint, "last") && !a->add_version) { /* the run is output_dir itself */
+        int64_t step;
+        *run_dir = strdup(a->output_dir);
+        if (!*run_dir) return at_error(AT_ERR_NOMEM, "out of memory");
+        return at_ckpt_find_last(*run_dir, ckpt, &step);
+    }
     if (strcmp(a->resume_from_checkpoint, "last") != 0) {
         AT_TRY(at_ckpt_verify(a->resume_from_checkpoint));
         *ckpt = strdup(a->resume_from_checkpoint);
@@ -852,6 +876,17 @@ static void on_stop_signal(int sig)
     g_stop_signal = sig;
 }
 
+/* Whether step `done` evaluates / checkpoints under strategy (ms-swift's
+ * steps|epoch|no; NULL: steps): every `every` steps and at the last, at each
+ * epoch's end and the last, or never. */
+static int due(const char *strategy, int every, int64_t done, const trainer *t)
+{
+    if (strategy && !strcmp(strategy, "no")) return 0;
+    if (done == t->total_steps) return 1;
+    if (strategy && !strcmp(strategy, "epoch")) return done % t->steps_per_epoch == 0;
+    return every > 0 && done % every == 0;
+}
+
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
 {
     const at_train_args *a = t->a;
@@ -1022,7 +1057,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             interval_tokens = 0;
             interval_t0 = now;
         }
-        if (t->rank == 0 && t->n_val && ((a->eval_steps > 0 && done % a->eval_steps == 0) || done == t->total_steps)) {
+        if (t->rank == 0 && t->n_val && due(a->eval_strategy, a->eval_steps, done, t)) {
             double el = NAN;
             AT_TRY(evaluate(t, &el));
             if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
@@ -1041,7 +1076,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
                  (double)tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
         at_progress_update(&bar, done, status);
         if (st == AT_OK && t->rank == 0 &&
-            ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps)) {
+            (due(a->save_strategy, a->save_steps, done, t) || done == t->total_steps)) {
             st = save_checkpoint(t, done);
             last_saved = done;
             if (st == AT_OK && !isnan(eval_now) && !(eval_now >= res->best_eval_loss)) {
@@ -1128,7 +1163,16 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (a->resume_from_checkpoint) {
         AT_CHECK(resume(&t, &start_step));
     } else if (t.rank == 0) {
-        AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
+        if (a->add_version) {
+            AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
+        } else { /* --add_version false: the run is output_dir itself */
+            AT_CHECK(at_mkdirs(a->output_dir));
+            t.run_dir = strdup(a->output_dir);
+            if (!t.run_dir) {
+                st = at_error(AT_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+        }
     }
     if (t.rank != 0) goto train; /* rank 0 writes the run's files and prints */
     if (a->args_json) {

@@ -66,6 +66,11 @@ typedef struct {
     int64_t warmup_steps;
     double weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
     int logging_steps, save_steps, eval_steps, save_total_limit;
+    const char *save_strategy, *eval_strategy; /* "steps" (every save_steps / eval_steps), "epoch" (at each
+                                                  epoch's end), "no" (only the final checkpoint / no evaluation) */
+    int save_only_model;            /* checkpoints without the optimizer state (smaller; they cannot be resumed) */
+    int add_version;                /* 0: the run writes into output_dir itself, not a vN-... folder in it */
+    const char *columns;            /* ms-swift's --columns: a JSON object renaming the records' keys */
     int load_best_model_at_end;     /* HF's: checkpoints must fall on evaluations (save_steps a multiple of
                                        eval_steps); the best one is reported (at_train_result) */
     const char *output_dir;
