@@ -363,6 +363,19 @@ static at_status open_source(const char *path, source *s, at_model_config *cfg)
 
 /* ---- loading ------------------------------------------------------------ */
 
+/* The dtype to load layer matrix hf_name as: lin, or the stored Q8_0 / Q4_0
+ * of a GGUF when nothing else is asked (see LIN below). */
+static at_dtype keep_quantized(const source *s, const char *hf_name, at_dtype lin, const at_load_options *o)
+{
+    char gname[160];
+    if (s->kind != SRC_GGUF || o->dtype != AT_LOAD_KEEP_DTYPE || o->quant != AT_QUANT_NONE || o->writable ||
+        !at_gguf_name_from_hf(hf_name, gname, sizeof gname))
+        return lin;
+    const at_gguf_tensor_info *info = at_gguf_find_tensor(s->gg, gname);
+    int stored = info ? at_ggml_to_dtype(info->type) : -1;
+    return stored == AT_Q8_0 || stored == AT_Q4_0 ? (at_dtype)stored : lin;
+}
+
 at_status at_decoder_weights_load(const char *path, const at_load_options *opt, at_decoder_weights **out)
 {
     *out = NULL;
@@ -396,6 +409,11 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     memset(&qstats, 0, sizeof qstats);
     memset(&notes, 0, sizeof notes);
 
+/* A GGUF's Q8_0 / Q4_0 layer matrices stay as stored when neither a dtype
+ * nor a quantization is asked and the weights are read-only: decoding reads
+ * their blocks directly (as llama.cpp does), where dequantizing to bf16 would
+ * double (q8_0) or nearly quadruple (q4_0) the bytes each token reads. */
+#define LIN(name) keep_quantized(src, name, lin, &o)
 #define GET(slot, name, dtype, optional)                          \
     do {                                                          \
         AT_CHECK(source_get(src, name, dtype, optional, &(slot))); \
@@ -408,10 +426,10 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
         char n[160];
 #define NAME(label) (snprintf(n, sizeof n, "model.layers.%d.%s", l, label), n)
         GET(L->attn_norm, NAME("input_layernorm.weight"), AT_F32, 0);
-        GET(L->wq, NAME("self_attn.q_proj.weight"), lin, 0);
-        GET(L->wk, NAME("self_attn.k_proj.weight"), lin, 0);
-        GET(L->wv, NAME("self_attn.v_proj.weight"), lin, 0);
-        GET(L->wo, NAME("self_attn.o_proj.weight"), lin, 0);
+        GET(L->wq, NAME("self_attn.q_proj.weight"), LIN(NAME("self_attn.q_proj.weight")), 0);
+        GET(L->wk, NAME("self_attn.k_proj.weight"), LIN(NAME("self_attn.k_proj.weight")), 0);
+        GET(L->wv, NAME("self_attn.v_proj.weight"), LIN(NAME("self_attn.v_proj.weight")), 0);
+        GET(L->wo, NAME("self_attn.o_proj.weight"), LIN(NAME("self_attn.o_proj.weight")), 0);
         if (cfg.attn_qkv_bias) {
             GET(L->bq, NAME("self_attn.q_proj.bias"), AT_F32, 0);
             GET(L->bk, NAME("self_attn.k_proj.bias"), AT_F32, 0);
@@ -423,10 +441,11 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
             GET(L->k_norm, NAME("self_attn.k_norm.weight"), AT_F32, 0);
         }
         GET(L->ffn_norm, NAME("post_attention_layernorm.weight"), AT_F32, 0);
-        GET(L->w_gate, NAME("mlp.gate_proj.weight"), lin, 0);
-        GET(L->w_up, NAME("mlp.up_proj.weight"), lin, 0);
-        GET(L->w_down, NAME("mlp.down_proj.weight"), lin, 0);
+        GET(L->w_gate, NAME("mlp.gate_proj.weight"), LIN(NAME("mlp.gate_proj.weight")), 0);
+        GET(L->w_up, NAME("mlp.up_proj.weight"), LIN(NAME("mlp.up_proj.weight")), 0);
+        GET(L->w_down, NAME("mlp.down_proj.weight"), LIN(NAME("mlp.down_proj.weight")), 0);
 #undef NAME
+#undef LIN
         if (src->kind == SRC_GGUF && src->gguf_interleaved) {
             AT_CHECK(unpermute(&L->wq, cfg.num_attention_heads, path));
             AT_CHECK(unpermute(&L->bq, cfg.num_attention_heads, path));
