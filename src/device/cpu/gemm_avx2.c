@@ -4,6 +4,7 @@
  * decode and LoRA shapes. Called only when at_cpu_isa_level() >= AT_ISA_AVX2.
  * Layouts: gemm_kernels.h. AVX2 has no masked 16-bit loads: partial vectors
  * (tails of k or of lanes) go through a zeroed stack copy. */
+#include "device/cpu/gemm_avx2_inl.h"
 #include "device/cpu/gemm_kernels.h"
 
 #include <immintrin.h>
@@ -11,17 +12,6 @@
 
 #define MR 6
 #define NR 16
-
-/* Rounds f32 lanes to the nearest bf16 value (ties to even), NaN kept quiet. */
-static inline __m256 round_bf16(__m256 v)
-{
-    __m256i u = _mm256_castps_si256(v);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
-    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
-}
 
 /* 8 values of type t at p as f32 (all 8 are read). */
 static inline __m256 load8_full(const char *p, at_dtype t)
@@ -186,14 +176,6 @@ const at_gemm_blocked at_gemm_f32_avx2 = {
 #define R4(M) M(0) M(1) M(2) M(3)
 #define S8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
 #define R4S8(M) S8(M, 0) S8(M, 1) S8(M, 2) S8(M, 3)
-
-static inline float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* RR (<= 4) rows of y against SS (<= 8) rows of x (RR·SS <= 8), dot products
  * along k; only the first sv of the SS results per row are stored. x rows
