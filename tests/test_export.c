@@ -628,6 +628,7 @@ static void test_quantized(at_dtype q, double tol)
     if (w) {
         CHECK(w->layers[0].wq->dtype == q && w->layers[0].w_up->dtype == q);
         CHECK(w->layers[0].w_down->dtype == AT_F16 && w->embed->dtype == AT_BF16);
+        CHECK(w->cfg.tie_word_embeddings && w->lm_head != w->embed && w->lm_head->dtype == q);
         at_decoder_weights_free(w);
     }
     at_load_options lo = at_load_options_default();

@@ -363,8 +363,8 @@ static at_status open_source(const char *path, source *s, at_model_config *cfg)
 
 /* ---- loading ------------------------------------------------------------ */
 
-/* The dtype to load layer matrix hf_name as: lin, or the stored Q8_0 / Q4_0
- * of a GGUF when nothing else is asked (see LIN below). */
+/* The dtype to load matrix hf_name as: lin, or the stored Q8_0 / Q4_0 of a
+ * GGUF when nothing else is asked (see LIN below). */
 static at_dtype keep_quantized(const source *s, const char *hf_name, at_dtype lin, const at_load_options *o)
 {
     char gname[160];
@@ -420,7 +420,13 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     } while (0)
     GET(w->embed, "model.embed_tokens.weight", mat, 0);
     GET(w->final_norm, "model.norm.weight", AT_F32, 0);
-    if (!cfg.tie_word_embeddings) GET(w->lm_head, "lm_head.weight", mat, 0);
+    /* the lm_head of a quantized GGUF stays quantized too (LIN's reasons: it is
+     * the largest matrix a token reads); when tied, it is a second, quantized
+     * view of the embedding, which stays dequantized for the lookup */
+    at_dtype head = keep_quantized(src, cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                                   mat, &o);
+    if (!cfg.tie_word_embeddings) GET(w->lm_head, "lm_head.weight", head, 0);
+    else if (head != mat) GET(w->lm_head, "model.embed_tokens.weight", head, 0);
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         at_layer_weights *L = &w->layers[l];
         char n[160];
@@ -468,7 +474,7 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     AT_CHECK(place(be, o.writable, &w->embed));
     AT_CHECK(place(be, o.writable, &w->final_norm));
     AT_CHECK(place(be, o.writable, &w->lm_head));
-    if (cfg.tie_word_embeddings) w->lm_head = w->embed;
+    if (cfg.tie_word_embeddings && !w->lm_head) w->lm_head = w->embed;
     st = at_decoder_weights_check(w);
     if (st != AT_OK) at_error_wrap(st, "%s", path);
     if (st == AT_OK && qt != AT_DTYPE_COUNT) {
