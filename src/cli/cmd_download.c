@@ -11,14 +11,16 @@
 #include "hub/hub.h"
 
 static const at_opt_spec specs[] = {
-    {"repo_type", AT_OPT_STRING, "model", "model or dataset", NULL},
-    {"include", AT_OPT_LIST, NULL, "glob patterns of the files to fetch ('*' crosses '/'; default: what a model "
-                                   "needs, or a dataset's every file)", NULL},
-    AT_CLI_HUB_OPTIONS,
+    {.name = "repo_type", .type = AT_OPT_STRING, .def = "model", .choices = "model|dataset",
+     .help = "model or dataset"},
+    {.name = "include", .type = AT_OPT_LIST,
+     .help = "glob patterns of the files to fetch ('*' crosses '/'; default: what a model needs, or a dataset's "
+             "every file)"},
+    AT_HUB_OPTION_ROWS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
-/* The hub options as resolved from a command's table (rows AT_CLI_HUB_OPTIONS). */
+/* The hub options as resolved from a command's table (rows AT_HUB_OPTION_ROWS). */
 static at_status hub_options(const at_options *o, at_hub_options *h)
 {
     memset(h, 0, sizeof *h);

@@ -71,6 +71,19 @@ at_status at_hub_snapshot(const char *name, at_repo_kind kind, const at_hub_opti
  * path are the caller's to free. */
 at_status at_hub_dataset_files(const char *spec, const at_hub_options *o, char ***files, size_t *n);
 
+/* The hub options' rows (base/options.h), for the tables of the commands
+ * that take --model or --dataset: the program (cli/cmd_download.c) fetches
+ * names there before the job runs. */
+#define AT_HUB_OPTION_ROWS                                                                                          \
+    {.name = "use_hf", .type = AT_OPT_BOOL, .def = "true",                                                           \
+     .help = "hub names (ORG/NAME[@REV]) from the Hugging Face Hub; false: from ModelScope"},                        \
+    {.name = "hub", .type = AT_OPT_STRING, .choices = "huggingface|modelscope",                                     \
+     .help = "the hub of names (overrides --use_hf)"},                                                              \
+    {.name = "hub_token", .type = AT_OPT_STRING,                                                                    \
+     .help = "hub access token for gated or private repositories (default: HF_TOKEN / MODELSCOPE_API_TOKEN)"},        \
+    {.name = "gguf_file", .type = AT_OPT_STRING,                                                                    \
+     .help = "which GGUF of a hub repository: a file name or quantization (e.g. Q4_K_M)"}
+
 /* The hub of a "huggingface"/"hf" or "modelscope"/"ms" name. */
 at_status at_hub_parse_kind(const char *s, at_hub_kind *out);
 
