@@ -22,6 +22,7 @@ static const command commands[] = {
     {"app", at_cmd_webui, "the same as web-ui (ms-swift's name)"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
     {"eval", at_cmd_eval, "multiple-choice accuracy (MMLU, C-Eval) and perplexity"},
+    {"download", at_cmd_download, "fetch a model or dataset by name from the Hugging Face Hub or ModelScope"},
 };
 
 static void usage(FILE *out)
