@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "base/status.h"
+#include "base/threads.h"
 #include "cli/cli.h"
 
 typedef struct {
@@ -35,6 +36,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    at_threads_setup(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
