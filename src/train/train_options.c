@@ -71,7 +71,7 @@ const at_opt_spec at_train_options[] = {
     AT("weight_decay", AT_OPT_FLOAT, "0.1", "[0, inf)", weight_decay, "AdamW decoupled weight decay"),
     AT("adam_beta1", AT_OPT_FLOAT, "0.9", "[0, 1)", adam_beta1, "AdamW beta1"),
     AT("adam_beta2", AT_OPT_FLOAT, "0.95", "[0, 1)", adam_beta2, "AdamW beta2"),
-    AT("adam_epsilon", AT_OPT_FLOAT, "1e-8", "(0, 1)", adam_epsilon, "AdamW epsilon"),
+    AT("adam_epsilon", AT_OPT_FLOAT, "1e-8", "(0, inf)", adam_epsilon, "AdamW epsilon"),
     AT("max_grad_norm", AT_OPT_FLOAT, "1.0", "[0, inf)", max_grad_norm, "clip the global gradient norm (0: off)"),
     AT("logging_steps", AT_OPT_INT, "5", "[1, 2147483647]", logging_steps, "log every N steps"),
     AT("save_steps", AT_OPT_INT, "500", "[0, 2147483647]", save_steps,
