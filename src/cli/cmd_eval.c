@@ -20,6 +20,8 @@
 
 static const at_opt_spec specs[] = {
     {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
+    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
+     "or edited since written)", NULL},
     {"adapters", AT_OPT_LIST, NULL, "LoRA adapter folders: DIR or NAME=DIR (the first, or --adapter_name, is applied)",
      NULL},
     {"adapter_name", AT_OPT_STRING, NULL, "which of --adapters to apply (default: the first)", NULL},

@@ -3,6 +3,7 @@
  * `swift export` where one exists. */
 #include <stdio.h>
 #include <string.h>
+#include "base/manifest.h"
 #include "base/options.h"
 #include "cli/cli.h"
 #include "export/export_files.h"
@@ -11,6 +12,8 @@
 
 static const at_opt_spec specs[] = {
     {"model", AT_OPT_STRING, NULL, "model: Hugging Face folder, GGUF or llama2.c file", NULL},
+    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
+     "or edited since written)", NULL},
     {"adapters", AT_OPT_STRING, NULL, "PEFT LoRA adapter folder (e.g. a checkpoint-STEP folder)", NULL},
     {"merge_lora", AT_OPT_BOOL, "false", "merge the adapter into the weights (W + alpha/r * B*A)", NULL},
     {"to", AT_OPT_STRING, "hf", "hf (Hugging Face folder / PEFT adapter) or gguf (llama.cpp)", NULL},
@@ -32,6 +35,7 @@ int at_cmd_export(int argc, char **argv)
     int prc = at_cli_parse(specs, NSPECS, argc, argv, "export", usage, &o);
     if (prc >= 0) return prc;
     int rc = 2;
+    at_manifest_set_checks(!at_opt_bool(o, "no_verify"));
     at_export_args a = {
         .model = at_opt_str(o, "model"),
         .adapters = at_opt_str(o, "adapters"),

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include "base/file.h"
 #include "base/log.h"
+#include "base/manifest.h"
 #include "base/options.h"
 #include "cli/cli.h"
 #include "device/registry.h"
@@ -23,6 +24,8 @@
 
 static const at_opt_spec specs[] = {
     {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
+    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
+     "or edited since written)", NULL},
     {"adapters", AT_OPT_LIST, NULL, "LoRA adapter folders: DIR or NAME=DIR, several allowed", NULL},
     {"adapter_name", AT_OPT_STRING, NULL, "which of --adapters to apply (default: the first)", NULL},
     {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
@@ -60,6 +63,7 @@ at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
     *out = NULL;
     char demo[PATH_MAX];
     at_bundle_opts bo = {0};
+    at_manifest_set_checks(!at_opt_bool(o, "no_verify"));
     bo.model = at_opt_str(o, "model");
     if (!bo.model) {
         bo.model = at_cli_demo_path("demo/stories260K", demo, sizeof demo);
@@ -349,6 +353,7 @@ int at_cmd_infer(int argc, char **argv)
     ss.gp.n_stop = ns;
     ss.gp.stop_ids = b->stop_ids;
     ss.gp.n_stop_ids = b->n_stop_ids;
+    ss.gp.continues_prompt = !b->tmpl; /* raw text is continued; a chat answer is a text of its own */
     if (b->n_adapters) {
         const char *an = at_opt_str(o, "adapter_name");
         ss.gp.adapter = an ? at_bundle_adapter_get(b, an) : b->adapters[0].adapter;

@@ -25,6 +25,8 @@
 
 static const at_opt_spec specs[] = {
     {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
+    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
+     "or edited since written)", NULL},
     {"adapters", AT_OPT_LIST, NULL, "LoRA adapters: DIR or NAME=DIR, several allowed (requests pick one by name)",
      NULL},
     {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
@@ -39,6 +41,9 @@ static const at_opt_spec specs[] = {
     {"max_tokens_limit", AT_OPT_INT, "0", "the largest max_tokens a request may ask (0: the context)", NULL},
     {"max_body_bytes", AT_OPT_INT, "1048576", "the largest request body", NULL},
     {"max_queue", AT_OPT_INT, "64", "requests that may wait for a free slot", NULL},
+    {"idle_timeout", AT_OPT_INT, "30", "seconds a connection may send nothing before it is closed (answers being "
+     "generated do not count)", NULL},
+    {"max_connections_per_client", AT_OPT_INT, "64", "connections one client address may hold (of 256)", NULL},
     {"shutdown_timeout", AT_OPT_FLOAT, "10", "seconds requests in flight get to finish on SIGTERM", NULL},
     {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
     {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
@@ -150,6 +155,8 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     so.max_tokens = (int)at_opt_int(o, "max_tokens_limit");
     so.max_body_bytes = (size_t)at_opt_int(o, "max_body_bytes");
     so.max_queue = (int)at_opt_int(o, "max_queue");
+    so.idle_timeout_s = (int)at_opt_int(o, "idle_timeout");
+    so.max_connections_per_client = (int)at_opt_int(o, "max_connections_per_client");
     so.api_key = at_opt_str(o, "api_key");
     if (c->webui_train && (!so.api_key || !so.api_key[0])) {
         /* an empty --api_key would leave the Train tab open: a token instead */

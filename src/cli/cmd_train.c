@@ -228,7 +228,13 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     }
     /* read by the CUDA backend when it opens the device, which comes later */
     if (at_opt_bool(o, "tf32")) setenv("ANYTUNE_ALLOW_TF32", "1", 1);
-    int rc = 1;
+    int rc = at_cli_resume_options(o, c->command);
+    if (rc >= 0) {
+        at_options_free(o);
+        free(all);
+        return rc;
+    }
+    rc = 1;
     at_train_args a;
     at_train_args_defaults(&a);
     const char **ds = NULL, **vds = NULL, **prev = NULL, **tm = NULL;
@@ -274,9 +280,13 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (!demo_ds[0]) demo_ds[0] = "demo/identity.json";
         a.datasets = demo_ds;
         a.n_datasets = 1;
-        if (!a.model_name) a.model_name = "anytune";
-        if (!a.model_author) a.model_author = "the anytune team";
+        /* as options, so that args.json holds them and a resumed demo finds them */
+        if (!a.model_name) at_opt_set(o, "model_name", "anytune");
+        if (!a.model_author) at_opt_set(o, "model_author", "the anytune team");
+        a.model_name = at_opt_str(o, "model_name");
+        a.model_author = at_opt_str(o, "model_author");
         if (!np) {
+            at_opt_set(o, "preview", "Who are you?,What is your name?");
             a.preview_prompts = demo_prompts;
             a.n_preview_prompts = 2;
         }
@@ -416,7 +426,10 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (at_comm_world(&comm) == AT_OK) at_comm_abort(comm, 1);
         goto done;
     }
-    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0)
+    int rank0 = at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0;
+    if (rank0 && !res.run_dir[0]) /* the run folder went with the run (trainer.h) */
+        fprintf(stderr, "anytune: stopped before a step trained: nothing saved\n");
+    else if (rank0)
         fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
                 res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
     at_comm_finalize();

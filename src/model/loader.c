@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "base/manifest.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "device/cpu/cpu_backend.h"
@@ -376,6 +377,7 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
         return at_error(AT_ERR_UNSUPPORTED, "%s: full fine-tuning trains every weight and cannot run on quantized "
                         "(%s) weights: train LoRA adapters over them (--train_type lora --quant_bits N), or load "
                         "without quantization", path, at_quant_name(o.quant));
+    AT_TRY(at_manifest_check(path)); /* a full fine-tuning checkpoint or an export of ours: unchanged since */
     at_backend *be = o.backend ? o.backend : at_cpu_backend();
     source *s = calloc(1, sizeof *s);
     if (!s) return at_error(AT_ERR_NOMEM, "loader: out of memory");
