@@ -104,6 +104,13 @@ check "--no_verify reads it anyway" $?
 $BIN export --model $M --adapters "$T/ck" --merge_lora --to hf --output_dir "$T/merged" > /dev/null 2> "$T/j.err"
 [ $? -ne 0 ] && grep -q "adapter_model.safetensors does not match" "$T/j.err" && [ ! -e "$T/merged" ]
 check "export refuses it too" $?
+# a full fine-tuning checkpoint loaded as --model is checked too
+$SFT --train_type full --output_dir "$T/outf" --max_steps 1 > /dev/null 2>&1
+CKF=$(ls -d "$T"/outf/v0-*/checkpoint-1)
+printf 'x' | dd of="$CKF/model.safetensors" bs=1 seek=200 conv=notrunc 2> /dev/null
+$BIN infer --model "$CKF" --tokenizer $M --prompt hi --max_new_tokens 2 > /dev/null 2> "$T/i2.err"
+[ $? -eq 1 ] && grep -q "model.safetensors does not match" "$T/i2.err"
+check "infer refuses a full checkpoint that does not match its manifest" $?
 sh -c 'exit 0' & dead=$!
 wait $dead
 mkdir -p "$T/exp.tmp-$dead" "$T/exp.tmp-$$"
