@@ -5,6 +5,7 @@
 #    given again must agree, or the error names each difference; a finished
 #    run is said to be finished; an older finished run is never taken over
 #    (its args.json and checkpoints stay as they were);
+#  - a second writer of a run is refused with the holder's pid;
 #  - the last step is checkpointed even when it is skipped; a run where no
 #    step trained (NaN weights) fails, says nothing was saved and leaves no
 #    run folder; so does a run that fails before its first step;
@@ -60,6 +61,21 @@ R2=$(ls -d "$O2"/v0-*)
 [ $rc -eq 0 ] && [ -d "$R2/checkpoint-6" ] && grep -q "\"learning_rate\":[[:space:]]*0.002" "$R2/args.json" &&
     [ "$(grep -c '"step":6' "$R2/logging.jsonl")" -eq 1 ]
 check "a bare --resume_from_checkpoint last continues the run with its own options" $?
+# ---- 22.2: one writer per run ----
+O6=$T/out-lock
+ANYTUNE_DEBUG_KILL_AFTER_STEP=2 $SFT --output_dir "$O6" --max_steps 2000 --save_steps 2 > /dev/null 2>&1
+$BIN sft --output_dir "$O6" --resume_from_checkpoint last > /dev/null 2> "$T/lock1.err" &
+first=$!
+R6=$(ls -d "$O6"/v0-*)
+i=0
+while [ $i -lt 300 ] && ! grep -q '"step":4,' "$R6/logging.jsonl" 2> /dev/null; do sleep 0.1; i=$((i + 1)); done
+$BIN sft --output_dir "$O6" --resume_from_checkpoint last > /dev/null 2> "$T/lock2.err"
+rc=$?
+kill -TERM $first 2> /dev/null
+wait $first
+[ $rc -eq 1 ] && grep -q "in use by another anytune (pid $first)" "$T/lock2.err"
+check "a second writer of a run is refused, naming the holder's pid" $?
+
 $BIN sft --resume_from_checkpoint "$T/nonexistent" > /dev/null 2> "$T/e.err"
 [ $? -eq 1 ] && grep -q "no such checkpoint folder" "$T/e.err"
 check "--resume_from_checkpoint of a missing folder says so" $?
