@@ -269,7 +269,7 @@ at_status at_run_lock_take(const char *run_dir, at_run_lock *lk)
 
 void at_run_lock_release(at_run_lock *lk)
 {
-    if (lk->fd >= 0) {
+    if (lk->fd >= 0 && lk->path) { /* path NULL: a zeroed lock never taken (fd 0 is not ours) */
         unlink(lk->path); /* before the unlock: a waiter then finds the new file (see above) */
         close(lk->fd);
     }

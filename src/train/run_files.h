@@ -48,7 +48,7 @@ typedef struct {
 } at_run_lock;
 
 at_status at_run_lock_take(const char *run_dir, at_run_lock *lk);
-void at_run_lock_release(at_run_lock *lk); /* safe on a zeroed lock with fd -1, and twice */
+void at_run_lock_release(at_run_lock *lk); /* safe on {-1, NULL}, on a zeroed lock, and twice */
 
 /* The checkpoint that --resume_from_checkpoint SPEC names: a checkpoint
  * folder (its parent is the run), or "last": the newest complete checkpoint

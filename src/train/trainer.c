@@ -1058,6 +1058,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
 {
     trainer t;
     memset(&t, 0, sizeof t);
+    t.lock.fd = -1;
     t.a = a;
     memset(res, 0, sizeof *res);
     if (!out) out = stdout;
