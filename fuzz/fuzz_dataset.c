@@ -27,7 +27,8 @@ static at_status on_record(void *ctx, const at_record *rec)
     fuzz_ctx *fc = ctx;
     if (rec->line < 1) abort();
     fc->records++;
-    at_normalizer nz = {&fc->arena, (fc->records & 1) ? "N" : NULL, "A"};
+    at_normalizer nz = {.arena = &fc->arena, .model_name = (fc->records & 1) ? "N" : NULL, .model_author = "A",
+                        .model_name_en = (fc->records & 2) ? "E" : NULL};
     at_sample s;
     if (!rec->json) {
         if (at_normalize_text(&nz, rec->text, rec->text_len, &s) == AT_OK && !s.text) abort();

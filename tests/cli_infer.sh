@@ -56,7 +56,7 @@ cmp -s "$T/one4" "$T/int4"; check "/system TEXT equals --system" $?
 "$BIN" infer $MODEL --template nosuch --prompt x > /dev/null 2> "$T/e3"
 [ $? -eq 1 ] && grep -q "nosuch" "$T/e3"; check "an unknown template is an error" $?
 "$BIN" infer $MODEL --top_p 0 --prompt x > /dev/null 2> "$T/e4"
-[ $? -eq 1 ] && grep -q "top_p" "$T/e4"; check "top_p 0 is refused" $?
+[ $? -eq 2 ] && grep -q "top_p 0: out of range" "$T/e4"; check "top_p 0 is refused (the option's range)" $?
 # quantized weights (QLoRA models): q8_0 keeps the greedy story's opening
 "$BIN" infer $MODEL --prompt "" --max_new_tokens 256 --quant_bits 8 --verbose > "$T/gotq" 2> "$T/errq"
 [ "$(head -c 60 "$T/gotq")" = "$(head -c 60 "$T/want0")" ] && grep -q "quantized to q8_0" "$T/errq"

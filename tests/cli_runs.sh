@@ -1,211 +1,128 @@
 #!/bin/sh
-# Runs and the files they hold, as a hostile user finds them (issue 22, and
-# 21.1 / 21.6): nothing lost, nothing hijacked.
-#  - --resume_from_checkpoint takes the run's own options (args.json); options
-#    given again must agree, or the error names each difference; a finished
-#    run is said to be finished; an older finished run is never taken over
-#    (its args.json and checkpoints stay as they were);
-#  - a second writer of a run is refused with the holder's pid;
-#  - the last step is checkpointed even when it is skipped; a run where no
-#    step trained (NaN weights) fails, says nothing was saved and leaves no
-#    run folder; so does a run that fails before its first step;
-#  - infer / export check MANIFEST.sha256 (--no_verify reads anyway); export
-#    removes the OUT.tmp-PID of an export that was killed;
-#  - files that are not regular (a symlink to /dev/zero, a folder) are
-#    refused at once; a cut tokenizer.bin is refused at load naming both sizes;
-#  - a NUL (\u0000) in a dataset string refuses the record, naming file and line;
-#  - infer --template none keeps the first generated token's leading space.
+# A run as a user lives it (issue 21): evaluation visible while training and
+# the best checkpoint named at the end; the summary counts the steps this
+# process ran (a resumed run says where it started); an adapter knows its
+# base and a run folder means its newest checkpoint; export's ms-swift
+# defaults (ADAPTER-merged) and a single-file GGUF that infer finds in a
+# folder; eval counts what it dropped and keeps each run's results; the
+# chat's /help and /reset.
 # Usage: sh tests/cli_runs.sh path/to/anytune   (from the repository root)
 set -u
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 BIN=${1:?usage: cli_runs.sh ANYTUNE}
-M=demo/stories260K
-D=demo/identity.json
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail=0
 check() { # name, command status
     if [ "$2" -eq 0 ]; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi
 }
-runs() { ls -d "$1"/v*-* 2>/dev/null | wc -l; }
-SFT="$BIN sft --model $M --dataset $D --logging_steps 1"
+DEMO="--max_steps 4 --save_steps 2 --eval_steps 2 --logging_steps 2 --split_dataset_ratio 0.25 --preview_max_tokens 4"
 
-# ---- 22.1 / 21.1: resume takes the run's own options ----
-O=$T/out
-$SFT --output_dir "$O" --max_steps 4 --save_steps 2 > /dev/null 2> "$T/a.err"
-check "a first run finishes" $?
-V0=$(ls -d "$O"/v0-*)
-cp "$V0/args.json" "$T/v0-args.json"
-ls "$V0" > "$T/v0-files"
-# a second run with other options, killed before its first checkpoint
-ANYTUNE_DEBUG_KILL_AFTER_STEP=1 $SFT --output_dir "$O" --max_steps 200 --learning_rate 5e-3 --save_steps 2 \
-    > /dev/null 2>&1
-$SFT --output_dir "$O" --max_steps 200 --learning_rate 5e-3 --save_steps 2 --resume_from_checkpoint last \
-    > /dev/null 2> "$T/b.err"
-rc=$?
-[ $rc -eq 1 ] && grep -q -- "--max_steps 200 (the run: 4)" "$T/b.err" && grep -q -- "--learning_rate" "$T/b.err"
-check "resume refuses a run made with other options, naming each difference" $?
-cmp -s "$V0/args.json" "$T/v0-args.json" && ls "$V0" | cmp -s - "$T/v0-files"
-check "the older finished run is left as it was (args.json, checkpoints)" $?
-# no options given: the run's own; the newest run with a checkpoint is v0, finished
-$BIN sft --output_dir "$O" --resume_from_checkpoint last > /dev/null 2> "$T/c.err"
-[ $? -eq 1 ] && grep -q "is finished" "$T/c.err" && ! grep -q "steps in" "$T/c.err"
-check "resuming a finished run says it is finished" $?
-# a run stopped after step 3 (checkpoint-2), resumed with no options: it ends its own schedule
-O2=$T/out2
-ANYTUNE_DEBUG_KILL_AFTER_STEP=3 $SFT --output_dir "$O2" --max_steps 6 --save_steps 2 --learning_rate 2e-3 \
-    > /dev/null 2>&1
-$BIN sft --output_dir "$O2" --resume_from_checkpoint last > /dev/null 2> "$T/d.err"
-rc=$?
-R2=$(ls -d "$O2"/v0-*)
-[ $rc -eq 0 ] && [ -d "$R2/checkpoint-6" ] && grep -q "\"learning_rate\":[[:space:]]*0.002" "$R2/args.json" &&
-    [ "$(grep -c '"step":6' "$R2/logging.jsonl")" -eq 1 ]
-check "a bare --resume_from_checkpoint last continues the run with its own options" $?
-# ---- 22.2: one writer per run ----
-O6=$T/out-lock
-ANYTUNE_DEBUG_KILL_AFTER_STEP=2 $SFT --output_dir "$O6" --max_steps 2000 --save_steps 2 > /dev/null 2>&1
-$BIN sft --output_dir "$O6" --resume_from_checkpoint last > /dev/null 2> "$T/lock1.err" &
-first=$!
-R6=$(ls -d "$O6"/v0-*)
-i=0
-while [ $i -lt 300 ] && ! grep -q '"step":4,' "$R6/logging.jsonl" 2> /dev/null; do sleep 0.1; i=$((i + 1)); done
-$BIN sft --output_dir "$O6" --resume_from_checkpoint last > /dev/null 2> "$T/lock2.err"
-rc=$?
-kill -TERM $first 2> /dev/null
-wait $first
-[ $rc -eq 1 ] && grep -q "in use by another anytune (pid $first)" "$T/lock2.err"
-check "a second writer of a run is refused, naming the holder's pid" $?
+# issue 21.12: eval_loss on the console, in the plot, the best checkpoint at the end; 21.4: the summary
+"$BIN" sft $DEMO --load_best_model_at_end --output_dir "$T/o" > /dev/null 2> "$T/sft"
+check "the demo trains with validation" $?
+RUN=$(ls -d "$T"/o/v0-*)
+grep -q "step 2/4  eval_loss [0-9]" "$T/sft" && grep -q "step 4/4  eval_loss [0-9]" "$T/sft"
+check "eval_loss on the console" $?
+grep -q "best checkpoint: $RUN/checkpoint-[24] (eval_loss [0-9.]*)" "$T/sft"; check "the best checkpoint named" $?
+grep -q "anytune: 4 steps in .*logged loss [0-9.]* -> [0-9.]*; saved in $RUN" "$T/sft"
+check "the summary: steps and logged losses" $?
+grep -q "eval_loss" "$RUN/images/train_loss.svg"; check "eval_loss in the plot" $?
+"$BIN" sft $DEMO --load_best_model_at_end --save_steps 3 --output_dir "$T/bad" > /dev/null 2> "$T/e"
+[ $? -ne 0 ] && grep -q "not a multiple of --eval_steps" "$T/e"; check "--load_best_model_at_end wants saves on evals" $?
 
-$BIN sft --resume_from_checkpoint "$T/nonexistent" > /dev/null 2> "$T/e.err"
-[ $? -eq 1 ] && grep -q "no such checkpoint folder" "$T/e.err"
-check "--resume_from_checkpoint of a missing folder says so" $?
+ANYTUNE_DEBUG_TERM_AFTER_STEP=2 "$BIN" sft $DEMO --output_dir "$T/r" > /dev/null 2>&1
+"$BIN" sft $DEMO --output_dir "$T/r" --resume_from_checkpoint last > /dev/null 2> "$T/res"
+grep -q "anytune: 2 steps (resumed at 2, 4 in all)" "$T/res"; check "a resumed run says where it started" $?
 
-# ---- 22.3 / 22.4 / 21.6: skipped steps ----
-O3=$T/out3
-ANYTUNE_DEBUG_NONFINITE_FROM=3 $SFT --output_dir "$O3" --max_steps 3 --save_steps 1000 > /dev/null 2>&1
-check "a run whose last step is skipped ends well" $?
-[ -d "$(ls -d "$O3"/v0-*)/checkpoint-3" ]
-check "the last step is checkpointed even when it is skipped" $?
-O4=$T/out4
-ANYTUNE_DEBUG_NONFINITE_FROM=1 $SFT --output_dir "$O4" --max_steps 3 > /dev/null 2> "$T/f.err"
-[ $? -eq 1 ] && grep -q "nothing was saved" "$T/f.err" && ! grep -q "saved in" "$T/f.err" && [ "$(runs "$O4")" -eq 0 ]
-check "no step trained: an error, nothing claimed saved, no run folder" $?
-ANYTUNE_DEBUG_NONFINITE_FROM=1 $SFT --output_dir "$O4" --max_steps 9 > /dev/null 2> "$T/g.err"
-[ $? -eq 1 ] && grep -q "no checkpoint was saved" "$T/g.err" && ! grep -q "last good checkpoint" "$T/g.err"
-check "the non-finite stop does not name a checkpoint that does not exist" $?
-# a real model with NaN weights (llama2.c file: 28 header bytes, then the embeddings)
-cp tests/data/models/stories260K.bin "$T/nan.bin"
-python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<f', float('nan')) * 16384)" > "$T/nans"
-dd if="$T/nans" of="$T/nan.bin" bs=1 seek=28 conv=notrunc 2> /dev/null
-$BIN sft --model "$T/nan.bin" --tokenizer tests/data/goldens/tok512.bin --dataset $D --max_steps 3 \
-    --output_dir "$O4" > /dev/null 2> "$T/h.err"
-[ $? -eq 1 ] && ! grep -q "saved in" "$T/h.err" && [ "$(runs "$O4")" -eq 0 ]
-check "a model with NaN weights fails without claiming a save" $?
+# issue 21.2 / 21.14: --adapters without --model; a run folder as --adapters
+"$BIN" infer --model demo/stories260K --adapters "$RUN/checkpoint-4" --prompt "Who are you?" --max_new_tokens 12 \
+    > "$T/want" 2>/dev/null
+"$BIN" infer --adapters "$RUN" --prompt "Who are you?" --max_new_tokens 12 > "$T/got" 2> "$T/err"
+cmp -s "$T/want" "$T/got" && grep -q "is a run folder: using its newest checkpoint, $RUN/checkpoint-4" "$T/err" &&
+    grep -q "no --model given: using demo/stories260K, the base model of" "$T/err"
+check "infer --adapters RUN: the base from args.json, the newest checkpoint" $?
+mkdir "$T/empty"
+"$BIN" infer --adapters "$T/empty" --prompt x > /dev/null 2> "$T/e"
+[ $? -eq 1 ] && grep -q "neither an adapter" "$T/e"; check "--adapters of a folder with nothing says so" $?
 
-# ---- 22.5 / 22.6: checkpoints are verified; stale staging folders go ----
-CK=$(ls -d "$V0"/checkpoint-4)
-cp -r "$CK" "$T/ck"
-python3 - "$T/ck/adapter_model.safetensors" <<'EOF'
-import sys
-p = sys.argv[1]
-b = bytearray(open(p, 'rb').read())
-b[-4:] = b'\x00\x00\xc0\x7f'  # a NaN in the last value
-open(p, 'wb').write(b)
-EOF
-$BIN infer --model $M --adapters "$T/ck" --prompt hi --max_new_tokens 2 > /dev/null 2> "$T/i.err"
-[ $? -eq 1 ] && grep -q "adapter_model.safetensors does not match" "$T/i.err"
-check "infer refuses an adapter that does not match its manifest, naming the file" $?
-$BIN infer --model $M --adapters "$T/ck" --prompt hi --max_new_tokens 2 --no_verify > /dev/null 2>&1
-check "--no_verify reads it anyway" $?
-$BIN export --model $M --adapters "$T/ck" --merge_lora --to hf --output_dir "$T/merged" > /dev/null 2> "$T/j.err"
-[ $? -ne 0 ] && grep -q "adapter_model.safetensors does not match" "$T/j.err" && [ ! -e "$T/merged" ]
-check "export refuses it too" $?
-# a full fine-tuning checkpoint loaded as --model is checked too
-$SFT --train_type full --output_dir "$T/outf" --max_steps 1 > /dev/null 2>&1
-CKF=$(ls -d "$T"/outf/v0-*/checkpoint-1)
-printf 'x' | dd of="$CKF/model.safetensors" bs=1 seek=200 conv=notrunc 2> /dev/null
-$BIN infer --model "$CKF" --tokenizer $M --prompt hi --max_new_tokens 2 > /dev/null 2> "$T/i2.err"
-[ $? -eq 1 ] && grep -q "model.safetensors does not match" "$T/i2.err"
-check "infer refuses a full checkpoint that does not match its manifest" $?
-sh -c 'exit 0' & dead=$!
-wait $dead
-mkdir -p "$T/exp.tmp-$dead" "$T/exp.tmp-$$"
-$BIN export --model $M --adapters "$CK" --merge_lora --to hf --output_dir "$T/exp" > /dev/null 2>&1
-[ $? -eq 0 ] && [ ! -e "$T/exp.tmp-$dead" ] && [ -d "$T/exp.tmp-$$" ]
-check "export removes the staging folder of a dead export, not of a live one" $?
+# issue 21.2 / 21.13: export's defaults and a single GGUF file
+"$BIN" export --adapters "$RUN/checkpoint-4" --merge_lora --quiet > /dev/null 2> "$T/ex"
+[ $? -eq 0 ] && [ -f "$RUN/checkpoint-4-merged/config.json" ] && grep -q "writing $RUN/checkpoint-4-merged" "$T/ex"
+check "export --merge_lora: the base from the run, ADAPTER-merged" $?
+"$BIN" export --adapters "$RUN" --merge_lora --to gguf --output_dir "$T/x.gguf" --quiet > /dev/null 2>&1
+[ -f "$T/x.gguf" ] && [ "$(head -c 4 "$T/x.gguf")" = "GGUF" ] && ! ls -d "$T"/x.gguf.tmp* > /dev/null 2>&1
+check "export --to gguf --output_dir x.gguf writes that file" $?
+mkdir "$T/g" && cp "$T/x.gguf" "$T/g/"
+"$BIN" infer --model "$T/g" --prompt "Who are you?" --max_new_tokens 12 > "$T/gg" 2> "$T/ge"
+[ $? -eq 0 ] && [ -s "$T/gg" ] && grep -q "holds one GGUF file" "$T/ge"; check "infer --model a folder with one GGUF" $?
 
-# ---- 22.8: files that are not regular ----
-ln -s /dev/zero "$T/zero.yaml"
-timeout 20 $BIN sft --config "$T/zero.yaml" --dry_run > /dev/null 2> "$T/k.err"
-[ $? -eq 2 ] && grep -q "not a regular file" "$T/k.err"
-check "--config that is /dev/zero is refused at once" $?
-mkdir "$T/d.yaml"
-$BIN sft --config "$T/d.yaml" --dry_run > /dev/null 2> "$T/l.err"
-[ $? -eq 2 ] && grep -q "a folder" "$T/l.err"
-check "--config that is a folder says so" $?
-for f in config.json tokenizer_config.json; do
-    mkdir -p "$T/m-$f"
-    cp $M/* "$T/m-$f/"
-    rm "$T/m-$f/$f"
-    ln -s /dev/zero "$T/m-$f/$f"
-    timeout 20 $BIN infer --model "$T/m-$f" --prompt hi --max_new_tokens 2 > /dev/null 2> "$T/m.err"
-    [ $? -eq 1 ] && grep -q "$f: a device" "$T/m.err"
-    check "a model's $f that is /dev/zero is refused at once" $?
+# issue 21.11: batch inference over a dataset, continuous batching, the reference beside each answer
+"$BIN" infer --adapters "$RUN/checkpoint-4" --val_dataset demo/identity.json --model_name anytune \
+    --model_author "the anytune team" --max_new_tokens 12 --max_batch_size 3 --result_path "$T/res.jsonl" \
+    > /dev/null 2> "$T/bi"
+[ $? -eq 0 ] && [ "$(wc -l < "$T/res.jsonl")" -eq 16 ] && grep -q "16 prompts answered" "$T/bi"
+check "infer --val_dataset answers every record" $?
+# each answer equals the one-prompt answer (greedy): batching changes nothing
+ok=0
+for k in 1 2 3 4 5; do
+    q=$(sed -n "${k}p" "$T/res.jsonl" | sed 's/.*"messages":\[{"role":"user","content":"\([^"]*\)"}\].*/\1/')
+    want=$(sed -n "${k}p" "$T/res.jsonl" | sed 's/^{"response":"\([^"]*\)".*/\1/')
+    got=$("$BIN" infer --adapters "$RUN/checkpoint-4" --prompt "$q" --max_new_tokens 12 2>/dev/null)
+    [ "$got" = "$want" ] || { ok=1; echo "  record $k ($q): batch '$want', alone '$got'"; }
 done
+check "batched answers equal one-prompt answers" $ok
+grep -q '"labels":"Hello! I am anytune, an AI assistant developed by the anytune team.' "$T/res.jsonl"
+check "the reference answer beside each result" $?
+"$BIN" infer --adapters "$RUN/checkpoint-4" --load_data_args true --max_new_tokens 4 --result_path "$T/val.jsonl" \
+    > /dev/null 2>&1
+[ $? -eq 0 ] && [ "$(wc -l < "$T/val.jsonl")" -eq 4 ] && grep -q '"labels":".*anytune' "$T/val.jsonl"
+check "--load_data_args answers the run's validation split (4 of 16)" $?
 
-# ---- 22.12 / 21.6: a tokenizer that does not fit the model ----
-head -c 100 $M/tokenizer.bin > "$T/cut.bin"
-$BIN infer --model $M --tokenizer "$T/cut.bin" --prompt hi > /dev/null 2> "$T/n.err"
-[ $? -eq 1 ] && grep -q "has 7 ids but the model" "$T/n.err" && grep -q "vocabulary of 512" "$T/n.err"
-check "a cut tokenizer.bin is refused at load, naming both sizes" $?
-O5=$T/out5
-$SFT --tokenizer "$T/cut.bin" --output_dir "$O5" --max_steps 2 > /dev/null 2> "$T/o.err"
-[ $? -eq 1 ] && grep -q "vocabulary of 512" "$T/o.err" && [ "$(runs "$O5")" -eq 0 ]
-check "training with it fails at load and leaves no run folder" $?
+# issue 21.5 / 21.14: eval counts what it drops and keeps every run's results
+EV="--adapters $RUN --dataset demo/identity.json --max_length 80 --eval_output_dir $T/ev"
+"$BIN" eval $EV > "$T/ev1" 2>/dev/null && sleep 1 && "$BIN" eval $EV > /dev/null 2>&1
+grep -q "^samples: [0-9]* of 16 (7 longer than --max_length 80 dropped" "$T/ev1"
+check "eval: samples N of M, the dropped counted" $?
+[ "$(ls "$T"/ev/loss_results-*.json | wc -l)" -eq 2 ] && [ -f "$T/ev/loss_results.json" ]
+check "eval writes a new file per run" $?
 
-# ---- 22.11: NUL in a dataset string ----
-printf '{"query": "hi", "response": "a\\u0000b"}\n{"query": "ho", "response": "c"}\n' > "$T/nul.jsonl"
-$SFT --dataset "$T/nul.jsonl" --output_dir "$T/out6" --max_steps 1 --strict > /dev/null 2> "$T/p.err"
-[ $? -eq 1 ] && grep -q "nul.jsonl:1:.*NUL" "$T/p.err"
-check "a NUL in a dataset string refuses the record, naming file and line" $?
+# issue 21.9: ms-swift's --save_strategy / --eval_strategy, --save_only_model, --add_version, --columns
+"$BIN" sft --num_train_epochs 2 --save_strategy epoch --eval_strategy no --split_dataset_ratio 0.25 \
+    --save_only_model --preview_max_tokens 4 --output_dir "$T/ep" > /dev/null 2>&1
+EP=$(ls -d "$T"/ep/v0-*)
+[ "$(ls -d "$EP"/checkpoint-* | xargs -n1 basename | tr '\n' ' ')" = "checkpoint-3 checkpoint-6 " ] &&
+    ! grep -q eval_loss "$EP/logging.jsonl" && [ ! -e "$EP/checkpoint-6/trainer_state.safetensors" ]
+check "--save_strategy epoch, --eval_strategy no, --save_only_model" $?
+"$BIN" sft --max_steps 2 --add_version false --preview_max_tokens 4 --output_dir "$T/flat" > /dev/null 2>&1
+[ -f "$T/flat/args.json" ] && [ -d "$T/flat/checkpoint-2" ]; check "--add_version false writes into --output_dir" $?
+printf '{"q": "Who are you?", "a": "I am anytune."}\n{"q": "Hi", "a": "Hello!"}\n' \
+    > "$T/qa.jsonl"
+"$BIN" sft --model demo/stories260K --dataset "$T/qa.jsonl" --max_steps 1 --preview_max_tokens 4 \
+    --output_dir "$T/qa0" > /dev/null 2> "$T/qa0.err"
+[ $? -ne 0 ] && grep -q "fit no dataset format" "$T/qa0.err"; check "unknown columns are refused" $?
+"$BIN" sft --model demo/stories260K --dataset "$T/qa.jsonl" --columns '{"q": "query", "a": "response"}' \
+    --max_steps 1 --preview_max_tokens 4 --output_dir "$T/qa1" > /dev/null 2>&1
+check "--columns renames them (ms-swift's JSON form)" $?
 
-# ---- messages that say what is wrong ----
-$SFT --dataset "$D#-1" --output_dir "$T/out8" --max_steps 1 > /dev/null 2> "$T/t1.err"
-[ $? -eq 1 ] && grep -q "sample count after '#'" "$T/t1.err"
-check "FILE#-1 names the sample count" $?
-$SFT --output_dir "" --max_steps 1 > /dev/null 2> "$T/t2.err"
-[ $? -eq 1 ] && grep -q -- "--output_dir is empty" "$T/t2.err"
-check "--output_dir \"\" says it is empty" $?
-# the summary of skipped records is printed once
-printf '{"query": "hi", "response": "a\u0000b"}\n{"query": "ho", "response": "c"}\n' > "$T/skip.jsonl"
-$SFT --dataset "$T/skip.jsonl" --output_dir "$T/out9" --max_steps 1 > /dev/null 2> "$T/t3.err"
-[ $? -eq 0 ] && [ "$(grep -c "skipped 1 bad record" "$T/t3.err")" -eq 1 ]
-check "the dataset's skip summary is printed once" $?
+# issue 21.7: self-cognition placeholders without --model_name warn; ms-swift's two-value form
+SC="--model demo/stories260K --dataset demo/identity.json --max_steps 1 --save_steps 0 --preview_max_tokens 4"
+"$BIN" sft $SC --output_dir "$T/sc1" > /dev/null 2> "$T/sc1.err"
+grep -q "hold {{name}} / {{author}} placeholders and no --model_name" "$T/sc1.err"
+check "{{name}} without --model_name is a warning" $?
+"$BIN" sft $SC --model_name 小黄 "Xiao Huang" --model_author 魔搭 ModelScope --output_dir "$T/sc2" > /dev/null 2> "$T/sc2.err"
+[ $? -eq 0 ] && ! grep -q "placeholders" "$T/sc2.err" && grep -q '"Xiao Huang"' "$T"/sc2/v0-*/args.json
+check "--model_name 小黄 'Xiao Huang' is accepted (and kept in args.json)" $?
+"$BIN" sft $SC --model_name a b c --output_dir "$T/sc3" > /dev/null 2> "$T/sc3.err"
+[ $? -eq 2 ] && grep -q "two (Chinese, English)" "$T/sc3.err"; check "--model_name with three values is refused" $?
 
-# ---- 22.14: a continued text keeps its first space ----
-$BIN infer --model $M --template none --prompt "Once upon a" --max_new_tokens 3 --stream false > "$T/q.out" 2>/dev/null
-[ "$(head -c 1 "$T/q.out")" = " " ]
-check "infer --template none keeps the first token's leading space" $?
+# issue 21.14: DPO's console line shows what TRL users watch
+"$BIN" rlhf --rlhf_type dpo --model demo/stories260K --dataset tests/data/dpo/dpo_en_demo_8.json --template chatml \
+    --max_steps 2 --logging_steps 1 --output_dir "$T/dpo" > /dev/null 2> "$T/dpo.err"
+grep -a -q "step 1/2 .* rewards/accuracies [0-9.]*  rewards/margins -*[0-9.]*" "$T/dpo.err"
+check "dpo: rewards/accuracies and rewards/margins on the console" $?
 
-# ---- 22.15: the LoRA GGUF that export writes loads as --adapters ----
-$SFT --output_dir "$T/out7" --max_steps 30 --learning_rate 5e-3 > /dev/null 2>&1
-CK7=$(ls -d "$T"/out7/v0-*/checkpoint-30)
-$BIN export --model $M --adapters "$CK7" --to gguf --output_dir "$T/gg" > /dev/null 2>&1
-ASK="--prompt Who_are_you? --max_new_tokens 24 --stream false"
-$BIN infer --model $M --adapters "$CK7" $ASK > "$T/s1" 2>/dev/null
-$BIN infer --model $M --adapters "$T/gg/adapter-f32.gguf" $ASK > "$T/s2" 2> "$T/s.err"
-$BIN infer --model $M $ASK > "$T/s0" 2>/dev/null
-cmp -s "$T/s1" "$T/s2" && ! cmp -s "$T/s0" "$T/s2"
-check "infer --adapters ADAPTER.gguf answers as the checkpoint it was exported from" $?
-$BIN export --model $M --adapters "$T/gg/adapter-f32.gguf" --merge_lora --to hf --output_dir "$T/gm" > /dev/null 2>&1 &&
-    $BIN infer --model "$T/gm" $ASK > "$T/s3" 2>/dev/null && cmp -s "$T/s1" "$T/s3"
-check "export --merge_lora takes it too" $?
-
-# ---- 22.16: special tokens written in the text are parsed, as llama.cpp and Hugging Face do ----
-for m in $M tests/data/models/stories260K.gguf; do
-    $BIN infer --model $m --template none --prompt "a<unk>" --max_new_tokens 1 --verbose > /dev/null 2> "$T/r.err"
-    grep -q "prefill: 3 tokens" "$T/r.err" # BOS, "a", <unk>
-    check "<unk> in the prompt is one token ($m)" $?
-done
-
+# issue 21.14: the chat's commands
+printf '/help\nHello\n/reset\n/exit\n' | "$BIN" infer --max_new_tokens 4 > /dev/null 2> "$T/chat"
+grep -q "commands: /reset" "$T/chat" && grep -q "history cleared" "$T/chat"; check "chat: /help and /reset answer" $?
 exit $fail

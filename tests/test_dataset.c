@@ -96,6 +96,23 @@ static void test_identity_placeholders(void)
         CHECK(strcmp(ds->train.items[0]->messages.items[1].content,
                      "Hello! I am Anytune, an AI assistant developed by the anytune team. How can I assist you today?") == 0);
     at_dataset_free(ds);
+    /* ms-swift's two-value form: the first value for Chinese records (tag
+     * "zh", or CJK text), the second for the others (issue 21.7) */
+    const char *two = TMP("self_cognition.jsonl",
+                          "{\"query\": \"你是谁？\", \"response\": \"我是{{NAME}}，由{{AUTHOR}}训练。\"}\n"
+                          "{\"query\": \"who are you?\", \"response\": \"I am {{NAME}}, by {{AUTHOR}}.\"}\n"
+                          "{\"query\": \"hi\", \"response\": \"{{NAME}}\", \"tag\": \"zh\"}\n");
+    at_dataset_options o2 = {.seed = 42, .model_name = "小黄", .model_name_en = "Xiao Huang", .model_author = "魔搭",
+                             .model_author_en = "ModelScope"};
+    ds = load1(two, &o2);
+    CHECK(ds && ds->train.n == 3);
+    if (ds && ds->train.n == 3) {
+        CHECK(!strcmp(ds->train.items[0]->messages.items[1].content, "我是小黄，由魔搭训练。"));
+        CHECK_MSG(!strcmp(ds->train.items[1]->messages.items[1].content, "I am Xiao Huang, by ModelScope."), "%s",
+                  ds->train.items[1]->messages.items[1].content);
+        CHECK(!strcmp(ds->train.items[2]->messages.items[1].content, "小黄"));
+    }
+    at_dataset_free(ds);
 }
 
 static void test_sharegpt_tools(void)

@@ -621,6 +621,23 @@ static void test_quantized(at_dtype q, double tol)
         CHECK(ft == (q == AT_Q8_0 ? 7 : 2));
         at_gguf_close(gg);
     }
+    /* loaded for inference, the layers' matrices stay as stored (decoding
+     * reads the blocks); asked for f32, or writable, they are dequantized */
+    at_decoder_weights *w = NULL;
+    CHECK_OK(at_decoder_weights_load(path, NULL, &w));
+    if (w) {
+        CHECK(w->layers[0].wq->dtype == q && w->layers[0].w_up->dtype == q);
+        CHECK(w->layers[0].w_down->dtype == AT_F16 && w->embed->dtype == AT_BF16);
+        CHECK(w->cfg.tie_word_embeddings && w->lm_head != w->embed && w->lm_head->dtype == q);
+        at_decoder_weights_free(w);
+    }
+    at_load_options lo = at_load_options_default();
+    lo.writable = 1;
+    CHECK_OK(at_decoder_weights_load(path, &lo, &w));
+    if (w) {
+        CHECK(w->layers[0].wq->dtype == AT_BF16);
+        at_decoder_weights_free(w);
+    }
     golden g;
     CHECK_OK(golden_load("stories260K", &g));
     if (g.logits) {

@@ -383,12 +383,12 @@ static void test_qmatmul(void)
     at_rng r;
     at_rng_seed(&r, 11);
     const at_dtype dts[] = {AT_Q8_0, AT_Q4_0, AT_NF4};
-    const int64_t outs[] = {1, 3, 17, 1000}, ns[] = {1, 3, 65};
+    const int64_t outs[] = {1, 3, 17, 1000}, ns[] = {1, 3, 8, 65};
     for (int d = 0; d < 3; d++) {
         qm_stats s = {{0}, 0};
         int64_t in_a = dts[d] == AT_NF4 ? 64 : 32, in_b = dts[d] == AT_NF4 ? 320 : 96;
         for (int oi = 0; oi < 4; oi++)
-            for (int ni = 0; ni < 3; ni++)
+            for (int ni = 0; ni < 4; ni++)
                 for (int tb = 0; tb < 2; tb++) {
                     qm_case(&s, &r, dts[d], AT_F32, 1, ns[ni], outs[oi], in_a, tb, 1.0f, 0.0f);
                     qm_case(&s, &r, dts[d], AT_F32, 1, ns[ni], outs[oi], in_b, tb, 1.0f, 0.0f);

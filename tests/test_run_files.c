@@ -184,25 +184,32 @@ static void test_find_resume(void)
     CHECK(mkdtemp(root) != NULL);
     char *run0 = NULL, *run1 = NULL, *dir = NULL, *rd = NULL, *ck = NULL;
     int64_t step = 0;
-    CHECK_FAILS(at_run_find_resume(root, "last", &rd, &ck, &step), AT_ERR_NOT_FOUND);
+    CHECK_FAILS(at_run_find_resume(root, "last", 1, &rd, &ck, &step), AT_ERR_NOT_FOUND);
     CHECK_OK(at_run_dir_create(root, &run0));
     CHECK_OK(at_ckpt_begin(run0, 4, &dir));
     write_text(dir, "adapter_model.safetensors", "w");
     CHECK_OK(at_ckpt_commit(run0, 4, dir));
     free(dir);
     CHECK_OK(at_run_dir_create(root, &run1)); /* newer, no checkpoint */
-    CHECK_OK(at_run_find_resume(root, "last", &rd, &ck, &step));
+    CHECK_OK(at_run_find_resume(root, "last", 1, &rd, &ck, &step));
     CHECK(rd && !strcmp(rd, run0) && step == 4 && ck && strstr(ck, "checkpoint-4"));
     char given[1100];
     snprintf(given, sizeof given, "%s/", ck);
     free(rd);
     free(ck);
-    CHECK_OK(at_run_find_resume(root, given, &rd, &ck, &step));
+    CHECK_OK(at_run_find_resume(root, given, 1, &rd, &ck, &step));
     CHECK(rd && !strcmp(rd, run0) && step == 4);
     free(rd);
     free(ck);
-    CHECK_FAILS(at_run_find_resume(root, "/nonexistent/checkpoint-3", &rd, &ck, &step), AT_ERR_NOT_FOUND);
+    CHECK_FAILS(at_run_find_resume(root, "/nonexistent/checkpoint-3", 1, &rd, &ck, &step), AT_ERR_NOT_FOUND);
     CHECK_MSG(strstr(at_last_error(), "no such checkpoint folder"), "%s", at_last_error());
+    /* --add_version false: the folder given is the run */
+    CHECK_OK(at_run_find_resume(run0, "last", 0, &rd, &ck, &step));
+    CHECK(rd && !strcmp(rd, run0) && step == 4);
+    free(rd);
+    free(ck);
+    CHECK_FAILS(at_run_find_resume(run1, "last", 0, &rd, &ck, &step), AT_ERR_NOT_FOUND);
+    CHECK(rd == NULL && ck == NULL);
     CHECK_OK(at_remove_tree(root));
     free(run0);
     free(run1);

@@ -493,9 +493,34 @@ static void test_auth_and_adapters(at_bundle *b, at_bundle *ref)
     CHECK(jstr(j, "model") && !strcmp(jstr(j, "model"), "tuned"));
     CHECK(base && want && strcmp(base, want) != 0);
     cJSON_Delete(j);
+    at_server_stop(s, 5);
+
+    /* serve with adapters (issue 21.14): a request naming no model is refused
+     * with the names, unless a default model is set */
+    o.model_required = 1;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) goto out;
+    port = at_server_port(s);
+    http_resp hr;
+    CHECK(http(port, "POST", "/v1/completions", NULL, "{\"prompt\": \"Once\", \"max_tokens\": 2}", &hr));
+    CHECK_MSG(hr.status == 400 && hr.body && strstr(hr.body, "`stories`, `tuned`") && strstr(hr.body, "--default_model"),
+              "%d %s", hr.status, hr.body ? hr.body : "");
+    free(hr.body);
+    at_server_stop(s, 5);
+    o.default_model = "tuned";
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) goto out;
+    port = at_server_port(s);
+    j = post_json(port, "/v1/completions", NULL,
+                  "{\"prompt\": \"Once upon a time\", \"max_tokens\": 20, \"temperature\": 0}", &st);
+    CHECK_MSG(st == 200 && want && jstr(j, "choices.0.text") && !strcmp(jstr(j, "choices.0.text"), want) &&
+                  jstr(j, "model") && !strcmp(jstr(j, "model"), "tuned"),
+              "--default_model tuned: %d '%s'", st, jstr(j, "choices.0.text"));
+    cJSON_Delete(j);
+    at_server_stop(s, 5);
+out:
     free(want);
     free(base);
-    at_server_stop(s, 5);
 }
 
 /* The program: SIGTERM while a stream runs lets it finish, then exits 0. */

@@ -110,6 +110,22 @@ static void test_chatml_bpe(void)
     /* the first answer with its <|im_end|> and newline; the second has loss 0 */
     CHECK_MSG(lab && !strcmp(lab, "Hi! How can I help?<|im_end|>\n"), "[%s]", lab ? lab : "");
     free(lab);
+    /* --system (ms-swift's): a conversation without a system message gets it,
+     * and the labels stay on the same (shifted) assistant turns */
+    size_t n_plain = e.n;
+    at_encoded_free(&e);
+    p.system = "You are terse.";
+    CHECK_OK(at_encode_sample(&enc, &s, &e, &dropped));
+    lab = labelled_text(tok, &e);
+    CHECK_MSG(lab && !strcmp(lab, "Hi! How can I help?<|im_end|>\n"), "[%s]", lab ? lab : "");
+    free(lab);
+    char *all = NULL;
+    size_t all_len = 0;
+    CHECK_OK(at_tokenizer_decode(tok, e.ids, e.n, 0, &all, &all_len));
+    CHECK_MSG(all && !strncmp(all, "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello", 62),
+              "[%s]", all ? all : "");
+    CHECK(e.n > n_plain);
+    free(all);
     at_encoded_free(&e);
     at_text_pipeline_free(&p);
     at_chat_template_free(ct);

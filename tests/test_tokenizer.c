@@ -514,6 +514,20 @@ static void test_errors(void)
     snprintf(buf, sizeof buf, "{%s,\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"}}}", m);
     fails_with(buf, AT_ERR_FORMAT, "regex");
     fails_with("[1,2]", AT_ERR_FORMAT, "object");
+    /* legacy merges holding tokens with spaces (issue 21.8): refused as
+     * Hugging Face's tokenizers refuses them, saying how to fix the file */
+    fails_with("{\"model\":{\"type\":\"BPE\",\"vocab\":{\" \":0,\"  \":1,\"   \":2},\"merges\":[\"   \"]}}",
+               AT_ERR_FORMAT, "Hugging Face's tokenizers refuses it too");
+    fails_with("{\"model\":{\"type\":\"BPE\",\"vocab\":{\" \":0,\"  \":1,\"   \":2},\"merges\":[\"   \"]}}",
+               AT_ERR_FORMAT, "as pairs [\"a\", \"b\"]");
+    /* the pair form of the same merge is read */
+    {
+        at_tokenizer *tp = NULL;
+        const char *pairs = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\" \":0,\"  \":1,\"   \":2},"
+                            "\"merges\":[[\" \", \" \"], [\"  \", \" \"]]}}";
+        CHECK_OK(at_tokenizer_from_json(pairs, strlen(pairs), "pairs.json", &tp));
+        at_tokenizer_free(tp);
+    }
     /* not UTF-8 (a lone continuation byte, an overlong "/", a truncated
      * sequence at the end): refused before parsing, naming line and byte */
     fails_with("{\"model\":{\"type\":\"BPE\",\n\"vocab\":{\"a\x80\":0}}}", AT_ERR_FORMAT, "line 2, byte 12");

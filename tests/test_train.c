@@ -18,6 +18,9 @@
 #include <unistd.h>
 #include "base/file.h"
 #include "base/json.h"
+#include "device/registry.h"
+#include "infer/bundle.h"
+#include "model/loader.h"
 #include "model/adapter.h"
 #include "model/safetensors.h"
 #include "train/run_files.h"
@@ -234,6 +237,36 @@ static void test_full(const char *root)
     CHECK(at_file_exists(cfg) && at_file_exists(w));
     free(cfg);
     free(w);
+    /* the checkpoint stands alone (issue 21.3): tokenizer files and a
+     * generation config beside the weights; it loads as a model and its
+     * tokenizer encodes as the one it was trained with (the demo's llama2.c
+     * tokenizer.bin, written as Hugging Face files) */
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "generation_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char *p = at_path_join(ck, files[i]);
+        CHECK_MSG(at_file_exists(p), "%s has no %s", ck, files[i]);
+        free(p);
+    }
+    at_bundle_opts bo = {.model = ck, .dtype = AT_LOAD_KEEP_DTYPE};
+    at_bundle *b = NULL, *orig = NULL;
+    at_bundle_opts bo0 = {.model = a.model, .dtype = AT_LOAD_KEEP_DTYPE};
+    CHECK_OK(at_device_select("cpu", &bo.backend));
+    bo0.backend = bo.backend;
+    CHECK_OK(at_bundle_load(&bo, &b));
+    CHECK_OK(at_bundle_load(&bo0, &orig));
+    if (b && orig) {
+        const char *text = "Once upon a time, a little girl named Lily";
+        int32_t *x = NULL, *y = NULL;
+        size_t nx = 0, ny = 0;
+        CHECK_OK(at_bundle_encode_text(b, text, &x, &nx));
+        CHECK_OK(at_bundle_encode_text(orig, text, &y, &ny));
+        CHECK(nx == ny && nx > 3 && x && y && !memcmp(x, y, nx * sizeof *x));
+        free(x);
+        free(y);
+    }
+    at_bundle_free(b);
+    at_bundle_free(orig);
     free(ck);
 }
 
@@ -299,10 +332,13 @@ static void test_nonfinite(const char *root)
     snprintf(out, sizeof out, "%s/nonfinite", root);
     base_args(&a, out);
     a.full = 1;
-    a.learning_rate = 1e38;
+    /* non-finite from the second step on: the first update scales every
+     * weight by 1 - lr·weight_decay = 1 - 1e38 (a learning rate of 1e38 did
+     * it before; the option table now refuses a rate over 1) */
+    a.learning_rate = 1;
     a.scheduler = AT_SCHED_CONSTANT;
     a.max_grad_norm = 0;
-    a.weight_decay = 0;
+    a.weight_decay = 1e38;
     a.max_steps = 20;
     a.save_steps = 1;
     a.max_nonfinite_steps = 3;

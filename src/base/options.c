@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +53,9 @@ static int edit_distance(const char *a, const char *b)
     return d[la][lb];
 }
 
-static at_status unknown_option(const at_options *o, const char *name, const char *where)
+/* "'--name' (did you mean '--other'?)" into buf: one unknown option, named
+ * with the closest known one. */
+static void describe_unknown(const at_options *o, const char *name, char *buf, size_t cap)
 {
     int best = -1, bestd = 4;
     for (int i = 0; i < o->n; i++) {
@@ -62,10 +65,39 @@ static at_status unknown_option(const at_options *o, const char *name, const cha
             best = i;
         }
     }
-    if (best >= 0)
-        return at_error(AT_ERR_INVALID, "%s: unknown option '--%s' (did you mean '--%s'?)", where, name,
-                        o->specs[best].name);
-    return at_error(AT_ERR_INVALID, "%s: unknown option '--%s' (see --help)", where, name);
+    if (best >= 0) snprintf(buf, cap, "'--%s' (did you mean '--%s'?)", name, o->specs[best].name);
+    else snprintf(buf, cap, "'--%s'", name);
+}
+
+static at_status unknown_option(const at_options *o, const char *name, const char *where)
+{
+    char d[256];
+    describe_unknown(o, name, d, sizeof d);
+    return at_error(AT_ERR_INVALID, "%s: unknown option %s%s", where, d, strstr(d, "did you") ? "" : " (see --help)");
+}
+
+/* A config file's unknown keys, gathered to be reported at once (the
+ * message is cut, with the count kept, past ~1 KB). */
+typedef struct {
+    char text[1024];
+    int n;
+} unknown_keys;
+
+static void add_unknown(const at_options *o, unknown_keys *u, const char *name, const char *where)
+{
+    char d[256];
+    describe_unknown(o, name, d, sizeof d);
+    size_t len = strlen(u->text);
+    if (len + 8 < sizeof u->text)
+        snprintf(u->text + len, sizeof u->text - len, "%s%s%s", u->n ? "; " : "", where ? where : "", d);
+    u->n++;
+}
+
+static at_status report_unknown(const unknown_keys *u, const char *path)
+{
+    if (!u->n) return AT_OK;
+    return at_error(AT_ERR_INVALID, "%s: %d unknown option%s: %s (see --help)", path, u->n, u->n > 1 ? "s" : "",
+                    u->text);
 }
 
 static void clear_value(opt_value *v)
@@ -89,33 +121,116 @@ static int parse_bool(const char *s, int *out)
     return -1;
 }
 
-static at_status check_scalar(const at_opt_spec *s, const char *text, const char *where)
+int at_opt_range(const at_opt_spec *s, double *lo, int *lo_open, double *hi, int *hi_open)
+{
+    const char *r = s->range;
+    if (!r || (*r != '[' && *r != '(')) return 0;
+    *lo_open = *r == '(';
+    char *end;
+    const char *p = r + 1;
+    while (*p == ' ') p++;
+    if (!strncmp(p, "-inf", 4)) {
+        *lo = -INFINITY;
+        end = (char *)p + 4;
+    } else {
+        *lo = strtod(p, &end);
+    }
+    p = end;
+    while (*p == ' ' || *p == ',') p++;
+    if (!strncmp(p, "inf", 3)) {
+        *hi = INFINITY;
+        end = (char *)p + 3;
+    } else {
+        *hi = strtod(p, &end);
+    }
+    *hi_open = *end == ')';
+    return 1;
+}
+
+/* Whether the text names one of "a|b|c". */
+static int in_choices(const char *choices, const char *text)
+{
+    size_t n = strlen(text);
+    for (const char *p = choices; *p;) {
+        size_t len = strcspn(p, "|");
+        if (len == n && !strncmp(p, text, n)) return 1;
+        p += len;
+        if (*p == '|') p++;
+    }
+    return 0;
+}
+
+/* The choice closest to text (for "did you mean"), into buf; 0 when none is close. */
+static int closest_choice(const char *choices, const char *text, char *buf, size_t cap)
+{
+    int bestd = 3;
+    for (const char *p = choices; *p;) {
+        size_t len = strcspn(p, "|");
+        char c[64];
+        snprintf(c, sizeof c, "%.*s", (int)len, p);
+        int d = edit_distance(text, c);
+        if (d < bestd) {
+            bestd = d;
+            snprintf(buf, cap, "%s", c);
+        }
+        p += len;
+        if (*p == '|') p++;
+    }
+    return bestd < 3;
+}
+
+at_status at_opt_check_value(const at_opt_spec *s, const char *text, const char *where)
 {
     char *end = NULL;
+    double v = 0;
     errno = 0;
     switch (s->type) {
     case AT_OPT_INT: {
-        long long v = strtoll(text, &end, 10);
-        (void)v;
-        if (!*text || *end || errno)
+        /* wide first: 2147483648 must be reported as typed, not as what an int cast made of it */
+        long long i = strtoll(text, &end, 10);
+        if (!*text || *end)
             return at_error(AT_ERR_INVALID, "%s: --%s expects an integer, got '%s'", where, s->name, text);
+        if (errno == ERANGE)
+            return at_error(AT_ERR_INVALID, "%s: --%s %s: too large", where, s->name, text);
+        v = (double)i;
+        int fits = s->store == AT_STORE_I64 || s->store == AT_STORE_U64 || (i >= INT_MIN && i <= INT_MAX);
+        if (!s->range && !fits)
+            return at_error(AT_ERR_INVALID, "%s: --%s %s: out of range [%d, %d]", where, s->name, text, INT_MIN,
+                            INT_MAX);
         break;
     }
-    case AT_OPT_FLOAT: {
-        double v = strtod(text, &end);
+    case AT_OPT_FLOAT:
+        v = strtod(text, &end);
         if (!*text || *end || errno || !isfinite(v))
             return at_error(AT_ERR_INVALID, "%s: --%s expects a number, got '%s'", where, s->name, text);
         break;
-    }
     case AT_OPT_BOOL: {
         int b;
         if (parse_bool(text, &b) != 0)
             return at_error(AT_ERR_INVALID, "%s: --%s expects true or false, got '%s'", where, s->name, text);
-        break;
+        return AT_OK;
     }
+    case AT_OPT_STRING:
+        if (s->choices && !in_choices(s->choices, text)) {
+            char near[64];
+            if (closest_choice(s->choices, text, near, sizeof near))
+                return at_error(AT_ERR_INVALID, "%s: --%s %s: use one of %s (did you mean '%s'?)", where, s->name,
+                                text, s->choices, near);
+            return at_error(AT_ERR_INVALID, "%s: --%s %s: use one of %s", where, s->name, text, s->choices);
+        }
+        return AT_OK;
     default:
-        break;
+        return AT_OK;
     }
+    double lo, hi;
+    int lo_open, hi_open;
+    int below = 0, above = 0;
+    if (at_opt_range(s, &lo, &lo_open, &hi, &hi_open)) {
+        below = lo_open ? !(v > lo) : !(v >= lo);
+        above = hi_open ? !(v < hi) : !(v <= hi);
+    }
+    if (below || above)
+        return at_error(AT_ERR_INVALID, "%s: --%s %s: out of range %s", where, s->name, text, s->range);
     return AT_OK;
 }
 
@@ -125,6 +240,8 @@ static at_status set_value(at_options *o, int i, const char *text, at_opt_source
 {
     const at_opt_spec *s = &o->specs[i];
     opt_value *v = &o->v[i];
+    if (s->role == AT_OPT_REFUSED && src != AT_SRC_DEFAULT)
+        return at_error(AT_ERR_UNSUPPORTED, "%s: --%s is not supported: %s", where, s->name, s->note);
     if (s->type == AT_OPT_LIST) {
         if (!append || v->source != src) clear_value(v);
         /* a single value may hold several comma-separated items */
@@ -150,7 +267,7 @@ static at_status set_value(at_options *o, int i, const char *text, at_opt_source
         v->source = src;
         return AT_OK;
     }
-    AT_TRY(check_scalar(s, text, where));
+    AT_TRY(at_opt_check_value(s, text, where));
     clear_value(v);
     v->text = strdup(text);
     if (!v->text) return at_error(AT_ERR_NOMEM, "out of memory");
@@ -165,6 +282,7 @@ static at_status config_json(at_options *o, const char *path)
     cJSON *j = NULL;
     AT_TRY(at_json_parse_file(path, &j));
     at_status st = AT_OK;
+    unknown_keys unk = {{0}, 0};
     if (!cJSON_IsObject(j)) {
         st = at_error(AT_ERR_FORMAT, "%s: a config file must hold an object of option names", path);
         goto done;
@@ -178,8 +296,8 @@ static at_status config_json(at_options *o, const char *path)
             if (*c == '-') *c = '_';
         int i = find_spec(o, key, strlen(key));
         if (i < 0) {
-            st = unknown_option(o, key, path);
-            goto done;
+            add_unknown(o, &unk, key, NULL);
+            continue;
         }
         char where[512];
         snprintf(where, sizeof where, "%s (key \"%s\")", path, it->string);
@@ -223,6 +341,7 @@ static at_status config_json(at_options *o, const char *path)
             goto done;
         }
     }
+    st = report_unknown(&unk, path);
 done:
     cJSON_Delete(j);
     return st;
@@ -237,6 +356,7 @@ static at_status config_yaml(at_options *o, const char *path)
     yaml_document_t doc;
     at_status st = AT_OK;
     int have_doc = 0;
+    unknown_keys unk = {{0}, 0};
     if (!yaml_parser_initialize(&p)) {
         free(text);
         return at_error(AT_ERR_NOMEM, "out of memory");
@@ -271,8 +391,10 @@ static at_status config_yaml(at_options *o, const char *path)
         char where[512];
         snprintf(where, sizeof where, "%s:%zu", path, k->start_mark.line + 1);
         if (i < 0) {
-            st = unknown_option(o, key, where);
-            goto done;
+            char line[32];
+            snprintf(line, sizeof line, "line %zu: ", k->start_mark.line + 1);
+            add_unknown(o, &unk, key, line);
+            continue;
         }
         if (v->type == YAML_SCALAR_NODE) {
             const char *t = (const char *)v->data.scalar.value;
@@ -302,6 +424,7 @@ static at_status config_yaml(at_options *o, const char *path)
             goto done;
         }
     }
+    st = report_unknown(&unk, path);
 done:
     if (have_doc) yaml_document_delete(&doc);
     yaml_parser_delete(&p);
@@ -484,6 +607,7 @@ cJSON *at_options_to_json(const at_options *o)
     for (int i = 0; i < o->n; i++) {
         const at_opt_spec *s = &o->specs[i];
         const opt_value *v = &o->v[i];
+        if (s->role != AT_OPT_NORMAL && v->source == AT_SRC_DEFAULT) continue; /* ms-swift's words, unused */
         if (s->type == AT_OPT_LIST) {
             cJSON *arr = cJSON_AddArrayToObject(j, s->name);
             for (int k = 0; k < v->nitems; k++) cJSON_AddItemToArray(arr, cJSON_CreateString(v->items[k]));
@@ -504,16 +628,95 @@ cJSON *at_options_to_json(const at_options *o)
     return j;
 }
 
-void at_options_print_help(const at_opt_spec *specs, int nspecs, const char *usage)
+const at_opt_spec *at_opt_find(const at_opt_spec *specs, int nspecs, const char *name)
+{
+    at_options tmp = {specs, nspecs, NULL};
+    int i = find_spec(&tmp, name, strlen(name));
+    return i < 0 ? NULL : &specs[i];
+}
+
+const at_opt_spec *at_options_ignored(const at_options *o, int *i)
+{
+    for (; *i < o->n; (*i)++)
+        if (o->specs[*i].role == AT_OPT_IGNORED && o->v[*i].source != AT_SRC_DEFAULT) return &o->specs[(*i)++];
+    return NULL;
+}
+
+/* Writes one row's value (text: NULL when unset) at its place in dst. */
+static void store_one(const at_opt_spec *s, const char *text, void *dst)
+{
+    char *p = (char *)dst + s->offset;
+    int b = 0;
+    switch (s->store) {
+    case AT_STORE_INT: {
+        int v = 0;
+        if (text && s->type == AT_OPT_BOOL) v = parse_bool(text, &b) == 0 && b;
+        else if (text) v = (int)strtoll(text, NULL, 10); /* the parser checked that it fits */
+        memcpy(p, &v, sizeof v);
+        break;
+    }
+    case AT_STORE_I64: {
+        int64_t v = text ? (int64_t)strtoll(text, NULL, 10) : 0;
+        memcpy(p, &v, sizeof v);
+        break;
+    }
+    case AT_STORE_U64: {
+        uint64_t v = text ? (uint64_t)strtoull(text, NULL, 10) : 0;
+        memcpy(p, &v, sizeof v);
+        break;
+    }
+    case AT_STORE_DOUBLE: {
+        double v = text ? strtod(text, NULL) : 0;
+        memcpy(p, &v, sizeof v);
+        break;
+    }
+    case AT_STORE_STR:
+        memcpy(p, &text, sizeof text);
+        break;
+    default:
+        break;
+    }
+}
+
+void at_options_store(const at_options *o, void *dst)
+{
+    for (int i = 0; i < o->n; i++)
+        if (o->specs[i].store && o->specs[i].type != AT_OPT_LIST) store_one(&o->specs[i], o->v[i].text, dst);
+}
+
+void at_options_store_defaults(const at_opt_spec *specs, int nspecs, void *dst)
+{
+    for (int i = 0; i < nspecs; i++)
+        if (specs[i].store && specs[i].type != AT_OPT_LIST) store_one(&specs[i], specs[i].def, dst);
+}
+
+static void print_row(const at_opt_spec *s)
 {
     static const char *type_names[] = {"TEXT", "INT", "NUM", "[BOOL]", "LIST"};
+    char left[96];
+    snprintf(left, sizeof left, "--%s %s", s->name, s->choices ? s->choices : type_names[s->type]);
+    if (strlen(left) > 40) printf("  %s\n  %-40s %s", left, "", s->role ? s->note : s->help);
+    else printf("  %-40s %s", left, s->role ? s->note : s->help);
+    if (s->def && s->role != AT_OPT_REFUSED) printf(" (default: %s)", s->def);
+    if (s->range) printf(" (range %s)", s->range);
+    if (s->alias) printf(" (alias --%s)", s->alias);
+    printf("\n");
+}
+
+void at_options_print_help(const at_opt_spec *specs, int nspecs, const char *usage)
+{
     printf("%s\n\noptions (hyphen spellings work too; --config FILE.yaml|json sets any of them):\n", usage);
-    for (int i = 0; i < nspecs; i++) {
-        char left[96];
-        snprintf(left, sizeof left, "--%s %s", specs[i].name, type_names[specs[i].type]);
-        printf("  %-40s %s", left, specs[i].help);
-        if (specs[i].def) printf(" (default: %s)", specs[i].def);
-        if (specs[i].alias) printf(" (alias --%s)", specs[i].alias);
-        printf("\n");
+    for (int i = 0; i < nspecs; i++)
+        if (specs[i].role == AT_OPT_NORMAL) print_row(&specs[i]);
+    static const char *titles[] = {NULL, "\nms-swift options accepted with no effect here (why):\n",
+                                   "\nms-swift options not supported (what to use instead):\n"};
+    for (int role = AT_OPT_IGNORED; role <= AT_OPT_REFUSED; role++) {
+        int first = 1;
+        for (int i = 0; i < nspecs; i++)
+            if ((int)specs[i].role == role) {
+                if (first) fputs(titles[role], stdout);
+                first = 0;
+                print_row(&specs[i]);
+            }
     }
 }

@@ -16,6 +16,7 @@
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_libs.h"
 #include "device/cpu/gemm.h"
+#include "device/cpu/gemm_tune.h"
 #include "device/registry.h"
 
 static const char *kind_name(at_device_kind k)
@@ -137,6 +138,30 @@ static at_status build_report(cJSON **out)
     cJSON *g = cJSON_AddObjectToObject(r, "gemm_engine");
     cJSON_AddStringToObject(g, "f32", at_cpu_gemm_engine(AT_F32));
     cJSON_AddStringToObject(g, "bf16", at_cpu_gemm_engine(AT_BF16));
+    if (at_cpu_gemm_tune_all()) {
+        cJSON_AddStringToObject(g, "cache", at_gemm_tune_cache_path());
+        cJSON *cl = cJSON_AddArrayToObject(g, "classes");
+        for (int c = 0; c < AT_GEMM_CLASSES; c++) {
+            at_gemm_tune_result res = at_gemm_tune_result_of(c);
+            if (!res.known) continue;
+            int ta, tb;
+            int64_t M, N, K;
+            char shape[64];
+            at_gemm_tune_class_shape(c, &ta, &tb, &M, &N, &K);
+            snprintf(shape, sizeof shape, "%lldx%lldx%lld%s%s", (long long)M, (long long)N, (long long)K,
+                     ta ? " A^T" : "", tb ? " B^T" : "");
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "class", at_gemm_tune_class_name(c));
+            cJSON_AddStringToObject(o, "timed_shape", shape);
+            cJSON_AddStringToObject(o, "engine", at_gemm_engine_name(res.choice));
+            cJSON_AddBoolToObject(o, "from_cache", res.from_cache);
+            cJSON *gf = cJSON_AddObjectToObject(o, "gflops");
+            for (int e = 0; e < AT_GEMM_ENGINES; e++)
+                if (res.gflops[e] >= 0)
+                    cJSON_AddNumberToObject(gf, at_gemm_engine_name((at_gemm_engine_id)e), res.gflops[e]);
+            cJSON_AddItemToArray(cl, o);
+        }
+    }
     cJSON_AddItemToObject(r, "libraries", library_report());
     const char *dev_env = getenv("ANYTUNE_DEVICE");
     cJSON_AddStringToObject(r, "device_default", dev_env && *dev_env ? dev_env : "auto");
@@ -183,6 +208,20 @@ static void print_text(const cJSON *r)
     print_list(cJSON_GetObjectItemCaseSensitive(r, "backends"));
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(r, "gemm_engine");
     printf("\nGEMM:       f32: %s; bf16: %s\n", str(g, "f32"), str(g, "bf16"));
+    const cJSON *cl = cJSON_GetObjectItemCaseSensitive(g, "classes");
+    if (cJSON_GetArraySize(cl) > 0) {
+        printf("            f32 engine per class (GFLOP/s measured here, cache %s):\n", str(g, "cache"));
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cl)
+        {
+            printf("            %-12s %-9s", str(c, "class"), str(c, "engine"));
+            const cJSON *v;
+            cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(c, "gflops"))
+                printf(" %s %.1f", v->string, v->valuedouble);
+            printf("  (%s%s)\n", str(c, "timed_shape"),
+                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "from_cache")) ? ", cached" : "");
+        }
+    }
     printf("\ndevices:\n");
     const cJSON *d;
     cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r, "devices"))

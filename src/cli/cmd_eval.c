@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
 #include "base/log.h"
@@ -19,36 +20,50 @@
 #include "infer/bundle.h"
 
 static const at_opt_spec specs[] = {
-    {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
-    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
-     "or edited since written)", NULL},
-    {"adapters", AT_OPT_LIST, NULL, "LoRA adapter folders: DIR or NAME=DIR (the first, or --adapter_name, is applied)",
-     NULL},
-    {"adapter_name", AT_OPT_STRING, NULL, "which of --adapters to apply (default: the first)", NULL},
-    {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
-    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default), none (LLaMA-Factory's fewshot layout), "
-                                      "chatml, llama-2, llama-3, mistral, or a .jinja file", NULL},
-    {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
-    {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
-    {"quant_bits", AT_OPT_INT, "0", "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", NULL},
-    {"eval_dataset", AT_OPT_STRING, NULL, "multiple-choice benchmark: mmlu, ceval (found in $ANYTUNE_EVAL_DATA or "
-     "evaluation/) or a folder with mapping.json, dev/ and val/", NULL},
-    {"eval_split", AT_OPT_STRING, "val", "the questions: val, dev or test", NULL},
-    {"n_shot", AT_OPT_INT, "5", "few-shot examples from dev/ before each question (0: none)", NULL},
-    {"lang", AT_OPT_STRING, NULL, "prompt language en or zh (default: zh for ceval/cmmlu, else en)", NULL},
-    {"eval_limit", AT_OPT_INT, "0", "at most N questions per subject (0: all)", NULL},
-    {"eval_output_dir", AT_OPT_STRING, "eval_output", "where the results JSON files go", NULL},
-    {"max_length", AT_OPT_INT, "0", "longest prompt or sample in tokens (0: the model's context); longer prompts "
-     "lose their earliest shots", NULL},
-    {"eval_batch_size", AT_OPT_INT, "8", "questions (or samples) per forward", "per_device_eval_batch_size"},
-    {"dataset", AT_OPT_LIST, NULL, "loss / perplexity on FILE or FILE#N (the formats sft and pt read)", NULL},
-    {"pt", AT_OPT_BOOL, "false", "with --dataset: plain texts, every token supervised (as anytune pt)", NULL},
-    {"loss_scale", AT_OPT_STRING, "default", "with --dataset: default (every assistant turn) or last_round", NULL},
-    {"model_name", AT_OPT_STRING, NULL, "with --dataset: fills {{name}} in the data (as sft)", NULL},
-    {"model_author", AT_OPT_STRING, NULL, "with --dataset: fills {{author}} in the data (as sft)", NULL},
-    {"truncation_strategy", AT_OPT_STRING, "delete", "delete, left or right for samples over --max_length", NULL},
-    {"strict", AT_OPT_BOOL, "false", "stop at the first bad dataset record", NULL},
-    {"seed", AT_OPT_INT, "42", "seed of FILE#N sampling", NULL},
+    {.name = "model", .type = AT_OPT_STRING,
+     .help = "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
+    {.name = "adapters", .type = AT_OPT_LIST,
+     .help = "LoRA adapter folders: DIR or NAME=DIR (the first, or --adapter_name, is applied)"},
+    {.name = "adapter_name", .type = AT_OPT_STRING, .help = "which of --adapters to apply (default: the first)"},
+    {.name = "tokenizer", .type = AT_OPT_STRING, .help = "tokenizer folder or file (default: the model's)"},
+    {.name = "template", .type = AT_OPT_STRING,
+     .help = "chat template: the model's (default), none (LLaMA-Factory's fewshot layout), "
+                                      "chatml, llama-2, llama-3, mistral, or a .jinja file"},
+    {.name = "device", .type = AT_OPT_STRING, .help = "auto, cpu, cuda, cuda:N"},
+    {.name = "torch_dtype", .type = AT_OPT_STRING,
+     .help = "weights as bfloat16, float16 or float32 (default: as stored)"},
+    {.name = "quant_bits", .type = AT_OPT_INT, .def = "0",
+     .help = "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", .range = "[0, 8]"},
+    {.name = "eval_dataset", .type = AT_OPT_STRING,
+     .help = "multiple-choice benchmark: mmlu, ceval (found in $ANYTUNE_EVAL_DATA or "
+     "evaluation/) or a folder with mapping.json, dev/ and val/"},
+    {.name = "eval_split", .type = AT_OPT_STRING, .def = "val", .help = "the questions: val, dev or test"},
+    {.name = "n_shot", .type = AT_OPT_INT, .def = "5",
+     .help = "few-shot examples from dev/ before each question (0: none)", .range = "[0, 1000]"},
+    {.name = "lang", .type = AT_OPT_STRING, .help = "prompt language en or zh (default: zh for ceval/cmmlu, else en)"},
+    {.name = "eval_limit", .type = AT_OPT_INT, .def = "0",
+     .help = "at most N questions per subject (0: all)", .range = "[0, 2147483647]"},
+    {.name = "eval_output_dir", .type = AT_OPT_STRING, .def = "eval_output", .help = "where the results JSON files go"},
+    {.name = "max_length", .type = AT_OPT_INT, .def = "0",
+     .help = "longest prompt or sample in tokens (0: the model's context); longer prompts "
+     "lose their earliest shots", .range = "[0, 16777216]"},
+    {.name = "eval_batch_size", .type = AT_OPT_INT, .def = "8",
+     .help = "questions (or samples) per forward", .alias = "per_device_eval_batch_size", .range = "[1, 65536]"},
+    {.name = "dataset", .type = AT_OPT_LIST,
+     .help = "loss / perplexity on FILE or FILE#N (the formats sft and pt read)"},
+    {.name = "pt", .type = AT_OPT_BOOL, .def = "false",
+     .help = "with --dataset: plain texts, every token supervised (as anytune pt)"},
+    {.name = "loss_scale", .type = AT_OPT_STRING, .def = "default",
+     .help = "with --dataset: default (every assistant turn) or last_round"},
+    {.name = "model_name", .type = AT_OPT_STRING, .help = "with --dataset: fills {{name}} in the data (as sft)"},
+    {.name = "model_author", .type = AT_OPT_STRING, .help = "with --dataset: fills {{author}} in the data (as sft)"},
+    {.name = "truncation_strategy", .type = AT_OPT_STRING, .def = "delete",
+     .help = "delete, left or right for samples over --max_length"},
+    {.name = "strict", .type = AT_OPT_BOOL, .def = "false", .help = "stop at the first bad dataset record"},
+    {.name = "seed", .type = AT_OPT_INT, .def = "42",
+     .help = "seed of FILE#N sampling", .range = "[0, 9223372036854775807]"},
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -62,20 +77,40 @@ static const char *base_name(const char *path, char *buf, size_t len)
     return buf;
 }
 
-/* Writes j (with the options under "args") to DIR/file, atomically. */
-static at_status write_result(const at_options *o, cJSON *j, const char *file, char **path_out)
+/* Writes j (with the options under "args") to DIR/NAME-YYYYMMDD-HHMMSS.json
+ * (a new file per run, -2, -3... when one of that second exists) and the
+ * same to DIR/NAME.json (the newest), each atomically. *path_out: the new
+ * file's path. */
+static at_status write_result(const at_options *o, cJSON *j, const char *name, char **path_out)
 {
     const char *dir = at_opt_str(o, "eval_output_dir");
     cJSON_AddItemToObject(j, "args", at_options_to_json(o));
     AT_TRY(at_mkdirs(dir));
-    char *path = at_path_join(dir, file), *text = cJSON_Print(j);
-    at_status st = !path || !text ? at_error(AT_ERR_NOMEM, "out of memory") : AT_OK;
+    char stamp[32], file[256];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    char *path = NULL, *latest = NULL, *text = cJSON_Print(j);
+    at_status st = text ? AT_OK : at_error(AT_ERR_NOMEM, "out of memory");
+    for (int k = 1; st == AT_OK && k < 1000; k++) {
+        if (k == 1) snprintf(file, sizeof file, "%s-%s.json", name, stamp);
+        else snprintf(file, sizeof file, "%s-%s-%d.json", name, stamp, k);
+        free(path);
+        path = at_path_join(dir, file);
+        if (!path) st = at_error(AT_ERR_NOMEM, "out of memory");
+        else if (!at_file_exists(path)) break;
+    }
+    snprintf(file, sizeof file, "%s.json", name);
+    if (st == AT_OK && !(latest = at_path_join(dir, file))) st = at_error(AT_ERR_NOMEM, "out of memory");
     if (st == AT_OK) {
         size_t n = strlen(text);
         text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
         st = at_write_file_atomic(path, text, n + 1);
+        if (st == AT_OK) st = at_write_file_atomic(latest, text, n + 1);
     }
     free(text);
+    free(latest);
     if (st == AT_OK) *path_out = path;
     else free(path);
     return st;
@@ -129,7 +164,7 @@ static int run_mc(const at_options *o, at_bundle *b)
     cJSON *ci = cJSON_CreateIntArray((const int[]){r.choice_ids[0], r.choice_ids[1], r.choice_ids[2],
                                                    r.choice_ids[3]}, 4);
     cJSON_AddItemToObject(j, "choice_ids", ci);
-    snprintf(file, sizeof file, "%s_%s_results.json", bn, split);
+    snprintf(file, sizeof file, "%s_%s_results", bn, split);
     if (write_result(o, j, file, &path) != AT_OK) goto fail;
     fprintf(stderr, "anytune eval: %zu questions (%zu skipped as too long) in %.1f s; results in %s\n", r.total,
             r.skipped, r.seconds, path);
@@ -185,8 +220,10 @@ static int run_loss(const at_options *o, at_bundle *b)
     char *path = NULL;
     int rc = 1;
     if (at_loss_eval_run(b, ds, (size_t)n, &lo, &r) != AT_OK) goto fail;
-    printf("eval_loss: %.6f\nperplexity: %.4f\ntokens: %lld\nsamples: %zu\n", r.loss, r.perplexity,
-           (long long)r.n_targets, r.n_samples);
+    size_t read = r.n_samples + r.n_dropped + r.n_failed + r.n_no_targets;
+    printf("eval_loss: %.6f\nperplexity: %.4f\ntokens: %lld\nsamples: %zu of %zu (%zu longer than --max_length "
+           "%d dropped, %zu failed, %zu without targets)\n", r.loss, r.perplexity, (long long)r.n_targets,
+           r.n_samples, read, r.n_dropped, at_bundle_context(b, lo.max_length), r.n_failed, r.n_no_targets);
     j = cJSON_CreateObject();
     if (!j) {
         at_error(AT_ERR_NOMEM, "out of memory");
@@ -204,7 +241,7 @@ static int run_loss(const at_options *o, at_bundle *b)
     cJSON_AddNumberToObject(j, "max_length", at_bundle_context(b, lo.max_length));
     cJSON_AddStringToObject(j, "model", b->name);
     cJSON_AddNumberToObject(j, "seconds", r.seconds);
-    if (write_result(o, j, "loss_results.json", &path) != AT_OK) goto fail;
+    if (write_result(o, j, "loss_results", &path) != AT_OK) goto fail;
     fprintf(stderr, "anytune eval: %zu samples in %.1f s; results in %s\n", r.n_samples, r.seconds, path);
     rc = 0;
     goto done;

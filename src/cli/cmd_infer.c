@@ -23,75 +23,118 @@
 #include "plan/planner.h"
 
 static const at_opt_spec specs[] = {
-    {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
-    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
-     "or edited since written)", NULL},
-    {"adapters", AT_OPT_LIST, NULL, "LoRA adapter folders: DIR or NAME=DIR, several allowed", NULL},
-    {"adapter_name", AT_OPT_STRING, NULL, "which of --adapters to apply (default: the first)", NULL},
-    {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
-    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default), none, chatml, llama-2, llama-3, "
-                                      "mistral, or a .jinja file", NULL},
-    {"prompt", AT_OPT_STRING, NULL, "answer this and exit (\"\" with no template: start from BOS)", NULL},
-    {"system", AT_OPT_STRING, NULL, "system message", NULL},
-    {"max_new_tokens", AT_OPT_INT, "512", "most tokens to generate", NULL},
-    {"temperature", AT_OPT_FLOAT, "0", "0: greedy (reproducible)", NULL},
-    {"top_k", AT_OPT_INT, "0", "keep the k most probable tokens (0: off)", NULL},
-    {"top_p", AT_OPT_FLOAT, "1", "nucleus sampling (1: off)", NULL},
-    {"min_p", AT_OPT_FLOAT, "0", "drop tokens under min_p times the most probable (0: off)", NULL},
-    {"repetition_penalty", AT_OPT_FLOAT, "1", "penalty on tokens already seen (1: off)", NULL},
-    {"presence_penalty", AT_OPT_FLOAT, "0", "OpenAI presence penalty", NULL},
-    {"frequency_penalty", AT_OPT_FLOAT, "0", "OpenAI frequency penalty", NULL},
-    {"seed", AT_OPT_INT, "42", "seed of the sampler", NULL},
-    {"stop", AT_OPT_LIST, NULL, "stop strings", NULL},
-    {"stream", AT_OPT_BOOL, "true", "print tokens as they come", NULL},
-    {"max_model_len", AT_OPT_INT, "0", "context length in tokens (0: the model's, at most 4096)", NULL},
-    {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
-    {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
-    {"quant_bits", AT_OPT_INT, "0", "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", NULL},
-    {"verbose", AT_OPT_BOOL, "false", "print prefill and decode speed", NULL},
-    {"dry_run", AT_OPT_BOOL, "false", "print the plan (device, formats, memory: weights and KV cache) and stop", NULL},
-    {"json", AT_OPT_BOOL, "false", "with --dry_run: the plan as JSON", NULL},
-    {"max_memory", AT_OPT_STRING, NULL, "memory budget for --dry_run, e.g. 8GB or 7.5GiB (default: 90% of the free "
-     "memory)", NULL},
-    {"simulate_device", AT_OPT_STRING, NULL, "with --dry_run: plan for a device profile (v100, a100, m2-16gb, "
-     "laptop-8gb, ...)", NULL},
+    {.name = "model", .type = AT_OPT_STRING,
+     .help = "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
+    {.name = "adapters", .type = AT_OPT_LIST, .help = "LoRA adapter folders: DIR or NAME=DIR, several allowed"},
+    {.name = "adapter_name", .type = AT_OPT_STRING, .help = "which of --adapters to apply (default: the first)"},
+    {.name = "tokenizer", .type = AT_OPT_STRING, .help = "tokenizer folder or file (default: the model's)"},
+    {.name = "template", .type = AT_OPT_STRING,
+     .help = "chat template: the model's (default), none, chatml, llama-2, llama-3, "
+                                      "mistral, or a .jinja file"},
+    {.name = "prompt", .type = AT_OPT_STRING, .help = "answer this and exit (\"\" with no template: start from BOS)"},
+    {.name = "system", .type = AT_OPT_STRING, .help = "system message"},
+    {.name = "val_dataset", .type = AT_OPT_LIST,
+     .help = "answer every record of these files (the formats sft reads; the last assistant turn is the "
+             "reference) into --result_path, in batches (as ms-swift's infer --val_dataset)"},
+    {.name = "load_data_args", .type = AT_OPT_BOOL, .def = "false",
+     .help = "with --adapters RUN/checkpoint-N: answer the run's validation split (its args.json's data)"},
+    {.name = "result_path", .type = AT_OPT_STRING,
+     .help = "where --val_dataset's answers go, JSON Lines (default: infer_result/YYYYMMDD-HHMMSS.jsonl)"},
+    {.name = "model_name", .type = AT_OPT_LIST,
+     .help = "with --val_dataset: fills {{name}} in the data (one value, or Chinese and English as sft)"},
+    {.name = "model_author", .type = AT_OPT_LIST, .help = "with --val_dataset: fills {{author}} in the data"},
+    {.name = "max_batch_size", .type = AT_OPT_INT, .def = "8", .range = "[1, 4096]",
+     .help = "with --val_dataset: sequences decoded together (continuous batching)"},
+    {.name = "max_new_tokens", .type = AT_OPT_INT, .def = "512",
+     .help = "most tokens to generate", .range = "[0, 16777216]"},
+    {.name = "temperature", .type = AT_OPT_FLOAT, .def = "0", .help = "0: greedy (reproducible)", .range = "[0, 100]"},
+    {.name = "top_k", .type = AT_OPT_INT, .def = "0",
+     .help = "keep the k most probable tokens (0: off)", .range = "[0, 2147483647]"},
+    {.name = "top_p", .type = AT_OPT_FLOAT, .def = "1", .help = "nucleus sampling (1: off)", .range = "(0, 1]"},
+    {.name = "min_p", .type = AT_OPT_FLOAT, .def = "0",
+     .help = "drop tokens under min_p times the most probable (0: off)", .range = "[0, 1]"},
+    {.name = "repetition_penalty", .type = AT_OPT_FLOAT, .def = "1",
+     .help = "penalty on tokens already seen (1: off)", .range = "(0, 100]"},
+    {.name = "presence_penalty", .type = AT_OPT_FLOAT, .def = "0",
+     .help = "OpenAI presence penalty", .range = "[-2, 2]"},
+    {.name = "frequency_penalty", .type = AT_OPT_FLOAT, .def = "0",
+     .help = "OpenAI frequency penalty", .range = "[-2, 2]"},
+    {.name = "seed", .type = AT_OPT_INT, .def = "42",
+     .help = "seed of the sampler", .range = "[0, 9223372036854775807]"},
+    {.name = "stop", .type = AT_OPT_LIST, .help = "stop strings"},
+    {.name = "stream", .type = AT_OPT_BOOL, .def = "true", .help = "print tokens as they come"},
+    {.name = "max_model_len", .type = AT_OPT_INT, .def = "0",
+     .help = "context length in tokens (0: the model's, at most 4096)", .range = "[0, 16777216]"},
+    {.name = "device", .type = AT_OPT_STRING, .help = "auto, cpu, cuda, cuda:N"},
+    {.name = "torch_dtype", .type = AT_OPT_STRING,
+     .help = "weights as bfloat16, float16 or float32 (default: as stored)"},
+    {.name = "quant_bits", .type = AT_OPT_INT, .def = "0",
+     .help = "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", .range = "[0, 8]"},
+    {.name = "verbose", .type = AT_OPT_BOOL, .def = "false", .help = "print prefill and decode speed"},
+    {.name = "dry_run", .type = AT_OPT_BOOL, .def = "false",
+     .help = "print the plan (device, formats, memory: weights and KV cache) and stop"},
+    {.name = "json", .type = AT_OPT_BOOL, .def = "false", .help = "with --dry_run: the plan as JSON"},
+    {.name = "max_memory", .type = AT_OPT_STRING,
+     .help = "memory budget for --dry_run, e.g. 8GB or 7.5GiB (default: 90% of the free "
+     "memory)"},
+    {.name = "simulate_device", .type = AT_OPT_STRING,
+     .help = "with --dry_run: plan for a device profile (v100, a100, m2-16gb, "
+     "laptop-8gb, ...)"},
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
 at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
 {
     *out = NULL;
-    char demo[PATH_MAX];
+    char demo[PATH_MAX], gguf[PATH_MAX];
     at_bundle_opts bo = {0};
     at_manifest_set_checks(!at_opt_bool(o, "no_verify"));
-    bo.model = at_opt_str(o, "model");
-    if (!bo.model) {
-        bo.model = at_cli_demo_path("demo/stories260K", demo, sizeof demo);
-        if (!bo.model) return at_error(AT_ERR_INVALID, "no --model given (and no bundled demo model found)");
-        fprintf(stderr, "anytune: no --model given: using the demo model %s\n", bo.model);
+    int na = at_opt_list_count(o, "adapters");
+    char **ad = calloc((size_t)na + 1, sizeof *ad);
+    char *base = NULL;
+    if (!ad) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_status st = AT_OK;
+    for (int i = 0; i < na && st == AT_OK; i++) st = at_cli_adapter_path(at_opt_list_get(o, "adapters", i), &ad[i]);
+    bo.model = at_cli_model_path(at_opt_str(o, "model"), gguf, sizeof gguf);
+    if (st == AT_OK && !bo.model && na) {
+        /* the base the adapter was trained on, as ms-swift's --load_args */
+        st = at_cli_adapter_base(ad[0], &base);
+        if (st == AT_OK) {
+            bo.model = at_cli_model_path(base, gguf, sizeof gguf);
+            fprintf(stderr, "anytune: no --model given: using %s, the base model of %s\n", bo.model, ad[0]);
+        }
     }
+    if (st == AT_OK && !bo.model) {
+        bo.model = at_cli_demo_path("demo/stories260K", demo, sizeof demo);
+        if (!bo.model) st = at_error(AT_ERR_INVALID, "no --model given (and no bundled demo model found)");
+        else fprintf(stderr, "anytune: no --model given: using the demo model %s\n", bo.model);
+    }
+    if (st != AT_OK) goto done;
     bo.tokenizer = at_opt_str(o, "tokenizer");
     bo.template_name = at_opt_str(o, "template");
     bo.dtype = AT_LOAD_KEEP_DTYPE;
     const char *dt = at_opt_str(o, "torch_dtype");
     if (dt && strcmp(dt, "auto") != 0) {
         at_dtype d;
-        if (at_dtype_parse(dt, &d) != 0 || (d != AT_F32 && d != AT_BF16 && d != AT_F16))
-            return at_error(AT_ERR_INVALID, "--torch_dtype %s: use bfloat16, float16 or float32", dt);
+        if (at_dtype_parse(dt, &d) != 0 || (d != AT_F32 && d != AT_BF16 && d != AT_F16)) {
+            st = at_error(AT_ERR_INVALID, "--torch_dtype %s: use bfloat16, float16 or float32", dt);
+            goto done;
+        }
         bo.dtype = d;
     }
     at_quant_kind q = AT_QUANT_NONE;
-    AT_TRY(at_quant_from_bits((int)at_opt_int(o, "quant_bits"), &q));
+    AT_CHECK(at_quant_from_bits((int)at_opt_int(o, "quant_bits"), &q));
     bo.quant = q;
-    int na = at_opt_list_count(o, "adapters");
-    const char **ad = calloc((size_t)na + 1, sizeof *ad);
-    if (!ad) return at_error(AT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < na; i++) ad[i] = at_opt_list_get(o, "adapters", i);
-    bo.adapters = ad;
+    bo.adapters = (const char *const *)ad;
     bo.n_adapters = na;
-    at_status st = at_device_select(at_opt_str(o, "device"), &bo.backend);
-    if (st == AT_OK) st = at_bundle_load(&bo, out);
+    AT_CHECK(at_device_select(at_opt_str(o, "device"), &bo.backend));
+    st = at_bundle_load(&bo, out);
+done:
+    for (int i = 0; i < na; i++) free(ad[i]);
     free(ad);
+    free(base);
     return st;
 }
 
@@ -201,6 +244,9 @@ static char *read_line(FILE *f)
     return s;
 }
 
+static const char chat_commands[] = "/reset (forget the conversation), /system TEXT (set the system message and "
+                                    "reset), /help, /exit";
+
 static int interactive(session *ss, const char *system)
 {
     int tty = isatty(0);
@@ -208,8 +254,8 @@ static int interactive(session *ss, const char *system)
     char *sys = system ? strdup(system) : NULL;
     if (sys) cJSON_AddItemToArray(history, message("system", sys));
     if (tty)
-        fprintf(stderr, "anytune chat with %s%s. Commands: /reset, /system TEXT, /exit\n", ss->b->name,
-                ss->b->tmpl ? "" : " (no chat template: each line is continued as raw text)");
+        fprintf(stderr, "anytune chat with %s%s. Commands: %s\n", ss->b->name,
+                ss->b->tmpl ? "" : " (no chat template: each line is continued as raw text)", chat_commands);
     for (;;) {
         if (tty) {
             fputs("> ", stdout);
@@ -221,6 +267,11 @@ static int interactive(session *ss, const char *system)
             free(line);
             break;
         }
+        if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
+            fprintf(stderr, "commands: %s\n", chat_commands);
+            free(line);
+            continue;
+        }
         if (!strcmp(line, "/reset") || !strncmp(line, "/system", 7)) {
             if (!strncmp(line, "/system", 7)) {
                 const char *t = line + 7;
@@ -231,7 +282,8 @@ static int interactive(session *ss, const char *system)
             cJSON_Delete(history);
             history = cJSON_CreateArray();
             if (sys) cJSON_AddItemToArray(history, message("system", sys));
-            if (tty) fprintf(stderr, "(history cleared%s)\n", sys ? ", system message set" : "");
+            /* said on stderr, so that stdout holds the answers alone */
+            fprintf(stderr, "(history cleared%s)\n", sys ? ", system message set" : "");
             free(line);
             continue;
         }
@@ -361,6 +413,14 @@ int at_cmd_infer(int argc, char **argv)
             at_error(AT_ERR_NOT_FOUND, "--adapter_name %s: no adapter of that name", an);
             goto fail;
         }
+    }
+    if (at_opt_list_count(o, "val_dataset") || at_opt_bool(o, "load_data_args")) {
+        if (!b->tmpl) {
+            at_error(AT_ERR_INVALID, "--val_dataset answers conversations: the model has no chat template (--template)");
+            goto fail;
+        }
+        rc = at_cli_infer_dataset(o, b, &ss.gp, ss.context);
+        goto done;
     }
     if (at_generator_new(b->decoder, b->tokenizer, ss.context, &ss.gen) != AT_OK) goto fail;
 

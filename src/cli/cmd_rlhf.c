@@ -11,20 +11,27 @@
 #include "train/preference.h"
 
 static const at_opt_spec rlhf_specs[] = {
-    {"rlhf_type", AT_OPT_STRING, "dpo", "the preference objective: dpo, simpo, cpo or orpo", NULL},
-    {"beta", AT_OPT_FLOAT, NULL, "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
-                                 "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1", NULL},
-    {"loss_type", AT_OPT_STRING, NULL, "dpo: sigmoid, ipo or hinge; cpo: those or simpo (unset: sigmoid; simpo "
-                                       "for --rlhf_type simpo)", NULL},
-    {"label_smoothing", AT_OPT_FLOAT, "0", "conservative DPO/CPO: the share of pairs assumed mislabeled "
-                                           "(sigmoid and simpo losses)", NULL},
-    {"rpo_alpha", AT_OPT_FLOAT, NULL, "dpo: add rpo_alpha x the chosen replies' NLL (RPO); unset: off", NULL},
-    {"cpo_alpha", AT_OPT_FLOAT, NULL, "cpo, simpo: weight of the chosen replies' NLL (unset: 1; 0: the SimPO "
-                                      "paper's loss)", NULL},
-    {"simpo_gamma", AT_OPT_FLOAT, NULL, "simpo: the target reward margin gamma (unset: 1)", NULL},
-    {"ref_model", AT_OPT_STRING, NULL, "dpo's reference model (default: the policy's base: LoRA off, or the "
+    {.name = "rlhf_type", .type = AT_OPT_STRING, .def = "dpo",
+     .help = "the preference objective: dpo, simpo, cpo or orpo"},
+    {.name = "beta", .type = AT_OPT_FLOAT,
+     .help = "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
+                                 "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1"},
+    {.name = "loss_type", .type = AT_OPT_STRING,
+     .help = "dpo: sigmoid, ipo or hinge; cpo: those or simpo (unset: sigmoid; simpo "
+                                       "for --rlhf_type simpo)"},
+    {.name = "label_smoothing", .type = AT_OPT_FLOAT, .def = "0",
+     .help = "conservative DPO/CPO: the share of pairs assumed mislabeled "
+                                           "(sigmoid and simpo losses)"},
+    {.name = "rpo_alpha", .type = AT_OPT_FLOAT,
+     .help = "dpo: add rpo_alpha x the chosen replies' NLL (RPO); unset: off"},
+    {.name = "cpo_alpha", .type = AT_OPT_FLOAT,
+     .help = "cpo, simpo: weight of the chosen replies' NLL (unset: 1; 0: the SimPO "
+                                      "paper's loss)"},
+    {.name = "simpo_gamma", .type = AT_OPT_FLOAT, .help = "simpo: the target reward margin gamma (unset: 1)"},
+    {.name = "ref_model", .type = AT_OPT_STRING,
+     .help = "dpo's reference model (default: the policy's base: LoRA off, or the "
                                        "initial weights for full fine-tuning); refused by the reference-free "
-                                       "simpo, cpo and orpo", NULL},
+                                       "simpo, cpo and orpo"},
 };
 #define NRLHF ((int)(sizeof rlhf_specs / sizeof rlhf_specs[0]))
 

@@ -24,31 +24,47 @@
 #include "serve/server.h"
 
 static const at_opt_spec specs[] = {
-    {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)", NULL},
-    {"no_verify", AT_OPT_BOOL, "false", "read checkpoints whose files do not match their MANIFEST.sha256 (damaged "
-     "or edited since written)", NULL},
-    {"adapters", AT_OPT_LIST, NULL, "LoRA adapters: DIR or NAME=DIR, several allowed (requests pick one by name)",
-     NULL},
-    {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
-    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default), none, chatml, llama-2, llama-3, "
-                                      "mistral, or a .jinja file", NULL},
-    {"host", AT_OPT_STRING, "127.0.0.1", "IPv4 address to listen on (0.0.0.0: every interface)", NULL},
-    {"port", AT_OPT_INT, "8000", "TCP port (0: any free port)", NULL},
-    {"served_model_name", AT_OPT_STRING, NULL, "the model's name in the API (default: the folder's)", NULL},
-    {"api_key", AT_OPT_STRING, NULL, "require Authorization: Bearer KEY", NULL},
-    {"max_batch_size", AT_OPT_INT, "8", "requests decoded together", NULL},
-    {"max_model_len", AT_OPT_INT, "0", "context per request in tokens (0: the model's, at most 4096)", NULL},
-    {"max_tokens_limit", AT_OPT_INT, "0", "the largest max_tokens a request may ask (0: the context)", NULL},
-    {"max_body_bytes", AT_OPT_INT, "1048576", "the largest request body", NULL},
-    {"max_queue", AT_OPT_INT, "64", "requests that may wait for a free slot", NULL},
-    {"idle_timeout", AT_OPT_INT, "30", "seconds a connection may send nothing before it is closed (answers being "
-     "generated do not count)", NULL},
-    {"max_connections_per_client", AT_OPT_INT, "64", "connections one client address may hold (of 256)", NULL},
-    {"shutdown_timeout", AT_OPT_FLOAT, "10", "seconds requests in flight get to finish on SIGTERM", NULL},
-    {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
-    {"torch_dtype", AT_OPT_STRING, NULL, "weights as bfloat16, float16 or float32 (default: as stored)", NULL},
-    {"quant_bits", AT_OPT_INT, "0", "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", NULL},
-    {"verbose", AT_OPT_BOOL, "false", "more logging", NULL},
+    {.name = "model", .type = AT_OPT_STRING,
+     .help = "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
+    {.name = "adapters", .type = AT_OPT_LIST,
+     .help = "LoRA adapters: DIR or NAME=DIR, several allowed (requests pick one by name)"},
+    {.name = "tokenizer", .type = AT_OPT_STRING, .help = "tokenizer folder or file (default: the model's)"},
+    {.name = "template", .type = AT_OPT_STRING,
+     .help = "chat template: the model's (default), none, chatml, llama-2, llama-3, "
+                                      "mistral, or a .jinja file"},
+    {.name = "host", .type = AT_OPT_STRING, .def = "127.0.0.1",
+     .help = "IPv4 address to listen on (0.0.0.0: every interface)"},
+    {.name = "port", .type = AT_OPT_INT, .def = "8000", .help = "TCP port (0: any free port)", .range = "[0, 65535]"},
+    {.name = "served_model_name", .type = AT_OPT_STRING, .help = "the model's name in the API (default: the folder's)"},
+    {.name = "default_model", .type = AT_OPT_STRING,
+     .help = "the model of requests that name none: the served name or an adapter's (default: with --adapters, "
+             "such requests are refused, listing the names)"},
+    {.name = "api_key", .type = AT_OPT_STRING, .help = "require Authorization: Bearer KEY"},
+    {.name = "max_batch_size", .type = AT_OPT_INT, .def = "8",
+     .help = "requests decoded together", .range = "[1, 4096]"},
+    {.name = "max_model_len", .type = AT_OPT_INT, .def = "0",
+     .help = "context per request in tokens (0: the model's, at most 4096)", .range = "[0, 16777216]"},
+    {.name = "max_tokens_limit", .type = AT_OPT_INT, .def = "0",
+     .help = "the largest max_tokens a request may ask (0: the context)", .range = "[0, 16777216]"},
+    {.name = "max_body_bytes", .type = AT_OPT_INT, .def = "1048576",
+     .help = "the largest request body", .range = "[1, 1073741824]"},
+    {.name = "max_queue", .type = AT_OPT_INT, .def = "64",
+     .help = "requests that may wait for a free slot", .range = "[0, 1048576]"},
+    {.name = "idle_timeout", .type = AT_OPT_INT, .def = "30",
+     .help = "seconds a connection may send nothing before it is closed (answers being generated do not count)",
+     .range = "[1, 86400]"},
+    {.name = "max_connections_per_client", .type = AT_OPT_INT, .def = "64",
+     .help = "connections one client address may hold (of 256)", .range = "[1, 256]"},
+    {.name = "shutdown_timeout", .type = AT_OPT_FLOAT, .def = "10",
+     .help = "seconds requests in flight get to finish on SIGTERM", .range = "[0, 86400]"},
+    {.name = "device", .type = AT_OPT_STRING, .help = "auto, cpu, cuda, cuda:N"},
+    {.name = "torch_dtype", .type = AT_OPT_STRING,
+     .help = "weights as bfloat16, float16 or float32 (default: as stored)"},
+    {.name = "quant_bits", .type = AT_OPT_INT, .def = "0",
+     .help = "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", .range = "[0, 8]"},
+    {.name = "verbose", .type = AT_OPT_BOOL, .def = "false", .help = "more logging"},
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -174,6 +190,15 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
         url_encode(so.api_key, query + 7, cap - 7);
     }
     so.served_model_name = at_opt_str(o, "served_model_name");
+    so.default_model = at_opt_str(o, "default_model");
+    /* serve with adapters: a request must say which model it means (the page of web-ui always does) */
+    so.model_required = !c->webui_train && b->n_adapters > 0;
+    const char *served = so.served_model_name ? so.served_model_name : b->name;
+    if (so.default_model && strcmp(so.default_model, served) != 0 && !at_bundle_adapter_get(b, so.default_model)) {
+        at_error(AT_ERR_INVALID, "--default_model %s: neither the served name (%s) nor an adapter's", so.default_model,
+                 served);
+        goto fail;
+    }
     so.webui_train = c->webui_train;
     if (at_server_start(b, &so, &srv) != AT_OK) goto fail;
     const char *host = so.host ? so.host : "127.0.0.1";

@@ -4,6 +4,7 @@
  * from identity.json, and answers before and after. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,69 +22,11 @@
 #include "plan/planner.h"
 #include "train/preference.h"
 #include "train/schedule.h"
+#include "train/train_options.h"
 #include "train/trainer.h"
 
-static const at_opt_spec specs[] = {
-    {"model", AT_OPT_STRING, NULL, "model folder (Hugging Face), GGUF or llama2.c file", NULL},
-    {"dataset", AT_OPT_LIST, NULL, "training data: FILE or FILE#N, several allowed", NULL},
-    {"val_dataset", AT_OPT_LIST, NULL, "validation data", NULL},
-    {"split_dataset_ratio", AT_OPT_FLOAT, "0", "share of --dataset held out for validation", NULL},
-    {"template", AT_OPT_STRING, NULL, "chat template: the model's (default), none, chatml, llama-2, llama-3, mistral, "
-     "or a .jinja file", NULL},
-    {"tokenizer", AT_OPT_STRING, NULL, "tokenizer folder or file (default: the model's)", NULL},
-    {"train_type", AT_OPT_STRING, "lora", "lora, qlora (lora with --quant_bits 4) or full", "tuner_type"},
-    {"quant_bits", AT_OPT_INT, "0", "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)", NULL},
-    {"dry_run", AT_OPT_BOOL, "false", "print the plan (device, formats, micro-batch, memory by part) and stop", NULL},
-    {"json", AT_OPT_BOOL, "false", "with --dry_run: the plan as JSON", NULL},
-    {"max_memory", AT_OPT_STRING, NULL, "memory budget, e.g. 8GB or 7.5GiB (default: 90% of the free memory)", NULL},
-    {"simulate_device", AT_OPT_STRING, NULL,
-     "with --dry_run: plan for a device profile (v100, t4, a100, h100, rtx4090, m2-16gb, ascend-910b, laptop-8gb)",
-     NULL},
-    {"lora_rank", AT_OPT_INT, "8", "LoRA rank", NULL},
-    {"lora_alpha", AT_OPT_FLOAT, "32", "LoRA alpha (scale alpha/rank)", NULL},
-    {"lora_dropout", AT_OPT_FLOAT, "0.05", "dropout on the LoRA input", NULL},
-    {"neftune_noise_alpha", AT_OPT_FLOAT, "0", "NEFTune: uniform noise alpha/sqrt(length*hidden) on the "
-     "embeddings in training (e.g. 5; 0: off)", NULL},
-    {"target_modules", AT_OPT_LIST, "all-linear", "all-linear or names such as q_proj,v_proj", NULL},
-    {"use_rslora", AT_OPT_BOOL, "false", "scale alpha/sqrt(rank)", NULL},
-    {"adapters", AT_OPT_STRING, NULL, "start from this PEFT adapter folder", NULL},
-    {"max_length", AT_OPT_INT, "2048", "longest sample in tokens", NULL},
-    {"truncation_strategy", AT_OPT_STRING, "delete", "delete, left or right for longer samples", NULL},
-    {"packing", AT_OPT_BOOL, "false", "pack samples into rows of max_length tokens", NULL},
-    {"group_by_length", AT_OPT_BOOL, "false", "batch samples of similar length together", NULL},
-    {"gradient_checkpointing", AT_OPT_BOOL, "true", "recompute activations in the backward", NULL},
-    {"per_device_train_batch_size", AT_OPT_INT, "1", "rows per micro-batch", "batch_size"},
-    {"gradient_accumulation_steps", AT_OPT_INT, "1", "micro-batches per optimizer step", NULL},
-    {"learning_rate", AT_OPT_FLOAT, NULL, "peak learning rate (default 1e-4 for LoRA, 1e-5 for full)", NULL},
-    {"num_train_epochs", AT_OPT_FLOAT, "3", "epochs", NULL},
-    {"max_steps", AT_OPT_INT, "-1", "optimizer steps (overrides epochs when > 0)", NULL},
-    {"lr_scheduler_type", AT_OPT_STRING, "cosine", "cosine, linear, constant, constant_with_warmup", NULL},
-    {"warmup_ratio", AT_OPT_FLOAT, "0", "share of the steps spent warming up", NULL},
-    {"warmup_steps", AT_OPT_INT, "0", "warmup steps (wins over the ratio)", NULL},
-    {"weight_decay", AT_OPT_FLOAT, "0.1", "AdamW decoupled weight decay", NULL},
-    {"adam_beta1", AT_OPT_FLOAT, "0.9", "AdamW beta1", NULL},
-    {"adam_beta2", AT_OPT_FLOAT, "0.95", "AdamW beta2", NULL},
-    {"adam_epsilon", AT_OPT_FLOAT, "1e-8", "AdamW epsilon", NULL},
-    {"max_grad_norm", AT_OPT_FLOAT, "1.0", "clip the global gradient norm (0: off)", NULL},
-    {"logging_steps", AT_OPT_INT, "5", "log every N steps", NULL},
-    {"save_steps", AT_OPT_INT, "500", "checkpoint every N steps (and at the end)", NULL},
-    {"eval_steps", AT_OPT_INT, "500", "evaluate every N steps (and at the end)", NULL},
-    {"save_total_limit", AT_OPT_INT, "0", "keep only the N newest checkpoints (0: all)", NULL},
-    {"output_dir", AT_OPT_STRING, "output", "where runs go (a vN-YYYYMMDD-HHMMSS folder per run)", NULL},
-    {"resume_from_checkpoint", AT_OPT_STRING, NULL, "a checkpoint folder, or 'last'", NULL},
-    {"torch_dtype", AT_OPT_STRING, NULL, "format of the frozen weights: bfloat16, float16, float32", NULL},
-    {"seed", AT_OPT_INT, "42", "seed of everything random", NULL},
-    {"device", AT_OPT_STRING, NULL, "auto, cpu, cuda, cuda:N", NULL},
-    {"tf32", AT_OPT_BOOL, "false", "on GPUs, let f32 matmuls use TF32 tensor cores (faster, ~1e-3 relative error)",
-     NULL},
-    {"strict", AT_OPT_BOOL, "false", "stop at the first bad dataset record", NULL},
-    {"model_name", AT_OPT_STRING, NULL, "fills {{name}} in the data (self-cognition data)", NULL},
-    {"model_author", AT_OPT_STRING, NULL, "fills {{author}} in the data", NULL},
-    {"loss_scale", AT_OPT_STRING, "default", "default (every assistant turn) or last_round", NULL},
-    {"preview", AT_OPT_LIST, NULL, "questions answered before and after training", NULL},
-    {"preview_max_tokens", AT_OPT_INT, "48", "answer length of --preview", NULL},
-};
-#define NSPECS ((int)(sizeof specs / sizeof specs[0]))
+/* the common table: train/train_options.c */
+#define NSPECS at_train_n_options
 
 
 /* The resource planner (plan/planner.h): formats, micro-batch, accumulation,
@@ -128,6 +71,7 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
     rq.quant_bits = a->quant_bits;
     rq.lora_rank = a->lora_rank;
     rq.target_mask = a->target_mask;
+    if (a->max_length <= 0) a->max_length = at_train_default_max_length(&cfg); /* unset: the model's context */
     rq.max_length = a->max_length;
     rq.batch_size = a->batch_size;
     rq.batch_size_set = at_opt_source_of(o, "per_device_train_batch_size") != AT_SRC_DEFAULT;
@@ -208,6 +152,49 @@ static void follow_webui_server(void)
     raise(SIGHUP); /* it died before the prctl */
 }
 
+/* The end of a run: the steps this process ran (and where a resumed run
+ * started), the logged losses (interval means, as logging.jsonl and the
+ * plot show them), the best checkpoint when there was evaluation. */
+static void print_summary(const at_train_result *r)
+{
+    char resumed[64] = "";
+    if (r->start_step > 0)
+        snprintf(resumed, sizeof resumed, " (resumed at %lld, %lld in all)", (long long)r->start_step,
+                 (long long)r->steps_done);
+    char loss[96] = "";
+    if (!isnan(r->first_logged_loss))
+        snprintf(loss, sizeof loss, ", logged loss %.4f -> %.4f", r->first_logged_loss, r->last_logged_loss);
+    fprintf(stderr, "anytune: %lld steps%s in %.1f s%s; saved in %s\n", (long long)(r->steps_done - r->start_step),
+            resumed, r->train_seconds, loss, r->run_dir);
+    if (r->best_checkpoint[0])
+        fprintf(stderr, "anytune: best checkpoint: %s (eval_loss %.4f)\n", r->best_checkpoint, r->best_eval_loss);
+}
+
+/* --torch_dtype, or ms-swift's --bf16 / --fp16 true (transformers'
+ * spelling), into a->dtype. Returns 0, or 2 after printing the error. */
+static int resolve_dtype(const at_options *o, at_train_args *a)
+{
+    const char *td = at_opt_str(o, "torch_dtype");
+    const char *flag = at_opt_bool(o, "bf16") ? "bfloat16" : at_opt_bool(o, "fp16") ? "float16" : NULL;
+    if (at_opt_bool(o, "bf16") && at_opt_bool(o, "fp16")) {
+        fprintf(stderr, "anytune: error: --bf16 and --fp16 both true: give one (or --torch_dtype)\n");
+        return 2;
+    }
+    if (flag && td && strcmp(td, "auto") != 0 && strcmp(td, flag) != 0) {
+        fprintf(stderr, "anytune: error: --%s true and --torch_dtype %s disagree: give one\n",
+                at_opt_bool(o, "bf16") ? "bf16" : "fp16", td);
+        return 2;
+    }
+    if (flag) td = flag;
+    if (!td || !strcmp(td, "auto")) return 0;
+    if (at_dtype_parse(td, &a->dtype) != 0) { /* the table's choices make this unreachable */
+        fprintf(stderr, "anytune: error: --torch_dtype %s: use bfloat16, float16 or float32\n", td);
+        return 2;
+    }
+    a->has_dtype = 1;
+    return 0;
+}
+
 int at_cli_train(int argc, char **argv, const at_train_cli *c)
 {
     int pt = c->pt;
@@ -218,7 +205,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         fprintf(stderr, "anytune: error: out of memory\n");
         return 1;
     }
-    memcpy(all, specs, sizeof specs);
+    memcpy(all, at_train_options, (size_t)NSPECS * sizeof *all);
     if (c->n_extra) memcpy(all + NSPECS, c->extra, (size_t)c->n_extra * sizeof *all);
     /* the options keep pointing into the table: it lives until done */
     int parse_rc = at_cli_parse(all, NSPECS + c->n_extra, argc, argv, c->command, c->usage, &o);
@@ -245,10 +232,26 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     static const char *demo_prompts[] = {"Who are you?", "What is your name?"};
     int demo = c->demo && !at_opt_str(o, "model") && at_opt_list_count(o, "dataset") == 0;
 
+    if (demo) {
+        /* A 260K-parameter model and 16 samples: a higher rate and more epochs
+         * than a real model needs, unless the user said otherwise. */
+        if (at_opt_source_of(o, "learning_rate") == AT_SRC_DEFAULT) at_opt_set(o, "learning_rate", "3e-3");
+        if (at_opt_source_of(o, "num_train_epochs") == AT_SRC_DEFAULT) at_opt_set(o, "num_train_epochs", "20");
+        if (at_opt_source_of(o, "per_device_train_batch_size") == AT_SRC_DEFAULT)
+            at_opt_set(o, "per_device_train_batch_size", "4");
+        if (at_opt_source_of(o, "lora_rank") == AT_SRC_DEFAULT) at_opt_set(o, "lora_rank", "16");
+        if (at_opt_source_of(o, "logging_steps") == AT_SRC_DEFAULT) at_opt_set(o, "logging_steps", "10");
+        /* the demo data's {{name}} and {{author}} (kept in args.json like any option) */
+        if (!at_opt_list_count(o, "model_name")) at_opt_set(o, "model_name", "anytune");
+        if (!at_opt_list_count(o, "model_author")) at_opt_set(o, "model_author", "the anytune team");
+    }
+    const char *tt = at_opt_str(o, "train_type");
+    /* full fine-tuning's default rate is ms-swift's 1e-5 */
+    if (!strcmp(tt, "full") && at_opt_source_of(o, "learning_rate") == AT_SRC_DEFAULT)
+        at_opt_set(o, "learning_rate", "1e-5");
+    /* every option the table stores in at_train_args (train/train_options.c) */
+    at_options_store(o, &a);
     a.pt = pt;
-    a.model = at_opt_str(o, "model");
-    a.template_name = at_opt_str(o, "template");
-    a.tokenizer = at_opt_str(o, "tokenizer");
     int nds = at_opt_list_count(o, "dataset"), nv = at_opt_list_count(o, "val_dataset");
     ds = calloc((size_t)nds + 1, sizeof *ds);
     vds = calloc((size_t)nv + 1, sizeof *vds);
@@ -269,10 +272,19 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     a.n_val_datasets = nv;
     a.preview_prompts = prev;
     a.n_preview_prompts = np;
-    a.preview_max_tokens = (int)at_opt_int(o, "preview_max_tokens");
-    a.split_dataset_ratio = at_opt_float(o, "split_dataset_ratio");
-    a.model_name = at_opt_str(o, "model_name");
-    a.model_author = at_opt_str(o, "model_author");
+    /* --model_name NAME [NAME_EN], --model_author AUTHOR [AUTHOR_EN] (ms-swift's two-value form) */
+    static const char *const who[2] = {"model_name", "model_author"};
+    const char **first[2] = {&a.model_name, &a.model_author}, **en[2] = {&a.model_name_en, &a.model_author_en};
+    for (int w = 0; w < 2; w++) {
+        int nw = at_opt_list_count(o, who[w]);
+        if (nw > 2) {
+            fprintf(stderr, "anytune: error: --%s takes one value, or two (Chinese, English), not %d\n", who[w], nw);
+            rc = 2;
+            goto done;
+        }
+        *first[w] = at_opt_list_get(o, who[w], 0);
+        *en[w] = at_opt_list_get(o, who[w], 1);
+    }
     if (demo) {
         a.model = at_cli_demo_path("demo/stories260K", mbuf, sizeof mbuf);
         if (!a.model) a.model = "demo/stories260K"; /* the load error names it */
@@ -280,38 +292,19 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (!demo_ds[0]) demo_ds[0] = "demo/identity.json";
         a.datasets = demo_ds;
         a.n_datasets = 1;
-        /* as options, so that args.json holds them and a resumed demo finds them */
-        if (!a.model_name) at_opt_set(o, "model_name", "anytune");
-        if (!a.model_author) at_opt_set(o, "model_author", "the anytune team");
-        a.model_name = at_opt_str(o, "model_name");
-        a.model_author = at_opt_str(o, "model_author");
         if (!np) {
             at_opt_set(o, "preview", "Who are you?,What is your name?");
             a.preview_prompts = demo_prompts;
             a.n_preview_prompts = 2;
         }
-        /* A 260K-parameter model and 16 samples: a higher rate and more epochs
-         * than a real model needs, unless the user said otherwise. */
-        if (at_opt_source_of(o, "learning_rate") == AT_SRC_DEFAULT) at_opt_set(o, "learning_rate", "3e-3");
-        if (at_opt_source_of(o, "num_train_epochs") == AT_SRC_DEFAULT) at_opt_set(o, "num_train_epochs", "20");
-        if (at_opt_source_of(o, "per_device_train_batch_size") == AT_SRC_DEFAULT)
-            at_opt_set(o, "per_device_train_batch_size", "4");
-        if (at_opt_source_of(o, "lora_rank") == AT_SRC_DEFAULT) at_opt_set(o, "lora_rank", "16");
-        if (at_opt_source_of(o, "logging_steps") == AT_SRC_DEFAULT) at_opt_set(o, "logging_steps", "10");
         fprintf(stderr, "anytune sft: no --model or --dataset given: the demo (%s learns its identity from %s)\n",
                 a.model, demo_ds[0]);
     }
-    const char *tt = at_opt_str(o, "train_type");
     a.quant_bits = (int)at_opt_int(o, "quant_bits");
     if (!strcmp(tt, "full")) {
         a.full = 1;
     } else if (!strcmp(tt, "qlora")) { /* shorthand: LoRA over NF4 weights unless --quant_bits says 8 */
-        if (at_opt_source_of(o, "quant_bits") == AT_SRC_DEFAULT || a.quant_bits == 0) a.quant_bits = 4;
-    } else if (!strcmp(tt, "auto")) { /* the planner: lora, or qlora when lora cannot fit */
-    } else if (strcmp(tt, "lora") != 0) {
-        fprintf(stderr, "anytune: error: --train_type %s: use lora, qlora, full or auto\n", tt);
-        rc = 2;
-        goto done;
+        if (a.quant_bits == 0) a.quant_bits = 4;
     }
     if (a.quant_bits != 0 && a.quant_bits != 4 && a.quant_bits != 8) {
         fprintf(stderr, "anytune: error: --quant_bits %d: use 4 (NF4), 8 (q8_0) or 0\n", a.quant_bits);
@@ -324,52 +317,10 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         rc = 2;
         goto done;
     }
-    a.lora_rank = (int)at_opt_int(o, "lora_rank");
-    a.lora_alpha = at_opt_float(o, "lora_alpha");
-    a.lora_dropout = at_opt_float(o, "lora_dropout");
-    a.neftune_noise_alpha = at_opt_float(o, "neftune_noise_alpha");
-    a.use_rslora = at_opt_bool(o, "use_rslora");
-    a.adapters = at_opt_str(o, "adapters");
-    a.max_length = (int)at_opt_int(o, "max_length");
-    a.packing = at_opt_bool(o, "packing");
-    a.group_by_length = at_opt_bool(o, "group_by_length");
-    a.gradient_checkpointing = at_opt_bool(o, "gradient_checkpointing");
-    a.batch_size = (int)at_opt_int(o, "per_device_train_batch_size");
-    a.grad_accum = (int)at_opt_int(o, "gradient_accumulation_steps");
-    a.learning_rate = at_opt_str(o, "learning_rate") ? at_opt_float(o, "learning_rate") : (a.full ? 1e-5 : 1e-4);
-    a.num_train_epochs = at_opt_float(o, "num_train_epochs");
-    a.max_steps = at_opt_int(o, "max_steps");
-    a.warmup_ratio = at_opt_float(o, "warmup_ratio");
-    a.warmup_steps = at_opt_int(o, "warmup_steps");
-    a.weight_decay = at_opt_float(o, "weight_decay");
-    a.adam_beta1 = at_opt_float(o, "adam_beta1");
-    a.adam_beta2 = at_opt_float(o, "adam_beta2");
-    a.adam_epsilon = at_opt_float(o, "adam_epsilon");
-    a.max_grad_norm = at_opt_float(o, "max_grad_norm");
-    a.logging_steps = (int)at_opt_int(o, "logging_steps");
-    a.save_steps = (int)at_opt_int(o, "save_steps");
-    a.eval_steps = (int)at_opt_int(o, "eval_steps");
-    a.save_total_limit = (int)at_opt_int(o, "save_total_limit");
-    a.output_dir = at_opt_str(o, "output_dir");
-    a.resume_from_checkpoint = at_opt_str(o, "resume_from_checkpoint");
-    a.seed = (uint64_t)at_opt_int(o, "seed");
-    a.device = at_opt_str(o, "device");
-    a.strict = at_opt_bool(o, "strict");
-    const char *ls = at_opt_str(o, "loss_scale");
-    a.loss_last_turn_only = !strcmp(ls, "last_round");
-    if (!a.loss_last_turn_only && strcmp(ls, "default") != 0) {
-        fprintf(stderr, "anytune: error: --loss_scale %s: use default or last_round\n", ls);
+    a.loss_last_turn_only = !strcmp(at_opt_str(o, "loss_scale"), "last_round");
+    if (resolve_dtype(o, &a) != 0) {
         rc = 2;
         goto done;
-    }
-    if (at_opt_str(o, "torch_dtype")) {
-        if (at_dtype_parse(at_opt_str(o, "torch_dtype"), &a.dtype) != 0 || a.dtype == AT_I32 || a.dtype >= AT_Q8_0) {
-            fprintf(stderr, "anytune: error: --torch_dtype %s: use bfloat16, float16 or float32\n",
-                    at_opt_str(o, "torch_dtype"));
-            rc = 2;
-            goto done;
-        }
-        a.has_dtype = 1;
     }
     if (at_truncation_parse(at_opt_str(o, "truncation_strategy"), &a.truncation) != AT_OK ||
         at_schedule_parse(at_opt_str(o, "lr_scheduler_type"), &a.scheduler) != AT_OK ||
@@ -409,6 +360,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         cJSON_ReplaceItemInObject(j, "model", cJSON_CreateString(a.model ? a.model : ""));
         cJSON_ReplaceItemInObject(j, "learning_rate", cJSON_CreateNumber(a.learning_rate));
         cJSON_ReplaceItemInObject(j, "quant_bits", cJSON_CreateNumber(a.quant_bits));
+        cJSON_ReplaceItemInObject(j, "max_length", cJSON_CreateNumber(a.max_length));
         cJSON *dl = cJSON_CreateArray();
         for (int i = 0; i < a.n_datasets; i++) cJSON_AddItemToArray(dl, cJSON_CreateString(a.datasets[i]));
         cJSON_ReplaceItemInObject(j, "dataset", dl);
@@ -426,12 +378,12 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (at_comm_world(&comm) == AT_OK) at_comm_abort(comm, 1);
         goto done;
     }
-    int rank0 = at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0;
-    if (rank0 && !res.run_dir[0]) /* the run folder went with the run (trainer.h) */
-        fprintf(stderr, "anytune: stopped before a step trained: nothing saved\n");
-    else if (rank0)
-        fprintf(stderr, "anytune: %lld steps in %.1f s, loss %.4f -> %.4f; saved in %s\n", (long long)res.steps_done,
-                res.train_seconds, res.first_loss, res.last_loss, res.run_dir);
+    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0) {
+        if (!res.run_dir[0]) /* the run folder went with the run (trainer.h) */
+            fprintf(stderr, "anytune: stopped before a step trained: nothing saved\n");
+        else
+            print_summary(&res);
+    }
     at_comm_finalize();
     rc = res.stopped_by ? 128 + res.stopped_by : 0; /* as a shell reports a process ended by the signal */
 done:

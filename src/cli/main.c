@@ -18,6 +18,8 @@ static const command commands[] = {
     {"sft", at_cmd_sft, "LoRA or full fine-tuning on conversations (no options: the bundled demo)"},
     {"pt", at_cmd_pt, "continued pre-training on plain text"},
     {"rlhf", at_cmd_rlhf, "preference alignment on chosen/rejected pairs: --rlhf_type dpo, simpo, cpo, orpo"},
+    {"deploy", at_cmd_serve, "the same as serve (ms-swift's name)"},
+    {"app", at_cmd_webui, "the same as web-ui (ms-swift's name)"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
     {"eval", at_cmd_eval, "multiple-choice accuracy (MMLU, C-Eval) and perplexity"},
 };
@@ -27,7 +29,7 @@ static void usage(FILE *out)
     fprintf(out, "usage: anytune COMMAND [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].help);
-    fprintf(out, "\nRun 'anytune COMMAND --help' for a command's options.\n");
+    fprintf(out, "\nRun 'anytune COMMAND --help' for a command's options; 'anytune --version' for the version.\n");
 }
 
 int main(int argc, char **argv)
@@ -39,6 +41,10 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        printf("anytune %s\n", AT_VERSION);
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

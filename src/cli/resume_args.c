@@ -55,7 +55,8 @@ int at_cli_resume_options(at_options *o, const char *command)
     int64_t step = 0;
     int rc = 1;
     size_t dlen = 0;
-    if (at_run_find_resume(at_opt_str(o, "output_dir"), spec, &run_dir, &ckpt, &step) != AT_OK) {
+    if (at_run_find_resume(at_opt_str(o, "output_dir"), spec, at_opt_bool(o, "add_version"), &run_dir, &ckpt,
+                           &step) != AT_OK) {
         at_cli_fail();
         goto done;
     }

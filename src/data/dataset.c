@@ -80,8 +80,29 @@ static at_status on_record(void *ctx, const at_record *rec)
         memset(s, 0, sizeof *s);
         st = at_normalize_text(&fc->nz, rec->text, rec->text_len, s);
     } else {
-        if (fc->fmt == AT_FORMAT_AUTO) fc->fmt = at_data_format_detect(rec->json);
-        st = at_normalize_record(&fc->nz, rec->json, fc->fmt, s, &kind);
+        const cJSON *json = rec->json;
+        cJSON *renamed = NULL;
+        if (fc->opt->columns && cJSON_IsObject(json)) { /* --columns: the record's keys renamed first */
+            renamed = cJSON_Duplicate(json, 1);
+            if (!renamed) return at_error(AT_ERR_NOMEM, "%s: out of memory loading the dataset", fc->path);
+            for (cJSON *k = renamed->child; k; k = k->next) {
+                const cJSON *to = cJSON_GetObjectItemCaseSensitive(fc->opt->columns, k->string);
+                if (cJSON_IsString(to) && strcmp(to->valuestring, k->string) != 0) {
+                    char *name = strdup(to->valuestring);
+                    if (!name) {
+                        cJSON_Delete(renamed);
+                        return at_error(AT_ERR_NOMEM, "%s: out of memory loading the dataset", fc->path);
+                    }
+                    if (!(k->type & cJSON_StringIsConst)) free(k->string);
+                    k->string = name;
+                    k->type &= ~cJSON_StringIsConst;
+                }
+            }
+            json = renamed;
+        }
+        if (fc->fmt == AT_FORMAT_AUTO) fc->fmt = at_data_format_detect(json);
+        st = at_normalize_record(&fc->nz, json, fc->fmt, s, &kind);
+        cJSON_Delete(renamed);
     }
     if (st == AT_ERR_NOMEM) return st;
     if (st != AT_OK) {
@@ -159,7 +180,9 @@ static at_status load_file(at_dataset *ds, const char *spec, size_t file_index, 
     AT_CHECK(at_dataset_parse_spec(spec, &path, &want));
     fc.ds = ds;
     fc.opt = opt;
-    fc.nz = (at_normalizer){&ds->arena, opt->model_name, opt->model_author};
+    size_t unfilled = 0;
+    fc.nz = (at_normalizer){&ds->arena, opt->model_name, opt->model_author, opt->model_name_en, opt->model_author_en,
+                            &unfilled};
     fc.fmt = opt->format;
     fc.path = at_arena_strndup(&ds->arena, path, strlen(path));
     if (!fc.path) {
@@ -167,6 +190,10 @@ static at_status load_file(at_dataset *ds, const char *spec, size_t file_index, 
         goto done;
     }
     AT_CHECK(at_records_read(path, opt->container, on_record, on_issue, &fc));
+    if (unfilled)
+        at_log_warn("%s: %zu strings hold {{name}} / {{author}} placeholders and no --model_name / --model_author "
+                    "fills them: the model would learn the braces (self-cognition data: give --model_name NAME "
+                    "[NAME_EN] --model_author AUTHOR [AUTHOR_EN])", path, unfilled);
     size_t n = fc.n;
     if (n == 0) {
         if (fc.skipped)

@@ -109,6 +109,13 @@ typedef struct {
     at_container container;  /* AT_CONTAINER_AUTO: from extension and content */
     const char *model_name;  /* when set, replaces {{name}} / {{NAME}} in all text */
     const char *model_author; /* likewise {{author}} / {{AUTHOR}} */
+    /* ms-swift's two-value form (--model_name 小黄 'Xiao Huang'): when set,
+     * model_name / model_author fill Chinese records (a "tag": "zh" key, or
+     * CJK text) and these the others. NULL: the one value fills all. */
+    const char *model_name_en, *model_author_en;
+    /* ms-swift's --columns: an object {"their_key": "our_key", ...} renaming
+     * each record's keys before its format is read (borrowed); NULL: none */
+    const cJSON *columns;
 } at_dataset_options;
 
 typedef struct {
@@ -154,6 +161,8 @@ at_status at_messages_to_json(const at_messages *m, cJSON **out);
 typedef struct {
     at_arena *arena;
     const char *model_name, *model_author;
+    const char *model_name_en, *model_author_en; /* see at_dataset_options; NULL: as above */
+    size_t *unfilled;  /* may be NULL: counts strings left with a {{name}} / {{author}} placeholder */
 } at_normalizer;
 at_data_format at_data_format_detect(const cJSON *rec);
 at_status at_normalize_record(const at_normalizer *nz, const cJSON *rec, at_data_format fmt, at_sample *out,

@@ -112,10 +112,16 @@ static at_status nomem(at_issue_kind *kind)
 static const char *copy_str(const at_normalizer *nz, const char *s)
 {
     size_t n = strlen(s);
-    if ((!nz->model_name && !nz->model_author) || !strstr(s, "{{"))
-        return at_arena_strndup(nz->arena, s, n);
     const char *pats[4] = {"{{name}}", "{{NAME}}", "{{author}}", "{{AUTHOR}}"};
     const char *reps[4] = {nz->model_name, nz->model_name, nz->model_author, nz->model_author};
+    if (nz->unfilled && strstr(s, "{{"))
+        for (int k = 0; k < 4; k++)
+            if (!reps[k] && strstr(s, pats[k])) {
+                (*nz->unfilled)++; /* the loader warns: the model would learn the braces */
+                break;
+            }
+    if ((!nz->model_name && !nz->model_author) || !strstr(s, "{{"))
+        return at_arena_strndup(nz->arena, s, n);
     size_t out_len = 0;
     for (int pass = 0; pass < 2; pass++) {
         char *dst = NULL;
@@ -699,9 +705,32 @@ at_data_format at_data_format_detect(const cJSON *rec)
     return AT_FORMAT_AUTO;
 }
 
-at_status at_normalize_record(const at_normalizer *nz, const cJSON *rec, at_data_format fmt, at_sample *out,
+/* Whether a record is Chinese, for the two-value --model_name: its "tag"
+ * key (ms-swift's self-cognition data), else any CJK ideograph (U+4E00 to
+ * U+9FFF: UTF-8 lead bytes E4 to E9) in its strings. */
+static int record_is_zh(const cJSON *rec)
+{
+    const cJSON *tag = cJSON_GetObjectItemCaseSensitive(rec, "tag");
+    if (cJSON_IsString(tag)) return !strcmp(tag->valuestring, "zh");
+    if (cJSON_IsString(rec)) {
+        for (const unsigned char *p = (const unsigned char *)rec->valuestring; *p; p++)
+            if (*p >= 0xE4 && *p <= 0xE9) return 1;
+        return 0;
+    }
+    for (const cJSON *c = rec->child; c; c = c->next)
+        if (record_is_zh(c)) return 1;
+    return 0;
+}
+
+at_status at_normalize_record(const at_normalizer *nz_in, const cJSON *rec, at_data_format fmt, at_sample *out,
                               at_issue_kind *kind)
 {
+    at_normalizer local = *nz_in;
+    const at_normalizer *nz = &local;
+    if ((nz_in->model_name_en || nz_in->model_author_en) && !record_is_zh(rec)) {
+        if (nz_in->model_name_en) local.model_name = nz_in->model_name_en;
+        if (nz_in->model_author_en) local.model_author = nz_in->model_author_en;
+    }
     memset(out, 0, sizeof *out);
     out->label = -1;
     if (!cJSON_IsObject(rec))

@@ -2,6 +2,7 @@
 #include "export/export_job.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,15 @@ at_status at_export_run(const at_export_args *a)
     }
     char fname[64];
     at_export_gguf_file_name(a, q, fname, sizeof fname);
+    /* --output_dir x.gguf: that file, as llama.cpp's convert writes --outfile
+     * (staged in the usual folder, then renamed over x.gguf) */
+    size_t olen = strlen(a->output_dir);
+    int single_file = olen > 5 && !strcmp(a->output_dir + olen - 5, ".gguf");
+    if (single_file && at_is_dir(a->output_dir)) {
+        st = at_error(AT_ERR_INVALID, "export: %s is a folder; a .gguf --output_dir names the file to write",
+                      a->output_dir);
+        goto done;
+    }
     AT_CHECK(at_export_begin(a->output_dir, a->overwrite, &staging));
     if (!(path = at_path_join(staging, fname))) {
         st = at_error(AT_ERR_NOMEM, "export: out of memory");
@@ -288,6 +298,18 @@ at_status at_export_run(const at_export_args *a)
         snprintf(name, sizeof name, "%s", slash && slash[1] ? slash + 1 : a->model);
         go.name = name;
         AT_CHECK(at_export_gguf_model(w, path, &go));
+    }
+    if (single_file) {
+        if (rename(path, a->output_dir) != 0) {
+            st = at_error(AT_ERR_IO, "export: %s: cannot rename into place: %s", a->output_dir, strerror(errno));
+            goto done;
+        }
+        char *parent = dir_of(a->output_dir);
+        st = parent ? at_fsync_dir(parent) : at_error(AT_ERR_NOMEM, "export: out of memory");
+        free(parent);
+        at_export_abort(staging); /* the staging folder, empty now */
+        at_log_info("export: wrote %s", a->output_dir);
+        goto done;
     }
     AT_CHECK(at_export_commit(staging, a->output_dir));
     at_log_info("export: wrote %s/%s", a->output_dir, fname);

@@ -8,7 +8,8 @@
  *   --to gguf (no adapter)   : the model converted to GGUF
  * into the folder output_dir (staged and renamed, with MANIFEST.sha256; see
  * export_files.h). The GGUF file in it is named model-<type>.gguf or
- * adapter-<type>.gguf. */
+ * adapter-<type>.gguf; an output_dir ending in ".gguf" is that file itself
+ * (staged beside it and renamed into place). */
 #ifndef AT_EXPORT_EXPORT_JOB_H
 #define AT_EXPORT_EXPORT_JOB_H
 

@@ -273,8 +273,8 @@ static at_status load_template(const at_tokenizer *tok, const at_bundle_opts *o,
         char *src = NULL;
         size_t len = 0;
         if (!at_file_exists(t)) {
-            st = at_error(AT_ERR_NOT_FOUND, "--template %s: not a file nor a built-in template (none, chatml, "
-                                            "llama-2, llama-3, mistral)", t);
+            st = at_error(AT_ERR_NOT_FOUND, "--template %s: not a file nor a built-in template (none, %s)", t,
+                          AT_CHAT_TEMPLATE_NAMES);
         } else if ((st = at_read_file(t, &src, &len)) == AT_OK) {
             st = at_chat_template_from_string(src, len, t, vars, tmpl);
         }

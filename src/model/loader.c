@@ -364,6 +364,19 @@ static at_status open_source(const char *path, source *s, at_model_config *cfg)
 
 /* ---- loading ------------------------------------------------------------ */
 
+/* The dtype to load matrix hf_name as: lin, or the stored Q8_0 / Q4_0 of a
+ * GGUF when nothing else is asked (see LIN below). */
+static at_dtype keep_quantized(const source *s, const char *hf_name, at_dtype lin, const at_load_options *o)
+{
+    char gname[160];
+    if (s->kind != SRC_GGUF || o->dtype != AT_LOAD_KEEP_DTYPE || o->quant != AT_QUANT_NONE || o->writable ||
+        !at_gguf_name_from_hf(hf_name, gname, sizeof gname))
+        return lin;
+    const at_gguf_tensor_info *info = at_gguf_find_tensor(s->gg, gname);
+    int stored = info ? at_ggml_to_dtype(info->type) : -1;
+    return stored == AT_Q8_0 || stored == AT_Q4_0 ? (at_dtype)stored : lin;
+}
+
 at_status at_decoder_weights_load(const char *path, const at_load_options *opt, at_decoder_weights **out)
 {
     *out = NULL;
@@ -403,22 +416,33 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     memset(&qstats, 0, sizeof qstats);
     memset(&notes, 0, sizeof notes);
 
+/* A GGUF's Q8_0 / Q4_0 layer matrices stay as stored when neither a dtype
+ * nor a quantization is asked and the weights are read-only: decoding reads
+ * their blocks directly (as llama.cpp does), where dequantizing to bf16 would
+ * double (q8_0) or nearly quadruple (q4_0) the bytes each token reads. */
+#define LIN(name) keep_quantized(src, name, lin, &o)
 #define GET(slot, name, dtype, optional)                          \
     do {                                                          \
         AT_CHECK(source_get(src, name, dtype, optional, &(slot))); \
     } while (0)
     GET(w->embed, "model.embed_tokens.weight", mat, 0);
     GET(w->final_norm, "model.norm.weight", AT_F32, 0);
-    if (!cfg.tie_word_embeddings) GET(w->lm_head, "lm_head.weight", mat, 0);
+    /* the lm_head of a quantized GGUF stays quantized too (LIN's reasons: it is
+     * the largest matrix a token reads); when tied, it is a second, quantized
+     * view of the embedding, which stays dequantized for the lookup */
+    at_dtype head = keep_quantized(src, cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                                   mat, &o);
+    if (!cfg.tie_word_embeddings) GET(w->lm_head, "lm_head.weight", head, 0);
+    else if (head != mat) GET(w->lm_head, "model.embed_tokens.weight", head, 0);
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         at_layer_weights *L = &w->layers[l];
         char n[160];
 #define NAME(label) (snprintf(n, sizeof n, "model.layers.%d.%s", l, label), n)
         GET(L->attn_norm, NAME("input_layernorm.weight"), AT_F32, 0);
-        GET(L->wq, NAME("self_attn.q_proj.weight"), lin, 0);
-        GET(L->wk, NAME("self_attn.k_proj.weight"), lin, 0);
-        GET(L->wv, NAME("self_attn.v_proj.weight"), lin, 0);
-        GET(L->wo, NAME("self_attn.o_proj.weight"), lin, 0);
+        GET(L->wq, NAME("self_attn.q_proj.weight"), LIN(NAME("self_attn.q_proj.weight")), 0);
+        GET(L->wk, NAME("self_attn.k_proj.weight"), LIN(NAME("self_attn.k_proj.weight")), 0);
+        GET(L->wv, NAME("self_attn.v_proj.weight"), LIN(NAME("self_attn.v_proj.weight")), 0);
+        GET(L->wo, NAME("self_attn.o_proj.weight"), LIN(NAME("self_attn.o_proj.weight")), 0);
         if (cfg.attn_qkv_bias) {
             GET(L->bq, NAME("self_attn.q_proj.bias"), AT_F32, 0);
             GET(L->bk, NAME("self_attn.k_proj.bias"), AT_F32, 0);
@@ -430,10 +454,11 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
             GET(L->k_norm, NAME("self_attn.k_norm.weight"), AT_F32, 0);
         }
         GET(L->ffn_norm, NAME("post_attention_layernorm.weight"), AT_F32, 0);
-        GET(L->w_gate, NAME("mlp.gate_proj.weight"), lin, 0);
-        GET(L->w_up, NAME("mlp.up_proj.weight"), lin, 0);
-        GET(L->w_down, NAME("mlp.down_proj.weight"), lin, 0);
+        GET(L->w_gate, NAME("mlp.gate_proj.weight"), LIN(NAME("mlp.gate_proj.weight")), 0);
+        GET(L->w_up, NAME("mlp.up_proj.weight"), LIN(NAME("mlp.up_proj.weight")), 0);
+        GET(L->w_down, NAME("mlp.down_proj.weight"), LIN(NAME("mlp.down_proj.weight")), 0);
 #undef NAME
+#undef LIN
         if (src->kind == SRC_GGUF && src->gguf_interleaved) {
             AT_CHECK(unpermute(&L->wq, cfg.num_attention_heads, path));
             AT_CHECK(unpermute(&L->bq, cfg.num_attention_heads, path));
@@ -456,7 +481,7 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     AT_CHECK(place(be, o.writable, &w->embed));
     AT_CHECK(place(be, o.writable, &w->final_norm));
     AT_CHECK(place(be, o.writable, &w->lm_head));
-    if (cfg.tie_word_embeddings) w->lm_head = w->embed;
+    if (cfg.tie_word_embeddings && !w->lm_head) w->lm_head = w->embed;
     st = at_decoder_weights_check(w);
     if (st != AT_OK) at_error_wrap(st, "%s", path);
     if (st == AT_OK && qt != AT_DTYPE_COUNT) {

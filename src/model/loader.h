@@ -10,7 +10,9 @@
  *
  * Matrices (and embeddings) keep their stored dtype or are converted to the
  * one asked for; quantized GGUF matrices (Q8_0, Q4_0) are dequantized (to
- * bf16 when keeping). Norm weights and biases are always f32. When the
+ * bf16 when keeping), except the layers' seven linear matrices when the
+ * dtype is kept, no quantization is asked and the weights are not writable:
+ * those stay Q8_0 / Q4_0 as stored (inference reads their blocks). Norm weights and biases are always f32. When the
  * target backend is the CPU and no conversion is needed, tensors are
  * zero-copy views of the mapped files, which stay mapped as long as the
  * weights live.

@@ -85,7 +85,7 @@ at_status at_decoder_weights_check(const at_decoder_weights *w)
     int64_t qd = (int64_t)c->num_attention_heads * D, kd = (int64_t)c->num_key_value_heads * D;
     AT_TRY(check_one(w, w->embed, "model.embed_tokens.weight", 2, V, hd, 0));
     AT_TRY(check_one(w, w->final_norm, "model.norm.weight", 1, hd, 0, 0));
-    AT_TRY(check_one(w, w->lm_head, "lm_head.weight", 2, V, hd, 0));
+    AT_TRY(check_one(w, w->lm_head, "lm_head.weight", 2, V, hd, 1));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const at_layer_weights *L = &w->layers[l];
         char n[128];
@@ -137,7 +137,8 @@ int64_t at_decoder_weights_count(const at_decoder_weights *w)
     int64_t n = 0;
     if (w->embed) n += at_tensor_numel(w->embed);
     if (w->final_norm) n += at_tensor_numel(w->final_norm);
-    if (w->lm_head && w->lm_head != w->embed) n += at_tensor_numel(w->lm_head);
+    /* a tied lm_head may be a second (quantized) view of the embedding */
+    if (w->lm_head && w->lm_head != w->embed && !w->cfg.tie_word_embeddings) n += at_tensor_numel(w->lm_head);
     for (int l = 0; l < w->cfg.num_hidden_layers; l++) {
         const at_layer_weights *L = &w->layers[l];
         const at_tensor *all[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->bq, L->bk, L->bv,

@@ -33,7 +33,8 @@ typedef struct at_decoder_weights {
     at_backend *backend;
     at_tensor *embed;      /* model.embed_tokens.weight [V, hidden] */
     at_tensor *final_norm; /* model.norm.weight [hidden] */
-    at_tensor *lm_head;    /* lm_head.weight [V, hidden]; == embed when tied (not freed twice) */
+    at_tensor *lm_head;    /* lm_head.weight [V, hidden]; == embed when tied (not freed twice), or, tied
+                              and loaded from a quantized GGUF for inference, a quantized view of it */
     at_layer_weights *layers; /* [num_hidden_layers] */
     /* What zero-copy tensors point into (mapped files), released by
      * at_decoder_weights_free after the tensors. */

@@ -227,10 +227,21 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
     }
     /* the model: the base (by its served name, or none given) or an adapter */
     at_adapter *adapter = NULL;
-    if (req.model && req.model[0] && strcmp(req.model, s->name)) {
-        adapter = at_bundle_adapter_get(s->b, req.model);
+    const char *want = req.model && req.model[0] ? req.model : s->o.default_model;
+    if (!want && s->o.model_required) {
+        int k = snprintf(msg, sizeof msg, "The request names no `model` and adapters are loaded: say which of `%s`",
+                         s->name);
+        for (int i = 0; i < s->b->n_adapters && k > 0 && (size_t)k < sizeof msg; i++)
+            k += snprintf(msg + k, sizeof msg - (size_t)k, ", `%s`", s->b->adapters[i].name);
+        if (k > 0 && (size_t)k < sizeof msg)
+            snprintf(msg + k, sizeof msg - (size_t)k, " (or start the server with --default_model NAME).");
+        ret = reply_error(c, 400, msg, "invalid_request_error", "model", NULL);
+        goto done;
+    }
+    if (want && strcmp(want, s->name)) {
+        adapter = at_bundle_adapter_get(s->b, want);
         if (!adapter) {
-            snprintf(msg, sizeof msg, "The model `%s` does not exist.", req.model);
+            snprintf(msg, sizeof msg, "The model `%s` does not exist.", want);
             ret = reply_error(c, 404, msg, "invalid_request_error", "model", "model_not_found");
             goto done;
         }
@@ -300,7 +311,7 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
     atomic_fetch_add(&s->in_flight, 1);
     cc->counted = 1;
 
-    const char *model = req.model && req.model[0] ? req.model : s->name;
+    const char *model = want ? want : s->name;
     if (req.stream) {
         stream_ctx *sc = calloc(1, sizeof *sc);
         if (!sc) {

@@ -42,6 +42,10 @@ typedef struct at_server_opts {
                                  stalled request) is closed; answers being generated do not count; 0: 30 */
     const char *api_key;      /* NULL: no authentication */
     const char *served_model_name; /* NULL: the bundle's name */
+    const char *default_model;  /* the model of requests that name none: the base's name or an adapter's; NULL:
+                                   the base */
+    int model_required;         /* a request that names no model (and no default_model) is refused, listing
+                                   the names (serve with adapters: which one is meant is not guessed) */
     int webui_train;          /* `anytune web-ui`: the Train tab starts `anytune sft` jobs */
     const char *webui_train_program; /* what those jobs run; NULL: this program (/proc/self/exe) */
 } at_server_opts;

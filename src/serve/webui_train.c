@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
+#include "train/train_options.h"
 
 /* ---- the allow-list ------------------------------------------------------------------ */
 
@@ -33,46 +34,47 @@ typedef enum {
 typedef struct {
     const char *name;
     vkind kind;
-    double lo, hi;       /* V_INT / V_NUM: the accepted range, inclusive */
-    const char *choices; /* V_ENUM: "a|b|c" */
+    const char *choices; /* V_ENUM: "a|b|c" when narrower than the option table's */
 } field;
 
-/* `anytune sft` options the Train tab may set (names as cmd_train.c's).
+/* `anytune sft` options the Train tab may set. Their types, ranges and
+ * choices are the option table's (train/train_options.c), checked by its
+ * own function; this list says which options and what kind of path.
  * Left out on purpose: config (reads any file as options), adapters and
  * resume_from_checkpoint (paths into other runs), dry_run, simulate_device. */
 static const field fields[] = {
-    {"model", V_PATH_IN, 0, 0, NULL},
-    {"dataset", V_DATASET, 0, 0, NULL},
-    {"val_dataset", V_DATASET, 0, 0, NULL},
-    {"split_dataset_ratio", V_NUM, 0, 0.99, NULL},
-    {"template", V_ENUM, 0, 0, "chatml|llama-2|llama-3|mistral"},
-    {"train_type", V_ENUM, 0, 0, "lora|qlora|full"},
-    {"quant_bits", V_ENUM, 0, 0, "0|4|8"},
-    {"lora_rank", V_INT, 1, 1024, NULL},
-    {"lora_alpha", V_NUM, 1e-6, 1e6, NULL},
-    {"lora_dropout", V_NUM, 0, 0.99, NULL},
-    {"neftune_noise_alpha", V_NUM, 0, 1e6, NULL},
-    {"learning_rate", V_NUM, 1e-12, 10, NULL},
-    {"num_train_epochs", V_NUM, 1e-6, 1e6, NULL},
-    {"max_steps", V_INT, -1, 1e9, NULL},
-    {"per_device_train_batch_size", V_INT, 1, 4096, NULL},
-    {"gradient_accumulation_steps", V_INT, 1, 65536, NULL},
-    {"max_length", V_INT, 8, 1048576, NULL},
-    {"packing", V_BOOL, 0, 0, NULL},
-    {"gradient_checkpointing", V_BOOL, 0, 0, NULL},
-    {"lr_scheduler_type", V_ENUM, 0, 0, "cosine|linear|constant|constant_with_warmup"},
-    {"warmup_ratio", V_NUM, 0, 1, NULL},
-    {"weight_decay", V_NUM, 0, 10, NULL},
-    {"max_grad_norm", V_NUM, 0, 1e6, NULL},
-    {"logging_steps", V_INT, 1, 1e9, NULL},
-    {"save_steps", V_INT, 1, 1e9, NULL},
-    {"save_total_limit", V_INT, 0, 1e6, NULL},
-    {"output_dir", V_PATH_OUT, 0, 0, NULL},
-    {"torch_dtype", V_ENUM, 0, 0, "bfloat16|float16|float32"},
-    {"seed", V_INT, 0, 2147483647, NULL},
-    {"device", V_DEVICE, 0, 0, NULL},
-    {"model_name", V_TEXT, 0, 0, NULL},
-    {"model_author", V_TEXT, 0, 0, NULL},
+    {"model", V_PATH_IN, NULL},
+    {"dataset", V_DATASET, NULL},
+    {"val_dataset", V_DATASET, NULL},
+    {"split_dataset_ratio", V_NUM, NULL},
+    {"template", V_ENUM, "chatml|llama-2|llama-3|mistral"},
+    {"train_type", V_ENUM, NULL},
+    {"quant_bits", V_ENUM, "0|4|8"},
+    {"lora_rank", V_INT, NULL},
+    {"lora_alpha", V_NUM, NULL},
+    {"lora_dropout", V_NUM, NULL},
+    {"neftune_noise_alpha", V_NUM, NULL},
+    {"learning_rate", V_NUM, NULL},
+    {"num_train_epochs", V_NUM, NULL},
+    {"max_steps", V_INT, NULL},
+    {"per_device_train_batch_size", V_INT, NULL},
+    {"gradient_accumulation_steps", V_INT, NULL},
+    {"max_length", V_INT, NULL},
+    {"packing", V_BOOL, NULL},
+    {"gradient_checkpointing", V_BOOL, NULL},
+    {"lr_scheduler_type", V_ENUM, NULL},
+    {"warmup_ratio", V_NUM, NULL},
+    {"weight_decay", V_NUM, NULL},
+    {"max_grad_norm", V_NUM, NULL},
+    {"logging_steps", V_INT, NULL},
+    {"save_steps", V_INT, NULL},
+    {"save_total_limit", V_INT, NULL},
+    {"output_dir", V_PATH_OUT, NULL},
+    {"torch_dtype", V_ENUM, NULL},
+    {"seed", V_INT, NULL},
+    {"device", V_DEVICE, NULL},
+    {"model_name", V_TEXT, NULL},
+    {"model_author", V_TEXT, NULL},
 };
 #define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
 #define MAX_PATH_LEN 4096
@@ -167,6 +169,9 @@ static at_status push_arg(at_train_argv *a, const char *name, const char *value)
 static at_status add_field(at_train_argv *a, const field *f, const cJSON *v)
 {
     char buf[64];
+    const at_opt_spec *row = at_opt_find(at_train_options, at_train_n_options, f->name);
+    if (!row) return at_error(AT_ERR_INTERNAL, "%s: not in the option table", f->name);
+    const char *choices = f->choices ? f->choices : row->choices ? row->choices : "";
     switch (f->kind) {
     case V_PATH_IN:
     case V_PATH_OUT:
@@ -195,18 +200,16 @@ static at_status add_field(at_train_argv *a, const field *f, const cJSON *v)
     case V_INT: {
         if (!cJSON_IsNumber(v)) return at_error(AT_ERR_INVALID, "%s: expected an integer, got %s", f->name, type_name(v));
         double d = v->valuedouble;
-        if (d != floor(d)) return at_error(AT_ERR_INVALID, "%s: expected an integer, got %g", f->name, d);
-        if (d < f->lo || d > f->hi)
-            return at_error(AT_ERR_INVALID, "%s: %.0f is outside [%.0f, %.0f]", f->name, d, f->lo, f->hi);
+        if (d != floor(d) || fabs(d) > 9e18)
+            return at_error(AT_ERR_INVALID, "%s: expected an integer, got %g", f->name, d);
         snprintf(buf, sizeof buf, "%lld", (long long)d);
+        AT_TRY(at_opt_check_value(row, buf, f->name));
         return push_arg(a, f->name, buf);
     }
     case V_NUM: {
         if (!cJSON_IsNumber(v)) return at_error(AT_ERR_INVALID, "%s: expected a number, got %s", f->name, type_name(v));
-        double d = v->valuedouble;
-        if (!isfinite(d) || d < f->lo || d > f->hi)
-            return at_error(AT_ERR_INVALID, "%s: %g is outside [%g, %g]", f->name, d, f->lo, f->hi);
-        snprintf(buf, sizeof buf, "%.17g", d);
+        snprintf(buf, sizeof buf, "%.17g", v->valuedouble);
+        AT_TRY(at_opt_check_value(row, buf, f->name));
         return push_arg(a, f->name, buf);
     }
     case V_ENUM: {
@@ -217,9 +220,9 @@ static at_status add_field(at_train_argv *a, const field *f, const cJSON *v)
             snprintf(buf, sizeof buf, "%lld", (long long)v->valuedouble); /* quant_bits: 4 */
             s = buf;
         } else {
-            return at_error(AT_ERR_INVALID, "%s: expected one of %s, got %s", f->name, f->choices, type_name(v));
+            return at_error(AT_ERR_INVALID, "%s: expected one of %s, got %s", f->name, choices, type_name(v));
         }
-        AT_TRY(check_enum(f->name, s, f->choices));
+        AT_TRY(check_enum(f->name, s, choices));
         return push_arg(a, f->name, s);
     }
     case V_BOOL:

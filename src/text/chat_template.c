@@ -90,8 +90,29 @@ static const struct {
     {"mistral", MISTRAL, "<s>", "</s>"},
 };
 
+/* ms-swift's template names (--template) for the built-ins whose text they
+ * render. Qwen2.5's own template also adds a default system message when
+ * there is none: the model folder's template does that, the alias does not. */
+static const struct {
+    const char *alias, *name;
+} aliases[] = {
+    {"qwen", "chatml"},     {"qwen2", "chatml"},    {"qwen2_5", "chatml"},  {"yi", "chatml"},
+    {"internlm2", "chatml"}, {"llama", "llama-2"},  {"llama2", "llama-2"},  {"llama3", "llama-3"},
+    {"llama3_1", "llama-3"}, {"llama3_2", "llama-3"}, {"llama3_3", "llama-3"},
+};
+
+const char *at_chat_template_builtin_name(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof builtins / sizeof builtins[0]; i++)
+        if (!strcmp(builtins[i].name, name)) return builtins[i].name;
+    for (size_t i = 0; name && i < sizeof aliases / sizeof aliases[0]; i++)
+        if (!strcmp(aliases[i].alias, name)) return aliases[i].name;
+    return NULL;
+}
+
 const char *at_chat_template_builtin_source(const char *name)
 {
+    name = at_chat_template_builtin_name(name);
     for (size_t i = 0; name && i < sizeof builtins / sizeof builtins[0]; i++)
         if (!strcmp(builtins[i].name, name)) return builtins[i].src;
     return NULL;
@@ -147,6 +168,8 @@ at_status at_chat_template_from_string(const char *src, size_t len, const char *
 at_status at_chat_template_builtin(const char *name, const cJSON *tokens, at_chat_template **out)
 {
     *out = NULL;
+    const char *given = name;
+    name = at_chat_template_builtin_name(name);
     for (size_t i = 0; name && i < sizeof builtins / sizeof builtins[0]; i++) {
         if (strcmp(builtins[i].name, name) != 0) continue;
         if (tokens) return at_chat_template_from_string(builtins[i].src, strlen(builtins[i].src), name, tokens, out);
@@ -158,8 +181,8 @@ at_status at_chat_template_builtin(const char *name, const cJSON *tokens, at_cha
         cJSON_Delete(tk);
         return st;
     }
-    return at_error(AT_ERR_NOT_FOUND, "no built-in chat template named '%s' (have chatml, llama-2, llama-3, mistral)",
-                    name ? name : "(null)");
+    return at_error(AT_ERR_NOT_FOUND, "no built-in chat template named '%s' (have %s)", given ? given : "(null)",
+                    AT_CHAT_TEMPLATE_NAMES);
 }
 
 /* A token given as a string or as an AddedToken object {"content": ...}. */

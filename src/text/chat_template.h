@@ -45,7 +45,15 @@ at_status at_chat_template_load(const char *dir, const char *which, const char *
  * tokens are used. */
 at_status at_chat_template_builtin(const char *name, const cJSON *tokens, at_chat_template **out);
 
-/* The text of a built-in template, or NULL for an unknown name. */
+/* The built-in names, with ms-swift's that map to them, for messages. */
+#define AT_CHAT_TEMPLATE_NAMES                                                                                    \
+    "chatml, llama-2, llama-3, mistral; ms-swift's qwen, qwen2, qwen2_5, yi, internlm2 (chatml), llama, llama2 "  \
+    "(llama-2), llama3, llama3_1, llama3_2, llama3_3 (llama-3)"
+
+/* The built-in template a name means (ours, or ms-swift's alias of it), or NULL. */
+const char *at_chat_template_builtin_name(const char *name);
+
+/* The text of a built-in template (by either name), or NULL for an unknown name. */
 const char *at_chat_template_builtin_source(const char *name);
 
 void at_chat_template_free(at_chat_template *ct);

@@ -385,9 +385,16 @@ static at_status load_model(ctx *c, const cJSON *m)
         if (cJSON_IsString(e)) {
             const char *line = e->valuestring;
             const char *sp = strchr(line, ' ');
+            /* a strict split at the space, as Hugging Face's tokenizers reads
+             * legacy merges: a line with more spaces (tokens holding spaces,
+             * e.g. "   " in some Llama 2 files) has no one reading */
             if (!sp || strchr(sp + 1, ' '))
-                return at_error(AT_ERR_FORMAT, "%s: merge %d \"%.60s\" is not two tokens separated by one space", c->what,
-                                (int)rank, line);
+                return at_error(AT_ERR_FORMAT, "%s: merge %d \"%.60s\" is not two tokens separated by one space: a "
+                                "legacy \"a b\" merge cannot hold tokens with spaces (Hugging Face's tokenizers "
+                                "refuses it too: \"Merges text file invalid at line %d\"). Fix the file by writing its "
+                                "merges as pairs [\"a\", \"b\"], as a current tokenizers (>= 0.20) saves them, or use "
+                                "the model's tokenizer.model / a newer tokenizer.json", c->what, (int)rank, line,
+                                (int)rank + 1);
             AT_TRY(tok_bpe_add_merge(&t->model, line, (size_t)(sp - line), sp + 1, strlen(sp + 1), rank, c->what));
         } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
                    cJSON_IsString(cJSON_GetArrayItem(e, 1))) {

@@ -292,11 +292,22 @@ static char *parent_of(const char *dir)
     return p;
 }
 
-at_status at_run_find_resume(const char *output_dir, const char *spec, char **run_dir, char **ckpt, int64_t *step)
+at_status at_run_find_resume(const char *output_dir, const char *spec, int versioned, char **run_dir, char **ckpt,
+                             int64_t *step)
 {
     *run_dir = NULL;
     *ckpt = NULL;
     *step = 0;
+    if (!strcmp(spec, "last") && !versioned) {
+        *run_dir = strdup(output_dir);
+        if (!*run_dir) return at_error(AT_ERR_NOMEM, "out of memory");
+        at_status st = at_ckpt_find_last(*run_dir, ckpt, step);
+        if (st != AT_OK) {
+            free(*run_dir);
+            *run_dir = NULL;
+        }
+        return st;
+    }
     if (strcmp(spec, "last") != 0) {
         if (!at_is_dir(spec))
             return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint %s: no such checkpoint folder (give a "

@@ -53,9 +53,10 @@ void at_run_lock_release(at_run_lock *lk); /* safe on {-1, NULL}, on a zeroed lo
 /* The checkpoint that --resume_from_checkpoint SPEC names: a checkpoint
  * folder (its parent is the run), or "last": the newest complete checkpoint
  * of the newest run under output_dir that has one (a newer run without one
- * is named in a warning, never silently passed over). *run_dir and *ckpt
+ * is named in a warning, never silently passed over); with versioned 0
+ * (--add_version false) output_dir is the run itself. *run_dir and *ckpt
  * are new strings (caller frees). */
-at_status at_run_find_resume(const char *output_dir, const char *spec, char **run_dir, char **ckpt,
+at_status at_run_find_resume(const char *output_dir, const char *spec, int versioned, char **run_dir, char **ckpt,
                              int64_t *step);
 
 /* rm -rf of one folder (no symlink following). */

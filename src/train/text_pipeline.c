@@ -27,6 +27,19 @@ static at_status render(void *ctx, const at_sample *s, char **text, size_t *len,
                         s->source, s->line);
     cJSON *msgs = NULL;
     AT_TRY(at_messages_to_json(&s->messages, &msgs));
+    /* ms-swift's --system: the default system message (the template's spans
+     * then count one message more than the sample has) */
+    int shift = 0;
+    if (p->system && (s->messages.n == 0 || s->messages.items[0].role != AT_ROLE_SYSTEM)) {
+        cJSON *sm = cJSON_CreateObject();
+        if (!sm || !cJSON_AddStringToObject(sm, "role", "system") || !cJSON_AddStringToObject(sm, "content", p->system) ||
+            !cJSON_InsertItemInArray(msgs, 0, sm)) {
+            cJSON_Delete(sm);
+            cJSON_Delete(msgs);
+            return at_error(AT_ERR_NOMEM, "out of memory");
+        }
+        shift = 1;
+    }
     cJSON *tools = s->tools ? cJSON_Parse(s->tools) : NULL;
     at_chat_render_opts o = {0};
     o.tools = tools;
@@ -44,7 +57,7 @@ static at_status render(void *ctx, const at_sample *s, char **text, size_t *len,
     size_t k = 0;
     for (size_t i = 0; i < r.n_spans; i++) {
         /* A message marked loss=false in the data (ms-swift's "loss" key) is not trained. */
-        int m = r.spans[i].message;
+        int m = r.spans[i].message - shift;
         if (m >= 0 && (size_t)m < s->messages.n && !s->messages.items[m].loss) continue;
         sp[k].begin = r.spans[i].start;
         sp[k].end = r.spans[i].end;

@@ -18,6 +18,7 @@ typedef struct {
     const at_tokenizer *tok;
     const at_chat_template *tmpl; /* NULL: conversations cannot be encoded */
     at_chat_mask_mode mask;       /* AT_CHAT_MASK_ALL or AT_CHAT_MASK_LAST */
+    const char *system;           /* NULL, or the system message of conversations that have none (borrowed) */
 } at_text_pipeline;
 
 /* Binds tokenizer and template (both borrowed; they must outlive p).

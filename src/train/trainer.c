@@ -28,35 +28,22 @@
 #include "train/optimizer.h"
 #include "train/plot.h"
 #include "train/preview.h"
+#include "train/ckpt_files.h"
 #include "train/run_files.h"
 #include "device/comm.h"
 #include "train/text_pipeline.h"
+#include "train/train_options.h"
 
 void at_train_args_defaults(at_train_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->lora_rank = 8;
-    a->lora_alpha = 32;
-    a->lora_dropout = 0.05;
+    /* the option table's defaults (train/train_options.c): what `anytune sft` uses */
+    at_options_store_defaults(at_train_options, at_train_n_options, a);
+    /* what the command line parses from text (enums, lists) */
     a->target_mask = (1u << AT_MOD_COUNT) - 1;
-    a->max_length = 2048;
     a->truncation = AT_TRUNCATE_DELETE;
-    a->gradient_checkpointing = 1;
-    a->batch_size = 1;
-    a->grad_accum = 1;
-    a->learning_rate = 1e-4;
-    a->num_train_epochs = 3;
     a->scheduler = AT_SCHED_COSINE;
-    a->adam_beta1 = 0.9;
-    a->adam_beta2 = 0.999;
-    a->adam_epsilon = 1e-8;
-    a->max_grad_norm = 1.0;
-    a->logging_steps = 5;
-    a->save_steps = 500;
-    a->output_dir = "output";
-    a->seed = 42;
     a->max_nonfinite_steps = 5;
-    a->preview_max_tokens = 48;
 }
 
 /* Everything a run holds; released by trainer_free on every path. */
@@ -76,6 +63,7 @@ typedef struct {
     at_encoded *train, *val;
     size_t n_train, n_val;
     size_t *train_len, *val_len;
+    int max_length;       /* --max_length, or the model's context when unset (0) */
     at_decoder_acts *acts;
     char *run_dir;
     int run_dir_new;      /* this process created run_dir (removed again when no step of it trained) */
@@ -189,6 +177,8 @@ static at_status load_model(trainer *t)
     at_load_options lo;
     AT_TRY(model_load_options(t, &lo));
     AT_TRY(at_decoder_load(a->model, &lo, &t->dec));
+    /* unset --max_length: the model's context, as ms-swift (a longer sample trains past what the model can see) */
+    t->max_length = a->max_length > 0 ? a->max_length : at_train_default_max_length(&t->dec->cfg);
     /* the tokenizer and template where infer finds them: a model folder's
      * files, a GGUF file's tokenizer.ggml.* and chat template, a llama2.c
      * checkpoint's tokenizer.bin */
@@ -201,6 +191,7 @@ static at_status load_model(trainer *t)
     if (!t->tmpl && !a->template_name)
         at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
+    t->pipe.system = a->system;
     t->pipe_ready = 1;
     return AT_OK;
 }
@@ -212,7 +203,7 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
     const at_train_args *a = t->a;
     at_encoder enc;
     at_text_pipeline_encoder(&t->pipe, &enc);
-    enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
+    enc.max_length = (size_t)t->max_length;
     enc.truncation = a->truncation;
     at_encoded *e = calloc(list->n ? list->n : 1, sizeof *e);
     size_t *len = calloc(list->n ? list->n : 1, sizeof *len);
@@ -261,7 +252,7 @@ static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded 
         return st;
     }
     at_log_info("%s: %zu samples encoded (%zu longer than --max_length %d dropped, %zu failed, %zu without "
-                "trained tokens)", what, n, dropped, a->max_length, failed, no_labels);
+                "trained tokens)", what, n, dropped, t->max_length, failed, no_labels);
     *out = e;
     *lens = len;
     *n_out = n;
@@ -277,7 +268,7 @@ static at_status load_pairs(trainer *t, const at_sample_list *vl)
     const at_train_args *a = t->a;
     at_encoder enc;
     at_text_pipeline_encoder(&t->pipe, &enc);
-    enc.max_length = a->max_length > 0 ? (size_t)a->max_length : 0;
+    enc.max_length = (size_t)t->max_length;
     enc.truncation = a->truncation;
     AT_TRY(at_pref_pairs_encode(&t->ds->train, &enc, a->strict, "train", &t->pref_train));
     if (vl->n) AT_TRY(at_pref_pairs_encode(vl, &enc, a->strict, "eval", &t->pref_val));
@@ -334,13 +325,32 @@ static at_status load_data(trainer *t)
     o.split_ratio = a->n_val_datasets ? 0 : a->split_dataset_ratio;
     o.model_name = a->model_name;
     o.model_author = a->model_author;
-    if (a->pt) o.format = AT_FORMAT_TEXT;
-    AT_TRY(at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds));
-    if (!t->ds->n_skipped) at_log_info("%s", t->ds->summary); /* with skips, at_dataset_load warned with it */
-    if (a->n_val_datasets) {
-        o.split_ratio = 0;
-        AT_TRY(at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds));
+    o.model_name_en = a->model_name_en;
+    o.model_author_en = a->model_author_en;
+    cJSON *columns = NULL;
+    if (a->columns) {
+        columns = cJSON_Parse(a->columns);
+        if (!cJSON_IsObject(columns)) {
+            cJSON_Delete(columns);
+            return at_error(AT_ERR_INVALID, "--columns %.100s: expected a JSON object such as {\"question\": \"query\"}",
+                            a->columns);
+        }
+        for (const cJSON *c = columns->child; c; c = c->next)
+            if (!cJSON_IsString(c)) {
+                cJSON_Delete(columns);
+                return at_error(AT_ERR_INVALID, "--columns: \"%s\" must map to a key name (a string)", c->string);
+            }
+        o.columns = columns;
     }
+    if (a->pt) o.format = AT_FORMAT_TEXT;
+    at_status st = at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds);
+    if (st == AT_OK && !t->ds->n_skipped) at_log_info("%s", t->ds->summary); /* with skips, the load warned with it */
+    if (st == AT_OK && a->n_val_datasets) {
+        o.split_ratio = 0;
+        st = at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds);
+    }
+    cJSON_Delete(columns);
+    AT_TRY(st);
     const at_sample_list *vl = t->val_ds ? &t->val_ds->train : &t->ds->val;
     if (a->pref) return load_pairs(t, vl);
     AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
@@ -355,7 +365,7 @@ static at_batch_options batch_options(const trainer *t, int64_t epoch)
 {
     at_batch_options o = {0};
     o.batch_size = (size_t)t->a->batch_size;
-    o.packing_length = t->a->packing ? (size_t)t->a->max_length : 0;
+    o.packing_length = t->a->packing ? (size_t)t->max_length : 0;
     o.group_by_length = t->a->group_by_length && !t->a->packing;
     o.shuffle = 1;
     o.seed = t->a->seed + (uint64_t)epoch * 1000003u;
@@ -527,6 +537,11 @@ static at_status save_checkpoint(trainer *t, int64_t step)
                 st = at_write_file_atomic(p, cfg, strlen(cfg));
                 free(p);
             }
+            /* and the tokenizer and generation config: the folder loads as the model did */
+            const char *model_dir = at_is_dir(t->a->model) ? t->a->model : NULL;
+            const char *tok_dir = t->a->tokenizer ? (at_is_dir(t->a->tokenizer) ? t->a->tokenizer : NULL) : model_dir;
+            if (st == AT_OK)
+                st = at_ckpt_write_standalone(dir, tok_dir, model_dir, t->tok, t->tmpl, t->max_length);
         }
         free(cfg);
         free(pg);
@@ -544,7 +559,8 @@ static at_status save_checkpoint(trainer *t, int64_t step)
         snprintf(stok, sizeof stok, "%lld", (long long)t->tokens_seen);
         const char *meta[] = {"global_step", sstep, "seed", sseed, "train_type", t->a->full ? "full" : "lora",
                               "tokens_seen", stok, "loss_scale", sscale, "loss_scale_good_steps", sgood};
-        st = at_optimizer_save(&t->opt, p, meta, 6);
+        /* --save_only_model: the weights alone (the moments are what a resume needs) */
+        if (!t->a->save_only_model) st = at_optimizer_save(&t->opt, p, meta, 6);
         free(p);
     }
     if (st == AT_OK) st = at_ckpt_commit(t->run_dir, step, dir);
@@ -580,7 +596,7 @@ static at_status resume(trainer *t, int64_t *start_step)
 {
     char *ckpt = NULL, *run_dir = NULL;
     int64_t ckpt_step = 0;
-    at_status st = at_run_find_resume(t->a->output_dir, t->a->resume_from_checkpoint, &run_dir, &ckpt, &ckpt_step);
+    at_status st = at_run_find_resume(t->a->output_dir, t->a->resume_from_checkpoint, t->a->add_version, &run_dir, &ckpt, &ckpt_step);
     if (st != AT_OK) goto done;
     /* the run is this process's to write from here: nothing is read or truncated before */
     if (t->rank == 0 && (st = at_run_lock_take(run_dir, &t->lock)) != AT_OK) goto done;
@@ -814,6 +830,17 @@ static void on_stop_signal(int sig)
     g_stop_signal = sig;
 }
 
+/* Whether step `done` evaluates / checkpoints under strategy (ms-swift's
+ * steps|epoch|no; NULL: steps): every `every` steps and at the last, at each
+ * epoch's end and the last, or never. */
+static int due(const char *strategy, int every, int64_t done, const trainer *t)
+{
+    if (strategy && !strcmp(strategy, "no")) return 0;
+    if (done == t->total_steps) return 1;
+    if (strategy && !strcmp(strategy, "epoch")) return done % t->steps_per_epoch == 0;
+    return every > 0 && done % every == 0;
+}
+
 /* The statistics of the logging interval under way. */
 typedef struct {
     double loss, t0; /* sum of the steps' losses; when the interval began */
@@ -824,7 +851,7 @@ typedef struct {
 /* A step that makes its update: the optimizer step, the loss scale's growth,
  * the statistics, the log line's fields (into `line`) and the evaluation. */
 static at_status step_update(trainer *t, cJSON *line, at_progress *bar, int64_t done, double loss, double norm,
-                             double lr, int64_t tokens, log_interval *iv, at_train_result *res)
+                             double lr, int64_t tokens, log_interval *iv, at_train_result *res, double *eval_now)
 {
     const at_train_args *a = t->a;
     AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->loss_scale));
@@ -848,6 +875,8 @@ static at_status step_update(trainer *t, cJSON *line, at_progress *bar, int64_t 
         cJSON_AddNumberToObject(line, "step", (double)done);
         cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
         cJSON_AddNumberToObject(line, "loss", iv->loss / iv->steps);
+        if (isnan(res->first_logged_loss)) res->first_logged_loss = iv->loss / iv->steps;
+        res->last_logged_loss = iv->loss / iv->steps;
         if (a->pref) {
             at_pref_stats_log(a->pref, &t->pref_interval, line);
             memset(&t->pref_interval, 0, sizeof t->pref_interval);
@@ -859,22 +888,32 @@ static at_status step_update(trainer *t, cJSON *line, at_progress *bar, int64_t 
         cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
         AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
                          iv->loss / iv->steps, lr));
-        char note[200];
-        snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  %.0f tok/s",
-                 (long long)done, (long long)t->total_steps, (double)done / (double)t->steps_per_epoch,
-                 iv->loss / iv->steps, norm, lr, tps);
+        char note[300];
+        int k = snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  "
+                         "%.0f tok/s", (long long)done, (long long)t->total_steps,
+                         (double)done / (double)t->steps_per_epoch, iv->loss / iv->steps, norm, lr, tps);
+        /* preference objectives: TRL's two figures a user watches */
+        const cJSON *acc = cJSON_GetObjectItem(line, "rewards/accuracies"),
+                    *mar = cJSON_GetObjectItem(line, "rewards/margins");
+        if (cJSON_IsNumber(acc) && cJSON_IsNumber(mar) && k > 0 && (size_t)k < sizeof note)
+            snprintf(note + k, sizeof note - (size_t)k, "  rewards/accuracies %.3f  rewards/margins %.4f",
+                     acc->valuedouble, mar->valuedouble);
         at_progress_note(bar, note);
         iv->loss = 0;
         iv->steps = 0;
         iv->tokens = 0;
         iv->t0 = now;
     }
-    if (t->rank == 0 && t->n_val && ((a->eval_steps > 0 && done % a->eval_steps == 0) || done == t->total_steps)) {
+    if (t->rank == 0 && t->n_val && due(a->eval_strategy, a->eval_steps, done, t)) {
         double el = NAN;
         AT_TRY(evaluate(t, &el));
         if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
         cJSON_AddNumberToObject(line, "eval_loss", el);
         AT_TRY(push_hist(&t->eval_step, &t->eval_loss, NULL, &t->n_eval, &t->cap_eval, done, el, 0));
+        char note[120];
+        snprintf(note, sizeof note, "step %lld/%lld  eval_loss %.4f", (long long)done, (long long)t->total_steps, el);
+        at_progress_note(bar, note);
+        *eval_now = el;
     }
     return AT_OK;
 }
@@ -893,7 +932,11 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     int nonfinite = 0;
     at_status st = AT_OK;
     res->first_loss = NAN;
+    res->first_logged_loss = res->last_logged_loss = NAN;
+    res->best_eval_loss = NAN;
     res->steps_done = start_step;
+    res->start_step = start_step;
+    double eval_now = NAN; /* this step's eval_loss, for the best checkpoint */
     int64_t last_saved = start_step; /* the newest checkpoint's step (start_step: the one resumed from, or none) */
     /* ANYTUNE_DEBUG_KILL_AFTER_STEP=N: the process kills itself (SIGKILL) right
      * after step N, as a crash would; ANYTUNE_DEBUG_TERM_AFTER_STEP=N: it sends
@@ -968,6 +1011,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         norm /= t->loss_scale; /* the gradients carry the loss scale */
         double lr = at_schedule_lr(&sched, step);
         int64_t done = step + 1;
+        eval_now = NAN;
         cJSON *line = cJSON_CreateObject();
         if (!line) {
             st = at_error(AT_ERR_NOMEM, "out of memory");
@@ -1005,7 +1049,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             }
         } else {
             nonfinite = 0;
-            st = step_update(t, line, &bar, done, loss, norm, lr, tokens, &interval, res);
+            st = step_update(t, line, &bar, done, loss, norm, lr, tokens, &interval, res, &eval_now);
         }
         if (cJSON_GetObjectItem(line, "step")) {
             at_status ls = log_line(t, line);
@@ -1019,9 +1063,14 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         at_progress_update(&bar, done, status);
         /* the last step is checkpointed even when skipped; nothing is, until a step has trained */
         if (st == AT_OK && t->rank == 0 && (res->steps_trained > 0 || start_step > 0) &&
-            ((a->save_steps > 0 && done % a->save_steps == 0) || done == t->total_steps)) {
+            (due(a->save_strategy, a->save_steps, done, t) || done == t->total_steps)) {
             st = save_checkpoint(t, done);
             last_saved = done;
+            if (st == AT_OK && !isnan(eval_now) && !(eval_now >= res->best_eval_loss)) {
+                res->best_eval_loss = eval_now;
+                snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s/checkpoint-%lld", t->run_dir,
+                         (long long)done);
+            }
         }
         res->steps_done = done;
         if (kill_after > 0 && done == kill_after) raise(SIGKILL); /* crash tests: die between checkpoints */
@@ -1068,7 +1117,10 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (a->batch_size < 1 || a->grad_accum < 1 || a->logging_steps < 1)
         return at_error(AT_ERR_INVALID, "--per_device_train_batch_size, --gradient_accumulation_steps and "
                                         "--logging_steps must be at least 1");
-    if (a->packing && a->max_length < 1) return at_error(AT_ERR_INVALID, "--packing needs --max_length");
+    AT_TRY(at_train_args_check(a));
+    if (a->load_best_model_at_end && a->eval_steps > 0 && (a->save_steps <= 0 || a->save_steps % a->eval_steps))
+        return at_error(AT_ERR_INVALID, "--load_best_model_at_end: checkpoints must fall on evaluations: --save_steps "
+                        "%d is not a multiple of --eval_steps %d", a->save_steps, a->eval_steps);
     if (!a->output_dir || !a->output_dir[0])
         return at_error(AT_ERR_INVALID, "--output_dir is empty: give the folder where runs go (default: output)");
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha <= FLT_MAX))
@@ -1113,8 +1165,21 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (a->resume_from_checkpoint) {
         AT_CHECK(resume(&t, &start_step));
     } else if (t.rank == 0) {
-        AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
-        t.run_dir_new = 1;
+        if (a->add_version) {
+            AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
+            t.run_dir_new = 1;
+        } else { /* --add_version false: the run is output_dir itself (never removed) */
+            if (!a->output_dir[0]) {
+                st = at_error(AT_ERR_INVALID, "--output_dir is empty");
+                goto done;
+            }
+            AT_CHECK(at_mkdirs(a->output_dir));
+            t.run_dir = strdup(a->output_dir);
+            if (!t.run_dir) {
+                st = at_error(AT_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+        }
         AT_CHECK(at_run_lock_take(t.run_dir, &t.lock));
     }
     if (t.rank != 0) goto train; /* rank 0 writes the run's files and prints */

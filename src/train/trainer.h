@@ -35,6 +35,9 @@ typedef struct {
     int pt;                         /* continued pre-training: every token of text samples */
     int strict;
     const char *model_name, *model_author; /* fill {{name}} / {{author}} in the data */
+    const char *model_name_en, *model_author_en; /* ms-swift's second value: English records' (the first fills
+                                                    Chinese ones; data/dataset.h); NULL: the first fills all */
+    const char *system;             /* the system message of conversations that have none (NULL: none added) */
     int loss_last_turn_only;
     /* how */
     int full;                       /* --train_type full */
@@ -63,6 +66,13 @@ typedef struct {
     int64_t warmup_steps;
     double weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
     int logging_steps, save_steps, eval_steps, save_total_limit;
+    const char *save_strategy, *eval_strategy; /* "steps" (every save_steps / eval_steps), "epoch" (at each
+                                                  epoch's end), "no" (only the final checkpoint / no evaluation) */
+    int save_only_model;            /* checkpoints without the optimizer state (smaller; they cannot be resumed) */
+    int add_version;                /* 0: the run writes into output_dir itself, not a vN-... folder in it */
+    const char *columns;            /* ms-swift's --columns: a JSON object renaming the records' keys */
+    int load_best_model_at_end;     /* HF's: checkpoints must fall on evaluations (save_steps a multiple of
+                                       eval_steps); the best one is reported (at_train_result) */
     const char *output_dir;
     const char *resume_from_checkpoint; /* a checkpoint folder, or "last" (in output_dir's newest run) */
     int has_dtype;
@@ -89,9 +99,14 @@ void at_train_args_defaults(at_train_args *a);
 typedef struct {
     char run_dir[1024];     /* "" when the run made no update and its new folder was removed again */
     int64_t steps_done;     /* the step reached (counting the steps of the checkpoint resumed from) */
+    int64_t start_step;     /* the step a resumed run started from (0: a fresh run); steps_done - start_step ran here */
     int64_t steps_trained;  /* updates this process made (skipped steps not counted) */
     double last_loss;
     double first_loss;
+    double first_logged_loss, last_logged_loss; /* the first and last logged losses (interval means, as
+                                                   logging.jsonl's); NaN when nothing was logged */
+    char best_checkpoint[1100]; /* the saved checkpoint with the lowest eval_loss ("" when none was evaluated) */
+    double best_eval_loss;
     double train_seconds;
     int stopped_by;         /* SIGTERM or SIGINT when a signal ended the run early (after checkpointing
                                its last step: resume with --resume_from_checkpoint last); 0: it ran to the end */

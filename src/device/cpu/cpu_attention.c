@@ -44,9 +44,13 @@ typedef struct {
     const at_cpu_simd *v;
 } geo;
 
+/* A block of query rows: row i is position pos[i] of query head h + hd[i]
+ * (h: the task's head; hd is 0 except in the forward's grouped blocks). */
 typedef struct {
     int64_t i0, nq;
     int64_t lim[BQ];
+    int64_t pos[BQ];
+    int hd[BQ];
     int64_t minlim, maxlim;
     int32_t smin, smax;
 } qblock;
@@ -69,18 +73,17 @@ static geo make_geo(const at_tensor *q, const at_tensor *k, const at_attn_params
     return g;
 }
 
-static void qblock_setup(const geo *g, int64_t b, int64_t qb, qblock *qk)
+/* Fills lim[], minlim/maxlim and the segment range from pos[0..nq). */
+static void qblock_limits(const geo *g, int64_t b, qblock *qk)
 {
     int64_t kvl = g->Tk;
     if (g->kvlen) kvl = g->kvlen[b] < 0 ? 0 : (g->kvlen[b] > g->Tk ? g->Tk : g->kvlen[b]);
-    qk->i0 = qb * BQ;
-    qk->nq = g->Tq - qk->i0 < BQ ? g->Tq - qk->i0 : BQ;
     qk->minlim = INT64_MAX;
     qk->maxlim = -1;
     qk->smin = INT32_MAX;
     qk->smax = INT32_MIN;
     for (int64_t i = 0; i < qk->nq; i++) {
-        int64_t qi = qk->i0 + i;
+        int64_t qi = qk->pos[i];
         int64_t lim = g->qidx ? (int64_t)g->qidx[b * g->Tq + qi] : g->Tk - g->Tq + qi;
         if (lim > kvl - 1) lim = kvl - 1;
         if (lim < -1) lim = -1;
@@ -93,6 +96,31 @@ static void qblock_setup(const geo *g, int64_t b, int64_t qb, qblock *qk)
             if (s > qk->smax) qk->smax = s;
         }
     }
+}
+
+/* Positions qb·BQ.. of one head. */
+static void qblock_setup(const geo *g, int64_t b, int64_t qb, qblock *qk)
+{
+    qk->i0 = qb * BQ;
+    qk->nq = g->Tq - qk->i0 < BQ ? g->Tq - qk->i0 : BQ;
+    for (int64_t i = 0; i < qk->nq; i++) {
+        qk->pos[i] = qk->i0 + i;
+        qk->hd[i] = 0;
+    }
+    qblock_limits(g, b, qk);
+}
+
+/* Every position of the G query heads of one kv head (G·Tq <= BQ): decoding
+ * then reads each key and value once per kv head, not once per query head. */
+static void qblock_group(const geo *g, int64_t b, qblock *qk)
+{
+    qk->i0 = 0;
+    qk->nq = g->G * g->Tq;
+    for (int64_t i = 0; i < qk->nq; i++) {
+        qk->pos[i] = i % g->Tq;
+        qk->hd[i] = (int)(i / g->Tq);
+    }
+    qblock_limits(g, b, qk);
 }
 
 /* 0: no query of the block sees a key of [j0, j0+nk); 1: some do (mask
@@ -121,7 +149,7 @@ static void apply_mask(const geo *g, int64_t b, const qblock *qk, int64_t j0, in
         int64_t lim = qk->lim[i] - j0; /* last visible column, may be < 0 */
         for (int64_t j = lim + 1 < 0 ? 0 : lim + 1; j < nk; j++) row[j] = -INFINITY;
         if (g->seg) {
-            int32_t si = g->seg[b * g->Tq + qk->i0 + i];
+            int32_t si = g->seg[b * g->Tq + qk->pos[i]];
             const int32_t *sk = g->seg + b * g->Tk + j0;
             for (int64_t j = 0; j < nk && j <= lim; j++)
                 if (sk[j] != si) row[j] = -INFINITY;
@@ -178,16 +206,19 @@ typedef struct {
 
 static size_t fwd_ws_floats(int64_t D) { return (size_t)(2 * BQ * D + 3 * BK * D + BQ * BK + 2 * BQ); }
 
-static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int64_t h, int64_t qb)
+/* The rows of qk (heads h + hd[i], batch b), keys of kv head h / G. */
+static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int64_t h, const qblock *qkp)
 {
     const at_cpu_simd *v = g->v;
     int64_t D = g->D, kvh = h / g->G;
     float *Qs = ws, *O = Qs + BQ * D, *Kt = O + BQ * D, *Vf = Kt + BK * D, *tmp = Vf + BK * D, *S = tmp + BK * D;
     float *m = S + BQ * BK, *l = m + BQ;
-    qblock qk;
-    qblock_setup(g, b, qb, &qk);
-    int64_t nq = qk.nq, qstride = g->Hq * D, qoff = ((b * g->Tq + qk.i0) * g->Hq + h) * D;
-    load_rows(g, Qs, a->q, a->qt, qoff, qstride, nq, g->scale);
+    const qblock qk = *qkp;
+    int64_t nq = qk.nq, qoff[BQ];
+    for (int64_t i = 0; i < nq; i++) {
+        qoff[i] = ((b * g->Tq + qk.pos[i]) * g->Hq + h + qk.hd[i]) * D;
+        load_rows(g, Qs + i * D, a->q, a->qt, qoff[i], 0, 1, g->scale);
+    }
     memset(O, 0, (size_t)(nq * D) * sizeof(float));
     for (int64_t i = 0; i < nq; i++) {
         m[i] = -INFINITY;
@@ -226,9 +257,9 @@ static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int6
             memset(o, 0, (size_t)D * sizeof(float));
             L = -INFINITY;
         }
-        if (a->lse) a->lse[(b * g->Hq + h) * g->Tq + qk.i0 + i] = L;
+        if (a->lse) a->lse[(b * g->Hq + h + qk.hd[i]) * g->Tq + qk.pos[i]] = L;
+        store_rows(g, a->out, a->ot, qoff[i], 0, 1, o);
     }
-    store_rows(g, a->out, a->ot, qoff, qstride, nq, O);
 }
 
 static at_status alloc_ws(int nt, size_t per, float **ws, const char *op)
@@ -244,7 +275,10 @@ at_status at_cpu_attention_forward(at_tensor *out, at_tensor *lse, const at_tens
     geo g = make_geo(q, k, p);
     fwd_args a = {at_tensor_data(q), at_tensor_data(k), at_tensor_data(v), q->dtype, k->dtype, v->dtype,
                   at_tensor_data(out), out->dtype, lse ? at_tensor_data(lse) : NULL};
-    int64_t nqb = (g.Tq + BQ - 1) / BQ, ntask = g.B * g.Hq * nqb;
+    /* few query positions (decoding): one task per kv head and its G query
+     * heads (qblock_group); else per query head and block of positions */
+    int grouped = g.G > 1 && g.G * g.Tq <= BQ;
+    int64_t nqb = (g.Tq + BQ - 1) / BQ, ntask = grouped ? g.B * g.Hkv : g.B * g.Hq * nqb;
     if (ntask == 0) return AT_OK;
     int nt = g.B * g.Hq * g.Tq * g.Tk * g.D >= AT_CPU_PAR_MIN ? omp_get_max_threads() : 1;
     if (nt > ntask) nt = (int)ntask;
@@ -257,8 +291,16 @@ at_status at_cpu_attention_forward(at_tensor *out, at_tensor *lse, const at_tens
         /* later query blocks see more keys: hand tasks out one at a time */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntask; t++) {
-            int64_t qb = t % nqb, h = (t / nqb) % g.Hq, b = t / (nqb * g.Hq);
-            fwd_task(&g, &a, w, b, h, qb);
+            qblock qk;
+            if (grouped) {
+                int64_t b = t / g.Hkv;
+                qblock_group(&g, b, &qk);
+                fwd_task(&g, &a, w, b, t % g.Hkv * g.G, &qk);
+            } else {
+                int64_t qb = t % nqb, h = (t / nqb) % g.Hq, b = t / (nqb * g.Hq);
+                qblock_setup(&g, b, qb, &qk);
+                fwd_task(&g, &a, w, b, h, &qk);
+            }
         }
     }
     free(ws);

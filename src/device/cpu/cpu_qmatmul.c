@@ -227,11 +227,21 @@ static at_status run_blocked(const qproblem *p)
     return AT_OK;
 }
 
-/* The forward of a few tokens (decode): packing panels for 1..4 rows of A
- * would cost more than the product, so each row of W is dequantized once
- * into an f32 row (rounded to bf16 when computing in bf16) and dotted with
- * every row of op(A). Threads split the rows of W. */
-#define SMALL_M 4
+/* The forward of a few tokens (decode): packing panels for 1..8 rows of A
+ * would cost more than the product, and the product is bound by reading W.
+ * With AVX2 or AVX-512, the decode kernels (at_cpu_qgemv) read each Q8_0 /
+ * Q4_0 row of W once, in place, against every row of op(A); NF4 rows are
+ * dequantized into an f32 row (in L1) first. Without them, each row of W is
+ * dequantized, rounded to bf16 when computing in bf16, and dotted with every
+ * row of op(A). Threads split the rows of W. */
+#define SMALL_M 8
+
+static const at_cpu_qgemv *qgemv_get(void)
+{
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (isa >= AT_ISA_AVX512) return &at_cpu_qgemv_avx512;
+    return isa >= AT_ISA_AVX2 ? &at_cpu_qgemv_avx2 : NULL;
+}
 
 /* x rounded to bf16 (nearest even) in place; dequantized values are finite,
  * so the NaN case of at_f32_to_bf16 is not needed and the loop vectorizes. */
@@ -241,9 +251,29 @@ static void round_bf16_row(float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) u[i] = (u[i] + 0x7fffu + ((u[i] >> 16) & 1u)) & 0xffff0000u;
 }
 
+/* out[m] = row r of W · row m of x (m < M): the decode kernels, or the
+ * portable dequantize-then-dot; row: K floats of scratch. */
+static void small_row(const qproblem *p, const at_cpu_qgemv *kq, const at_cpu_simd *v, const float *a32, int64_t r,
+                      int bf16, float *row, float *out)
+{
+    const qweight *w = p->w;
+    if (kq && w->t != AT_NF4) {
+        kq->gemv((int)p->M, p->K, a32, w->t, w->data + (size_t)r * w->row_bytes, bf16, out);
+        return;
+    }
+    dequant(w, r, 0, p->K, row);
+    if (kq) {
+        kq->dotm((int)p->M, p->K, a32, row, bf16, out);
+        return;
+    }
+    if (bf16) round_bf16_row(row, p->K);
+    for (int64_t m = 0; m < p->M; m++) out[m] = v->dot(a32 + m * p->K, row, p->K);
+}
+
 static at_status run_small_forward(const qproblem *p)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
+    const at_cpu_qgemv *kq = qgemv_get();
     float *a32 = malloc((size_t)(p->M * p->K) * sizeof(float));
     if (!a32) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld rows of A", (long long)p->M);
     for (int64_t m = 0; m < p->M; m++)
@@ -264,10 +294,10 @@ static at_status run_small_forward(const qproblem *p)
             failed = 1;
         }
         for (int64_t r = r0; row && r < r1; r++) {
-            dequant(p->w, r, 0, p->K, row);
-            if (bf16) round_bf16_row(row, p->K);
+            float dots[SMALL_M];
+            small_row(p, kq, v, a32, r, bf16, row, dots);
             for (int64_t m = 0; m < p->M; m++) {
-                float s = p->alpha * v->dot(a32 + m * p->K, row, p->K);
+                float s = p->alpha * dots[m];
                 size_t at = (size_t)(m * p->ldc + r);
                 if (p->ct == AT_F32) {
                     float *c = (float *)p->C + at;

@@ -49,4 +49,33 @@ const at_cpu_qdeq *at_cpu_qdeq_get(void);
 extern const at_cpu_qdeq at_cpu_qdeq_avx2;
 extern const at_cpu_qdeq at_cpu_qdeq_avx512;
 
+/* The decode kernels of one instruction set (the forward of M <= 8 rows):
+ *   gemv: out[m] = sum_k x[m·K + k] · w[k] for m < M, w one row of W read in
+ *         place as K / 32 Q8_0 or Q4_0 blocks (t), each value dequantized in
+ *         registers as the dequantizers do it;
+ *   dotm: the same over a row already dequantized to f32 (NF4 rows);
+ * each weight value rounded to bf16 first when round (computing in bf16).
+ * K is a multiple of 32; 1 <= M <= 8. */
+typedef struct {
+    void (*gemv)(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out);
+    void (*dotm)(int M, int64_t K, const float *x, const float *row, int round, float *out);
+} at_cpu_qgemv;
+extern const at_cpu_qgemv at_cpu_qgemv_avx2;
+extern const at_cpu_qgemv at_cpu_qgemv_avx512;
+
+/* For the ISA files: runs call(MM) with MM the compile-time constant equal
+ * to M (1..8), so that each copy of a kernel keeps its accumulators in
+ * registers. */
+#define AT_QGEMV_BY_M(call)                                                                                            \
+    switch (M) {                                                                                                       \
+    case 1: call(1); break;                                                                                            \
+    case 2: call(2); break;                                                                                            \
+    case 3: call(3); break;                                                                                            \
+    case 4: call(4); break;                                                                                            \
+    case 5: call(5); break;                                                                                            \
+    case 6: call(6); break;                                                                                            \
+    case 7: call(7); break;                                                                                            \
+    default: call(8); break;                                                                                           \
+    }
+
 #endif

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "device/cpu/gemm_avx2_inl.h"
 #include "device/quant.h"
 
 static inline float f16_scale(const uint8_t *p)
@@ -80,3 +81,91 @@ static void nf4(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
 }
 
 const at_cpu_qdeq at_cpu_qdeq_avx2 = {.name = "avx2", .q8_0 = q8_0, .q4_0 = q4_0, .nf4 = nf4};
+
+/* ---- decode: M (<= 8) rows of x against one row of W, W streamed once ----
+ * Each weight value is made exactly as the dequantizers above make it (and
+ * rounded to bf16 when computing in bf16), then multiplied in f32. A block
+ * of 32 is four vectors: even ones accumulate in acc[m][0], odd in [1]. */
+static inline __attribute__((always_inline)) void gemv_fma(const int MM, float *const *xs, int64_t k, const __m256 v[4],
+                                                           __m256 acc[8][2])
+{
+    for (int m = 0; m < MM; m++)
+        for (int i = 0; i < 4; i++)
+            acc[m][i & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[m] + k + 8 * i), v[i], acc[m][i & 1]);
+}
+
+static inline __attribute__((always_inline)) void gemv_body(const int MM, const int fmt, const int round, int64_t K,
+                                                            const float *x, const uint8_t *blk, float *out)
+{
+    __m256 acc[8][2];
+    float *xs[8];
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        xs[m] = (float *)x + m * K;
+    }
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int64_t k = 0; k < K; k += 32) {
+        __m256 d = _mm256_set1_ps(f16_scale(blk)), v[4];
+        __m128i q0, q1;
+        if (fmt == AT_Q8_0) {
+            q0 = _mm_loadu_si128((const __m128i *)(blk + 2));
+            q1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+            blk += 2 + AT_QK8_0;
+        } else {
+            __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+            q0 = _mm_and_si128(q, m4);
+            q1 = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+            blk += 2 + AT_QK4_0 / 2;
+        }
+        for (int i = 0; i < 4; i++) {
+            /* values 8i..8i+7: bytes 0-7 or 8-15 of q0 (i < 2) or q1 */
+            __m128i b = i & 2 ? q1 : q0;
+            if (i & 1) b = _mm_srli_si128(b, 8);
+            __m256i w = fmt == AT_Q8_0 ? _mm256_cvtepi8_epi32(b) : _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), eight);
+            v[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(w), d);
+            if (round) v[i] = round_bf16(v[i]);
+        }
+        gemv_fma(MM, xs, k, v, acc);
+    }
+    for (int m = 0; m < MM; m++) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
+}
+
+/* x rows of a row already dequantized to f32 (NF4). */
+static inline __attribute__((always_inline)) void dotm_body(const int MM, const int round, int64_t K, const float *x,
+                                                            const float *row, float *out)
+{
+    __m256 acc[8][2];
+    float *xs[8];
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        xs[m] = (float *)x + m * K;
+    }
+    for (int64_t k = 0; k < K; k += 32) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(row + k + 8 * i);
+            if (round) v[i] = round_bf16(v[i]);
+        }
+        gemv_fma(MM, xs, k, v, acc);
+    }
+    for (int m = 0; m < MM; m++) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
+}
+
+static void gemv(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out)
+{
+#define G(MM)                                                                                                          \
+    if (t == AT_Q8_0) round ? gemv_body(MM, AT_Q8_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q8_0, 0, K, x, blocks, out); \
+    else round ? gemv_body(MM, AT_Q4_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q4_0, 0, K, x, blocks, out);
+    AT_QGEMV_BY_M(G)
+#undef G
+}
+
+static void dotm(int M, int64_t K, const float *x, const float *row, int round, float *out)
+{
+#define D(MM) round ? dotm_body(MM, 1, K, x, row, out) : dotm_body(MM, 0, K, x, row, out);
+    AT_QGEMV_BY_M(D)
+#undef D
+}
+
+const at_cpu_qgemv at_cpu_qgemv_avx2 = {.gemv = gemv, .dotm = dotm};

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "device/cpu/gemm_avx512_inl.h"
 #include "device/quant.h"
 
 static inline float f16_scale(const uint8_t *p)
@@ -63,3 +64,90 @@ static void nf4(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
 }
 
 const at_cpu_qdeq at_cpu_qdeq_avx512 = {.name = "avx512", .q8_0 = q8_0, .q4_0 = q4_0, .nf4 = nf4};
+
+/* ---- decode: M (<= 8) rows of x against one row of W, W streamed once ----
+ * Each weight value is made exactly as the dequantizers above make it (and
+ * rounded to bf16 when computing in bf16), then multiplied in f32. */
+
+static inline __attribute__((always_inline)) void gemv_fma(const int MM, float *const *xs, int64_t k, __m512 v0,
+                                                           __m512 v1, __m512 acc[8][2])
+{
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xs[m] + k), v0, acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xs[m] + k + 16), v1, acc[m][1]);
+    }
+}
+
+static inline __attribute__((always_inline)) void gemv_body(const int MM, const int fmt, const int round, int64_t K,
+                                                            const float *x, const uint8_t *blk, float *out)
+{
+    __m512 acc[8][2];
+    float *xs[8];
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+        xs[m] = (float *)x + m * K;
+    }
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512 d = _mm512_set1_ps(f16_scale(blk)), v0, v1;
+        if (fmt == AT_Q8_0) {
+            v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+            v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+            blk += 2 + AT_QK8_0;
+        } else {
+            __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+            __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+            v0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(lo), eight));
+            v1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(hi), eight));
+            blk += 2 + AT_QK4_0 / 2;
+        }
+        v0 = _mm512_mul_ps(v0, d);
+        v1 = _mm512_mul_ps(v1, d);
+        if (round) {
+            v0 = round_bf16(v0);
+            v1 = round_bf16(v1);
+        }
+        gemv_fma(MM, xs, k, v0, v1, acc);
+    }
+    for (int m = 0; m < MM; m++) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+}
+
+/* x rows of a row already dequantized to f32 (NF4). */
+static inline __attribute__((always_inline)) void dotm_body(const int MM, const int round, int64_t K, const float *x,
+                                                            const float *row, float *out)
+{
+    __m512 acc[8][2];
+    float *xs[8];
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+        xs[m] = (float *)x + m * K;
+    }
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512 v0 = _mm512_loadu_ps(row + k), v1 = _mm512_loadu_ps(row + k + 16);
+        if (round) {
+            v0 = round_bf16(v0);
+            v1 = round_bf16(v1);
+        }
+        gemv_fma(MM, xs, k, v0, v1, acc);
+    }
+    for (int m = 0; m < MM; m++) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+}
+
+static void gemv(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out)
+{
+#define G(MM)                                                                                                          \
+    if (t == AT_Q8_0) round ? gemv_body(MM, AT_Q8_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q8_0, 0, K, x, blocks, out); \
+    else round ? gemv_body(MM, AT_Q4_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q4_0, 0, K, x, blocks, out);
+    AT_QGEMV_BY_M(G)
+#undef G
+}
+
+static void dotm(int M, int64_t K, const float *x, const float *row, int round, float *out)
+{
+#define D(MM) round ? dotm_body(MM, 1, K, x, row, out) : dotm_body(MM, 0, K, x, row, out);
+    AT_QGEMV_BY_M(D)
+#undef D
+}
+
+const at_cpu_qgemv at_cpu_qgemv_avx512 = {.gemv = gemv, .dotm = dotm};

@@ -11,8 +11,9 @@
  *    MR-high panels; the MRxNR microkernel walks the panels. Blocks are cut
  *    to equal sizes (no thin remainder block). Threads own disjoint
  *    rectangles of C with private packing buffers (gemm_blocked says why).
- *  - library: f32 x f32 -> f32 can be handed to oneDNN or OpenBLAS (see
- *    "libraries" below; off by default, ours measured as fast).
+ *  - library: f32 x f32 -> f32 can be handed to oneDNN or OpenBLAS, when
+ *    that measured faster for the problem's class on this machine (see
+ *    "libraries" below and gemm_tune.h).
  * Compute format (see gemm.h) is decided here: bf16 if either input is bf16.
  * On CPUs without AVX512_BF16 the f32 kernels run on panels rounded to bf16,
  * which gives the same products (a product of two bf16 values is exact in
@@ -25,12 +26,14 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/gemm_kernels.h"
+#include "device/cpu/gemm_tune.h"
 
 #ifdef AT_HAVE_OPENBLAS
 #include <cblas.h>
@@ -160,70 +163,80 @@ static const at_gemm_small *small_engine(void)
 {
     at_cpu_isa isa = at_cpu_isa_level();
     if (isa >= AT_ISA_AVX512_BF16) return &at_gemm_small_avx512bf16;
-    return isa >= AT_ISA_AVX512 ? &at_gemm_small_avx512 : &gemm_small_portable;
+    if (isa >= AT_ISA_AVX512) return &at_gemm_small_avx512;
+    return isa >= AT_ISA_AVX2 ? &at_gemm_small_avx2 : &gemm_small_portable;
 }
 
 /* ---- libraries ----
- * f32 x f32 -> f32 may go to a library instead: ANYTUNE_GEMM_F32=onednn or
- * openblas (default anytune). Measured on the 2-core Zen 4 this was written
- * on, our kernels run within a few percent of oneDNN's sgemm and ahead of
- * OpenBLAS, so the default is our own (bench/gemm.c re-measures: if a
- * library wins clearly on another machine, set the variable). bf16 always
- * runs here: OpenBLAS 0.3.21 as packaged exports no sbgemm, and oneDNN's
- * bf16 matmul needs a primitive per shape. */
-enum { LIB_NONE, LIB_OPENBLAS, LIB_DNNL };
-static int f32_lib = -1;
+ * f32 x f32 -> f32 may go to OpenBLAS (cblas_sgemm) or oneDNN (dnnl_sgemm)
+ * instead of our kernels: which one runs is measured per class of problem on
+ * the machine at hand (gemm_tune.h), or pinned with ANYTUNE_GEMM_F32 /
+ * at_cpu_gemm_use_engine. bf16 and f16 inputs always run here: OpenBLAS
+ * 0.3.21 as packaged exports no sbgemm, and oneDNN's bf16 matmul needs a
+ * primitive per shape. */
+#define ENGINE_AUTO (-1)
+#define ENGINE_UNREAD (-2)
+static int f32_pinned = ENGINE_UNREAD; /* ENGINE_AUTO or an at_gemm_engine_id */
 
-/* LIB_* for a name, or -1 when this build has no such engine. */
-static int library_named(const char *v)
+static unsigned engines_built(void)
 {
-    if (!v || !*v || !strcmp(v, "anytune")) return LIB_NONE;
-#ifdef AT_HAVE_DNNL
-    if (!strcmp(v, "onednn") || !strcmp(v, "dnnl")) return LIB_DNNL;
-#endif
+    unsigned m = 1u << AT_GEMM_ANYTUNE;
 #ifdef AT_HAVE_OPENBLAS
-    if (!strcmp(v, "openblas")) return LIB_OPENBLAS;
+    m |= 1u << AT_GEMM_OPENBLAS;
 #endif
-    return -1;
+#ifdef AT_HAVE_DNNL
+    m |= 1u << AT_GEMM_ONEDNN;
+#endif
+    return m;
 }
 
-static int f32_library(void)
+/* ENGINE_AUTO or an engine this build has, for a name; -3 when none. */
+static int engine_named(const char *v)
 {
-    if (f32_lib >= 0) return f32_lib;
+    if (!v || !*v || !strcmp(v, "auto")) return ENGINE_AUTO;
+    if (!strcmp(v, "dnnl")) v = "onednn";
+    for (int e = 0; e < AT_GEMM_ENGINES; e++)
+        if (!strcmp(v, at_gemm_engine_name((at_gemm_engine_id)e)) && (engines_built() >> e & 1)) return e;
+    return -3;
+}
+
+static int f32_pin(void)
+{
+    if (f32_pinned != ENGINE_UNREAD) return f32_pinned;
     const char *v = getenv("ANYTUNE_GEMM_F32");
-    f32_lib = library_named(v);
-    if (f32_lib < 0) {
-        at_log_warn("ANYTUNE_GEMM_F32=%s: not a GEMM engine of this build (anytune, onednn, openblas); using anytune",
-                    v);
-        f32_lib = LIB_NONE;
+    f32_pinned = engine_named(v);
+    if (f32_pinned == -3) {
+        at_log_warn("ANYTUNE_GEMM_F32=%s: not a GEMM engine of this build (auto, anytune, onednn, openblas); "
+                    "measuring", v);
+        f32_pinned = ENGINE_AUTO;
     }
-    return f32_lib;
+    return f32_pinned;
 }
 
 at_status at_cpu_gemm_use_engine(at_dtype compute, const char *name)
 {
-    int lib = library_named(name);
-    if (compute == AT_F32 && lib >= 0) {
-        f32_lib = lib;
+    int e = engine_named(name);
+    if (compute == AT_F32 && e != -3) {
+        f32_pinned = e;
         return AT_OK;
     }
-    if (compute == AT_BF16 && lib == LIB_NONE) return AT_OK;
+    if (compute == AT_BF16 && e == AT_GEMM_ANYTUNE) return AT_OK;
     return at_error(AT_ERR_UNSUPPORTED, "at_cpu_gemm_use_engine: no %s GEMM engine \"%s\" in this build",
                     at_dtype_name(compute), name ? name : "(null)");
 }
 
-/* Runs the f32 problem on the chosen library; returns 0 if it did not. */
-static int f32_on_library(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+/* Runs the f32 problem on library e; returns 0 if it did not. */
+static int f32_on_library(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    switch (f32_library()) {
+    switch (e) {
 #ifdef AT_HAVE_DNNL
-    case LIB_DNNL:
+    case AT_GEMM_ONEDNN:
         return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) ==
                dnnl_success;
 #endif
 #ifdef AT_HAVE_OPENBLAS
-    case LIB_OPENBLAS:
+    case AT_GEMM_OPENBLAS:
         if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
             return 0;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
@@ -237,15 +250,28 @@ static int f32_on_library(int ta, int tb, int64_t M, int64_t N, int64_t K, float
     }
 }
 
-const char *at_cpu_gemm_engine(at_dtype compute)
+static const char *ours_name(int bf16)
 {
-    if (compute == AT_F32 && f32_library() == LIB_DNNL) return "oneDNN";
-    if (compute == AT_F32 && f32_library() == LIB_OPENBLAS) return "OpenBLAS";
-    const at_gemm_blocked *e = blocked_engine(compute == AT_BF16);
+    const at_gemm_blocked *e = blocked_engine(bf16);
     if (e == &at_gemm_bf16_avx512bf16) return "anytune avx512+bf16";
     if (e == &at_gemm_f32_avx512) return "anytune avx512";
     if (e == &at_gemm_f32_avx2) return "anytune avx2+fma";
     return "anytune scalar";
+}
+
+const char *at_cpu_gemm_engine(at_dtype compute)
+{
+    if (compute != AT_F32) return ours_name(compute == AT_BF16);
+    switch (f32_pin()) {
+    case AT_GEMM_ONEDNN: return "oneDNN";
+    case AT_GEMM_OPENBLAS: return "OpenBLAS";
+    case AT_GEMM_ANYTUNE: return ours_name(0);
+    default: break;
+    }
+    if (!at_gemm_tune_enabled() || engines_built() == 1u) return ours_name(0);
+    static char buf[96];
+    snprintf(buf, sizeof buf, "measured per shape class (%s, OpenBLAS, oneDNN)", ours_name(0));
+    return buf;
 }
 
 /* ---- working memory ----
@@ -547,6 +573,71 @@ static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
     }
 }
 
+/* The problem on our kernels (arguments checked, K > 0, alpha != 0). */
+static void run_ours(problem *pp)
+{
+    problem p = *pp;
+    int64_t M = p.M, N = p.N, K = p.K;
+    int bf16 = p.at == AT_BF16 || p.bt == AT_BF16;
+    p.round_a = bf16 && p.at != AT_BF16;
+    p.round_b = bf16 && p.bt != AT_BF16;
+
+    if (small_side(&p) && gemm_small(&p)) return;
+
+    const at_gemm_blocked *e = blocked_engine(bf16);
+    if (p.ct == AT_BF16 && K > e->kc) {
+        /* accumulating across k blocks in a bf16 C would round each partial
+         * sum: accumulate in an f32 copy instead and round once */
+        float *tmp = malloc(sizeof(float) * (size_t)(M * N));
+        if (tmp) {
+            problem q = p;
+            q.C = (char *)tmp;
+            q.ct = AT_F32;
+            q.ldc = N;
+            q.beta = 0.0f;
+            gemm_blocked(e, &q);
+            p.alpha = 1.0f;
+            epilogue(&p, tmp, N, 1);
+            free(tmp);
+            return;
+        }
+        reference_range(&p, 0, M, 0, N);
+        return;
+    }
+    gemm_blocked(e, &p);
+}
+
+/* The calibration's runner (gemm_tune.h): packed f32 operands, alpha 1, beta 0. */
+static int tune_run(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                    const float *B, float *C)
+{
+    int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    if (e != AT_GEMM_ANYTUNE) return f32_on_library(e, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+    problem p = {
+        .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = 0.0f, .A = (const char *)A,
+        .B = (const char *)B, .C = (char *)C, .at = AT_F32, .bt = AT_F32, .ct = AT_F32, .lda = lda, .ldb = ldb,
+        .ldc = N,
+    };
+    run_ours(&p);
+    return 1;
+}
+
+/* The engine for an f32 x f32 -> f32 problem: pinned, or measured per class. */
+static at_gemm_engine_id f32_engine(int ta, int tb, int64_t M, int64_t N, int64_t K)
+{
+    int pin = f32_pin();
+    if (pin >= 0) return (at_gemm_engine_id)pin;
+    if (engines_built() == 1u || !at_gemm_tune_enabled()) return AT_GEMM_ANYTUNE;
+    return at_gemm_tune_engine(at_gemm_tune_class(ta, tb, M, N, K), engines_built(), tune_run);
+}
+
+int at_cpu_gemm_tune_all(void)
+{
+    if (f32_pin() != ENGINE_AUTO || engines_built() == 1u || !at_gemm_tune_enabled()) return 0;
+    for (int c = 0; c < AT_GEMM_CLASSES; c++) (void)at_gemm_tune_engine(c, engines_built(), tune_run);
+    return 1;
+}
+
 /* ---- entry points ---- */
 
 static int supported_input(at_dtype t) { return t == AT_F32 || t == AT_BF16 || t == AT_F16; }
@@ -580,36 +671,12 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
         epilogue(&p, &zero, 0, 0);
         return AT_OK;
     }
-    if (a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32 &&
-        f32_on_library(p.ta, p.tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-        return AT_OK;
-    int bf16 = a_type == AT_BF16 || b_type == AT_BF16;
-    p.round_a = bf16 && a_type != AT_BF16;
-    p.round_b = bf16 && b_type != AT_BF16;
-
-    if (small_side(&p) && gemm_small(&p)) return AT_OK;
-
-    const at_gemm_blocked *e = blocked_engine(bf16);
-    if (c_type == AT_BF16 && K > e->kc) {
-        /* accumulating across k blocks in a bf16 C would round each partial
-         * sum: accumulate in an f32 copy instead and round once */
-        float *tmp = malloc(sizeof(float) * (size_t)(M * N));
-        if (tmp) {
-            problem q = p;
-            q.C = (char *)tmp;
-            q.ct = AT_F32;
-            q.ldc = N;
-            q.beta = 0.0f;
-            gemm_blocked(e, &q);
-            p.alpha = 1.0f;
-            epilogue(&p, tmp, N, 1);
-            free(tmp);
+    if (a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32) {
+        at_gemm_engine_id e = f32_engine(p.ta, p.tb, M, N, K);
+        if (e != AT_GEMM_ANYTUNE && f32_on_library(e, p.ta, p.tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
             return AT_OK;
-        }
-        reference_range(&p, 0, M, 0, N);
-        return AT_OK;
     }
-    gemm_blocked(e, &p);
+    run_ours(&p);
     return AT_OK;
 }
 

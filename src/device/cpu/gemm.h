@@ -41,14 +41,21 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
  * allocates again. */
 void at_cpu_gemm_release_buffers(void);
 
-/* Name of the engine in use for f32 and for bf16 ("anytune avx512", "oneDNN", ...). */
+/* Name of the engine in use for f32 and for bf16 ("anytune avx512", "oneDNN",
+ * "measured per shape class (...)"; static storage). */
 const char *at_cpu_gemm_engine(at_dtype compute);
 
-/* Chooses the engine for f32 x f32 -> f32 problems: "anytune" (the default,
- * our kernels), "onednn" (dnnl_sgemm) or "openblas" (cblas_sgemm), where the
- * build has them. The environment variable ANYTUNE_GEMM_F32 sets the same at
- * start. bf16 accepts only "anytune". Returns AT_ERR_UNSUPPORTED for an
- * engine this build lacks (nothing changes then). */
+/* Pins the engine for f32 x f32 -> f32 problems: "anytune" (our kernels),
+ * "onednn" (dnnl_sgemm) or "openblas" (cblas_sgemm), where the build has
+ * them, or "auto" (the default: measured per class of problem on this
+ * machine, see gemm_tune.h). The environment variable ANYTUNE_GEMM_F32 sets
+ * the same at start. bf16 accepts only "anytune". Returns
+ * AT_ERR_UNSUPPORTED for an engine this build lacks (nothing changes then). */
 at_status at_cpu_gemm_use_engine(at_dtype compute, const char *name);
+
+/* Measures (or reads from the cache) the f32 engine of every problem class,
+ * when measuring is on and no engine is pinned; returns 0 otherwise. Then
+ * at_gemm_tune_result_of (gemm_tune.h) has the figures. */
+int at_cpu_gemm_tune_all(void);
 
 #endif

@@ -1,13 +1,121 @@
-/* AVX2+FMA GEMM microkernel on f32 panels: a 6x16 tile in 12 ymm
- * accumulators, per k two B vectors and six broadcasts of A. Packing is the
- * driver's portable code. Called only when at_cpu_isa_level() >= AT_ISA_AVX2.
- * Layouts: gemm_kernels.h. */
+/* AVX2+FMA GEMM pieces on f32 panels: packing (with conversion from bf16 /
+ * f16 and optional rounding to bf16), the 6x16 microkernel (12 of the 16 ymm
+ * registers accumulate), and the small path's dot / axpy primitives for
+ * decode and LoRA shapes. Called only when at_cpu_isa_level() >= AT_ISA_AVX2.
+ * Layouts: gemm_kernels.h. AVX2 has no masked 16-bit loads: partial vectors
+ * (tails of k or of lanes) go through a zeroed stack copy. */
+#include "device/cpu/gemm_avx2_inl.h"
 #include "device/cpu/gemm_kernels.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define MR 6
 #define NR 16
+
+/* 8 values of type t at p as f32 (all 8 are read). */
+static inline __m256 load8_full(const char *p, at_dtype t)
+{
+    if (t == AT_F32) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (t == AT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* The first `left` (clamped to 0..8) values of type t at p; the rest 0. */
+static inline __attribute__((always_inline)) __m256 load8(const char *p, at_dtype t, int64_t left, int round)
+{
+    __m256 v;
+    if (left >= 8) v = load8_full(p, t);
+    else {
+        char tmp[32] = {0};
+        if (left > 0) memcpy(tmp, p, (size_t)left * (t == AT_F32 ? 4 : 2));
+        v = load8_full(tmp, t);
+    }
+    return round ? round_bf16(v) : v;
+}
+
+static inline __m256i mask8(int64_t n)
+{
+    static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    n = n < 0 ? 0 : n > 8 ? 8 : n;
+    return _mm256_loadu_si256((const __m256i *)(m + 8 - n));
+}
+
+static inline void store8(float *d, int64_t n, __m256 v)
+{
+    if (n >= 8) _mm256_storeu_ps(d, v);
+    else _mm256_maskstore_ps(d, mask8(n), v);
+}
+
+/* In-register transpose of 8 rows of 8 floats. */
+static inline void transpose8(__m256 r[8])
+{
+    __m256 t[8], s[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    }
+}
+
+static inline __attribute__((always_inline)) void pack_body(float *dst, const char *src, const at_dtype t,
+                                                            int64_t sx, int64_t sk, int w, int64_t n, int64_t kc,
+                                                            const int round)
+{
+    size_t es = t == AT_F32 ? 4 : 2;
+    int64_t np = (n + w - 1) / w, pstride = kc * w;
+    if (sx == 1) { /* lanes contiguous: copy rows of w lanes, converting */
+        for (int64_t pi = 0; pi < np; pi++) {
+            int64_t x0 = pi * w;
+            float *d = dst + pi * pstride;
+            for (int64_t k = 0; k < kc; k++) {
+                const char *s = src + (size_t)(k * sk + x0) * es;
+                for (int g = 0; g < w; g += 8) store8(d + k * w + g, w - g, load8(s + g * es, t, n - x0 - g, round));
+            }
+        }
+        return;
+    }
+    /* k contiguous: transpose 8 lanes x 8 k at a time */
+    for (int64_t pi = 0; pi < np; pi++, dst += pstride) {
+        int64_t x0 = pi * w;
+        for (int g = 0; g < w; g += 8) {
+            for (int64_t k0 = 0; k0 < kc; k0 += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++)
+                    r[i] = g + i < w && x0 + g + i < n
+                               ? load8(src + (size_t)((x0 + g + i) * sx + k0 * sk) * es, t, kc - k0, round)
+                               : _mm256_setzero_ps();
+                transpose8(r);
+                int kl = kc - k0 < 8 ? (int)(kc - k0) : 8;
+                for (int i = 0; i < kl; i++) store8(dst + (k0 + i) * w + g, w - g, r[i]);
+            }
+        }
+    }
+}
+
+static void pack_f32(void *dst, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n, int64_t kc,
+                     int round)
+{
+    if (sx != 1 && sk != 1) { /* neither side contiguous (not made by the driver) */
+        at_gemm_pack_portable(dst, src, t, sx, sk, w, n, kc, round);
+        return;
+    }
+    if (t == AT_F32 && round) pack_body(dst, src, AT_F32, sx, sk, w, n, kc, 1);
+    else if (t == AT_F32) pack_body(dst, src, AT_F32, sx, sk, w, n, kc, 0);
+    else if (t == AT_BF16) pack_body(dst, src, AT_BF16, sx, sk, w, n, kc, 0);
+    else if (round) pack_body(dst, src, AT_F16, sx, sk, w, n, kc, 1);
+    else pack_body(dst, src, AT_F16, sx, sk, w, n, kc, 0);
+}
 
 static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m, int n,
                        float alpha, float beta)
@@ -58,5 +166,151 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
 
 const at_gemm_blocked at_gemm_f32_avx2 = {
     .name = "avx2", .mr = MR, .nr = NR, .kp = 1, .mc = 24 * MR, .kc = 256, .nc = 128 * NR,
-    .pack = at_gemm_pack_portable, .kernel = kernel_f32,
+    .pack = pack_f32, .kernel = kernel_f32,
 };
+
+/* ---- small path (contract: gemm_kernels.h) ----
+ * The same tiles as gemm_avx512.c's with 8 lanes, sized so that accumulators
+ * and operands fit the 16 ymm registers; accumulators are named variables
+ * (an array of them would live in memory). */
+#define R4(M) M(0) M(1) M(2) M(3)
+#define S8(M, r) M(r, 0) M(r, 1) M(r, 2) M(r, 3) M(r, 4) M(r, 5) M(r, 6) M(r, 7)
+#define R4S8(M) S8(M, 0) S8(M, 1) S8(M, 2) S8(M, 3)
+
+/* RR (<= 4) rows of y against SS (<= 8) rows of x (RR·SS <= 8), dot products
+ * along k; only the first sv of the SS results per row are stored. x rows
+ * are zero-padded to a multiple of 16, so they are read whole. */
+static inline __attribute__((always_inline)) void dot_tile(const int RR, const int SS, int64_t K, const float *x,
+                                                           int64_t ldx, const char *y, const at_dtype yt,
+                                                           int64_t ldy, const int round, float *out, int64_t ors,
+                                                           int64_t oss, int sv)
+{
+    size_t es = yt == AT_F32 ? 4 : 2;
+#define DECL(r, s) __m256 c##r##s = _mm256_setzero_ps();
+    R4S8(DECL)
+#undef DECL
+    for (int64_t k = 0; k < K; k += 8) {
+        __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+#define LY(r)                                                                                                          \
+    if (RR > r) y##r = load8(y + (size_t)(r * ldy + k) * es, yt, K - k, round);
+        R4(LY)
+#undef LY
+#define FM(r, s)                                                                                                       \
+    if (RR > r && SS > s) c##r##s = _mm256_fmadd_ps(_mm256_loadu_ps(x + s * ldx + k), y##r, c##r##s);
+        R4S8(FM)
+#undef FM
+    }
+#define RED(r, s)                                                                                                      \
+    if (RR > r && SS > s && s < sv) out[r * ors + s * oss] = hsum(c##r##s);
+    R4S8(RED)
+#undef RED
+}
+
+static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, const float *x, int64_t ldx, int64_t R,
+                                                           const void *y_, const at_dtype yt, int64_t ldy,
+                                                           const int round, float *out, int64_t ors, int64_t oss)
+{
+    const char *y = y_;
+    size_t es = yt == AT_F32 ? 4 : 2;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        int sv = S - s0 < 8 ? S - s0 : 8;
+        const float *xs = x + s0 * ldx;
+        float *os = out + s0 * oss;
+        int64_t r = 0;
+#define RUN(RR, SS)                                                                                                    \
+    for (; r + RR <= R; r += RR)                                                                                       \
+        dot_tile(RR, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);         \
+    for (; r < R; r++) dot_tile(1, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);
+        if (sv <= 1) { RUN(4, 1) }
+        else if (sv <= 2) { RUN(4, 2) }
+        else if (sv <= 4) { RUN(2, 4) }
+        else { RUN(1, 8) }
+#undef RUN
+    }
+}
+
+#define AXPY_KB 64
+
+/* out[s][0..lv) (+)= sum over kb (<= AXPY_KB) rows k of x[s][k] * y[k][..]
+ * for SS (<= 8) rows of x and NV (<= 4) vectors of 8 lanes (SS·NV <= 8); the
+ * first k block starts from zero, later ones add to out. */
+static inline __attribute__((always_inline)) void axpy_tile(const int SS, const int NV, int kb, const float *x,
+                                                            int64_t ldx, const char *y, const at_dtype yt,
+                                                            int64_t ldy, const int round, float *out, int64_t lds,
+                                                            int first, int sv, int64_t lv)
+{
+    size_t es = yt == AT_F32 ? 4 : 2;
+    __m256i m0 = mask8(lv), m1 = mask8(lv - 8), m2 = mask8(lv - 16), m3 = mask8(lv - 24);
+#define DECL(v, s)                                                                                                     \
+    __m256 c##s##v = NV > v && SS > s && !first && s < sv ? _mm256_maskload_ps(out + s * lds + 8 * v, m##v)           \
+                                                          : _mm256_setzero_ps();
+    R4S8(DECL) /* here the list's first index is the vector, the second the row of x */
+#undef DECL
+    for (int kk = 0; kk < kb; kk++) {
+        const char *yk = y + (size_t)(kk * ldy) * es;
+        __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+#define LY(v)                                                                                                          \
+    if (NV > v) y##v = load8(yk + 8 * v * es, yt, lv - 8 * v, round);
+        R4(LY)
+#undef LY
+#define FM(v, s)                                                                                                       \
+    if (SS > s && NV > v) c##s##v = _mm256_fmadd_ps(_mm256_broadcast_ss(x + s * ldx + kk), y##v, c##s##v);
+        R4S8(FM)
+#undef FM
+    }
+#define ST(v, s)                                                                                                       \
+    if (SS > s && NV > v && s < sv) _mm256_maskstore_ps(out + s * lds + 8 * v, m##v, c##s##v);
+    R4S8(ST)
+#undef ST
+}
+
+static inline __attribute__((always_inline)) void axpy_body(int S, int64_t K, const float *x, int64_t ldx, int64_t L,
+                                                            const void *y_, const at_dtype yt, int64_t ldy,
+                                                            const int round, float *out, int64_t lds)
+{
+    const char *y = y_;
+    size_t es = yt == AT_F32 ? 4 : 2;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        int sv = S - s0 < 8 ? S - s0 : 8;
+        const float *xs = x + s0 * ldx;
+        float *os = out + s0 * lds;
+        for (int64_t k0 = 0; k0 < K; k0 += AXPY_KB) {
+            int kb = K - k0 < AXPY_KB ? (int)(K - k0) : AXPY_KB;
+            const char *yk = y + (size_t)(k0 * ldy) * es;
+#define RUN(SS, NV)                                                                                                    \
+    for (int64_t l = 0; l < L; l += 8 * NV)                                                                            \
+        axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l, lds, k0 == 0, sv, L - l);
+            if (sv <= 2) { RUN(2, 4) }
+            else if (sv <= 4) { RUN(4, 2) }
+            else { RUN(8, 1) }
+#undef RUN
+        }
+    }
+}
+
+/* One copy of each body per source dtype and rounding, so that the inner
+ * loops carry no test of either. (Rounding a bf16 value is a no-op.) */
+#define BY_TYPE(body, ...)                                                                                             \
+    do {                                                                                                               \
+        if (yt == AT_F32 && round) body(__VA_ARGS__, AT_F32, ldy, 1);                                                  \
+        else if (yt == AT_F32) body(__VA_ARGS__, AT_F32, ldy, 0);                                                      \
+        else if (yt == AT_BF16) body(__VA_ARGS__, AT_BF16, ldy, 0);                                                    \
+        else if (round) body(__VA_ARGS__, AT_F16, ldy, 1);                                                             \
+        else body(__VA_ARGS__, AT_F16, ldy, 0);                                                                        \
+    } while (0)
+#define DOT(...) dot_body(__VA_ARGS__, out, ors, oss)
+#define AXPY(...) axpy_body(__VA_ARGS__, out, lds)
+
+static void dot_avx2(int S, int64_t K, const float *x, int64_t ldx, int64_t R, const void *y, at_dtype yt, int64_t ldy,
+                     int round, float *out, int64_t ors, int64_t oss)
+{
+    BY_TYPE(DOT, S, K, x, ldx, R, y);
+}
+
+static void axpy_avx2(int S, int64_t K, const float *x, int64_t ldx, int64_t L, const void *y, at_dtype yt,
+                      int64_t ldy, int round, float *out, int64_t lds)
+{
+    BY_TYPE(AXPY, S, K, x, ldx, L, y);
+}
+
+const at_gemm_small at_gemm_small_avx2 = {.dot = dot_avx2, .axpy = axpy_avx2};

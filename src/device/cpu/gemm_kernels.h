@@ -67,6 +67,7 @@ void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t 
 extern const at_gemm_blocked at_gemm_f32_avx2;
 extern const at_gemm_blocked at_gemm_f32_avx512;
 extern const at_gemm_blocked at_gemm_bf16_avx512bf16;
+extern const at_gemm_small at_gemm_small_avx2;
 extern const at_gemm_small at_gemm_small_avx512;
 extern const at_gemm_small at_gemm_small_avx512bf16; /* dot on bf16 rows with vdpbf16ps */
 /* Frees the calling thread's scratch of at_gemm_small_avx512bf16. */

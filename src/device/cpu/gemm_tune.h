@@ -1,0 +1,66 @@
+/* Which engine runs an f32 x f32 -> f32 GEMM, chosen by measurement on the
+ * machine at hand.
+ *
+ * Problems fall into classes by shape and transpose layout (see
+ * at_gemm_tune_class). The first time a class is used, each engine the build
+ * has (our kernels, OpenBLAS's cblas_sgemm, oneDNN's dnnl_sgemm) runs a
+ * representative problem of that class for a few milliseconds and the
+ * fastest one is kept; a library must beat our kernels by more than 3% (the
+ * spread of repeated measurements on a shared 2-core machine) to be chosen.
+ * The choices and their GFLOP/s are cached in
+ *   $XDG_CACHE_HOME/anytune/gemm-engines-<hash>.txt (else ~/.cache/anytune/)
+ * keyed by the CPU model, the ISA level (ANYTUNE_CPU_ISA lowers it), the
+ * thread count and the libraries' versions; the file is written atomically
+ * (a temporary file renamed over it) and a file that does not parse, or whose
+ * key differs, is ignored and measured again.
+ *
+ * Environment: ANYTUNE_GEMM_TUNE=0 measures nothing (our kernels, unless
+ * ANYTUNE_GEMM_F32 names an engine; the test suite sets it so that results
+ * do not depend on timings); ANYTUNE_GEMM_F32=anytune|openblas|onednn pins
+ * every class (gemm.h). */
+#ifndef AT_DEVICE_CPU_GEMM_TUNE_H
+#define AT_DEVICE_CPU_GEMM_TUNE_H
+
+#include <stdint.h>
+
+typedef enum { AT_GEMM_ANYTUNE = 0, AT_GEMM_OPENBLAS, AT_GEMM_ONEDNN, AT_GEMM_ENGINES } at_gemm_engine_id;
+
+/* Classes: rows (M <= 8: decode, GEMV-like), skinny-n (N <= 64: LoRA's rank
+ * side), skinny-k (K <= 64), large; each by layout nn, nt, tn (tt counts as
+ * nt). */
+enum { AT_GEMM_CLASSES = 12 };
+
+int at_gemm_tune_class(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K);
+/* "large-nn", "rows-nt", ... */
+const char *at_gemm_tune_class_name(int cls);
+/* The representative problem timed for a class. */
+void at_gemm_tune_class_shape(int cls, int *trans_a, int *trans_b, int64_t *M, int64_t *N, int64_t *K);
+const char *at_gemm_engine_name(at_gemm_engine_id e);
+
+/* Runs C = op(A) op(B) (alpha 1, beta 0, packed leading dimensions) on
+ * engine e; returns 0 if that engine could not run it. */
+typedef int (*at_gemm_tune_run_fn)(at_gemm_engine_id e, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                   const float *A, const float *B, float *C);
+
+typedef struct {
+    int known;                        /* measured or read from the cache */
+    int from_cache;                   /* read from the cache file */
+    double gflops[AT_GEMM_ENGINES];   /* < 0: engine not in this build */
+    at_gemm_engine_id choice;
+} at_gemm_tune_result;
+
+/* The engine for class cls: measured with run on first use (available: a
+ * bit per at_gemm_engine_id the build has), or read from the cache. Thread
+ * safe; inside an OpenMP parallel region a class not yet known gets our
+ * kernels without measuring. */
+at_gemm_engine_id at_gemm_tune_engine(int cls, unsigned available, at_gemm_tune_run_fn run);
+/* What is known of class cls (no measuring). */
+at_gemm_tune_result at_gemm_tune_result_of(int cls);
+/* The cache file's path for the current key ("" when no cache directory);
+ * forgets what was measured in this process (tests). */
+const char *at_gemm_tune_cache_path(void);
+void at_gemm_tune_forget(void);
+/* ANYTUNE_GEMM_TUNE is not "0" (read at each call). */
+int at_gemm_tune_enabled(void);
+
+#endif

@@ -1,0 +1,190 @@
+#include "train/train_options.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+/* A row stored in at_train_args (the library default is `def`). */
+#define AT(n, t, d, r, f, h) {.name = n, .type = t, .def = d, .range = r, .help = h, AT_OPT_AT(at_train_args, f)}
+/* A row the command reads itself. */
+#define CLI(n, t, d, r, h) {.name = n, .type = t, .def = d, .range = r, .help = h}
+#define CHOICE(n, d, c, h) {.name = n, .type = AT_OPT_STRING, .def = d, .choices = c, .help = h}
+/* ms-swift options accepted with no effect, and refused ones (base/options.h). */
+#define IGNORED(n, t, why) {.name = n, .type = t, .help = why, .role = AT_OPT_IGNORED, .note = why}
+#define REFUSED(n, t, instead) {.name = n, .type = t, .help = instead, .role = AT_OPT_REFUSED, .note = instead}
+
+/* Ranges as transformers' TrainingArguments and PEFT's LoraConfig define
+ * the same names (and what the code here can honour: an int field holds at
+ * most 2^31 - 1). */
+const at_opt_spec at_train_options[] = {
+    AT("model", AT_OPT_STRING, NULL, NULL, model, "model folder (Hugging Face), GGUF or llama2.c file"),
+    CLI("dataset", AT_OPT_LIST, NULL, NULL, "training data: FILE or FILE#N, several allowed"),
+    CLI("val_dataset", AT_OPT_LIST, NULL, NULL, "validation data"),
+    AT("split_dataset_ratio", AT_OPT_FLOAT, "0", "[0, 1)", split_dataset_ratio,
+       "share of --dataset held out for validation"),
+    AT("template", AT_OPT_STRING, NULL, NULL, template_name,
+       "chat template: the model's (default), none, chatml, llama-2, llama-3, mistral (or ms-swift's names: "
+       "qwen2_5, llama3, ...), or a .jinja file"),
+    AT("system", AT_OPT_STRING, NULL, NULL, system,
+       "system message of the conversations that have none (ms-swift's --system)"),
+    AT("tokenizer", AT_OPT_STRING, NULL, NULL, tokenizer, "tokenizer folder or file (default: the model's)"),
+    {.name = "train_type", .type = AT_OPT_STRING, .def = "lora", .choices = "lora|qlora|full|auto",
+     .help = "lora, qlora (lora with --quant_bits 4), full, or auto (the planner: lora, or qlora when lora does "
+             "not fit)", .alias = "tuner_type"},
+    CLI("quant_bits", AT_OPT_INT, "0", "[0, 8]",
+        "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)"),
+    CLI("dry_run", AT_OPT_BOOL, "false", NULL, "print the plan (device, formats, micro-batch, memory by part) and stop"),
+    CLI("json", AT_OPT_BOOL, "false", NULL, "with --dry_run: the plan as JSON"),
+    CLI("max_memory", AT_OPT_STRING, NULL, NULL, "memory budget, e.g. 8GB or 7.5GiB (default: 90% of the free memory)"),
+    CLI("simulate_device", AT_OPT_STRING, NULL, NULL,
+        "with --dry_run: plan for a device profile (v100, t4, a100, h100, rtx4090, m2-16gb, ascend-910b, "
+        "laptop-8gb)"),
+    AT("lora_rank", AT_OPT_INT, "8", "[1, 65536]", lora_rank, "LoRA rank"),
+    AT("lora_alpha", AT_OPT_FLOAT, "32", "(0, inf)", lora_alpha, "LoRA alpha (scale alpha/rank)"),
+    AT("lora_dropout", AT_OPT_FLOAT, "0.05", "[0, 1)", lora_dropout, "dropout on the LoRA input"),
+    AT("neftune_noise_alpha", AT_OPT_FLOAT, "0", "[0, inf)", neftune_noise_alpha,
+       "NEFTune: uniform noise alpha/sqrt(length*hidden) on the embeddings in training (e.g. 5; 0: off)"),
+    {.name = "target_modules", .type = AT_OPT_LIST, .def = "all-linear",
+     .help = "all-linear or names such as q_proj,v_proj", .alias = "lora_target_modules"},
+    AT("use_rslora", AT_OPT_BOOL, "false", NULL, use_rslora, "scale alpha/sqrt(rank)"),
+    AT("adapters", AT_OPT_STRING, NULL, NULL, adapters, "start from this PEFT adapter folder"),
+    AT("max_length", AT_OPT_INT, NULL, "[1, 16777216]", max_length,
+       "longest sample in tokens (default: the model's context, max_position_embeddings)"),
+    CHOICE("truncation_strategy", "delete", "delete|left|right", "what to do with longer samples"),
+    AT("packing", AT_OPT_BOOL, "false", NULL, packing, "pack samples into rows of max_length tokens"),
+    AT("group_by_length", AT_OPT_BOOL, "false", NULL, group_by_length, "batch samples of similar length together"),
+    AT("gradient_checkpointing", AT_OPT_BOOL, "true", NULL, gradient_checkpointing,
+       "recompute activations in the backward (unset: the planner turns it off when memory allows)"),
+    {.name = "per_device_train_batch_size", .type = AT_OPT_INT, .def = "1", .range = "[1, 65536]",
+     .help = "rows per micro-batch (unset: the planner may raise it)", .alias = "batch_size",
+     AT_OPT_AT(at_train_args, batch_size)},
+    AT("gradient_accumulation_steps", AT_OPT_INT, "1", "[1, 1048576]", grad_accum,
+       "micro-batches per optimizer step (unset: the planner may change it, keeping the step's rows)"),
+    AT("learning_rate", AT_OPT_FLOAT, "1e-4", "(0, 1]", learning_rate,
+       "peak learning rate (unset: 1e-4 for LoRA, 1e-5 for --train_type full)"),
+    AT("num_train_epochs", AT_OPT_FLOAT, "3", "(0, 1e6]", num_train_epochs, "epochs"),
+    AT("max_steps", AT_OPT_INT, "-1", "[-1, inf)", max_steps, "optimizer steps (overrides epochs when > 0)"),
+    CHOICE("lr_scheduler_type", "cosine", "cosine|linear|constant|constant_with_warmup", "learning-rate schedule"),
+    AT("warmup_ratio", AT_OPT_FLOAT, "0", "[0, 1]", warmup_ratio, "share of the steps spent warming up"),
+    AT("warmup_steps", AT_OPT_INT, "0", "[0, inf)", warmup_steps, "warmup steps (wins over the ratio)"),
+    AT("weight_decay", AT_OPT_FLOAT, "0.1", "[0, inf)", weight_decay, "AdamW decoupled weight decay"),
+    AT("adam_beta1", AT_OPT_FLOAT, "0.9", "[0, 1)", adam_beta1, "AdamW beta1"),
+    AT("adam_beta2", AT_OPT_FLOAT, "0.95", "[0, 1)", adam_beta2, "AdamW beta2"),
+    AT("adam_epsilon", AT_OPT_FLOAT, "1e-8", "(0, 1)", adam_epsilon, "AdamW epsilon"),
+    AT("max_grad_norm", AT_OPT_FLOAT, "1.0", "[0, inf)", max_grad_norm, "clip the global gradient norm (0: off)"),
+    AT("logging_steps", AT_OPT_INT, "5", "[1, 2147483647]", logging_steps, "log every N steps"),
+    AT("save_steps", AT_OPT_INT, "500", "[0, 2147483647]", save_steps,
+       "checkpoint every N steps and at the end (0: only at the end)"),
+    AT("eval_steps", AT_OPT_INT, "500", "[0, 2147483647]", eval_steps,
+       "evaluate every N steps and at the end (0: only at the end)"),
+    {.name = "save_strategy", .type = AT_OPT_STRING, .def = "steps", .choices = "steps|epoch|no",
+     .help = "when to checkpoint: every --save_steps, at each epoch's end, or only at the end (no)",
+     AT_OPT_AT(at_train_args, save_strategy)},
+    {.name = "eval_strategy", .type = AT_OPT_STRING, .def = "steps", .choices = "steps|epoch|no",
+     .help = "when to evaluate: every --eval_steps (and at the end), at each epoch's end, or never (no)",
+     .alias = "evaluation_strategy", AT_OPT_AT(at_train_args, eval_strategy)},
+    AT("save_only_model", AT_OPT_BOOL, "false", NULL, save_only_model,
+       "checkpoints without the optimizer state: smaller, but they cannot be resumed"),
+    AT("add_version", AT_OPT_BOOL, "true", NULL, add_version,
+       "a vN-YYYYMMDD-HHMMSS folder per run in --output_dir (false: the run writes into --output_dir itself)"),
+    AT("columns", AT_OPT_STRING, NULL, NULL, columns,
+       "rename the records' keys, as ms-swift's JSON form: '{\"question\": \"query\", \"answer\": \"response\"}'"),
+    AT("load_best_model_at_end", AT_OPT_BOOL, "false", NULL, load_best_model_at_end,
+       "checkpoints fall on evaluations (--save_steps a multiple of --eval_steps) and the one with the lowest "
+       "eval_loss is named at the end (the final weights stay the last step's)"),
+    CHOICE("metric_for_best_model", "loss", "loss|eval_loss", "the metric of the best checkpoint (lower is better)"),
+    AT("save_total_limit", AT_OPT_INT, "0", "[0, 2147483647]", save_total_limit,
+       "keep only the N newest checkpoints (0: all)"),
+    AT("output_dir", AT_OPT_STRING, "output", NULL, output_dir,
+       "where runs go (a vN-YYYYMMDD-HHMMSS folder per run)"),
+    AT("resume_from_checkpoint", AT_OPT_STRING, NULL, NULL, resume_from_checkpoint, "a checkpoint folder, or 'last'"),
+    CHOICE("torch_dtype", NULL, "bfloat16|float16|float32|auto",
+           "format of the frozen weights (unset or auto: the planner's choice)"),
+    AT("seed", AT_OPT_INT, "42", "[0, 9223372036854775807]", seed, "seed of everything random"),
+    AT("device", AT_OPT_STRING, NULL, NULL, device, "auto, cpu, cuda, cuda:N"),
+    CLI("tf32", AT_OPT_BOOL, "false", NULL,
+        "on GPUs, let f32 matmuls use TF32 tensor cores (faster, ~1e-3 relative error)"),
+    AT("strict", AT_OPT_BOOL, "false", NULL, strict, "stop at the first bad dataset record"),
+    CLI("model_name", AT_OPT_LIST, NULL, NULL,
+        "fills {{name}} in the data (self-cognition data); two values as ms-swift's: Chinese records', English "
+        "records' (--model_name 小黄 'Xiao Huang')"),
+    CLI("model_author", AT_OPT_LIST, NULL, NULL, "fills {{author}} in the data; two values as --model_name"),
+    CHOICE("loss_scale", "default", "default|last_round", "default (every assistant turn) or last_round"),
+    CLI("preview", AT_OPT_LIST, NULL, NULL, "questions answered before and after training"),
+    AT("preview_max_tokens", AT_OPT_INT, "48", "[1, 1048576]", preview_max_tokens, "answer length of --preview"),
+    /* ms-swift's spellings of what is above */
+    CLI("bf16", AT_OPT_BOOL, NULL, NULL, "true: as --torch_dtype bfloat16 (ms-swift / transformers spelling)"),
+    CLI("fp16", AT_OPT_BOOL, NULL, NULL, "true: as --torch_dtype float16 (ms-swift / transformers spelling)"),
+    CHOICE("optim", "adamw_torch", "adamw_torch|adamw_torch_fused|adamw_hf|adamw",
+           "the optimizer: AdamW with decoupled weight decay (torch's)"),
+    CLI("logging_first_step", AT_OPT_BOOL, "true", NULL, "log the first step (always done)"),
+    /* accepted: nothing to change here */
+    IGNORED("model_type", AT_OPT_STRING, "the family is read from config.json's model_type / architectures (llama, "
+                                         "mistral, qwen2, qwen3 and their relatives such as SmolLM and TinyLlama)"),
+    IGNORED("attn_impl", AT_OPT_STRING, "attention is always the fused causal kernel (flash-attention's algorithm)"),
+    IGNORED("use_flash_attn", AT_OPT_BOOL, "attention is always the fused causal kernel (flash-attention's algorithm)"),
+    IGNORED("dataloader_num_workers", AT_OPT_INT, "data is encoded once before the first step, in-process"),
+    IGNORED("dataset_num_proc", AT_OPT_INT, "data is encoded once before the first step, in-process"),
+    IGNORED("lazy_tokenize", AT_OPT_BOOL, "every sample is tokenized before the first step (it is fast)"),
+    IGNORED("streaming", AT_OPT_BOOL, "datasets are read whole (memory-mapped); streaming is not needed at "
+                                      "the sizes fine-tuning uses"),
+    IGNORED("check_model", AT_OPT_BOOL, "nothing is downloaded, so there is nothing to check"),
+    IGNORED("ddp_backend", AT_OPT_STRING, "data parallel runs over MPI (and NCCL on GPUs): mpirun -np N anytune sft"),
+    IGNORED("ddp_find_unused_parameters", AT_OPT_BOOL, "gradients are summed over ranks by the trainer itself"),
+    IGNORED("report_to", AT_OPT_LIST, "runs write logging.jsonl and images/train_loss.svg"),
+    IGNORED("save_safetensors", AT_OPT_BOOL, "checkpoints are always safetensors"),
+    IGNORED("remove_unused_columns", AT_OPT_BOOL, "records are read by their known keys"),
+    IGNORED("dataloader_pin_memory", AT_OPT_BOOL, "batches are copied to the device by the trainer"),
+    /* refused: what to use instead */
+    REFUSED("deepspeed", AT_OPT_STRING, "ZeRO sharding is not implemented; data parallel: mpirun -np N anytune sft "
+                                        "..., and --train_type qlora or --quant_bits to fit one device"),
+    REFUSED("fsdp", AT_OPT_STRING, "not implemented; data parallel: mpirun -np N anytune sft ..."),
+    REFUSED("torch_compile", AT_OPT_BOOL, "there is no torch here: the kernels are compiled C"),
+    REFUSED("freeze_vit", AT_OPT_BOOL, "vision models are not supported yet"),
+    REFUSED("sequence_parallel_size", AT_OPT_INT, "sequence parallelism is not implemented"),
+};
+const int at_train_n_options = (int)(sizeof at_train_options / sizeof at_train_options[0]);
+
+at_status at_train_args_check(const at_train_args *a)
+{
+    for (int i = 0; i < at_train_n_options; i++) {
+        const at_opt_spec *s = &at_train_options[i];
+        if (!s->range || !s->store) continue;
+        const char *p = (const char *)a + s->offset;
+        char text[64];
+        int zero = 0;
+        if (s->store == AT_STORE_INT) {
+            int v;
+            memcpy(&v, p, sizeof v);
+            snprintf(text, sizeof text, "%d", v);
+            zero = v == 0;
+        } else if (s->store == AT_STORE_I64) {
+            int64_t v;
+            memcpy(&v, p, sizeof v);
+            snprintf(text, sizeof text, "%" PRId64, v);
+            zero = v == 0;
+        } else if (s->store == AT_STORE_U64) {
+            uint64_t v;
+            memcpy(&v, p, sizeof v);
+            snprintf(text, sizeof text, "%" PRIu64, v);
+            zero = v == 0;
+        } else if (s->store == AT_STORE_DOUBLE) {
+            double v;
+            memcpy(&v, p, sizeof v);
+            snprintf(text, sizeof text, "%.17g", v);
+            zero = v == 0;
+        } else {
+            continue;
+        }
+        if (!s->def && zero) continue; /* unset */
+        AT_TRY(at_opt_check_value(s, text, "training arguments"));
+    }
+    return AT_OK;
+}
+
+int at_train_default_max_length(const at_model_config *cfg)
+{
+    if (cfg->max_position_embeddings > 0 && cfg->max_position_embeddings <= 16777216)
+        return (int)cfg->max_position_embeddings;
+    return 2048;
+}

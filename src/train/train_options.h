@@ -1,0 +1,33 @@
+/* The options of the training commands (sft, pt, rlhf): one table, with
+ * ms-swift's names, that is the single source of
+ *   - `anytune sft --help` and the parser (command line and config files),
+ *   - args.json (every row, as resolved),
+ *   - the library's defaults: at_train_args_defaults stores each row's
+ *     default at the field the row names (AT_OPT_AT), so the library and the
+ *     command line cannot train differently,
+ *   - the web UI's allow-list, which takes each allowed option's type, range
+ *     and choices from here (serve/webui_train.c).
+ * An option is one row. Rows without a store are read by the command
+ * (lists, enums parsed into at_train_args, options of the command line
+ * alone). Rows of ms-swift options that mean nothing here are
+ * AT_ROLE_IGNORED or AT_ROLE_REFUSED with a note (base/options.h). */
+#ifndef AT_TRAIN_TRAIN_OPTIONS_H
+#define AT_TRAIN_TRAIN_OPTIONS_H
+
+#include "base/options.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+extern const at_opt_spec at_train_options[];
+extern const int at_train_n_options;
+
+/* Checks every stored field of *a against its row's range (the library's
+ * callers get the command line's checks). Rows without a default (e.g.
+ * max_length) accept 0 as "unset". */
+at_status at_train_args_check(const at_train_args *a);
+
+/* --max_length when unset: the model's context (max_position_embeddings),
+ * 2048 when the config does not say. */
+int at_train_default_max_length(const at_model_config *cfg);
+
+#endif
