@@ -1183,7 +1183,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         AT_CHECK(at_run_lock_take(t.run_dir, &t.lock));
     }
     if (t.rank != 0) goto train; /* rank 0 writes the run's files and prints */
-    if (a->args_json && t.run_dir_new) { /* a resumed run keeps its own */
+    if (a->args_json && !a->resume_from_checkpoint) { /* a resumed run keeps its own */
         char *p = at_path_join(t.run_dir, "args.json");
         st = at_write_file_atomic(p, a->args_json, strlen(a->args_json));
         free(p);
