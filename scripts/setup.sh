@@ -17,6 +17,7 @@ for a in "$@"; do
 done
 PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
+libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
 libopenblas-dev libdnnl-dev openmpi-bin"
 if [ $test_deps = 1 ]; then
   PKGS="$PKGS chromium"

@@ -775,9 +775,10 @@ static void test_cli(void)
     if (!bin) bin = "build/anytune";
     char cmd[1024];
     int rc = 0;
-    /* Mistral-7B on a simulated V100 with --train_type auto: QLoRA, f16 */
+    /* Mistral-7B on a simulated V100 with --train_type auto: QLoRA, f16
+     * (--max_length 2048: unset it is the model's 32768-token context) */
     snprintf(cmd, sizeof cmd, "'%s' sft --model %s --dataset none.jsonl --dry_run --json --simulate_device v100 "
-             "--train_type auto 2>/dev/null", bin, MISTRAL);
+             "--train_type auto --max_length 2048 2>/dev/null", bin, MISTRAL);
     char *out = run_cmd(cmd, &rc);
     cJSON *j = out ? cJSON_Parse(out) : NULL;
     CHECK_MSG(rc == 0 && j, "%s: rc %d", cmd, rc);
@@ -786,6 +787,15 @@ static void test_cli(void)
         CHECK(!strcmp(cJSON_GetObjectItem(j, "weight_dtype")->valuestring, "f16"));
         CHECK(cJSON_IsTrue(cJSON_GetObjectItem(j, "loss_scaling")));
     }
+    cJSON_Delete(j);
+    free(out);
+    /* unset, --max_length is the model's context (issue 21.5): 32768 tokens for Mistral v0.3 */
+    snprintf(cmd, sizeof cmd, "'%s' sft --model %s --dataset none.jsonl --dry_run --json --simulate_device h100 "
+             "2>/dev/null", bin, MISTRAL);
+    out = run_cmd(cmd, &rc);
+    j = out ? cJSON_Parse(out) : NULL;
+    CHECK_MSG(j && cJSON_GetObjectItem(j, "max_length") && cJSON_GetObjectItem(j, "max_length")->valuedouble == 32768,
+              "%s", out ? out : "");
     cJSON_Delete(j);
     free(out);
     /* LoRA as given does not fit: exit status 1, the plan says why */
@@ -825,7 +835,7 @@ static void test_cli(void)
     /* the second model: about its 14.5 GB of bf16 more than the step alone */
     CHECK(ref_total[1] - ref_total[0] > 10000000000LL && ref_total[1] - ref_total[0] < 14496579584LL);
     snprintf(cmd, sizeof cmd, "'%s' rlhf --rlhf_type dpo --model %s --dataset none.jsonl --dry_run "
-             "--simulate_device h100 --per_device_train_batch_size 1 --gradient_checkpointing true "
+             "--simulate_device h100 --max_length 2048 --per_device_train_batch_size 1 --gradient_checkpointing true "
              "--ref_model %s 2>/dev/null", bin, MISTRAL, MISTRAL);
     out = run_cmd(cmd, &rc);
     CHECK(rc == 0 && out && strstr(out, "DPO reference pass"));

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include "base/file.h"
 #include "base/json.h"
+#include "device/cpu/cpu_backend.h"
 #include "device/registry.h"
 #include "infer/bundle.h"
 #include "model/loader.h"
@@ -77,24 +78,69 @@ static void expect_same_logs(const char *run_a, const char *run_b, int steps, do
     }
 }
 
+/* The largest |m̂_t| / sqrt(v̂_t) AdamW can form at step t (bias-corrected
+ * moments of any gradients g_1..g_t): m̂ = Σ w_i g_i, v̂ = Σ q_i g_i² with
+ * w_i = (1-β1)β1^(t-i)/(1-β1^t), q_i = (1-β2)β2^(t-i)/(1-β2^t), so by
+ * Cauchy-Schwarz |m̂| ≤ sqrt(Σ w_i²/q_i)·sqrt(v̂). About 1.00 for t ≤ 3. */
+static double adam_ratio_bound(double b1, double b2, int t)
+{
+    double s = 0;
+    for (int i = 1; i <= t; i++) {
+        double w = (1 - b1) * pow(b1, t - i) / (1 - pow(b1, t)), q = (1 - b2) * pow(b2, t - i) / (1 - pow(b2, t));
+        s += w * w / q;
+    }
+    return sqrt(s);
+}
+
+/* Gradient accumulation: 4 micro-batches of 1 make the gradient one batch of
+ * 4 makes, up to the order of f32 sums (which differs with the ISA level and
+ * the engine), so losses, gradient norms and the adapters after three AdamW
+ * steps agree.
+ *
+ * Error analysis of the adapters' comparison. Per element, AdamW moves a
+ * parameter by u_t = lr_t·m̂/(sqrt(v̂) + eps) (decoupled decay only shrinks a
+ * difference). If the two runs' clipped gradients differ by at most E in every
+ * element, m̂ (a convex combination of the g's) differs by ≤ E and sqrt(v̂) (a
+ * weighted 2-norm of them) by ≤ E, so
+ *   |Δu_t| ≤ lr_t·(E/eps + |m̂|·E/((sqrt(v̂)+eps)·eps)) ≤ lr_t·E·(1 + K_t)/eps
+ * with K_t = adam_ratio_bound. The 1/eps is the point: at torch's eps 1e-8 an
+ * element whose gradient is near 0 (sums of many per-token terms that cancel,
+ * so its f32 error is large relative to itself) moves by ±lr in one run and
+ * by a different amount in the other; the step is not a well-conditioned
+ * function of the gradient and nothing below the step itself bounds the
+ * difference (such elements differed by 3.6e-5, ~4% of lr, with AVX2 sums).
+ * So this test runs AdamW with eps = 1, where the step is Lipschitz in the
+ * gradient, and takes for E the budget the grad_norm comparison allows
+ * (relative 1e-4 of the clipped gradient's norm, ≤ max_grad_norm; an element
+ * differs by no more than the vector does). Gradients that differ at step t
+ * also move the parameters of step t+1; that effect is of the order of
+ * lr·E, far below E, and left out. */
 static void test_accumulation(const char *root)
 {
     at_train_args a;
     at_train_result r1, r2;
     char out1[512], out2[512];
+    const double grad_tol = 1e-4;
     snprintf(out1, sizeof out1, "%s/accum-batch4", root);
     snprintf(out2, sizeof out2, "%s/accum-micro4", root);
     base_args(&a, out1);
     a.batch_size = 4;
     a.grad_accum = 1;
     a.max_steps = 3;
+    a.adam_epsilon = 1;
     CHECK_OK(at_train_run(&a, stdout, &r1));
     base_args(&a, out2);
     a.batch_size = 1;
     a.grad_accum = 4;
     a.max_steps = 3;
+    a.adam_epsilon = 1;
     CHECK_OK(at_train_run(&a, stdout, &r2));
-    expect_same_logs(r2.run_dir, r1.run_dir, 3, 1e-5, 1e-4, NULL);
+    expect_same_logs(r2.run_dir, r1.run_dir, 3, 1e-5, grad_tol, NULL);
+    /* the bound of the comment above, with lr_t ≤ lr (the schedule only lowers it) */
+    double bound = 0;
+    for (int t = 1; t <= a.max_steps; t++)
+        bound += a.learning_rate * grad_tol * a.max_grad_norm * (1 + adam_ratio_bound(a.adam_beta1, a.adam_beta2, t)) /
+                 a.adam_epsilon;
     /* the adapters after three updates agree too */
     char *c1 = at_path_join(r1.run_dir, "checkpoint-3"), *c2 = at_path_join(r2.run_dir, "checkpoint-3");
     CHECK_OK(at_manifest_verify(c1));
@@ -104,18 +150,16 @@ static void test_accumulation(const char *root)
     CHECK_OK(at_st_open(f2, &s2));
     if (s1 && s2) {
         CHECK(at_st_count(s1) == at_st_count(s2) && at_st_count(s1) == 5 * 7 * 2);
-        double maxd = 0, maxv = 0;
+        double maxd = 0;
         for (size_t i = 0; i < at_st_count(s1); i++) {
             const at_st_info *x = at_st_info_at(s1, i), *y = at_st_find(s2, x->name);
             CHECK(y != NULL);
             if (!y) continue;
             const float *px = (const float *)x->data, *py = (const float *)y->data;
-            for (size_t k = 0; k < x->nbytes / 4; k++) {
-                maxd = fmax(maxd, fabs((double)px[k] - py[k]));
-                maxv = fmax(maxv, fabs((double)px[k]));
-            }
+            for (size_t k = 0; k < x->nbytes / 4; k++) maxd = fmax(maxd, fabs((double)px[k] - py[k]));
         }
-        CHECK_MSG(maxd <= 1e-4 * maxv, "adapters differ by %g (max %g)", maxd, maxv);
+        printf("accumulation: adapters differ by at most %.3g (bound %.3g)\n", maxd, bound);
+        CHECK_MSG(maxd <= bound, "adapters differ by %g, more than the bound %g", maxd, bound);
     }
     at_st_close(s1);
     at_st_close(s2);
@@ -473,7 +517,16 @@ static void test_on_cuda(const char *root, const char *emulator)
             a.batch_size = 2;
             a.grad_accum = 2;
             a.max_steps = 3;
+            /* QLoRA: the GPU rounds activations to bf16 before the NF4
+             * products; the CPU does so only where bf16 is fast (AVX512_BF16)
+             * and computes them in f32 otherwise, a difference of up to one
+             * bf16 rounding (2^-9) per activation, not what the comparison
+             * below is about: the CPU computes in bf16 here at every ISA level */
+            at_backend *cpu = at_cpu_backend();
+            int fast = cpu->fast_bf16;
+            if (qlora && !dev) cpu->fast_bf16 = 1;
             CHECK_OK(at_train_run(&a, stdout, dev ? &rg : &rc));
+            cpu->fast_bf16 = fast;
         }
         /* f32: only the order of sums differs; bf16 compute: activations rounded
          * to bf16 before the NF4 products, so some roundings land differently */

@@ -5,10 +5,29 @@
 #include <string.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
+#include "device/cpu/cpu_features.h"
 #include "device/registry.h"
 
 int at_test_failures;
 int at_test_checks;
+
+/* The suite runs the numeric tests again at each ISA level below the host's
+ * (CMakeLists.txt: ANYTUNE_CPU_ISA=LEVEL with ANYTUNE_TEST_LOWER_ISA=1). A
+ * level the host lacks, or its own best level (the plain run covers that),
+ * is skipped before main: exit status 77, ctest's SKIP_RETURN_CODE. */
+__attribute__((constructor)) static void skip_unless_lower_isa(void)
+{
+    if (!getenv("ANYTUNE_TEST_LOWER_ISA")) return;
+    const char *want = getenv("ANYTUNE_CPU_ISA");
+    at_cpu_isa capped = at_cpu_isa_level();
+    at_cpu_isa_force(AT_ISA_AVX512_BF16); /* lifts the cap to the host's best */
+    at_cpu_isa best = at_cpu_isa_force(capped);
+    const char *name = want ? want : "?";
+    if (!want || capped >= best || strncmp(at_cpu_isa_name(capped), name, strlen(name)) != 0) {
+        printf("ISA level %s: not below this CPU's best (%s), skipped\n", name, at_cpu_isa_name(best));
+        exit(77);
+    }
+}
 
 int at_test_result(const char *name)
 {

@@ -16,6 +16,7 @@ int at_cmd_sft(int argc, char **argv);
 int at_cmd_pt(int argc, char **argv);
 int at_cmd_rlhf(int argc, char **argv);
 int at_cmd_eval(int argc, char **argv);
+int at_cmd_download(int argc, char **argv);
 
 /* Loads the model of infer/serve from their options (--model, --tokenizer,
  * --template, --adapters, --device, --torch_dtype; no --model: the bundled
@@ -65,5 +66,10 @@ int at_cli_infer_dataset(const at_options *o, struct at_bundle *b, const struct 
 /* --dry_run output: the plan as text or (json) JSON on stdout. Returns the
  * exit status: 0 when the plan fits, 1 when it does not. */
 int at_cli_print_plan(const at_plan *p, int json);
+
+/* Replaces hub names in --model, --ref_model, --reward_model, --adapters,
+ * --dataset and --val_dataset with the local paths they are fetched to
+ * (cmd_download.c). Called by at_cli_parse. */
+at_status at_cli_resolve_names(at_options *o);
 
 #endif

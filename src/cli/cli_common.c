@@ -32,6 +32,12 @@ int at_cli_parse(const at_opt_spec *specs, int n, int argc, char **argv, const c
     int k = 0;
     for (const at_opt_spec *s; (s = at_options_ignored(*out, &k));)
         fprintf(stderr, "anytune %s: note: --%s changes nothing here: %s\n", command, s->name, s->note);
+    if (at_cli_resolve_names(*out) != AT_OK) { /* hub names to local paths */
+        fprintf(stderr, "anytune %s: error: %s\n", command, at_last_error());
+        at_options_free(*out);
+        *out = NULL;
+        return 1;
+    }
     return -1;
 }
 

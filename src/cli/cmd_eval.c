@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "hub/hub.h"
 #include "eval/loss_eval.h"
 #include "eval/mc_bench.h"
 #include "eval/mc_eval.h"
@@ -64,6 +65,7 @@ static const at_opt_spec specs[] = {
     {.name = "strict", .type = AT_OPT_BOOL, .def = "false", .help = "stop at the first bad dataset record"},
     {.name = "seed", .type = AT_OPT_INT, .def = "42",
      .help = "seed of FILE#N sampling", .range = "[0, 9223372036854775807]"},
+    AT_HUB_OPTION_ROWS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

@@ -7,6 +7,7 @@
 #include "base/manifest.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "hub/hub.h"
 #include "export/export_files.h"
 #include "export/export_gguf.h"
 #include "export/export_job.h"
@@ -32,6 +33,7 @@ static const at_opt_spec specs[] = {
     {.name = "tokenizer", .type = AT_OPT_STRING, .help = "tokenizer folder or file (default: the model's)"},
     {.name = "overwrite", .type = AT_OPT_BOOL, .def = "false", .help = "replace an existing --output_dir"},
     {.name = "quiet", .type = AT_OPT_BOOL, .def = "false", .help = "no progress bar"},
+    AT_HUB_OPTION_ROWS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

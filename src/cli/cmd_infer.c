@@ -16,6 +16,7 @@
 #include "base/manifest.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "hub/hub.h"
 #include "device/registry.h"
 #include "infer/bundle.h"
 #include "infer/generate.h"
@@ -82,6 +83,7 @@ static const at_opt_spec specs[] = {
     {.name = "simulate_device", .type = AT_OPT_STRING,
      .help = "with --dry_run: plan for a device profile (v100, a100, m2-16gb, "
      "laptop-8gb, ...)"},
+    AT_HUB_OPTION_ROWS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
+#include "hub/hub.h"
 #include "cli/cmd_serve.h"
 #include "infer/bundle.h"
 #include "serve/server.h"
@@ -65,6 +66,7 @@ static const at_opt_spec specs[] = {
     {.name = "quant_bits", .type = AT_OPT_INT, .def = "0",
      .help = "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", .range = "[0, 8]"},
     {.name = "verbose", .type = AT_OPT_BOOL, .def = "false", .help = "more logging"},
+    AT_HUB_OPTION_ROWS,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "base/status.h"
+#include "base/threads.h"
 #include "cli/cli.h"
 
 typedef struct {
@@ -22,6 +23,7 @@ static const command commands[] = {
     {"app", at_cmd_webui, "the same as web-ui (ms-swift's name)"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},
     {"eval", at_cmd_eval, "multiple-choice accuracy (MMLU, C-Eval) and perplexity"},
+    {"download", at_cmd_download, "fetch a model or dataset by name from the Hugging Face Hub or ModelScope"},
 };
 
 static void usage(FILE *out)
@@ -34,6 +36,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    at_threads_setup(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

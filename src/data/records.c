@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
+#include "data/parquet.h"
 
 const char *at_issue_name(at_issue_kind k)
 {
@@ -508,6 +509,8 @@ at_status at_records_read_mem(const char *data, size_t len, const char *name, at
             container = AT_CONTAINER_CSV;
         } else if (strcmp(ext, ".txt") == 0) {
             container = AT_CONTAINER_TEXT;
+        } else if (strcmp(ext, ".parquet") == 0 || at_parquet_sniff(data, len)) {
+            container = AT_CONTAINER_PARQUET;
         } else {
             size_t q = skip_ws(&r, p);
             container = (q < len && data[q] == '[') ? AT_CONTAINER_JSON_ARRAY : AT_CONTAINER_JSONL;
@@ -518,6 +521,8 @@ at_status at_records_read_mem(const char *data, size_t len, const char *name, at
     case AT_CONTAINER_JSONL: return read_lines(&r, p, 1);
     case AT_CONTAINER_TEXT: return read_lines(&r, p, 0);
     case AT_CONTAINER_CSV: return read_csv(&r, p);
+    case AT_CONTAINER_PARQUET:
+        return at_parquet_read_mem((const uint8_t *)data, len, name, on_record, on_issue, ctx);
     default: return at_error(AT_ERR_INVALID, "%s: unknown container %d", name, (int)container);
     }
 }

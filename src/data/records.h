@@ -1,8 +1,8 @@
 /* Raw records of a dataset file, before any format is applied.
  *
  * Containers: a JSON array of records, JSON Lines, CSV with a header row
- * (each row becomes an object of strings keyed by the header), and plain
- * text (one record per non-empty line). A UTF-8 byte order mark at the start
+ * (each row becomes an object of strings keyed by the header), plain text
+ * (one record per non-empty line), and Parquet (each row an object). A UTF-8 byte order mark at the start
  * is skipped. Every record carries the line where it starts, so problems can
  * be reported as "file:line". Each record's bytes are checked to be valid
  * UTF-8 before they are parsed.
@@ -25,7 +25,8 @@ typedef enum {
     AT_CONTAINER_JSON_ARRAY,
     AT_CONTAINER_JSONL,
     AT_CONTAINER_CSV,
-    AT_CONTAINER_TEXT
+    AT_CONTAINER_TEXT,
+    AT_CONTAINER_PARQUET /* rows as objects (data/parquet.h); "line" is the row number */
 } at_container;
 
 /* Why a record was skipped; counted per kind in the dataset summary. */
@@ -57,8 +58,9 @@ typedef at_status (*at_record_fn)(void *ctx, const at_record *rec);
 typedef at_status (*at_record_issue_fn)(void *ctx, at_issue_kind kind, int line, const char *msg);
 
 /* Reads path (memory-mapped) and calls on_record for each record in order.
- * container AT_CONTAINER_AUTO chooses from the extension (.jsonl, .csv, .txt)
- * and for anything else from the first non-blank byte ('[' array, else JSONL). */
+ * container AT_CONTAINER_AUTO chooses from the extension (.jsonl, .csv, .txt,
+ * .parquet), then from the content ("PAR1" Parquet, first non-blank byte '['
+ * a JSON array, else JSONL). */
 at_status at_records_read(const char *path, at_container container, at_record_fn on_record,
                           at_record_issue_fn on_issue, void *ctx);
 

@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include "hub/hub.h"
 
 /* A row stored in at_train_args (the library default is `def`). */
 #define AT(n, t, d, r, f, h) {.name = n, .type = t, .def = d, .range = r, .help = h, AT_OPT_AT(at_train_args, f)}
@@ -112,6 +113,7 @@ const at_opt_spec at_train_options[] = {
     CHOICE("loss_scale", "default", "default|last_round", "default (every assistant turn) or last_round"),
     CLI("preview", AT_OPT_LIST, NULL, NULL, "questions answered before and after training"),
     AT("preview_max_tokens", AT_OPT_INT, "48", "[1, 1048576]", preview_max_tokens, "answer length of --preview"),
+    AT_HUB_OPTION_ROWS,
     /* ms-swift's spellings of what is above */
     CLI("bf16", AT_OPT_BOOL, NULL, NULL, "true: as --torch_dtype bfloat16 (ms-swift / transformers spelling)"),
     CLI("fp16", AT_OPT_BOOL, NULL, NULL, "true: as --torch_dtype float16 (ms-swift / transformers spelling)"),
@@ -128,7 +130,7 @@ const at_opt_spec at_train_options[] = {
     IGNORED("lazy_tokenize", AT_OPT_BOOL, "every sample is tokenized before the first step (it is fast)"),
     IGNORED("streaming", AT_OPT_BOOL, "datasets are read whole (memory-mapped); streaming is not needed at "
                                       "the sizes fine-tuning uses"),
-    IGNORED("check_model", AT_OPT_BOOL, "nothing is downloaded, so there is nothing to check"),
+    IGNORED("check_model", AT_OPT_BOOL, "models fetched by name are checked against the hub's sha256"),
     IGNORED("ddp_backend", AT_OPT_STRING, "data parallel runs over MPI (and NCCL on GPUs): mpirun -np N anytune sft"),
     IGNORED("ddp_find_unused_parameters", AT_OPT_BOOL, "gradients are summed over ranks by the trainer itself"),
     IGNORED("report_to", AT_OPT_LIST, "runs write logging.jsonl and images/train_loss.svg"),

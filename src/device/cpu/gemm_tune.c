@@ -303,12 +303,15 @@ at_gemm_engine_id at_gemm_tune_engine(int cls, unsigned available, at_gemm_tune_
     if (cls < 0 || cls >= AT_GEMM_CLASSES || !(available & ~1u)) return AT_GEMM_ANYTUNE;
     at_gemm_engine_id e = AT_GEMM_ANYTUNE;
     pthread_mutex_lock(&lock);
-    check_key();
-    if (!cache_read) {
+    /* inside a parallel region the thread count (part of the key) reads
+     * differently: use what is known, measure nothing */
+    int nested = omp_in_parallel();
+    if (!nested) check_key();
+    if (!cache_read && !nested) {
         read_cache();
         cache_read = 1;
     }
-    if (!table[cls].known && !omp_in_parallel()) {
+    if (!table[cls].known && !nested) {
         measure(cls, available, run);
         if (table[cls].known) write_cache();
     }
