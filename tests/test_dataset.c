@@ -469,6 +469,19 @@ static void test_bad_records(void)
     snprintf(want, sizeof want, "%s:2:32: malformed JSON", p);
     CHECK_MSG(starts(at_last_error(), want), "%s", at_last_error());
 
+    /* a NUL (\u0000) would end the text there: the record is refused, never cut; an escaped
+     * backslash before "u0000" is plain text and kept whole */
+    p = TMP("nul.jsonl", "{\"instruction\": \"a\", \"output\": \"b\\u0000c\"}\n"
+                         "{\"instruction\": \"a\\\\u0000\", \"output\": \"d\"}\n");
+    ds = load1(p, NULL);
+    CHECK(ds && ds->train.n == 1 && ds->n_skipped == 1);
+    if (ds && ds->n_issues == 1) {
+        snprintf(want, sizeof want, "%s:1:34: a NUL character", p);
+        CHECK_MSG(starts(ds->issues[0], want), "%s", ds->issues[0]);
+        CHECK(ds->train.n == 1 && !strcmp(ds->train.items[0]->messages.items[0].content, "a\\u0000"));
+    }
+    at_dataset_free(ds);
+
     /* JSON array: a bad record is reported at the line where it starts */
     p = TMP("bad.json", "\xEF\xBB\xBF[\n  {\"instruction\": \"a\", \"output\": \"b\"},\n  {\n    \"instruction\": \"a\",\n"
                         "    \"output\": 5\n  },\n  {\"instruction\": tru},\n  {\"instruction\": \"c\", \"output\": \"d\"}\n]\n");

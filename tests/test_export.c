@@ -143,7 +143,7 @@ static void test_merge_hf(const char *name, double tol)
     CHECK_OK(at_model_config_load(model, &c0));
     CHECK_OK(at_model_config_load(cfgp, &c1));
     CHECK(c1.has_dtype && c0.has_dtype && c1.dtype == c0.dtype && c1.hidden_size == c0.hidden_size);
-    CHECK_OK(at_ckpt_verify(out));
+    CHECK_OK(at_manifest_verify(out));
     at_st_model *st = NULL;
     CHECK_OK(at_st_model_open(out, &st));
     if (st) {
@@ -272,7 +272,7 @@ static void test_shards_and_safety(void)
     CHECK(e1 < 1e-4 && e2 < 1e-4);
     if (l1 && l2) CHECK(memcmp(l1, l2, (size_t)g.B * g.T * g.V * sizeof(float)) == 0);
     printf("shards: %zu files + index load back to identical logits (rel err vs golden %.2e)\n", n_files, e2);
-    CHECK_OK(at_ckpt_verify(many));
+    CHECK_OK(at_manifest_verify(many));
 
     /* Refusal to overwrite, and --overwrite replacing the folder whole. */
     a.max_shard_size = 0;
@@ -283,7 +283,7 @@ static void test_shards_and_safety(void)
     char *shard1 = at_path_join(many, "model-00001-of-00002.safetensors");
     char *single = at_path_join(many, "model.safetensors");
     CHECK(at_file_exists(single) && !at_file_exists(shard1) && !at_file_exists(idx));
-    CHECK_OK(at_ckpt_verify(many));
+    CHECK_OK(at_manifest_verify(many));
     /* A damaged file is caught by the manifest. */
     FILE *f = fopen(single, "r+b");
     if (f) {
@@ -291,7 +291,7 @@ static void test_shards_and_safety(void)
         fputc(0x5a, f);
         fclose(f);
     }
-    CHECK(at_ckpt_verify(many) != AT_OK);
+    CHECK(at_manifest_verify(many) != AT_OK);
     /* Bad input: a clear error, nothing left behind. */
     char *bad = tmp_path("bad");
     at_export_args b = {.model = "tests/data/export/no_such_model", .to = "hf", .output_dir = bad,
@@ -359,7 +359,7 @@ static void test_peft(void)
     char *out = tmp_path("gqa_peft");
     at_export_args a = {.model = model, .adapters = adapters, .to = "hf", .output_dir = out, .dtype = AT_DTYPE_COUNT};
     CHECK_OK(at_export_run(&a));
-    CHECK_OK(at_ckpt_verify(out));
+    CHECK_OK(at_manifest_verify(out));
     at_model_config cfg;
     CHECK_OK(at_model_config_load(model, &cfg));
     char *cp = at_path_join(out, "adapter_config.json"), *tp = at_path_join(out, "adapter_model.safetensors");
@@ -427,7 +427,7 @@ static void test_gguf_roundtrip(const char *name, at_dtype q, double tol)
     printf("gguf %-16s %-4s loaded back vs the safetensors model: max rel diff %.2e (vs PyTorch %.2e)\n", name,
            at_dtype_name(q), d, eg);
     CHECK_MSG(d <= tol, "%s %s: GGUF logits differ by %g", name, at_dtype_name(q), d);
-    CHECK_OK(at_ckpt_verify(out));
+    CHECK_OK(at_manifest_verify(out));
     at_gguf *gg = NULL;
     CHECK_OK(at_gguf_open(path, &gg));
     if (gg) {

@@ -223,7 +223,7 @@ int main(int argc, char **argv)
                    b.norm[i]);
         }
         char *ck = at_path_join(run_mpi, "checkpoint-4");
-        CHECK_OK(at_ckpt_verify(ck));
+        CHECK_OK(at_manifest_verify(ck));
         free(ck);
     } else {
         CHECK_MSG(0, "could not read both runs' logging.jsonl");

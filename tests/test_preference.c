@@ -749,7 +749,7 @@ static void test_cli(const char *root)
         CHECK_MSG(s.last_margin > s.first_margin + 0.5, "margin %g -> %g", s.first_margin, s.last_margin);
         /* PEFT checkpoints */
         char *ck = at_path_join(run, "checkpoint-2");
-        CHECK_OK(at_ckpt_verify(ck));
+        CHECK_OK(at_manifest_verify(ck));
         char *af = at_path_join(ck, "adapter_model.safetensors"), *ac = at_path_join(ck, "adapter_config.json");
         CHECK(at_file_exists(af) && at_file_exists(ac));
         free(af);

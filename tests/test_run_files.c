@@ -1,9 +1,11 @@
 /* Run folders, atomic checkpoints with manifests, pruning, and LR schedules. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "base/file.h"
 #include "train/plot.h"
@@ -50,24 +52,24 @@ static void test_checkpoints(void)
     free(dir);
     CHECK_OK(at_ckpt_find_last(run0, &last, &step));
     CHECK(step == 40 && strstr(last, "checkpoint-40") != NULL);
-    CHECK_OK(at_ckpt_verify(last));
+    CHECK_OK(at_manifest_verify(last));
     /* damage: a changed byte, an extra file, a missing file */
     write_text(last, "adapter_config.json", "{ }\n");
-    CHECK_FAILS(at_ckpt_verify(last), AT_ERR_FORMAT);
+    CHECK_FAILS(at_manifest_verify(last), AT_ERR_FORMAT);
     CHECK_MSG(strstr(at_last_error(), "adapter_config.json") != NULL, "%s", at_last_error());
     free(last);
     CHECK_OK(at_ckpt_find_last(run0, &last, &step)); /* falls back to the newest intact one */
     CHECK(step == 30);
     write_text(last, "stray.bin", "x");
-    CHECK_FAILS(at_ckpt_verify(last), AT_ERR_FORMAT);
+    CHECK_FAILS(at_manifest_verify(last), AT_ERR_FORMAT);
     char *stray = at_path_join(last, "stray.bin");
     unlink(stray);
     free(stray);
-    CHECK_OK(at_ckpt_verify(last));
+    CHECK_OK(at_manifest_verify(last));
     char *victim = at_path_join(last, "adapter_model.safetensors");
     unlink(victim);
     free(victim);
-    CHECK_FAILS(at_ckpt_verify(last), AT_ERR_FORMAT);
+    CHECK_FAILS(at_manifest_verify(last), AT_ERR_FORMAT);
     free(last);
     /* re-saving a step replaces it whole */
     CHECK_OK(at_ckpt_begin(run0, 30, &dir));
@@ -138,8 +140,85 @@ static void test_plot(void)
     unlink(path);
 }
 
+/* One writer per run: a second is refused naming the holder's pid; the lock
+ * of a process that died (kill -9) does not block; release lets the next in. */
+static void test_run_lock(void)
+{
+    char root[] = "/tmp/anytune-lock-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    at_run_lock a = {-1, NULL}, b = {-1, NULL};
+    CHECK_OK(at_run_lock_take(root, &a));
+    CHECK_FAILS(at_run_lock_take(root, &b), AT_ERR_INVALID);
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %ld", (long)getpid());
+    CHECK_MSG(strstr(at_last_error(), pid) != NULL, "%s", at_last_error());
+    CHECK(b.fd < 0 && b.path == NULL);
+    at_run_lock_release(&a);
+    at_run_lock_release(&a); /* twice is harmless */
+    CHECK_OK(at_run_lock_take(root, &b));
+    at_run_lock_release(&b);
+    /* a holder killed with its lock held: the file stays, the lock does not */
+    pid_t child = fork();
+    if (child == 0) {
+        at_run_lock c = {-1, NULL};
+        if (at_run_lock_take(root, &c) != AT_OK) _exit(1);
+        raise(SIGKILL);
+        _exit(2);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    char *lf = at_path_join(root, ".anytune.lock");
+    CHECK(at_file_exists(lf));
+    free(lf);
+    CHECK_OK(at_run_lock_take(root, &a));
+    at_run_lock_release(&a);
+    CHECK_OK(at_remove_tree(root));
+}
+
+/* --resume_from_checkpoint: a folder names its run; "last" takes the newest
+ * run with a complete checkpoint; a missing folder is said to be missing. */
+static void test_find_resume(void)
+{
+    char root[] = "/tmp/anytune-resume-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    char *run0 = NULL, *run1 = NULL, *dir = NULL, *rd = NULL, *ck = NULL;
+    int64_t step = 0;
+    CHECK_FAILS(at_run_find_resume(root, "last", 1, &rd, &ck, &step), AT_ERR_NOT_FOUND);
+    CHECK_OK(at_run_dir_create(root, &run0));
+    CHECK_OK(at_ckpt_begin(run0, 4, &dir));
+    write_text(dir, "adapter_model.safetensors", "w");
+    CHECK_OK(at_ckpt_commit(run0, 4, dir));
+    free(dir);
+    CHECK_OK(at_run_dir_create(root, &run1)); /* newer, no checkpoint */
+    CHECK_OK(at_run_find_resume(root, "last", 1, &rd, &ck, &step));
+    CHECK(rd && !strcmp(rd, run0) && step == 4 && ck && strstr(ck, "checkpoint-4"));
+    char given[1100];
+    snprintf(given, sizeof given, "%s/", ck);
+    free(rd);
+    free(ck);
+    CHECK_OK(at_run_find_resume(root, given, 1, &rd, &ck, &step));
+    CHECK(rd && !strcmp(rd, run0) && step == 4);
+    free(rd);
+    free(ck);
+    CHECK_FAILS(at_run_find_resume(root, "/nonexistent/checkpoint-3", 1, &rd, &ck, &step), AT_ERR_NOT_FOUND);
+    CHECK_MSG(strstr(at_last_error(), "no such checkpoint folder"), "%s", at_last_error());
+    /* --add_version false: the folder given is the run */
+    CHECK_OK(at_run_find_resume(run0, "last", 0, &rd, &ck, &step));
+    CHECK(rd && !strcmp(rd, run0) && step == 4);
+    free(rd);
+    free(ck);
+    CHECK_FAILS(at_run_find_resume(run1, "last", 0, &rd, &ck, &step), AT_ERR_NOT_FOUND);
+    CHECK(rd == NULL && ck == NULL);
+    CHECK_OK(at_remove_tree(root));
+    free(run0);
+    free(run1);
+}
+
 int main(void)
 {
+    test_run_lock();
+    test_find_resume();
     test_plot();
     test_checkpoints();
     test_schedules();

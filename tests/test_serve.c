@@ -140,6 +140,7 @@ static char *reference_sampled(at_bundle *b, const char *prompt, const cJSON *me
     p.stop_ids = b->stop_ids;
     p.n_stop_ids = b->n_stop_ids;
     p.adapter = ad;
+    p.continues_prompt = !messages;
     if (sp) p.sampling = *sp;
     if (g && ids) CHECK_OK(at_generator_run(g, ids, n, &p, NULL, NULL, &text, NULL, NULL));
     at_generator_free(g);
@@ -214,6 +215,14 @@ static void test_completions(at_bundle *b, int port)
           jnum(j, "usage", "total_tokens") == np + 30);
     cJSON_Delete(j);
     free(want);
+
+    /* a completion continues the prompt's text: its first token keeps its space (" time"), as OpenAI,
+     * vLLM and llama-server answer; only a text decoded from BOS drops SentencePiece's dummy prefix */
+    j = post_json(port, "/v1/completions", NULL, "{\"prompt\": \"Once upon a\", \"max_tokens\": 1, "
+                  "\"temperature\": 0}", &st);
+    CHECK_MSG(st == 200 && jstr(j, "choices.0.text") && !strcmp(jstr(j, "choices.0.text"), " time"), "'%s'",
+              jstr(j, "choices.0.text"));
+    cJSON_Delete(j);
 
     /* token ids as the prompt, and the default max_tokens (16) */
     j = post_json(port, "/v1/completions", NULL, "{\"prompt\": [1, 403, 407], \"temperature\": 0}", &st);
@@ -347,6 +356,21 @@ static void test_errors(int port)
     expect_error(port, "POST", P, NULL, "{\"prompt\": [1, 99999]}", 400, "prompt");
     expect_error(port, "POST", P, NULL, "{\"prompt\": {}}", 400, "prompt");
     expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"model\": \"gpt-5\"}", 404, "model");
+    /* invalid UTF-8 is malformed input (the dataset loader refuses it too) */
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\xff\xfe\"}]}", 400, NULL);
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"\xc0\xaf\"}", 400, NULL);
+    /* not implemented: refused by name, never ignored */
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": "
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", 400, "tools");
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                 "\"response_format\": {\"type\": \"json_object\"}}", 400, "response_format");
+    {
+        int rs;
+        cJSON *ok = post_json(port, C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                              "\"max_tokens\": 2, \"response_format\": {\"type\": \"text\"}, \"tools\": []}", &rs);
+        CHECK_MSG(rs == 200, "response_format text and empty tools (what is done anyway): status %d", rs);
+        cJSON_Delete(ok);
+    }
     /* a prompt longer than the context (512) */
     size_t big = 3000;
     char *long_prompt = malloc(big + 64);
@@ -500,6 +524,91 @@ out:
 }
 
 /* The program: SIGTERM while a stream runs lets it finish, then exits 0. */
+/* A connection to 127.0.0.1:port from the client address `from` (any
+ * 127.x.y.z is this machine), or -1. */
+static int connect_from(int port, const char *from)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, from, &a.sin_addr);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    a.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* GET /health on fd: whether a 200 came back. */
+static int health_on(int fd)
+{
+    const char *req = "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) return 0;
+    char buf[512];
+    ssize_t g = recv(fd, buf, sizeof buf - 1, 0);
+    if (g <= 0) return 0;
+    buf[g] = 0;
+    return strncmp(buf, "HTTP/1.1 200", 12) == 0;
+}
+
+/* Whether the server closed fd (recv sees the end) within `secs`. */
+static int closed_within(int fd, double secs)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, (int)(secs * 1000)) <= 0) return 0;
+    char c;
+    return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+/* Connections that send nothing, or stall in a request, cannot shut others
+ * out: one client address holds at most max_connections_per_client, /health
+ * answers another while it does, and they are closed after idle_timeout_s. */
+static void test_abuse(at_bundle *b)
+{
+    at_server_opts o = {0};
+    o.max_batch_size = 2;
+    o.max_connections_per_client = 4;
+    o.idle_timeout_s = 1;
+    at_server *s = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    int port = at_server_port(s);
+    int idle[4];
+    for (int i = 0; i < 4; i++) idle[i] = connect_from(port, "127.0.0.1");
+    const char *part = "GET /hea"; /* a request that stalls half-way */
+    CHECK(idle[3] >= 0 && send(idle[3], part, strlen(part), MSG_NOSIGNAL) == (ssize_t)strlen(part));
+    usleep(200000);
+    int extra = connect_from(port, "127.0.0.1");
+    CHECK_MSG(extra < 0 || !health_on(extra), "a fifth connection of one address was served");
+    if (extra >= 0) close(extra);
+    int other = connect_from(port, "127.0.0.2");
+    CHECK_MSG(other >= 0 && health_on(other), "/health does not answer another client while one holds its limit");
+    if (other >= 0) close(other);
+    double t0 = now_s();
+    int closed = 0;
+    for (int i = 0; i < 4; i++) {
+        closed += idle[i] >= 0 && closed_within(idle[i], 5);
+        if (idle[i] >= 0) close(idle[i]);
+    }
+    CHECK_MSG(closed == 4, "%d of 4 idle or stalled connections closed by the server", closed);
+    printf("abuse: 4 idle/stalled connections of one address closed after %.1f s (timeout 1 s); /health answered "
+           "another address meanwhile\n", now_s() - t0 + 0.2);
+    int again = connect_from(port, "127.0.0.1");
+    CHECK(again >= 0 && health_on(again));
+    if (again >= 0) close(again);
+    at_server_stop(s, 5);
+}
+
 static void test_sigterm(void)
 {
     const char *bin = getenv("ANYTUNE_BIN");
@@ -627,6 +736,7 @@ int main(void)
             at_server_stop(s, 5);
         }
     }
+    if (b) test_abuse(b);
     test_sigterm();
     at_bundle_free(b);
     at_bundle_free(ref);

@@ -143,7 +143,7 @@ static void test_accumulation(const char *root)
                  a.adam_epsilon;
     /* the adapters after three updates agree too */
     char *c1 = at_path_join(r1.run_dir, "checkpoint-3"), *c2 = at_path_join(r2.run_dir, "checkpoint-3");
-    CHECK_OK(at_ckpt_verify(c1));
+    CHECK_OK(at_manifest_verify(c1));
     char *f1 = at_path_join(c1, "adapter_model.safetensors"), *f2 = at_path_join(c2, "adapter_model.safetensors");
     at_st_file *s1 = NULL, *s2 = NULL;
     CHECK_OK(at_st_open(f1, &s1));
@@ -276,7 +276,7 @@ static void test_full(const char *root)
     CHECK_OK(at_train_run(&a, stdout, &r));
     CHECK_MSG(r.last_loss < 0.8 * r.first_loss, "loss %g -> %g", r.first_loss, r.last_loss);
     char *ck = at_path_join(r.run_dir, "checkpoint-12");
-    CHECK_OK(at_ckpt_verify(ck));
+    CHECK_OK(at_manifest_verify(ck));
     char *cfg = at_path_join(ck, "config.json"), *w = at_path_join(ck, "model.safetensors");
     CHECK(at_file_exists(cfg) && at_file_exists(w));
     free(cfg);
@@ -535,7 +535,7 @@ static void test_on_cuda(const char *root, const char *emulator)
         snprintf(label, sizeof label, "cuda%s %s vs cpu", emulator ? " (emulated)" : "", MODE[mode]);
         expect_same_logs(rg.run_dir, rc.run_dir, 3, tol_loss, tol_norm, label);
         char *ck = at_path_join(rg.run_dir, "checkpoint-3");
-        CHECK_OK(at_ckpt_verify(ck));
+        CHECK_OK(at_manifest_verify(ck));
         free(ck);
     }
     /* --tf32 reaches the device: f32 matmuls on TF32 tensor cores (the emulator

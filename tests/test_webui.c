@@ -346,7 +346,7 @@ static void test_short_job(int port)
     cJSON_Delete(k);
     char *ck = run_dir ? at_path_join(run_dir, "checkpoint-3") : NULL;
     CHECK(ck && at_is_dir(ck));
-    if (ck) CHECK_OK(at_ckpt_verify(ck));
+    if (ck) CHECK_OK(at_manifest_verify(ck));
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(j, "output");
     CHECK(cJSON_GetArraySize(out) > 0);
     CHECK_MSG(reaped((int)jnum(j, "pid")), "the finished job's process %g was not reaped", jnum(j, "pid"));
@@ -399,7 +399,7 @@ static void test_long_job_stop(int port)
     CHECK(ck && step >= 5);
     /* no finished step lost: the last logged step is checkpointed */
     CHECK_MSG(step == (int64_t)rows, "newest checkpoint %lld, %g steps logged", (long long)step, rows);
-    if (ck) CHECK_OK(at_ckpt_verify(ck));
+    if (ck) CHECK_OK(at_manifest_verify(ck));
     free(ck);
     free(run_dir);
 }
@@ -838,7 +838,7 @@ static void test_server_crash(const char *bin)
     size_t len = 0;
     CHECK(run_dir != NULL);
     if (run_dir) CHECK_OK(at_ckpt_find_last(run_dir, &ck, &step));
-    if (ck) CHECK_OK(at_ckpt_verify(ck));
+    if (ck) CHECK_OK(at_manifest_verify(ck));
     int64_t logged = 0;
     if (logp && at_read_file(logp, &text, &len) == AT_OK)
         for (char *l = strstr(text, "\"step\":"); l; l = strstr(l + 1, "\"step\":")) logged = strtoll(l + 7, NULL, 10);

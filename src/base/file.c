@@ -52,34 +52,61 @@ void at_unmap_file(at_mapped_file *m)
 at_status at_read_file(const char *path, char **out, size_t *len)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
+    /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return at_error(AT_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return at_error(AT_ERR_IO, "%s: %s, not a regular file", path, S_ISDIR(sb.st_mode) ? "a folder" : "a device, "
+                        "pipe or socket");
+    }
+    if (sb.st_size > AT_READ_FILE_MAX) {
+        close(fd);
+        return at_error(AT_ERR_FORMAT, "%s: %lld bytes, over the %d MiB that a file read whole may have", path,
+                        (long long)sb.st_size, AT_READ_FILE_MAX >> 20);
+    }
+    /* the size may change while reading: read to the end, but never past the cap */
+    size_t cap = (size_t)sb.st_size + 1 > 4096 ? (size_t)sb.st_size + 1 : 4096, n = 0;
     char *buf = malloc(cap);
+    at_status st = AT_OK;
     if (!buf) {
-        fclose(f);
+        close(fd);
         return at_error(AT_ERR_NOMEM, "%s: out of memory reading file", path);
     }
     for (;;) {
         if (n + 1 >= cap) {
+            if (cap > AT_READ_FILE_MAX) {
+                st = at_error(AT_ERR_FORMAT, "%s: over the %d MiB that a file read whole may have", path,
+                              AT_READ_FILE_MAX >> 20);
+                break;
+            }
             char *nb = realloc(buf, cap * 2);
             if (!nb) {
-                free(buf);
-                fclose(f);
-                return at_error(AT_ERR_NOMEM, "%s: out of memory reading file", path);
+                st = at_error(AT_ERR_NOMEM, "%s: out of memory reading file", path);
+                break;
             }
             buf = nb;
             cap *= 2;
         }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            st = at_error(AT_ERR_IO, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
         if (r == 0) break;
+        n += (size_t)r;
     }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
+    close(fd);
+    if (st != AT_OK) {
         free(buf);
-        return at_error(AT_ERR_IO, "%s: read error", path);
+        return st;
     }
     buf[n] = '\0';
     *out = buf;

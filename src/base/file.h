@@ -17,7 +17,12 @@ at_status at_map_file(const char *path, at_mapped_file *out);
 void at_unmap_file(at_mapped_file *m);
 
 /* Reads the whole file into a new NUL-terminated buffer (*out, caller frees
- * with free()); *len excludes the NUL. len may be NULL. */
+ * with free()); *len excludes the NUL. len may be NULL. Every file read whole
+ * (JSON, YAML, templates, tokenizer files, CSV, logs) goes through here: a
+ * path that is not a regular file (a folder, /dev/zero, a FIFO) is refused,
+ * and so is a file over AT_READ_FILE_MAX bytes (the largest tokenizer.json
+ * known, Gemma's, is about 35 MB); model weights are mapped (at_map_file). */
+#define AT_READ_FILE_MAX (256 << 20)
 at_status at_read_file(const char *path, char **out, size_t *len);
 
 /* Writes data to path atomically: a temporary file beside it, fsync, rename. */

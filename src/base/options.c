@@ -349,18 +349,19 @@ done:
 
 static at_status config_yaml(at_options *o, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    AT_TRY(at_read_file(path, &text, &len)); /* a regular file, of bounded size */
     yaml_parser_t p;
     yaml_document_t doc;
     at_status st = AT_OK;
     int have_doc = 0;
     unknown_keys unk = {{0}, 0};
     if (!yaml_parser_initialize(&p)) {
-        fclose(f);
+        free(text);
         return at_error(AT_ERR_NOMEM, "out of memory");
     }
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     if (!yaml_parser_load(&p, &doc)) {
         st = at_error(AT_ERR_FORMAT, "%s: line %zu, column %zu: %s", path, p.problem_mark.line + 1,
                       p.problem_mark.column + 1, p.problem ? p.problem : "malformed YAML");
@@ -427,7 +428,7 @@ static at_status config_yaml(at_options *o, const char *path)
 done:
     if (have_doc) yaml_document_delete(&doc);
     yaml_parser_delete(&p);
-    fclose(f);
+    free(text);
     return st;
 }
 
@@ -590,6 +591,13 @@ at_status at_opt_set(at_options *o, const char *name, const char *value)
     at_opt_source src = o->v[i].source;
     AT_TRY(set_value(o, i, value, src, 0, "resolved"));
     return AT_OK;
+}
+
+at_status at_opt_set_from(at_options *o, const char *name, const char *value, at_opt_source src)
+{
+    int i = find_spec(o, name, strlen(name));
+    if (i < 0) return at_error(AT_ERR_INTERNAL, "no option named %s", name);
+    return set_value(o, i, value, src, 0, name);
 }
 
 cJSON *at_options_to_json(const at_options *o)

@@ -85,6 +85,11 @@ at_opt_source at_opt_source_of(const at_options *o, const char *name);
 /* Overrides a value (the planner resolving "auto"); validated like input. */
 at_status at_opt_set(at_options *o, const char *name, const char *value);
 
+/* Sets a value as if it came from `src` (a resumed run's args.json is read as
+ * a config file: AT_SRC_CONFIG); validated like input. Lists: items joined by
+ * commas. */
+at_status at_opt_set_from(at_options *o, const char *name, const char *value, at_opt_source src);
+
 /* Every option as resolved, typed (for args.json). Caller owns the result. */
 cJSON *at_options_to_json(const at_options *o);
 

@@ -23,6 +23,8 @@
 static const at_opt_spec specs[] = {
     {.name = "model", .type = AT_OPT_STRING,
      .help = "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
     {.name = "adapters", .type = AT_OPT_LIST,
      .help = "LoRA adapter folders: DIR or NAME=DIR (the first, or --adapter_name, is applied)"},
     {.name = "adapter_name", .type = AT_OPT_STRING, .help = "which of --adapters to apply (default: the first)"},

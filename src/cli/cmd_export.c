@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/manifest.h"
 #include "base/options.h"
 #include "cli/cli.h"
 #include "hub/hub.h"
@@ -14,6 +15,8 @@
 static const at_opt_spec specs[] = {
     {.name = "model", .type = AT_OPT_STRING, .help = "model: Hugging Face folder, GGUF or llama2.c file (default with --adapters: the base model named in "
              "the run's args.json or adapter_config.json)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
     {.name = "adapters", .type = AT_OPT_STRING, .help = "PEFT LoRA adapter folder (a checkpoint-STEP folder, or a run folder: its newest checkpoint)"},
     {.name = "merge_lora", .type = AT_OPT_BOOL, .def = "false",
      .help = "merge the adapter into the weights (W + alpha/r * B*A)"},
@@ -42,6 +45,7 @@ int at_cmd_export(int argc, char **argv)
     int prc = at_cli_parse(specs, NSPECS, argc, argv, "export", usage, &o);
     if (prc >= 0) return prc;
     int rc = 2;
+    at_manifest_set_checks(!at_opt_bool(o, "no_verify"));
     char *adapters = NULL, *base = NULL, *merged = NULL;
     char gguf_buf[4096];
     at_export_args a = {

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include "base/file.h"
 #include "base/log.h"
+#include "base/manifest.h"
 #include "base/options.h"
 #include "cli/cli.h"
 #include "hub/hub.h"
@@ -25,6 +26,8 @@
 static const at_opt_spec specs[] = {
     {.name = "model", .type = AT_OPT_STRING,
      .help = "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
     {.name = "adapters", .type = AT_OPT_LIST, .help = "LoRA adapter folders: DIR or NAME=DIR, several allowed"},
     {.name = "adapter_name", .type = AT_OPT_STRING, .help = "which of --adapters to apply (default: the first)"},
     {.name = "tokenizer", .type = AT_OPT_STRING, .help = "tokenizer folder or file (default: the model's)"},
@@ -89,6 +92,7 @@ at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
     *out = NULL;
     char demo[PATH_MAX], gguf[PATH_MAX];
     at_bundle_opts bo = {0};
+    at_manifest_set_checks(!at_opt_bool(o, "no_verify"));
     int na = at_opt_list_count(o, "adapters");
     char **ad = calloc((size_t)na + 1, sizeof *ad);
     char *base = NULL;
@@ -403,6 +407,7 @@ int at_cmd_infer(int argc, char **argv)
     ss.gp.n_stop = ns;
     ss.gp.stop_ids = b->stop_ids;
     ss.gp.n_stop_ids = b->n_stop_ids;
+    ss.gp.continues_prompt = !b->tmpl; /* raw text is continued; a chat answer is a text of its own */
     if (b->n_adapters) {
         const char *an = at_opt_str(o, "adapter_name");
         ss.gp.adapter = an ? at_bundle_adapter_get(b, an) : b->adapters[0].adapter;

@@ -27,6 +27,8 @@
 static const at_opt_spec specs[] = {
     {.name = "model", .type = AT_OPT_STRING,
      .help = "model folder (Hugging Face), GGUF or llama2.c file (default: the demo model)"},
+    {.name = "no_verify", .type = AT_OPT_BOOL, .def = "false",
+     .help = "read checkpoints whose files do not match their MANIFEST.sha256 (damaged or edited since written)"},
     {.name = "adapters", .type = AT_OPT_LIST,
      .help = "LoRA adapters: DIR or NAME=DIR, several allowed (requests pick one by name)"},
     {.name = "tokenizer", .type = AT_OPT_STRING, .help = "tokenizer folder or file (default: the model's)"},
@@ -51,6 +53,11 @@ static const at_opt_spec specs[] = {
      .help = "the largest request body", .range = "[1, 1073741824]"},
     {.name = "max_queue", .type = AT_OPT_INT, .def = "64",
      .help = "requests that may wait for a free slot", .range = "[0, 1048576]"},
+    {.name = "idle_timeout", .type = AT_OPT_INT, .def = "30",
+     .help = "seconds a connection may send nothing before it is closed (answers being generated do not count)",
+     .range = "[1, 86400]"},
+    {.name = "max_connections_per_client", .type = AT_OPT_INT, .def = "64",
+     .help = "connections one client address may hold (of 256)", .range = "[1, 256]"},
     {.name = "shutdown_timeout", .type = AT_OPT_FLOAT, .def = "10",
      .help = "seconds requests in flight get to finish on SIGTERM", .range = "[0, 86400]"},
     {.name = "device", .type = AT_OPT_STRING, .help = "auto, cpu, cuda, cuda:N"},
@@ -166,6 +173,8 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     so.max_tokens = (int)at_opt_int(o, "max_tokens_limit");
     so.max_body_bytes = (size_t)at_opt_int(o, "max_body_bytes");
     so.max_queue = (int)at_opt_int(o, "max_queue");
+    so.idle_timeout_s = (int)at_opt_int(o, "idle_timeout");
+    so.max_connections_per_client = (int)at_opt_int(o, "max_connections_per_client");
     so.api_key = at_opt_str(o, "api_key");
     if (c->webui_train && (!so.api_key || !so.api_key[0])) {
         /* an empty --api_key would leave the Train tab open: a token instead */

@@ -215,7 +215,13 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
     }
     /* read by the CUDA backend when it opens the device, which comes later */
     if (at_opt_bool(o, "tf32")) setenv("ANYTUNE_ALLOW_TF32", "1", 1);
-    int rc = 1;
+    int rc = at_cli_resume_options(o, c->command);
+    if (rc >= 0) {
+        at_options_free(o);
+        free(all);
+        return rc;
+    }
+    rc = 1;
     at_train_args a;
     at_train_args_defaults(&a);
     const char **ds = NULL, **vds = NULL, **prev = NULL, **tm = NULL;
@@ -287,6 +293,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         a.datasets = demo_ds;
         a.n_datasets = 1;
         if (!np) {
+            at_opt_set(o, "preview", "Who are you?,What is your name?");
             a.preview_prompts = demo_prompts;
             a.n_preview_prompts = 2;
         }
@@ -371,7 +378,12 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (at_comm_world(&comm) == AT_OK) at_comm_abort(comm, 1);
         goto done;
     }
-    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0) print_summary(&res);
+    if (at_comm_world(&comm) == AT_OK && at_comm_rank(comm) == 0) {
+        if (!res.run_dir[0]) /* the run folder went with the run (trainer.h) */
+            fprintf(stderr, "anytune: stopped before a step trained: nothing saved\n");
+        else
+            print_summary(&res);
+    }
     at_comm_finalize();
     rc = res.stopped_by ? 128 + res.stopped_by : 0; /* as a shell reports a process ended by the signal */
 done:

@@ -23,6 +23,15 @@ typedef struct {
     int preference;            /* the planner counts two rows per sample (chosen and rejected) */
 } at_train_cli;
 
+/* --resume_from_checkpoint (resume_args.c): finds the run and takes the
+ * options of its args.json that were not given again; options given again
+ * must agree with the run's (except those that do not change what it
+ * computes, e.g. --logging_steps), else the error names each difference.
+ * Sets resume_from_checkpoint to the checkpoint found. Returns -1 to go on
+ * (also without --resume_from_checkpoint), else the exit status (the error
+ * printed). */
+int at_cli_resume_options(at_options *o, const char *command);
+
 /* Parses argv with the common table plus c->extra and runs the training.
  * Returns the process exit status. */
 int at_cli_train(int argc, char **argv, const at_train_cli *c);

@@ -131,8 +131,10 @@ at_status at_dataset_parse_spec(const char *spec, char **path, size_t *n_sample)
     size_t plen = strlen(spec);
     if (hash && hash[1]) {
         const char *q = hash + 1;
+        if (*q == '-' || *q == '+') q++; /* a signed count ("#-1") is a count, and a wrong one */
+        const char *digits = q;
         while (isdigit((unsigned char)*q)) q++;
-        if (*q == '\0') {
+        if (*q == '\0' && q > digits && hash[1] != '+' && hash[1] != '-') {
             errno = 0;
             unsigned long long v = strtoull(hash + 1, NULL, 10);
             if (errno || v == 0 || v > (unsigned long long)SIZE_MAX / 2)
@@ -140,6 +142,9 @@ at_status at_dataset_parse_spec(const char *spec, char **path, size_t *n_sample)
                                 (size_t)SIZE_MAX / 2);
             *n_sample = (size_t)v;
             plen = (size_t)(hash - spec);
+        } else if (*q == '\0' && q > digits) {
+            return at_error(AT_ERR_INVALID, "%s: the sample count after '#' must be between 1 and %zu", spec,
+                            (size_t)SIZE_MAX / 2);
         }
     }
     if (plen == 0) return at_error(AT_ERR_INVALID, "\"%s\": empty dataset path", spec);

@@ -129,6 +129,22 @@ static int utf8_ok(reader *r, size_t start, size_t end)
     return 0;
 }
 
+/* Offset in s[0..len) of a NUL character, raw or (json) written "\u0000";
+ * len when there is none. A NUL cannot be carried: cJSON's strings, the
+ * tokenizers and the templates end a text at it, so the rest would be lost
+ * without a word. */
+static size_t find_nul(const char *s, size_t len, int json)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\0') return i;
+        if (json && s[i] == '\\' && i + 1 < len) {
+            if (s[i + 1] == 'u' && len - i >= 6 && !memcmp(s + i + 2, "0000", 4)) return i;
+            i++; /* the escaped character: "\\u0000" is a backslash and "u0000" */
+        }
+    }
+    return len;
+}
+
 /* Validates and parses r->d[start..end) as one JSON record starting on `line`
  * and hands it to the callback. */
 static at_status json_record(reader *r, size_t start, size_t end, int line)
@@ -140,6 +156,12 @@ static at_status json_record(reader *r, size_t start, size_t end, int line)
         locate(r, start + bad, &eline, &ecol);
         return issue(r, AT_ISSUE_UTF8, eline, ecol, "invalid UTF-8 (byte 0x%02x)",
                      (unsigned)(unsigned char)r->d[start + bad]);
+    }
+    size_t nul = find_nul(r->d + start, len, 1);
+    if (nul < len) {
+        locate(r, start + nul, &eline, &ecol);
+        return issue(r, AT_ISSUE_VALUE, eline, ecol, "a NUL character (\\u0000) in the record: a text cannot hold "
+                     "one (it would end there)%s", "");
     }
     const char *ep = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(r->d + start, len, &ep, 0);
@@ -264,8 +286,11 @@ static at_status read_lines(reader *r, size_t p, int json)
             if (json) {
                 AT_TRY(json_record(r, p, te, line));
             } else {
-                size_t bad = at_utf8_check(r->d + p, te - p);
-                if (bad < te - p) {
+                size_t bad = at_utf8_check(r->d + p, te - p), nul = find_nul(r->d + p, te - p, 0);
+                if (nul < te - p) {
+                    AT_TRY(issue(r, AT_ISSUE_VALUE, line, (int)nul + 1, "a NUL byte in the line: a text cannot hold "
+                                 "one (it would end there)%s", ""));
+                } else if (bad < te - p) {
                     AT_TRY(issue(r, AT_ISSUE_UTF8, line, (int)bad + 1, "invalid UTF-8 (byte 0x%02x)",
                                  (unsigned)(unsigned char)r->d[p + bad]));
                 } else {
@@ -421,6 +446,14 @@ static at_status read_csv(reader *r, size_t p)
             locate(r, bad, &eline, &ecol);
             AT_CHECK(issue(r, AT_ISSUE_UTF8, eline, ecol, "invalid UTF-8 (byte 0x%02x)",
                            (unsigned)(unsigned char)r->d[bad]));
+            continue;
+        }
+        size_t nul = find_nul(r->d + rstart, p - rstart, 0);
+        if (nul < p - rstart) {
+            int eline, ecol;
+            locate(r, rstart + nul, &eline, &ecol);
+            AT_CHECK(issue(r, AT_ISSUE_VALUE, eline, ecol, "a NUL byte in the row: a text cannot hold one (it would "
+                           "end there)%s", ""));
             continue;
         }
         if (row.nf != head.nf) {

@@ -4,14 +4,16 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/manifest.h"
 #include "base/file.h"
-#include "base/sha256.h"
+#include "base/log.h"
 #include "train/run_files.h"
 
 /* OUT with its trailing slashes removed (so "out/" and "out" stage alike). */
@@ -30,6 +32,33 @@ static char *suffixed(const char *base, const char *what)
     char *s = malloc(n);
     if (s) snprintf(s, n, "%s.%s-%ld", base, what, (long)getpid());
     return s;
+}
+
+/* Removes OUT.tmp-PID and OUT.old-PID folders of exports whose process is
+ * gone (killed before it could clean up); those of live processes stay. */
+static void remove_stale(const char *out)
+{
+    const char *slash = strrchr(out, '/');
+    char *parent = slash ? strndup(out, slash == out ? 1 : (size_t)(slash - out)) : strdup(".");
+    const char *base = slash ? slash + 1 : out;
+    size_t bl = strlen(base);
+    DIR *d = parent ? opendir(parent) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        if (strncmp(n, base, bl) != 0 || n[bl] != '.') continue;
+        const char *rest = n + bl + 1;
+        if (strncmp(rest, "tmp-", 4) != 0 && strncmp(rest, "old-", 4) != 0) continue;
+        char *end = NULL;
+        long pid = strtol(rest + 4, &end, 10);
+        if (end == rest + 4 || *end || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): keep */
+        char *p = at_path_join(parent, n);
+        if (p && at_remove_tree(p) == AT_OK) at_log_info("export: removed %s, left by an export that was killed", p);
+        free(p);
+    }
+    if (d) closedir(d);
+    free(parent);
 }
 
 at_status at_export_begin(const char *out_dir, int overwrite, char **staging)
@@ -57,6 +86,7 @@ at_status at_export_begin(const char *out_dir, int overwrite, char **staging)
         *slash = '/';
         if (st != AT_OK) goto done;
     }
+    remove_stale(out);
     char *tmp = suffixed(out, "tmp");
     if (!tmp) {
         st = at_error(AT_ERR_NOMEM, "export: out of memory");
@@ -74,80 +104,12 @@ done:
     return st;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* MANIFEST.sha256: "<hex>  <name>\n" for every regular file, sorted. */
-static at_status write_manifest(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return at_error(AT_ERR_IO, "export: cannot list %s: %s", dir, strerror(errno));
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    at_status st = AT_OK;
-    char *text = NULL, *path = NULL;
-    size_t tlen = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.' || !strcmp(e->d_name, AT_EXPORT_MANIFEST)) continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **p = realloc(names, cap * sizeof *p);
-            if (!p) {
-                st = at_error(AT_ERR_NOMEM, "export: out of memory");
-                goto done;
-            }
-            names = p;
-        }
-        if (!(names[n] = strdup(e->d_name))) {
-            st = at_error(AT_ERR_NOMEM, "export: out of memory");
-            goto done;
-        }
-        n++;
-    }
-    qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char hex[65];
-        free(path);
-        path = at_path_join(dir, names[i]);
-        if (!path) {
-            st = at_error(AT_ERR_NOMEM, "export: out of memory");
-            goto done;
-        }
-        AT_CHECK(at_sha256_file(path, hex));
-        size_t add = 64 + 2 + strlen(names[i]) + 1;
-        char *t = realloc(text, tlen + add + 1);
-        if (!t) {
-            st = at_error(AT_ERR_NOMEM, "export: out of memory");
-            goto done;
-        }
-        text = t;
-        tlen += (size_t)snprintf(text + tlen, add + 1, "%s  %s\n", hex, names[i]);
-    }
-    free(path);
-    path = at_path_join(dir, AT_EXPORT_MANIFEST);
-    if (!path) {
-        st = at_error(AT_ERR_NOMEM, "export: out of memory");
-        goto done;
-    }
-    st = at_write_file_atomic(path, text ? text : "", tlen);
-done:
-    closedir(d);
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
-    free(text);
-    free(path);
-    return st;
-}
-
 at_status at_export_commit(const char *staging, const char *out_dir)
 {
     char *out = clean_path(out_dir), *old = NULL, *parent = NULL;
     at_status st = AT_OK;
     if (!out) return at_error(AT_ERR_NOMEM, "export: out of memory");
-    AT_CHECK(write_manifest(staging));
+    AT_CHECK(at_manifest_write(staging));
     AT_CHECK(at_fsync_dir(staging));
     if (at_file_exists(out)) {
         /* Overwriting: move the old one aside so OUT is never half old, half new. */

@@ -3,11 +3,12 @@
  *
  *   at_export_begin   checks OUT (an existing OUT is refused unless
  *                     overwrite) and creates an empty staging folder
- *                     OUT.tmp-PID beside it;
+ *                     OUT.tmp-PID beside it (and removes the OUT.tmp-PID
+ *                     and OUT.old-PID of exports killed before they could);
  *   ...               the exporter writes its files into the staging folder
  *                     (each one atomically and fsynced);
  *   at_export_commit  writes MANIFEST.sha256 (sha256sum format, sorted by
- *                     name, the format train/run_files.h verifies), renames
+ *                     name: base/manifest.h), renames
  *                     the staging folder to OUT (an old OUT, when overwriting,
  *                     is moved aside first and removed after), fsyncs the
  *                     parent;
@@ -17,8 +18,6 @@
 
 #include <stdint.h>
 #include "base/status.h"
-
-#define AT_EXPORT_MANIFEST "MANIFEST.sha256"
 
 /* Starts an export to out_dir. *staging is a new string (caller frees): the
  * folder to write into. Refuses (AT_ERR_INVALID) an existing out_dir unless

@@ -126,6 +126,11 @@ at_status at_gen_seq_start(at_gen_seq *g, const int32_t *prompt, size_t n)
     at_tok_stream_free(g->stream);
     g->stream = NULL;
     AT_TRY(at_tok_stream_new(g->tok, 1, &g->stream));
+    for (size_t i = 0; g->p.continues_prompt && i < n; i++)
+        if (!at_tokenizer_is_special(g->tok, prompt[i])) {
+            at_tok_stream_continue(g->stream);
+            break;
+        }
     g->held.len = g->out.len = g->taken = 0;
     g->n_ids = 0;
     g->fin = AT_FINISH_NONE;

@@ -43,6 +43,9 @@ typedef struct at_gen_params {
     const int32_t *stop_ids;     /* stop tokens (copied); not part of the text */
     int n_stop_ids;
     at_adapter *adapter;         /* LoRA adapter applied unmerged (borrowed), NULL: the base model */
+    int continues_prompt;        /* the answer continues the prompt's text (completions, no chat template): its
+                                    first token keeps its leading space unless the prompt is only special tokens
+                                    (BOS); 0: a text of its own (a chat answer) */
 } at_gen_params;
 
 /* Defaults: greedy, no budget, no stops. */

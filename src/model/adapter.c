@@ -6,7 +6,11 @@
 #include <string.h>
 #include "base/file.h"
 #include "base/json.h"
+#include "base/manifest.h"
 #include "base/rng.h"
+#include "device/cpu/cpu_backend.h"
+#include "model/gguf.h"
+#include "model/qk_permute.h"
 #include "model/safetensors.h"
 
 static const char *const module_names[AT_MOD_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -217,9 +221,90 @@ done:
     return st;
 }
 
+/* at_adapter_load of a LoRA GGUF file (adapter.h). */
+static at_status load_gguf(const char *path, const at_model_config *cfg, at_backend *be, at_adapter **out)
+{
+    at_gguf *g = NULL;
+    at_adapter *a = NULL;
+    at_tensor *t = NULL;
+    at_status st = AT_OK;
+    AT_CHECK(at_gguf_open(path, &g));
+    const char *s = NULL;
+    size_t len = 0;
+    if (at_gguf_get_string(g, "general.type", &s, &len) != AT_OK || len != 7 || memcmp(s, "adapter", 7) != 0 ||
+        at_gguf_get_string(g, "adapter.type", &s, &len) != AT_OK || len != 4 || memcmp(s, "lora", 4) != 0) {
+        st = at_error(AT_ERR_FORMAT, "%s: not a LoRA adapter GGUF (general.type \"adapter\", adapter.type \"lora\")",
+                      path);
+        goto done;
+    }
+    double alpha = 0;
+    at_gguf_get_float(g, "adapter.lora.alpha", &alpha);
+    /* which modules are adapted, and the rank, from the lora_a tensors */
+    unsigned mask = 0;
+    int64_t rank = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++)
+        for (int m = 0; m < AT_MOD_COUNT; m++) {
+            char hf[160], base[160], name[200];
+            snprintf(hf, sizeof hf, "model.layers.%d.%s.%s.weight", l, at_module_parent((at_module)m), module_names[m]);
+            if (!at_gguf_name_from_hf(hf, base, sizeof base)) continue;
+            snprintf(name, sizeof name, "%s.lora_a", base);
+            const at_gguf_tensor_info *ti = at_gguf_find_tensor(g, name);
+            if (!ti) continue;
+            mask |= 1u << m;
+            if (!rank) rank = (int64_t)ti->ne[1];
+        }
+    if (!mask || rank < 1) {
+        st = at_error(AT_ERR_FORMAT, "%s: no LoRA tensors (blk.N.*.weight.lora_a) for this model's layers", path);
+        goto done;
+    }
+    /* llama.cpp: scale = alpha / rank, and 1 when no alpha is given */
+    AT_CHECK(adapter_alloc(cfg, be, (int)rank, alpha > 0 ? alpha : (double)rank, 0, 0, mask, &a));
+    int interleaved = at_gguf_qk_interleaved(g);
+    for (int l = 0; l < a->n_layers; l++)
+        for (int m = 0; m < AT_MOD_COUNT; m++) {
+            at_lora_pair *p = at_adapter_pair(a, l, (at_module)m);
+            if (!p->A) continue;
+            char hf[160], base[160], name[200];
+            snprintf(hf, sizeof hf, "model.layers.%d.%s.%s.weight", l, at_module_parent((at_module)m), module_names[m]);
+            at_gguf_name_from_hf(hf, base, sizeof base);
+            for (int w = 0; w < 2; w++) {
+                at_tensor *dst = w ? p->B : p->A;
+                snprintf(name, sizeof name, "%s.%s", base, w ? "lora_b" : "lora_a");
+                AT_CHECK(at_gguf_get_tensor(g, name, AT_F32, &t));
+                if (t->ndim != 2 || t->shape[0] != dst->shape[0] || t->shape[1] != dst->shape[1]) {
+                    st = at_error(AT_ERR_FORMAT, "%s: %s is [%lld, %lld], the model needs [%lld, %lld] (an adapter of "
+                                  "another model?)", path, name, (long long)t->shape[0],
+                                  (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)dst->shape[0],
+                                  (long long)dst->shape[1]);
+                    goto done;
+                }
+                if (w && interleaved && (m == AT_MOD_Q || m == AT_MOD_K)) {
+                    at_tensor *c = NULL; /* t maps the file: permute a copy */
+                    AT_CHECK(at_tensor_new(at_cpu_backend(), AT_F32, 2, t->shape, name, &c));
+                    memcpy(at_tensor_data(c), at_tensor_data(t), at_tensor_nbytes(t));
+                    at_tensor_free(t);
+                    t = c;
+                    AT_CHECK(at_qk_permute_tensor(t, m == AT_MOD_Q ? cfg->num_attention_heads : cfg->num_key_value_heads,
+                                                  AT_QK_TO_HALVES));
+                }
+                AT_CHECK(at_tensor_upload(dst, at_tensor_data(t), at_tensor_nbytes(t)));
+                at_tensor_free(t);
+                t = NULL;
+            }
+        }
+    *out = a;
+    a = NULL;
+done:
+    at_tensor_free(t);
+    at_adapter_free(a);
+    at_gguf_close(g);
+    return st;
+}
+
 at_status at_adapter_load(const char *dir, const at_model_config *cfg, at_backend *be, at_adapter **out)
 {
     *out = NULL;
+    if (!at_is_dir(dir) && at_file_exists(dir)) return load_gguf(dir, cfg, be, out);
     char *cfg_path = at_path_join(dir, "adapter_config.json");
     char *st_path = at_path_join(dir, "adapter_model.safetensors");
     cJSON *j = NULL;
@@ -230,6 +315,7 @@ at_status at_adapter_load(const char *dir, const at_model_config *cfg, at_backen
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
+    AT_CHECK(at_manifest_check(dir)); /* a checkpoint or export of ours: nothing changed since */
     AT_CHECK(at_json_parse_file(cfg_path, &j));
     const char *peft_type = NULL, *bias = NULL;
     if (at_json_get_string(j, "peft_type", cfg_path, &peft_type) == AT_OK && strcmp(peft_type, "LORA") != 0) {

@@ -70,6 +70,11 @@ at_status at_adapter_save(const at_adapter *a, const char *dir);
  * layers_to_transform subset are refused with a message); tensors checked
  * against cfg's shapes, by name. Tensors are converted to f32. */
 at_status at_adapter_load(const char *dir, const at_model_config *cfg, at_backend *be, at_adapter **out);
+/* `dir` may also be a LoRA GGUF file, as `anytune export --to gguf` writes it
+ * and llama.cpp reads it: general.type "adapter", adapter.type "lora",
+ * adapter.lora.alpha (scale = alpha / rank), tensors blk.N.<name>.weight.lora_a
+ * [r, in] and .lora_b [out, r] (q/k's lora_b rows in the interleaved RoPE
+ * order for general.architecture "llama", turned back here). */
 
 /* PEFT's tensor name for layer l, module m, "lora_A" or "lora_B". */
 void at_adapter_tensor_name(int layer, at_module m, const char *which, char *buf, size_t len);

@@ -389,7 +389,8 @@ at_status at_gguf_parse(const void *data, size_t size, const char *what, at_gguf
     g->bytes = data;
     g->size = size;
     g->alignment = AT_GGUF_DEFAULT_ALIGNMENT;
-    reader r = {.p = data, .end = (const uint8_t *)data + size, .what = g->what, .ar = &g->ar};
+    /* an empty file maps to NULL: no end pointer from it */
+    reader r = {.p = data, .end = data ? (const uint8_t *)data + size : NULL, .what = g->what, .ar = &g->ar};
     if (size < 4 || memcmp(data, "GGUF", 4) != 0) {
         st = at_error(AT_ERR_FORMAT, "%s: not a GGUF file (bad magic)", what);
         goto done;

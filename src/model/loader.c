@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "base/manifest.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "device/cpu/cpu_backend.h"
@@ -389,6 +390,12 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
         return at_error(AT_ERR_UNSUPPORTED, "%s: full fine-tuning trains every weight and cannot run on quantized "
                         "(%s) weights: train LoRA adapters over them (--train_type lora --quant_bits N), or load "
                         "without quantization", path, at_quant_name(o.quant));
+    /* A full fine-tuning checkpoint is checked against its manifest (an
+     * export's too would mean hashing a deployed model at every start). */
+    char *state = at_is_dir(path) ? at_path_join(path, "trainer_state.safetensors") : NULL;
+    at_status vst = state && at_file_exists(state) ? at_manifest_check(path) : AT_OK;
+    free(state);
+    AT_TRY(vst);
     at_backend *be = o.backend ? o.backend : at_cpu_backend();
     source *s = calloc(1, sizeof *s);
     if (!s) return at_error(AT_ERR_NOMEM, "loader: out of memory");

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/json.h"
+#include "data/records.h"
 
 static at_status bad(at_serve_request *r, const char *param, const char *fmt, const char *detail)
 {
@@ -178,6 +179,11 @@ at_status at_serve_request_parse(const char *body, size_t len, at_request_kind k
     r->sampling.temperature = 1.0f; /* OpenAI's default */
     cJSON *o = NULL;
     at_status st = AT_OK;
+    size_t bad_at = at_utf8_check(body, len);
+    if (bad_at != len) { /* JSON is UTF-8 (RFC 8259), and the dataset loader refuses it alike */
+        st = at_error(AT_ERR_FORMAT, "the request body is not valid UTF-8 (byte %zu)", bad_at);
+        goto done;
+    }
     AT_CHECK(at_json_parse(body, len, "request body", &o));
     if (!cJSON_IsObject(o)) {
         st = at_error(AT_ERR_FORMAT, "the request body must be a JSON object");
@@ -192,6 +198,20 @@ at_status at_serve_request_parse(const char *body, size_t len, at_request_kind k
         r->model = strdup(model->valuestring);
         if (!r->model) {
             st = at_error(AT_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    /* accepted by OpenAI's API but not implemented here: refused, never silently ignored */
+    static const char *const unsupported[] = {"tools", "tool_choice", "functions", "function_call", "response_format"};
+    for (size_t k = 0; k < sizeof unsupported / sizeof *unsupported; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, unsupported[k]);
+        const cJSON *type = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        int no_op = !v || cJSON_IsNull(v) || (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0) ||
+                    (cJSON_IsString(v) && !strcmp(v->valuestring, "none")) ||
+                    (cJSON_IsString(type) && !strcmp(type->valuestring, "text")); /* what is done anyway */
+        if (!no_op) {
+            st = bad(r, unsupported[k], "'%s' is not supported by this server%s", " (tool calls and structured "
+                     "output are not implemented yet; leave it out)");
             goto done;
         }
     }

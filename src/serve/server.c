@@ -78,12 +78,15 @@ static void make_id(at_server *s, at_request_kind kind, char *out, size_t cap)
              n & 0xffffffull);
 }
 
+/* finish_reason in OpenAI's values only (stop, length): an answer cut by the
+ * server's shutdown or an error is "length" (cut short), after an error event
+ * that says why. */
 static const char *finish_name(at_finish_reason f)
 {
-    if (f == AT_FINISH_CANCELLED) return "abort";
-    const char *n = at_finish_reason_name(f);
-    return n ? n : "stop";
+    return f == AT_FINISH_STOP ? "stop" : "length";
 }
+
+#define SHUTDOWN_MESSAGE "the server is shutting down: this answer was cut short"
 
 /* ---- streaming (server-sent events) ---------------------------------------------- */
 
@@ -146,6 +149,8 @@ static int stream_next(stream_ctx *c)
             if (nw.finish == AT_FINISH_ERROR)
                 ok = sse_add(c, at_resp_error(nw.error[0] ? nw.error : "generation failed", "server_error", NULL,
                                               NULL));
+            else if (nw.finish == AT_FINISH_CANCELLED)
+                ok = sse_add(c, at_resp_error(SHUTDOWN_MESSAGE, "server_error", NULL, NULL));
             if (ok)
                 ok = sse_add(c, at_resp_chunk(c->kind, c->id, c->created, c->model, 0, c->kind == AT_REQ_CHAT ? NULL : "",
                                               0, finish_name(nw.finish), NULL, 0));
@@ -292,6 +297,7 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
     gp.stop_ids = s->b->stop_ids;
     gp.n_stop_ids = s->b->n_stop_ids;
     gp.adapter = adapter;
+    gp.continues_prompt = kind != AT_REQ_CHAT;
     st = at_sampling_validate(&gp.sampling);
     if (st != AT_OK) {
         ret = reply_error(c, 400, at_last_error(), "invalid_request_error", NULL, NULL);
@@ -367,6 +373,8 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
     }
     if (nw.finish == AT_FINISH_ERROR) {
         ret = reply_error(c, 500, nw.error[0] ? nw.error : "generation failed", "server_error", NULL, NULL);
+    } else if (nw.finish == AT_FINISH_CANCELLED) {
+        ret = reply_error(c, 503, SHUTDOWN_MESSAGE, "server_error", NULL, NULL);
     } else {
         char id[64];
         make_id(s, kind, id, sizeof id);
@@ -556,6 +564,9 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 1 << 20;
     if (s->o.max_queue <= 0) s->o.max_queue = 64;
     if (s->o.max_connections <= 0) s->o.max_connections = 256;
+    if (s->o.max_connections_per_client <= 0)
+        s->o.max_connections_per_client = s->o.max_connections >= 4 ? s->o.max_connections / 4 : 1;
+    if (s->o.idle_timeout_s <= 0) s->o.idle_timeout_s = 30;
     s->name = strdup(o->served_model_name && o->served_model_name[0] ? o->served_model_name : b->name);
     s->api_key = o->api_key && o->api_key[0] ? strdup(o->api_key) : NULL;
     s->o.api_key = NULL;
@@ -586,7 +597,9 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
                                      MHD_USE_ITC,
                                  (uint16_t)o->port, NULL, NULL, handle, s, MHD_OPTION_SOCK_ADDR, &addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)s->o.max_connections, MHD_OPTION_END);
+                                 (unsigned)s->o.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 (unsigned)s->o.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)s->o.idle_timeout_s, MHD_OPTION_END);
     if (!s->daemon) {
         st = at_error(AT_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)", host, o->port);
         goto done;

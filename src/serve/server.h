@@ -36,6 +36,10 @@ typedef struct at_server_opts {
     size_t max_body_bytes;    /* 0: 1 MiB */
     int max_queue;            /* requests waiting for a slot; 0: 64 */
     int max_connections;      /* 0: 256 */
+    int max_connections_per_client; /* connections one client address may hold; 0: a quarter of max_connections,
+                                       so one client cannot take them all (and /health answers the others) */
+    int idle_timeout_s;       /* a connection with no byte from its client for this long (an idle keep-alive, a
+                                 stalled request) is closed; answers being generated do not count; 0: 30 */
     const char *api_key;      /* NULL: no authentication */
     const char *served_model_name; /* NULL: the bundle's name */
     const char *default_model;  /* the model of requests that name none: the base's name or an adapter's; NULL:
@@ -56,8 +60,8 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
 int at_server_port(const at_server *s);
 
 /* Graceful stop: stops accepting connections, lets requests in flight
- * finish for up to grace_s seconds (then cancels them; their streams end
- * with finish_reason "abort"), closes every connection, stops a running
+ * finish for up to grace_s seconds (then cancels them: a stream gets an
+ * error event and finish_reason "length", a whole answer a 503), closes every connection, stops a running
  * train job of the web UI (SIGTERM) and frees s. NULL ok. */
 void at_server_stop(at_server *s, double grace_s);
 

@@ -458,13 +458,14 @@ at_status at_tokenizer_from_arrays(const at_tokenizer_arrays *a, at_tokenizer **
                                        "tokenizer.ggml.merges"));
         }
     }
-    /* Token types: control tokens are special added tokens, user-defined
-     * ones plain added tokens (both split out before the model). */
+    /* Token types: control and unknown ("<unk>") tokens are special added
+     * tokens, user-defined ones plain added tokens (all split out before the
+     * model), as llama.cpp parses them and as Hugging Face lists "<unk>". */
     for (int32_t i = 0; a->token_types && i < n; i++) {
         int ty = a->token_types[i];
         if (ty == 2 && t->model.unk_id < 0) t->model.unk_id = i;
-        if (ty == 3 || ty == 4)
-            AT_CHECK(tok_add_token(t, t->model.vocab.str[i], t->model.vocab.len[i], i, ty == 3, 0, 0, 0, 0));
+        if (ty == 2 || ty == 3 || ty == 4)
+            AT_CHECK(tok_add_token(t, t->model.vocab.str[i], t->model.vocab.len[i], i, ty != 4, 0, 0, 0, 0));
     }
     if (a->unk_id >= 0 && a->unk_id < n) t->model.unk_id = a->unk_id;
     if (llama) {

@@ -397,6 +397,11 @@ at_status at_tok_stream_new(const at_tokenizer *t, int skip_special, at_tok_stre
     return AT_OK;
 }
 
+void at_tok_stream_continue(at_tok_stream *s)
+{
+    s->started = 1;
+}
+
 void at_tok_stream_free(at_tok_stream *s)
 {
     if (!s) return;

@@ -121,6 +121,10 @@ const char *at_tokenizer_pre_name(const at_tokenizer *t);
 typedef struct at_tok_stream at_tok_stream;
 
 at_status at_tok_stream_new(const at_tokenizer *t, int skip_special, at_tok_stream **out);
+/* The stream continues text that came before it (a completion of a prompt
+ * that holds more than BOS): its first token keeps its leading space, which
+ * only a text decoded from its start drops (SentencePiece's dummy prefix). */
+void at_tok_stream_continue(at_tok_stream *s);
 /* Adds id; *text and *len get the newly completed bytes (may be empty), owned by
  * the stream and valid until the next call. */
 at_status at_tok_stream_push(at_tok_stream *s, int32_t id, const char **text, size_t *len);

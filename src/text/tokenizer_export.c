@@ -263,7 +263,7 @@ at_status at_tokenizer_to_gguf(const at_tokenizer *t, at_tokenizer_gguf **out)
             st = at_error(AT_ERR_NOMEM, "tokenizer: out of memory");
             goto done;
         }
-        if ((int32_t)id == m->unk_id && !ad) type = AT_TOKTYPE_UNKNOWN;
+        if ((int32_t)id == m->unk_id && (!ad || ad->special)) type = AT_TOKTYPE_UNKNOWN; /* as llama.cpp types it */
         if (spm && type == AT_TOKTYPE_NORMAL)
             for (int b = 0; b < 256; b++)
                 if (m->byte_ids[b] == (int32_t)id) type = AT_TOKTYPE_BYTE;

@@ -6,18 +6,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "base/file.h"
 #include "base/log.h"
-#include "base/sha256.h"
-
-#define MANIFEST "MANIFEST.sha256"
+#include "base/manifest.h"
 
 at_status at_run_dir_create(const char *output_dir, char **out)
 {
     *out = NULL;
+    if (!output_dir || !output_dir[0])
+        return at_error(AT_ERR_INVALID, "--output_dir is empty: give the folder where runs go (default: output)");
     AT_TRY(at_mkdirs(output_dir));
     DIR *d = opendir(output_dir);
     if (!d) return at_error(AT_ERR_IO, "%s: cannot list: %s", output_dir, strerror(errno));
@@ -96,92 +97,10 @@ at_status at_ckpt_begin(const char *run_dir, int64_t step, char **tmp_dir)
     return st;
 }
 
-/* Sorted names of the regular files in dir (except the manifest). */
-static at_status list_files(const char *dir, char ***names, int *n)
-{
-    *names = NULL;
-    *n = 0;
-    DIR *d = opendir(dir);
-    if (!d) return at_error(AT_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
-    struct dirent *e;
-    int cap = 0;
-    at_status st = AT_OK;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.' || !strcmp(e->d_name, MANIFEST)) continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **nn = realloc(*names, (size_t)cap * sizeof *nn);
-            if (!nn) {
-                st = at_error(AT_ERR_NOMEM, "out of memory");
-                break;
-            }
-            *names = nn;
-        }
-        (*names)[(*n)++] = strdup(e->d_name);
-    }
-    closedir(d);
-    for (int i = 1; i < *n; i++) /* insertion sort: a handful of files */
-        for (int j = i; j > 0 && strcmp((*names)[j - 1], (*names)[j]) > 0; j--) {
-            char *t = (*names)[j];
-            (*names)[j] = (*names)[j - 1];
-            (*names)[j - 1] = t;
-        }
-    return st;
-}
-
-static void free_names(char **names, int n)
-{
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
-}
-
-static at_status fsync_file(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    int r = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (r != 0) return at_error(AT_ERR_IO, "%s: fsync failed: %s", path, strerror(e));
-    return AT_OK;
-}
-
 at_status at_ckpt_commit(const char *run_dir, int64_t step, const char *tmp_dir)
 {
-    char **names = NULL;
-    int n = 0;
-    char *manifest = NULL, *final_dir = NULL, *old_dir = NULL;
-    size_t cap = 4096, len = 0;
-    at_status st = list_files(tmp_dir, &names, &n);
-    if (st != AT_OK) goto done;
-    manifest = malloc(cap);
-    if (!manifest) {
-        st = at_error(AT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    manifest[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        char *p = at_path_join(tmp_dir, names[i]);
-        char hex[65];
-        st = p ? fsync_file(p) : at_error(AT_ERR_NOMEM, "out of memory");
-        if (st == AT_OK) st = at_sha256_file(p, hex);
-        free(p);
-        if (st != AT_OK) goto done;
-        size_t need = len + 64 + 2 + strlen(names[i]) + 2;
-        if (need > cap) {
-            while (cap < need) cap *= 2;
-            char *nm = realloc(manifest, cap);
-            if (!nm) {
-                st = at_error(AT_ERR_NOMEM, "out of memory");
-                goto done;
-            }
-            manifest = nm;
-        }
-        len += (size_t)sprintf(manifest + len, "%s  %s\n", hex, names[i]);
-    }
-    char *mpath = at_path_join(tmp_dir, MANIFEST);
-    st = mpath ? at_write_file_atomic(mpath, manifest, len) : at_error(AT_ERR_NOMEM, "out of memory");
-    free(mpath);
+    char *final_dir = NULL, *old_dir = NULL;
+    at_status st = at_manifest_write(tmp_dir);
     if (st != AT_OK) goto done;
     final_dir = ckpt_name(run_dir, step, "");
     old_dir = ckpt_name(run_dir, step, ".old");
@@ -202,61 +121,8 @@ at_status at_ckpt_commit(const char *run_dir, int64_t step, const char *tmp_dir)
     AT_CHECK(at_fsync_dir(run_dir));
     AT_CHECK(at_remove_tree(old_dir));
 done:
-    free_names(names, n);
-    free(manifest);
     free(final_dir);
     free(old_dir);
-    return st;
-}
-
-at_status at_ckpt_verify(const char *dir)
-{
-    char *mpath = at_path_join(dir, MANIFEST);
-    char *text = NULL;
-    char **names = NULL;
-    int n = 0, listed = 0;
-    at_status st = mpath ? at_read_file(mpath, &text, NULL) : at_error(AT_ERR_NOMEM, "out of memory");
-    if (st != AT_OK) {
-        st = at_error(AT_ERR_FORMAT, "%s: no readable %s: the checkpoint is incomplete", dir, MANIFEST);
-        goto done;
-    }
-    AT_CHECK(list_files(dir, &names, &n));
-    for (char *line = text; *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = '\0';
-        if (*line) {
-            if (strlen(line) < 67 || line[64] != ' ' || line[65] != ' ') {
-                st = at_error(AT_ERR_FORMAT, "%s: malformed line in %s", dir, MANIFEST);
-                goto done;
-            }
-            const char *fname = line + 66;
-            char *p = at_path_join(dir, fname);
-            char hex[65];
-            if (!p || strchr(fname, '/')) {
-                free(p);
-                st = at_error(AT_ERR_FORMAT, "%s: bad file name in %s", dir, MANIFEST);
-                goto done;
-            }
-            st = at_sha256_file(p, hex);
-            free(p);
-            if (st != AT_OK) {
-                st = at_error(AT_ERR_FORMAT, "%s: %s is listed in the manifest but missing", dir, fname);
-                goto done;
-            }
-            if (strncmp(hex, line, 64) != 0) {
-                st = at_error(AT_ERR_FORMAT, "%s: %s does not match its hash in the manifest (damaged)", dir, fname);
-                goto done;
-            }
-            listed++;
-        }
-        if (!nl) break;
-        line = nl + 1;
-    }
-    if (listed != n) st = at_error(AT_ERR_FORMAT, "%s: holds files that the manifest does not list", dir);
-done:
-    free(mpath);
-    free(text);
-    free_names(names, n);
     return st;
 }
 
@@ -304,7 +170,7 @@ at_status at_ckpt_find_last(const char *run_dir, char **dir, int64_t *step)
     for (int i = n - 1; i >= 0; i--) {
         char *p = ckpt_name(run_dir, steps[i], "");
         if (!p) break;
-        if (at_ckpt_verify(p) == AT_OK) {
+        if (at_manifest_verify(p) == AT_OK) {
             *dir = p;
             *step = steps[i];
             free(steps);
@@ -342,5 +208,191 @@ at_status at_ckpt_prune(const char *run_dir, int limit)
         free(p);
     }
     free(steps);
+    return st;
+}
+
+#define LOCK_NAME ".anytune.lock"
+
+/* The pid a lock file names, or 0. */
+static long lock_holder(int fd)
+{
+    char buf[32] = {0};
+    ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+    return r > 0 ? strtol(buf, NULL, 10) : 0;
+}
+
+at_status at_run_lock_take(const char *run_dir, at_run_lock *lk)
+{
+    lk->fd = -1;
+    lk->path = at_path_join(run_dir, LOCK_NAME);
+    if (!lk->path) return at_error(AT_ERR_NOMEM, "out of memory");
+    /* The file a lock is taken on must still be the one at the path: a
+     * releasing holder unlinks it, and a lock on the unlinked file would
+     * not exclude the next writer. */
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = open(lk->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0) {
+            at_status st = at_error(AT_ERR_IO, "%s: cannot open: %s", lk->path, strerror(errno));
+            free(lk->path);
+            lk->path = NULL;
+            return st;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            long pid = lock_holder(fd);
+            close(fd);
+            at_status st = e == EWOULDBLOCK
+                               ? at_error(AT_ERR_INVALID, "%s is in use by another anytune (pid %ld) writing this "
+                                          "run; wait for it to end or stop it first", run_dir, pid)
+                               : at_error(AT_ERR_IO, "%s: cannot lock: %s", lk->path, strerror(e));
+            free(lk->path);
+            lk->path = NULL;
+            return st;
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(lk->path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+            char pid[32];
+            int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+                /* the pid is only for the message of a refused writer: the lock holds without it */
+            }
+            lk->fd = fd;
+            return AT_OK;
+        }
+        close(fd); /* unlinked under us by a releasing holder: take the new file */
+    }
+    at_status st = at_error(AT_ERR_IO, "%s: cannot lock (the file keeps being replaced)", lk->path);
+    free(lk->path);
+    lk->path = NULL;
+    return st;
+}
+
+void at_run_lock_release(at_run_lock *lk)
+{
+    if (lk->fd >= 0 && lk->path) { /* path NULL: a zeroed lock never taken (fd 0 is not ours) */
+        unlink(lk->path); /* before the unlock: a waiter then finds the new file (see above) */
+        close(lk->fd);
+    }
+    lk->fd = -1;
+    free(lk->path);
+    lk->path = NULL;
+}
+
+/* The parent folder of a checkpoint folder (trailing '/' ignored); a new string. */
+static char *parent_of(const char *dir)
+{
+    char *p = strdup(dir);
+    if (!p) return NULL;
+    size_t l = strlen(p);
+    while (l > 1 && p[l - 1] == '/') p[--l] = '\0';
+    char *slash = strrchr(p, '/');
+    if (!slash) strcpy(p, ".");
+    else if (slash == p) slash[1] = '\0';
+    else *slash = '\0';
+    return p;
+}
+
+at_status at_run_find_resume(const char *output_dir, const char *spec, int versioned, char **run_dir, char **ckpt,
+                             int64_t *step)
+{
+    *run_dir = NULL;
+    *ckpt = NULL;
+    *step = 0;
+    if (!strcmp(spec, "last") && !versioned) {
+        *run_dir = strdup(output_dir);
+        if (!*run_dir) return at_error(AT_ERR_NOMEM, "out of memory");
+        at_status st = at_ckpt_find_last(*run_dir, ckpt, step);
+        if (st != AT_OK) {
+            free(*run_dir);
+            *run_dir = NULL;
+        }
+        return st;
+    }
+    if (strcmp(spec, "last") != 0) {
+        if (!at_is_dir(spec))
+            return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint %s: no such checkpoint folder (give a "
+                            "RUN/checkpoint-N folder, or 'last' for the newest run under --output_dir)", spec);
+        AT_TRY(at_manifest_verify(spec));
+        *ckpt = strdup(spec);
+        if (!*ckpt) return at_error(AT_ERR_NOMEM, "out of memory");
+        size_t l = strlen(*ckpt);
+        while (l > 1 && (*ckpt)[l - 1] == '/') (*ckpt)[--l] = '\0';
+        const char *base = strrchr(*ckpt, '/');
+        base = base ? base + 1 : *ckpt;
+        char *end = NULL;
+        long long s = strncmp(base, "checkpoint-", 11) == 0 ? strtoll(base + 11, &end, 10) : -1;
+        *step = end && end != base + 11 && *end == '\0' ? s : 0;
+        *run_dir = parent_of(*ckpt);
+        if (!*ckpt || !*run_dir) {
+            free(*ckpt);
+            free(*run_dir);
+            *ckpt = *run_dir = NULL;
+            return at_error(AT_ERR_NOMEM, "out of memory");
+        }
+        return AT_OK;
+    }
+    /* run folders v<N>-..., the highest N first */
+    DIR *d = opendir(output_dir);
+    if (!d)
+        return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint last: %s: no runs (%s)", output_dir,
+                        strerror(errno));
+    long *ns = NULL;
+    char **names = NULL;
+    int n = 0, cap = 0;
+    at_status st = AT_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        if (e->d_name[0] != 'v') continue;
+        long v = strtol(e->d_name + 1, &end, 10);
+        if (end == e->d_name + 1 || *end != '-') continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            long *nn = realloc(ns, (size_t)cap * sizeof *nn);
+            char **nm = nn ? realloc(names, (size_t)cap * sizeof *nm) : NULL;
+            if (nn) ns = nn;
+            if (nm) names = nm;
+            if (!nn || !nm) {
+                st = at_error(AT_ERR_NOMEM, "out of memory");
+                break;
+            }
+        }
+        if (!(names[n] = strdup(e->d_name))) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        ns[n++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* descending N */
+        for (int j = i; j > 0 && ns[j - 1] < ns[j]; j--) {
+            long t = ns[j];
+            ns[j] = ns[j - 1];
+            ns[j - 1] = t;
+            char *tn = names[j];
+            names[j] = names[j - 1];
+            names[j - 1] = tn;
+        }
+    st = st != AT_OK ? st : at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint last: no complete checkpoint in any run "
+                                                       "under %s", output_dir);
+    for (int i = 0; i < n && st != AT_OK && st != AT_ERR_NOMEM; i++) {
+        char *rd = at_path_join(output_dir, names[i]);
+        if (!rd) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        if (at_is_dir(rd) && at_ckpt_find_last(rd, ckpt, step) == AT_OK) {
+            if (i > 0)
+                at_log_warn("--resume_from_checkpoint last: the newest run, %s/%s, has no complete checkpoint; "
+                            "taking %s, if its options agree", output_dir, names[0], *ckpt);
+            *run_dir = rd;
+            st = AT_OK;
+            break;
+        }
+        free(rd);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(ns);
     return st;
 }

@@ -12,6 +12,7 @@
 #define AT_TRAIN_RUN_FILES_H
 
 #include <stdint.h>
+#include "base/manifest.h" /* at_manifest_verify checks a checkpoint */
 #include "base/status.h"
 
 /* Creates OUTPUT_DIR (and parents) and a fresh run folder in it named
@@ -28,10 +29,6 @@ at_status at_ckpt_begin(const char *run_dir, int64_t step, char **tmp_dir);
  * of that step), fsyncs RUN. */
 at_status at_ckpt_commit(const char *run_dir, int64_t step, const char *tmp_dir);
 
-/* Checks a checkpoint folder against its MANIFEST.sha256: every listed file
- * present with its hash, and no unlisted file. The error names the file. */
-at_status at_ckpt_verify(const char *dir);
-
 /* The complete checkpoint with the highest step in run_dir (a sealed folder
  * whose manifest verifies; damaged ones are skipped with a warning).
  * AT_ERR_NOT_FOUND when there is none. *dir is a new string (caller frees). */
@@ -40,6 +37,27 @@ at_status at_ckpt_find_last(const char *run_dir, char **dir, int64_t *step);
 /* Keeps the `limit` newest sealed checkpoints (limit <= 0: keep all), deleting
  * the others, plus any leftover *.tmp folder. */
 at_status at_ckpt_prune(const char *run_dir, int limit);
+
+/* One writer per run folder: an exclusive flock on RUN/.anytune.lock, which
+ * holds the writer's pid. The kernel drops the lock when the process dies,
+ * so the lock of a killed run never blocks; a second writer is refused with
+ * the holder's pid. Release removes the file. */
+typedef struct {
+    int fd;     /* -1: not held */
+    char *path; /* owned */
+} at_run_lock;
+
+at_status at_run_lock_take(const char *run_dir, at_run_lock *lk);
+void at_run_lock_release(at_run_lock *lk); /* safe on {-1, NULL}, on a zeroed lock, and twice */
+
+/* The checkpoint that --resume_from_checkpoint SPEC names: a checkpoint
+ * folder (its parent is the run), or "last": the newest complete checkpoint
+ * of the newest run under output_dir that has one (a newer run without one
+ * is named in a warning, never silently passed over); with versioned 0
+ * (--add_version false) output_dir is the run itself. *run_dir and *ckpt
+ * are new strings (caller frees). */
+at_status at_run_find_resume(const char *output_dir, const char *spec, int versioned, char **run_dir, char **ckpt,
+                             int64_t *step);
 
 /* rm -rf of one folder (no symlink following). */
 at_status at_remove_tree(const char *path);

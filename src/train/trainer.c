@@ -66,6 +66,8 @@ typedef struct {
     int max_length;       /* --max_length, or the model's context when unset (0) */
     at_decoder_acts *acts;
     char *run_dir;
+    int run_dir_new;      /* this process created run_dir (removed again when no step of it trained) */
+    at_run_lock lock;     /* rank 0's hold on run_dir */
     FILE *log;
     int64_t steps_per_epoch, total_steps, n_batches;
     int64_t tokens_seen;  /* input tokens trained on so far (kept across a resume) */
@@ -126,6 +128,7 @@ static void trainer_free(trainer *t)
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     if (t->log) fclose(t->log);
     if (t->devnull) fclose(t->devnull);
+    at_run_lock_release(&t->lock);
     free(t->run_dir);
     free(t->hist_step);
     free(t->hist_loss);
@@ -184,6 +187,7 @@ static at_status load_model(trainer *t)
     bo.template_name = a->template_name;
     bo.tokenizer = a->tokenizer;
     AT_TRY(at_bundle_load_text(&bo, &t->tok, &t->tmpl));
+    AT_TRY(at_bundle_check_vocab(t->tok, &t->dec->cfg, a->model));
     if (!t->tmpl && !a->template_name)
         at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
@@ -340,7 +344,7 @@ static at_status load_data(trainer *t)
     }
     if (a->pt) o.format = AT_FORMAT_TEXT;
     at_status st = at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds);
-    if (st == AT_OK) at_log_info("%s", t->ds->summary);
+    if (st == AT_OK && !t->ds->n_skipped) at_log_info("%s", t->ds->summary); /* with skips, the load warned with it */
     if (st == AT_OK && a->n_val_datasets) {
         o.split_ratio = 0;
         st = at_dataset_load(a->val_datasets, (size_t)a->n_val_datasets, &o, &t->val_ds);
@@ -565,63 +569,6 @@ static at_status save_checkpoint(trainer *t, int64_t step)
     return st;
 }
 
-/* The checkpoint to resume from: a folder, or "last" = the newest complete
- * checkpoint of the newest run under output_dir. *run_dir is its parent. */
-static at_status find_resume(const at_train_args *a, char **ckpt, char **run_dir)
-{
-    *ckpt = NULL;
-    *run_dir = NULL;
-    if (!strcmp(a->resume_from_checkpoint, "last") && !a->add_version) { /* the run is output_dir itself */
-        int64_t step;
-        *run_dir = strdup(a->output_dir);
-        if (!*run_dir) return at_error(AT_ERR_NOMEM, "out of memory");
-        return at_ckpt_find_last(*run_dir, ckpt, &step);
-    }
-    if (strcmp(a->resume_from_checkpoint, "last") != 0) {
-        AT_TRY(at_ckpt_verify(a->resume_from_checkpoint));
-        *ckpt = strdup(a->resume_from_checkpoint);
-        *run_dir = strdup(a->resume_from_checkpoint);
-        if (!*ckpt || !*run_dir) return at_error(AT_ERR_NOMEM, "out of memory");
-        char *slash = strrchr(*run_dir, '/');
-        size_t l = strlen(*run_dir);
-        while (slash && slash[1] == '\0' && l > 1) { /* trailing '/' */
-            (*run_dir)[--l] = '\0';
-            slash = strrchr(*run_dir, '/');
-        }
-        if (slash) *slash = '\0';
-        else strcpy(*run_dir, ".");
-        return AT_OK;
-    }
-    /* newest run folder first (v<N>- with the highest N) */
-    char cmd_dir[1024];
-    snprintf(cmd_dir, sizeof cmd_dir, "%s", a->output_dir);
-    long best = -1;
-    char best_name[256] = {0};
-    DIR *d = opendir(cmd_dir);
-    if (!d) return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint last: %s: no runs (%s)", cmd_dir, strerror(errno));
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        char *end;
-        if (e->d_name[0] != 'v') continue;
-        long n = strtol(e->d_name + 1, &end, 10);
-        if (end == e->d_name + 1 || *end != '-') continue;
-        char *rd = at_path_join(cmd_dir, e->d_name);
-        char *ck = NULL;
-        int64_t step;
-        if (rd && at_ckpt_find_last(rd, &ck, &step) == AT_OK && n > best) {
-            best = n;
-            snprintf(best_name, sizeof best_name, "%s", e->d_name);
-        }
-        free(ck);
-        free(rd);
-    }
-    closedir(d);
-    if (best < 0) return at_error(AT_ERR_NOT_FOUND, "--resume_from_checkpoint last: no complete checkpoint under %s", cmd_dir);
-    *run_dir = at_path_join(cmd_dir, best_name);
-    int64_t step;
-    return at_ckpt_find_last(*run_dir, ckpt, &step);
-}
-
 /* Keeps the lines of logging.jsonl up to `step` (a resumed run rewrites what came after). */
 static at_status truncate_log(const char *path, int64_t step)
 {
@@ -648,8 +595,11 @@ static at_status truncate_log(const char *path, int64_t step)
 static at_status resume(trainer *t, int64_t *start_step)
 {
     char *ckpt = NULL, *run_dir = NULL;
-    at_status st = find_resume(t->a, &ckpt, &run_dir);
+    int64_t ckpt_step = 0;
+    at_status st = at_run_find_resume(t->a->output_dir, t->a->resume_from_checkpoint, t->a->add_version, &run_dir, &ckpt, &ckpt_step);
     if (st != AT_OK) goto done;
+    /* the run is this process's to write from here: nothing is read or truncated before */
+    if (t->rank == 0 && (st = at_run_lock_take(run_dir, &t->lock)) != AT_OK) goto done;
     char *state = at_path_join(ckpt, "trainer_state.safetensors");
     at_st_file *f = NULL;
     st = at_st_open(state, &f);
@@ -668,6 +618,10 @@ static at_status resume(trainer *t, int64_t *start_step)
         if (lg && t->a->loss_scaling) t->good_steps = (int)strtol(lg, NULL, 10);
         at_st_close(f);
     }
+    if (st == AT_OK && *start_step >= t->total_steps)
+        st = at_error(AT_ERR_INVALID, "%s is finished: %s is step %lld of its %lld; nothing to resume (to train "
+                      "on from it, start a new run with %s %s)", run_dir, ckpt, (long long)*start_step,
+                      (long long)t->total_steps, t->a->full ? "--model" : "--adapters", ckpt);
     if (st == AT_OK && !t->a->full) {
         at_adapter *ad = NULL;
         st = at_adapter_load(ckpt, &t->dec->cfg, t->be, &ad);
@@ -887,6 +841,83 @@ static int due(const char *strategy, int every, int64_t done, const trainer *t)
     return every > 0 && done % every == 0;
 }
 
+/* The statistics of the logging interval under way. */
+typedef struct {
+    double loss, t0; /* sum of the steps' losses; when the interval began */
+    int steps;
+    int64_t tokens, tokens_run; /* the interval's input tokens; this process's so far */
+} log_interval;
+
+/* A step that makes its update: the optimizer step, the loss scale's growth,
+ * the statistics, the log line's fields (into `line`) and the evaluation. */
+static at_status step_update(trainer *t, cJSON *line, at_progress *bar, int64_t done, double loss, double norm,
+                             double lr, int64_t tokens, log_interval *iv, at_train_result *res, double *eval_now)
+{
+    const at_train_args *a = t->a;
+    AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->loss_scale));
+    if (a->loss_scaling && ++t->good_steps >= LOSS_SCALE_GROWTH_INTERVAL) {
+        t->loss_scale *= 2;
+        t->good_steps = 0;
+    }
+    AT_TRY(at_decoder_grads_zero(t->grads));
+    res->steps_trained++;
+    if (isnan(res->first_loss)) res->first_loss = loss;
+    res->last_loss = loss;
+    iv->loss += loss;
+    iv->steps++;
+    if (a->pref) at_pref_stats_add(&t->pref_interval, &t->pref_step);
+    iv->tokens += tokens;
+    iv->tokens_run += tokens;
+    t->tokens_seen += tokens;
+    if (done % a->logging_steps == 0 || done == t->total_steps || done == 1) {
+        double now = at_now_seconds();
+        double tps = (double)iv->tokens / (now - iv->t0 > 1e-9 ? now - iv->t0 : 1e-9);
+        cJSON_AddNumberToObject(line, "step", (double)done);
+        cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
+        cJSON_AddNumberToObject(line, "loss", iv->loss / iv->steps);
+        if (isnan(res->first_logged_loss)) res->first_logged_loss = iv->loss / iv->steps;
+        res->last_logged_loss = iv->loss / iv->steps;
+        if (a->pref) {
+            at_pref_stats_log(a->pref, &t->pref_interval, line);
+            memset(&t->pref_interval, 0, sizeof t->pref_interval);
+        }
+        cJSON_AddNumberToObject(line, "grad_norm", norm);
+        cJSON_AddNumberToObject(line, "lr", lr);
+        cJSON_AddNumberToObject(line, "tokens", (double)t->tokens_seen);
+        cJSON_AddNumberToObject(line, "tokens_per_s", round(tps * 10) / 10);
+        cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
+        AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
+                         iv->loss / iv->steps, lr));
+        char note[300];
+        int k = snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  "
+                         "%.0f tok/s", (long long)done, (long long)t->total_steps,
+                         (double)done / (double)t->steps_per_epoch, iv->loss / iv->steps, norm, lr, tps);
+        /* preference objectives: TRL's two figures a user watches */
+        const cJSON *acc = cJSON_GetObjectItem(line, "rewards/accuracies"),
+                    *mar = cJSON_GetObjectItem(line, "rewards/margins");
+        if (cJSON_IsNumber(acc) && cJSON_IsNumber(mar) && k > 0 && (size_t)k < sizeof note)
+            snprintf(note + k, sizeof note - (size_t)k, "  rewards/accuracies %.3f  rewards/margins %.4f",
+                     acc->valuedouble, mar->valuedouble);
+        at_progress_note(bar, note);
+        iv->loss = 0;
+        iv->steps = 0;
+        iv->tokens = 0;
+        iv->t0 = now;
+    }
+    if (t->rank == 0 && t->n_val && due(a->eval_strategy, a->eval_steps, done, t)) {
+        double el = NAN;
+        AT_TRY(evaluate(t, &el));
+        if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
+        cJSON_AddNumberToObject(line, "eval_loss", el);
+        AT_TRY(push_hist(&t->eval_step, &t->eval_loss, NULL, &t->n_eval, &t->cap_eval, done, el, 0));
+        char note[120];
+        snprintf(note, sizeof note, "step %lld/%lld  eval_loss %.4f", (long long)done, (long long)t->total_steps, el);
+        at_progress_note(bar, note);
+        *eval_now = el;
+    }
+    return AT_OK;
+}
+
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
 {
     const at_train_args *a = t->a;
@@ -896,9 +927,9 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     at_progress bar;
     at_progress_start(&bar, "train", t->total_steps, t->rank == 0 || !t->devnull ? stderr : t->devnull);
     at_progress_update(&bar, start_step, NULL);
-    double interval_loss = 0, t0 = at_now_seconds(), interval_t0 = t0;
-    int interval_steps = 0, nonfinite = 0;
-    int64_t interval_tokens = 0, tokens_run = 0;
+    double t0 = at_now_seconds();
+    log_interval interval = {0, t0, 0, 0, 0};
+    int nonfinite = 0;
     at_status st = AT_OK;
     res->first_loss = NAN;
     res->first_logged_loss = res->last_logged_loss = NAN;
@@ -910,12 +941,16 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     /* ANYTUNE_DEBUG_KILL_AFTER_STEP=N: the process kills itself (SIGKILL) right
      * after step N, as a crash would; ANYTUNE_DEBUG_TERM_AFTER_STEP=N: it sends
      * itself SIGTERM there, as a scheduler would. The resume tests use them
-     * (an outside signal would race a fast run). */
+     * (an outside signal would race a fast run). ANYTUNE_DEBUG_NONFINITE_FROM=N:
+     * step N and those after it have a non-finite loss, as a diverging run's
+     * (the tests of skipped steps). */
     const char *ks = getenv("ANYTUNE_DEBUG_KILL_AFTER_STEP"), *ts = getenv("ANYTUNE_DEBUG_TERM_AFTER_STEP");
+    const char *nf = getenv("ANYTUNE_DEBUG_NONFINITE_FROM");
     int64_t kill_after = ks ? strtoll(ks, NULL, 10) : 0, term_after = ts ? strtoll(ts, NULL, 10) : 0;
+    int64_t nonfinite_from = nf ? strtoll(nf, NULL, 10) : 0;
     for (int64_t step = start_step; step < t->total_steps && st == AT_OK; step++) {
         int64_t epoch = step / t->steps_per_epoch;
-        AT_TRY(plan_epoch(t, epoch));
+        if ((st = plan_epoch(t, epoch)) != AT_OK) break;
         /* this rank's run of the step's grad_accum · world micro-batches */
         int64_t step_first = (step % t->steps_per_epoch) * a->grad_accum * t->world;
         int64_t step_last = step_first + (int64_t)a->grad_accum * t->world;
@@ -926,7 +961,10 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         /* the batches of this step, and their supervised tokens */
         int nmicro = (int)(last - first);
         at_batch *batches = calloc((size_t)(nmicro ? nmicro : 1), sizeof *batches);
-        if (!batches) return at_error(AT_ERR_NOMEM, "out of memory");
+        if (!batches) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+            break;
+        }
         /* targets: supervised tokens; for preference objectives the step's pairs (the loss is their mean) */
         int64_t targets = 0, tokens = 0, nll_targets = 0;
         t->step_base = step_first;
@@ -968,114 +1006,63 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         if (st != AT_OK) break;
         double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
         if (a->pref) loss = at_pref_stats_loss(a->pref, &t->pref_step);
-        AT_TRY(at_optimizer_grad_norm(&t->opt, &norm));
+        if (nonfinite_from > 0 && step + 1 >= nonfinite_from) loss = NAN;
+        if ((st = at_optimizer_grad_norm(&t->opt, &norm)) != AT_OK) break;
         norm /= t->loss_scale; /* the gradients carry the loss scale */
         double lr = at_schedule_lr(&sched, step);
+        int64_t done = step + 1;
+        eval_now = NAN;
         cJSON *line = cJSON_CreateObject();
+        if (!line) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        const char *skipped = NULL; /* why this step made no update */
         if (a->loss_scaling && isfinite(loss) && !isfinite(norm) && t->loss_scale > 1) {
             /* Dynamic loss scaling (f16): an overflow halves the scale and the
              * step is retried from the next batch, as torch.cuda.amp.GradScaler. */
             t->loss_scale /= 2;
             t->good_steps = 0;
-            at_log_info("step %lld: gradient overflow: loss scale lowered to %g", (long long)step + 1, t->loss_scale);
-            cJSON_AddNumberToObject(line, "step", (double)(step + 1));
-            cJSON_AddBoolToObject(line, "skipped", 1);
-            cJSON_AddStringToObject(line, "reason", "loss scale overflow");
-            cJSON_AddNumberToObject(line, "loss_scale", t->loss_scale);
-            st = log_line(t, line);
-            cJSON_Delete(line);
-            if (st == AT_OK) st = at_decoder_grads_zero(t->grads);
-            continue;
-        }
-        if (!isfinite(loss) || !isfinite(norm)) {
+            at_log_info("step %lld: gradient overflow: loss scale lowered to %g", (long long)done, t->loss_scale);
+            skipped = "loss scale overflow";
+        } else if (!isfinite(loss) || !isfinite(norm)) {
             nonfinite++;
-            at_log_warn("step %lld: %s (loss %g, grad norm %g): update skipped", (long long)step + 1,
+            at_log_warn("step %lld: %s (loss %g, grad norm %g): update skipped", (long long)done,
                         targets ? "non-finite loss or gradient" : "no supervised token", loss, norm);
-            cJSON_AddNumberToObject(line, "step", (double)(step + 1));
+            skipped = targets ? "non-finite" : "no supervised token";
+        }
+        if (skipped) {
+            cJSON_AddNumberToObject(line, "step", (double)done);
             cJSON_AddBoolToObject(line, "skipped", 1);
-            cJSON_AddStringToObject(line, "reason", targets ? "non-finite" : "no supervised token");
-            st = log_line(t, line);
-            cJSON_Delete(line);
-            if (st == AT_OK) st = at_decoder_grads_zero(t->grads);
-            if (st == AT_OK && nonfinite >= a->max_nonfinite_steps)
+            cJSON_AddStringToObject(line, "reason", skipped);
+            if (!strcmp(skipped, "loss scale overflow")) cJSON_AddNumberToObject(line, "loss_scale", t->loss_scale);
+            st = at_decoder_grads_zero(t->grads);
+            if (st == AT_OK && nonfinite >= a->max_nonfinite_steps) {
+                char where[1100];
+                if (last_saved > 0) snprintf(where, sizeof where, "the last good checkpoint is %s/checkpoint-%lld",
+                                             t->run_dir ? t->run_dir : ".", (long long)last_saved);
+                else snprintf(where, sizeof where, "no checkpoint was saved");
                 st = at_error(AT_ERR_INVALID,
                               "stopping: %d steps in a row had a non-finite loss or gradient (lower the learning "
-                              "rate, or check the data); the last good checkpoint is in %s",
-                              nonfinite, t->run_dir);
-            continue;
-        }
-        nonfinite = 0;
-        AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->loss_scale));
-        if (a->loss_scaling && ++t->good_steps >= LOSS_SCALE_GROWTH_INTERVAL) {
-            t->loss_scale *= 2;
-            t->good_steps = 0;
-        }
-        AT_TRY(at_decoder_grads_zero(t->grads));
-        if (isnan(res->first_loss)) res->first_loss = loss;
-        res->last_loss = loss;
-        interval_loss += loss;
-        interval_steps++;
-        if (a->pref) at_pref_stats_add(&t->pref_interval, &t->pref_step);
-        interval_tokens += tokens;
-        tokens_run += tokens;
-        t->tokens_seen += tokens;
-        int64_t done = step + 1;
-        eval_now = NAN;
-        int log_now = done % a->logging_steps == 0 || done == t->total_steps || done == 1;
-        if (log_now) {
-            double now = at_now_seconds();
-            double tps = (double)interval_tokens / (now - interval_t0 > 1e-9 ? now - interval_t0 : 1e-9);
-            cJSON_AddNumberToObject(line, "step", (double)done);
-            cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
-            cJSON_AddNumberToObject(line, "loss", interval_loss / interval_steps);
-            if (isnan(res->first_logged_loss)) res->first_logged_loss = interval_loss / interval_steps;
-            res->last_logged_loss = interval_loss / interval_steps;
-            if (a->pref) {
-                at_pref_stats_log(a->pref, &t->pref_interval, line);
-                memset(&t->pref_interval, 0, sizeof t->pref_interval);
+                              "rate, or check the data and the model's weights); %s",
+                              nonfinite, where);
             }
-            cJSON_AddNumberToObject(line, "grad_norm", norm);
-            cJSON_AddNumberToObject(line, "lr", lr);
-            cJSON_AddNumberToObject(line, "tokens", (double)t->tokens_seen);
-            cJSON_AddNumberToObject(line, "tokens_per_s", round(tps * 10) / 10);
-            cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
-            AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
-                             interval_loss / interval_steps, lr));
-            char note[300];
-            int k = snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  "
-                             "%.0f tok/s", (long long)done, (long long)t->total_steps,
-                             (double)done / (double)t->steps_per_epoch, interval_loss / interval_steps, norm, lr, tps);
-            /* preference objectives: TRL's two figures a user watches */
-            const cJSON *acc = cJSON_GetObjectItem(line, "rewards/accuracies"),
-                        *mar = cJSON_GetObjectItem(line, "rewards/margins");
-            if (cJSON_IsNumber(acc) && cJSON_IsNumber(mar) && k > 0 && (size_t)k < sizeof note)
-                snprintf(note + k, sizeof note - (size_t)k, "  rewards/accuracies %.3f  rewards/margins %.4f",
-                         acc->valuedouble, mar->valuedouble);
-            at_progress_note(&bar, note);
-            interval_loss = 0;
-            interval_steps = 0;
-            interval_tokens = 0;
-            interval_t0 = now;
+        } else {
+            nonfinite = 0;
+            st = step_update(t, line, &bar, done, loss, norm, lr, tokens, &interval, res, &eval_now);
         }
-        if (t->rank == 0 && t->n_val && due(a->eval_strategy, a->eval_steps, done, t)) {
-            double el = NAN;
-            AT_TRY(evaluate(t, &el));
-            if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
-            cJSON_AddNumberToObject(line, "eval_loss", el);
-            AT_TRY(push_hist(&t->eval_step, &t->eval_loss, NULL, &t->n_eval, &t->cap_eval, done, el, 0));
-            char note[120];
-            snprintf(note, sizeof note, "step %lld/%lld  eval_loss %.4f", (long long)done, (long long)t->total_steps,
-                     el);
-            at_progress_note(&bar, note);
-            eval_now = el;
+        if (cJSON_GetObjectItem(line, "step")) {
+            at_status ls = log_line(t, line);
+            if (st == AT_OK) st = ls;
         }
-        if (cJSON_GetObjectItem(line, "step")) st = log_line(t, line);
         cJSON_Delete(line);
         char status[160];
-        snprintf(status, sizeof status, "loss %.4f lr %.2e %.0f tok/s mem %.0f MB", loss, lr,
-                 (double)tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
+        if (skipped) snprintf(status, sizeof status, "step skipped: %s", skipped);
+        else snprintf(status, sizeof status, "loss %.4f lr %.2e %.0f tok/s mem %.0f MB", loss, lr,
+                      (double)interval.tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
         at_progress_update(&bar, done, status);
-        if (st == AT_OK && t->rank == 0 &&
+        /* the last step is checkpointed even when skipped; nothing is, until a step has trained */
+        if (st == AT_OK && t->rank == 0 && (res->steps_trained > 0 || start_step > 0) &&
             (due(a->save_strategy, a->save_steps, done, t) || done == t->total_steps)) {
             st = save_checkpoint(t, done);
             last_saved = done;
@@ -1090,14 +1077,26 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
         if (term_after > 0 && done == term_after) raise(SIGTERM);
     }
     if (st == AT_OK && res->stopped_by && t->rank == 0) {
-        if (res->steps_done > last_saved) st = save_checkpoint(t, res->steps_done);
+        if (res->steps_done > last_saved && (res->steps_trained > 0 || start_step > 0)) {
+            st = save_checkpoint(t, res->steps_done);
+            last_saved = res->steps_done;
+        }
         const char *sig = res->stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
-        if (st == AT_OK && res->steps_done > 0)
+        if (st == AT_OK && last_saved == res->steps_done && last_saved > 0)
             at_log_warn("%s: stopped after step %lld of %lld, checkpoint-%lld saved; continue with "
                         "--resume_from_checkpoint last", sig, (long long)res->steps_done, (long long)t->total_steps,
                         (long long)res->steps_done);
         else if (st == AT_OK)
-            at_log_warn("%s: stopped before the first step finished: nothing to save", sig);
+            at_log_warn("%s: stopped before a step trained: nothing to save", sig);
+    }
+    if (st == AT_OK && !res->stopped_by && res->steps_trained == 0) {
+        char where[1100];
+        if (last_saved > 0) snprintf(where, sizeof where, "the weights are those of step %lld, in %s/checkpoint-%lld",
+                                     (long long)start_step, t->run_dir ? t->run_dir : ".", (long long)last_saved);
+        else snprintf(where, sizeof where, "nothing was saved");
+        st = at_error(AT_ERR_INVALID, "none of the %lld steps run made an update: every one was skipped (a non-finite "
+                      "loss or gradient, or no supervised token: check the model's weights and the data); %s",
+                      (long long)(res->steps_done - start_step), where);
     }
     at_progress_finish(&bar, NULL);
     res->train_seconds = at_now_seconds() - t0;
@@ -1108,6 +1107,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
 {
     trainer t;
     memset(&t, 0, sizeof t);
+    t.lock.fd = -1;
     t.a = a;
     memset(res, 0, sizeof *res);
     if (!out) out = stdout;
@@ -1121,6 +1121,8 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (a->load_best_model_at_end && a->eval_steps > 0 && (a->save_steps <= 0 || a->save_steps % a->eval_steps))
         return at_error(AT_ERR_INVALID, "--load_best_model_at_end: checkpoints must fall on evaluations: --save_steps "
                         "%d is not a multiple of --eval_steps %d", a->save_steps, a->eval_steps);
+    if (!a->output_dir || !a->output_dir[0])
+        return at_error(AT_ERR_INVALID, "--output_dir is empty: give the folder where runs go (default: output)");
     if (!(a->neftune_noise_alpha >= 0 && a->neftune_noise_alpha <= FLT_MAX))
         return at_error(AT_ERR_INVALID, "--neftune_noise_alpha %g must be finite and >= 0 (0: off)",
                         a->neftune_noise_alpha);
@@ -1165,7 +1167,12 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     } else if (t.rank == 0) {
         if (a->add_version) {
             AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
-        } else { /* --add_version false: the run is output_dir itself */
+            t.run_dir_new = 1;
+        } else { /* --add_version false: the run is output_dir itself (never removed) */
+            if (!a->output_dir[0]) {
+                st = at_error(AT_ERR_INVALID, "--output_dir is empty");
+                goto done;
+            }
             AT_CHECK(at_mkdirs(a->output_dir));
             t.run_dir = strdup(a->output_dir);
             if (!t.run_dir) {
@@ -1173,9 +1180,10 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
                 goto done;
             }
         }
+        AT_CHECK(at_run_lock_take(t.run_dir, &t.lock));
     }
     if (t.rank != 0) goto train; /* rank 0 writes the run's files and prints */
-    if (a->args_json) {
+    if (a->args_json && !a->resume_from_checkpoint) { /* a resumed run keeps its own */
         char *p = at_path_join(t.run_dir, "args.json");
         st = at_write_file_atomic(p, a->args_json, strlen(a->args_json));
         free(p);
@@ -1235,6 +1243,13 @@ train:;
         AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
     }
 done:
+    if (t.run_dir_new && res->steps_trained == 0 && (st != AT_OK || res->stopped_by)) {
+        /* a run that failed or stopped before its first update leaves no folder behind */
+        if (t.log) fclose(t.log);
+        t.log = NULL;
+        at_remove_tree(t.run_dir);
+        res->run_dir[0] = '\0';
+    }
     trainer_free(&t);
     return st;
 }

@@ -97,9 +97,10 @@ typedef struct {
 void at_train_args_defaults(at_train_args *a);
 
 typedef struct {
-    char run_dir[1024];
-    int64_t steps_done;
+    char run_dir[1024];     /* "" when the run made no update and its new folder was removed again */
+    int64_t steps_done;     /* the step reached (counting the steps of the checkpoint resumed from) */
     int64_t start_step;     /* the step a resumed run started from (0: a fresh run); steps_done - start_step ran here */
+    int64_t steps_trained;  /* updates this process made (skipped steps not counted) */
     double last_loss;
     double first_loss;
     double first_logged_loss, last_logged_loss; /* the first and last logged losses (interval means, as
@@ -111,7 +112,9 @@ typedef struct {
                                its last step: resume with --resume_from_checkpoint last); 0: it ran to the end */
 } at_train_result;
 
-/* Runs the whole training. Progress goes to stderr, the answers of the
+/* Runs the whole training. A run that fails, or stops, before any step made
+ * an update removes the run folder it created (nothing in it is worth
+ * keeping); a run where no step trained is an error. Progress goes to stderr, the answers of the
  * preview prompts to `out` (stdout when NULL). While the steps run, SIGTERM
  * and SIGINT stop it at the next step boundary with a checkpoint (returns
  * AT_OK with res->stopped_by set; a second signal kills the process). */
