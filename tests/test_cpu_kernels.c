@@ -196,7 +196,7 @@ static void test_elementwise(void)
     free(x);
 }
 
-/* ---- sumsq / softmax ---- */
+/* ---- sumsq / log-sum-exp ---- */
 
 static void test_reductions(void)
 {
@@ -216,7 +216,8 @@ static void test_reductions(void)
         at_tensor_free(tx);
     }
     free(x);
-    /* softmax rows wider than a chunk whose max grows from chunk to chunk */
+    /* rows wider than a chunk whose max grows from chunk to chunk: the online
+     * log-sum-exp of cross-entropy (its gradient is softmax − onehot) */
     int64_t shp[2] = {3, 5000};
     float *l = rnd(shp[0] * shp[1], 8);
     for (int64_t j = 0; j < shp[1]; j++) l[shp[1] + j] += 0.01f * (float)j; /* row 1: max at the end */
@@ -225,23 +226,26 @@ static void test_reductions(void)
         float *lv = malloc(sizeof(float) * 15000);
         memcpy(lv, l, sizeof(float) * 15000);
         at_tensor *tl = mk(dts[ti], 2, shp, lv);
-        at_tensor *ty = mk(AT_F32, 2, shp, NULL);
-        CHECK_OK(at_softmax(ty, tl));
+        static const int32_t lab0[3] = {0, 0, 0}; /* the onehot in column 0: compared from column 1 */
+        at_tensor *ty = mk(AT_F32, 2, shp, NULL), *tlab = mk_i32(1, shp, lab0), *loss = mk(AT_F32, 1, shp, NULL);
+        CHECK_OK(at_cross_entropy(loss, ty, tl, tlab, 1.0f));
         float *y = at_tensor_data(ty);
         double md = 0;
         for (int64_t r = 0; r < shp[0]; r++) {
             double m = -INFINITY, s = 0;
             for (int64_t j = 0; j < shp[1]; j++) m = fmax(m, lv[r * shp[1] + j]);
             for (int64_t j = 0; j < shp[1]; j++) s += exp(lv[r * shp[1] + j] - m);
-            for (int64_t j = 0; j < shp[1]; j++) {
+            for (int64_t j = 1; j < shp[1]; j++) {
                 double w = exp(lv[r * shp[1] + j] - m) / s;
                 md = fmax(md, fabs(y[r * shp[1] + j] - w) / fmax(w, 1e-30) * (w > 1e-30));
             }
         }
-        CHECK_MSG(md < 2e-5, "softmax %s rel err %g", at_dtype_name(dts[ti]), md);
+        CHECK_MSG(md < 2e-5, "softmax of cross_entropy %s rel err %g", at_dtype_name(dts[ti]), md);
         CHECK(y[2 * shp[1] + 7] == 0);
         at_tensor_free(tl);
         at_tensor_free(ty);
+        at_tensor_free(tlab);
+        at_tensor_free(loss);
         free(lv);
     }
     free(l);

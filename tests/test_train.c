@@ -109,8 +109,9 @@ static double adam_ratio_bound(double b1, double b2, int t)
  * by a different amount in the other; the step is not a well-conditioned
  * function of the gradient and nothing below the step itself bounds the
  * difference (such elements differed by 3.6e-5, ~4% of lr, with AVX2 sums).
- * So this test runs AdamW with eps = 1, where the step is Lipschitz in the
- * gradient, and takes for E the budget the grad_norm comparison allows
+ * So this test runs AdamW with eps = 0.5 (--adam_epsilon stays below 1), where
+ * the step is Lipschitz in the gradient, and takes for E the budget the
+ * grad_norm comparison allows
  * (relative 1e-4 of the clipped gradient's norm, ≤ max_grad_norm; an element
  * differs by no more than the vector does). Gradients that differ at step t
  * also move the parameters of step t+1; that effect is of the order of
@@ -127,13 +128,13 @@ static void test_accumulation(const char *root)
     a.batch_size = 4;
     a.grad_accum = 1;
     a.max_steps = 3;
-    a.adam_epsilon = 1;
+    a.adam_epsilon = 0.5;
     CHECK_OK(at_train_run(&a, stdout, &r1));
     base_args(&a, out2);
     a.batch_size = 1;
     a.grad_accum = 4;
     a.max_steps = 3;
-    a.adam_epsilon = 1;
+    a.adam_epsilon = 0.5;
     CHECK_OK(at_train_run(&a, stdout, &r2));
     expect_same_logs(r2.run_dir, r1.run_dir, 3, 1e-5, grad_tol, NULL);
     /* the bound of the comment above, with lr_t ≤ lr (the schedule only lowers it) */

@@ -3,7 +3,7 @@
 static const char *const op_names[] = {
     "matmul", "add", "scale", "axpy", "fill", "cast", "sum_rows", "rmsnorm_forward", "rmsnorm_backward",
     "rope", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
-    "embedding_forward", "embedding_backward", "softmax", "cross_entropy", "adamw", "sumsq",
+    "embedding_forward", "embedding_backward", "cross_entropy", "adamw", "sumsq",
     "dropout", "add_uniform_noise",
 };
 

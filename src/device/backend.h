@@ -56,7 +56,6 @@ typedef struct at_backend_ops {
                                  const at_tensor *up);
     at_status (*embedding_forward)(at_tensor *y, const at_tensor *ids, const at_tensor *table);
     at_status (*embedding_backward)(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
-    at_status (*softmax)(at_tensor *y, const at_tensor *x);
     at_status (*cross_entropy)(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
                                const at_tensor *labels, float grad_scale);
     at_status (*adamw)(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v,

@@ -646,26 +646,6 @@ at_status at_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at
     return fb_finish(&f, st);
 }
 
-at_status at_softmax(at_tensor *y, const at_tensor *x)
-{
-    const char *op = "softmax";
-    AT_TRY(need(y, op, "output"));
-    AT_TRY(need(x, op, "x"));
-    AT_TRY(need_float(y, op));
-    AT_TRY(need_float(x, op));
-    AT_TRY(need_numel(y, at_tensor_numel(x), op));
-    at_backend *be = y->buf->backend;
-    AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, softmax, y, x);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->softmax(h[0], h[1]);
-    return fb_finish(&f, st);
-}
-
 at_status at_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
                            const at_tensor *labels, float grad_scale)
 {

@@ -98,9 +98,6 @@ at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
 at_status at_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table);
 at_status at_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
 
-/* Row-wise softmax over the last dimension (numerically stable). */
-at_status at_softmax(at_tensor *y, const at_tensor *x);
-
 /* Cross-entropy over the last dimension, loss and gradient in one pass.
  * logits: [N, V]; labels: i32 [N], a label < 0 (e.g. −100) is ignored.
  *   row_loss[n] = logsumexp(logits[n]) − logits[n, label]   (0 when ignored), f32 [N]

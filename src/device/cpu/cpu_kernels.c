@@ -28,7 +28,6 @@ static const at_backend_ops table = {
     .swiglu_backward = at_cpu_swiglu_backward,
     .embedding_forward = at_cpu_embedding_forward,
     .embedding_backward = at_cpu_embedding_backward,
-    .softmax = at_cpu_softmax,
     .cross_entropy = at_cpu_cross_entropy,
     .adamw = at_cpu_adamw,
     .sumsq = at_cpu_sumsq,

@@ -4,10 +4,10 @@
 #include <string.h>
 #include "device/cpu/cpu_simd.h"
 
-/* Both kernels make two passes over each row, chunk by chunk (rows can be a
+/* The kernel makes two passes over each row, chunk by chunk (rows can be a
  * 151936-entry vocabulary): pass 1 finds m = max and s = Σ exp(x − m) online
  * (when a chunk raises the max, s is rescaled by exp(old − new)); pass 2
- * writes exp(x − m)/s, or for cross-entropy the gradient. Rows go to threads. */
+ * writes the gradient. Rows go to threads. */
 
 /* Online max and sum of exponentials of one row; returns log Σ exp(x). */
 static float row_logsumexp(const at_cpu_simd *v, float *buf, const void *px, at_dtype t, int64_t off, int64_t V)
@@ -45,28 +45,6 @@ static void store1(void *p, at_dtype t, int64_t i, float x)
     case AT_F16: ((uint16_t *)p)[i] = at_f32_to_f16(x); break;
     default: ((float *)p)[i] = x; break;
     }
-}
-
-/* y = exp(x − lse) with lse = log Σ exp(x), row by row. */
-at_status at_cpu_softmax(at_tensor *y, const at_tensor *x)
-{
-    const at_cpu_simd *v = at_cpu_simd_get();
-    int64_t rows = at_tensor_rows(x), V = at_tensor_cols(x);
-    const void *px = at_tensor_data(x);
-    void *py = at_tensor_data(y);
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * V >= AT_CPU_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
-        float lse = row_logsumexp(v, bx, px, x->dtype, r * V, V);
-        for (int64_t c0 = 0; c0 < V; c0 += AT_CPU_CHUNK) {
-            int64_t len = V - c0 < AT_CPU_CHUNK ? V - c0 : AT_CPU_CHUNK, off = r * V + c0;
-            const float *xi = at_cpu_in(v, bx, px, x->dtype, off, len);
-            float *o = at_cpu_out(by, py, y->dtype, off);
-            v->exp_scale(o, xi, lse, 1.0f, len);
-            at_cpu_out_done(v, o, py, y->dtype, off, len);
-        }
-    }
-    return AT_OK;
 }
 
 /*   row_loss[n] = logsumexp(logits[n]) − logits[n, label]

@@ -258,7 +258,6 @@ static at_status open_device(const at_cuda_host_api *host, int index, cu_device 
         o->swiglu_backward = cu_swiglu_backward;
         o->embedding_forward = cu_embedding_forward;
         o->embedding_backward = cu_embedding_backward;
-        o->softmax = cu_softmax;
         o->cross_entropy = cu_cross_entropy;
         o->adamw = cu_adamw;
         o->sumsq = cu_sumsq;

@@ -195,8 +195,7 @@ at_status cu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, con
 /* cuda_embedding.cu */
 at_status cu_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table);
 at_status cu_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
-/* cuda_loss.cu: softmax, and cross-entropy fused with the softmax over the vocabulary. */
-at_status cu_softmax(at_tensor *y, const at_tensor *x);
+/* cuda_loss.cu: cross-entropy fused with the softmax over the vocabulary. */
 at_status cu_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
                            const at_tensor *labels, float grad_scale);
 /* cuda_optim.cu */

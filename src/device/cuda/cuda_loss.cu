@@ -1,14 +1,13 @@
-/* Softmax and cross-entropy (fused with the softmax over the vocabulary) on
- * the CUDA backend.
+/* Cross-entropy (fused with the softmax over the vocabulary) on the CUDA
+ * backend.
  *
  * One block per row (rows spread over the grid), two passes over the row and
  * no probability tensor: pass 1 finds m = max and s = Σ exp(x − m) online
  * (each thread over its strided elements, rescaling s when its max rises;
  * then the block combines the threads' (m, s) pairs), giving
  * lse = m + log s; pass 2 writes
- *   softmax:        y = exp(x − lse)
- *   cross-entropy:  dlogits = grad_scale · (exp(x − lse) − onehot(label)),
- *                   row_loss = lse − x[label]
+ *   dlogits = grad_scale · (exp(x − lse) − onehot(label)),
+ *   row_loss = lse − x[label]
  * An ignored label (< 0) gives row_loss 0 and a zero dlogits row. A label
  * ≥ V is an error (the CPU kernel's message), but the host does not wait for
  * it here: the kernel records the first one in a deferred-check word
@@ -58,8 +57,6 @@ static __device__ __forceinline__ float block_lse(float m, float s, float *red)
     return mb == -INFINITY ? -INFINITY : mb + logf(sb);
 }
 
-/* ---- softmax ---- */
-
 /* Pass 1 of a row: the thread's (m, s) over its elements. */
 static __device__ __forceinline__ void row_online(const void *x, int tx, int64_t off, int64_t V, int vec, float &m,
                                                   float &s)
@@ -69,34 +66,6 @@ static __device__ __forceinline__ void row_online(const void *x, int tx, int64_t
         at_cu_loadw(x, tx, off + j, v, w);
         for (int k = 0; k < w; k++) online_add(m, s, v[k]);
     });
-}
-
-static __global__ void k_softmax(void *y, int ty, const void *x, int tx, int64_t rows, int64_t V, int vec)
-{
-    __shared__ float red[32];
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        int64_t off = r * V;
-        float m = -INFINITY, s = 0.0f;
-        row_online(x, tx, off, V, vec, m, s);
-        float lse = block_lse(m, s, red);
-        at_cu_for_row(V, vec, [&](int64_t j, int w) {
-            float v[AT_VEC];
-            at_cu_loadw(x, tx, off + j, v, w);
-            for (int k = 0; k < w; k++) v[k] = expf(v[k] - lse);
-            at_cu_storew(y, ty, off + j, v, w);
-        });
-    }
-}
-
-at_status cu_softmax(at_tensor *y, const at_tensor *x)
-{
-    cuda_ctx *c = cu_ctx(y);
-    int64_t rows = cu_rows(x), V = cu_cols(x);
-    if (rows == 0 || V == 0) return AT_OK;
-    int vec = V % AT_VEC == 0 && cu_aligned16(cu_ptr(y)) && cu_aligned16(cu_ptr(x));
-    AT_LAUNCH(k_softmax, row_grid(rows), row_threads(V), 0, c->stream, cu_ptr(y), (int)y->dtype, cu_ptr(x),
-              (int)x->dtype, rows, V, vec);
-    return cu_launched(c, "softmax");
 }
 
 /* ---- cross-entropy ---- */

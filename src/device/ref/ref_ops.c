@@ -368,25 +368,6 @@ done:
     return st;
 }
 
-/* ---- softmax over the last dimension ---- */
-at_status at_ref_softmax(at_tensor *y, const at_tensor *x)
-{
-    double *X = NULL;
-    at_status st = AT_OK;
-    int64_t rows = at_tensor_rows(x), C = at_tensor_cols(x);
-    AT_CHECK(at_ref_load(x, "softmax", &X));
-    for (int64_t r = 0; r < rows; r++) {
-        double *xr = X + r * C, mx = -INFINITY, sum = 0;
-        for (int64_t i = 0; i < C; i++) mx = xr[i] > mx ? xr[i] : mx;
-        for (int64_t i = 0; i < C; i++) sum += exp(xr[i] - mx);
-        for (int64_t i = 0; i < C; i++) xr[i] = exp(xr[i] - mx) / sum;
-    }
-    AT_CHECK(at_ref_store(y, X, "softmax"));
-done:
-    free(X);
-    return st;
-}
-
 /* ---- cross-entropy ----
  *   row_loss[n] = logsumexp(x[n]) − x[n, label]            (0 when label < 0)
  *   dlogits[n]  = grad_scale · (softmax(x[n]) − onehot(label)) (0 when label < 0)
@@ -531,7 +512,6 @@ static const at_backend_ops ref_ops = {
     .swiglu_backward = at_ref_swiglu_backward,
     .embedding_forward = at_ref_embedding_forward,
     .embedding_backward = at_ref_embedding_backward,
-    .softmax = at_ref_softmax,
     .cross_entropy = at_ref_cross_entropy,
     .adamw = at_ref_adamw,
     .sumsq = at_ref_sumsq,

@@ -50,7 +50,6 @@ at_status at_ref_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tens
                                  const at_tensor *up);
 at_status at_ref_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table);
 at_status at_ref_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
-at_status at_ref_softmax(at_tensor *y, const at_tensor *x);
 at_status at_ref_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
                                const at_tensor *labels, float grad_scale);
 at_status at_ref_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v,
