@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "base/file.h"
 #include "base/json.h"
@@ -115,6 +116,16 @@ static void test_files(void)
     CHECK_FAILS(at_map_file("/nonexistent/file.bin", &m), AT_ERR_IO);
     CHECK(strstr(at_last_error(), "/nonexistent/file.bin") != NULL);
     CHECK_FAILS(at_map_file(sub, &m), AT_ERR_IO); /* a directory */
+    CHECK(strstr(at_last_error(), "a folder, not a regular file") != NULL);
+    /* a FIFO with no writer: refused by both readers, without hanging in open() */
+    char *fifo = at_path_join(dir, "fifo");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_FAILS(at_map_file(fifo, &m), AT_ERR_IO);
+    CHECK(strstr(at_last_error(), "pipe or socket, not a regular file") != NULL);
+    CHECK_FAILS(at_read_file(fifo, &data, &len), AT_ERR_IO);
+    CHECK(strstr(at_last_error(), "pipe or socket, not a regular file") != NULL);
+    unlink(fifo);
+    free(fifo);
     unlink(file);
     free(file);
     free(sub);

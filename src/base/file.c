@@ -9,22 +9,36 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Opens path for reading and stats it; anything but a regular file (a folder,
+ * a device such as /dev/zero, a FIFO, a socket) is refused. O_NONBLOCK: a FIFO
+ * must not hang the open before it can be refused. On success *fd is the
+ * caller's to close. */
+static at_status open_regular(const char *path, int *fd, struct stat *sb)
+{
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (*fd < 0) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(*fd, sb) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return at_error(AT_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb->st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return at_error(AT_ERR_IO, "%s: %s, not a regular file", path,
+                        S_ISDIR(sb->st_mode) ? "a folder" : "a device, pipe or socket");
+    }
+    return AT_OK;
+}
+
 at_status at_map_file(const char *path, at_mapped_file *out)
 {
     memset(out, 0, sizeof *out);
     out->fd = -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return at_error(AT_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return at_error(AT_ERR_IO, "%s: not a regular file", path);
-    }
+    AT_TRY(open_regular(path, &fd, &sb));
     if (sb.st_size > 0) {
         void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -52,20 +66,9 @@ void at_unmap_file(at_mapped_file *m)
 at_status at_read_file(const char *path, char **out, size_t *len)
 {
     *out = NULL;
-    /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return at_error(AT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return at_error(AT_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return at_error(AT_ERR_IO, "%s: %s, not a regular file", path, S_ISDIR(sb.st_mode) ? "a folder" : "a device, "
-                        "pipe or socket");
-    }
+    AT_TRY(open_regular(path, &fd, &sb));
     if (sb.st_size > AT_READ_FILE_MAX) {
         close(fd);
         return at_error(AT_ERR_FORMAT, "%s: %lld bytes, over the %d MiB that a file read whole may have", path,
