@@ -13,43 +13,58 @@
 #define MR 6
 #define NR 16
 
+/* p[0..4) = alpha·v + beta·p (p not read when beta is 0) */
+static inline void store4(float *p, float32x4_t v, float alpha, float beta)
+{
+    float32x4_t r = vmulq_n_f32(v, alpha);
+    if (beta != 0.0f) r = vfmaq_n_f32(r, vld1q_f32(p), beta);
+    vst1q_f32(p, r);
+}
+
 static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m, int n,
                        float alpha, float beta)
 {
     const float *ap = ap_, *bp = bp_;
-    float32x4_t acc[MR][4];
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vdupq_n_f32(0.0f);
+    /* named accumulators: an array of them is kept in memory by GCC (its
+     * address escapes to the stores at the end), costing 12 stores per k */
+#define Z(i) float32x4_t c##i##0 = vdupq_n_f32(0), c##i##1 = c##i##0, c##i##2 = c##i##0, c##i##3 = c##i##0;
+    Z(0) Z(1) Z(2) Z(3) Z(4) Z(5)
+#undef Z
     for (int64_t k = 0; k < kc; k++) {
         float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8), b3 = vld1q_f32(bp + 12);
         float32x4_t a0 = vld1q_f32(ap);
         float32x2_t a1 = vld1_f32(ap + 4);
-        /* acc[i][j] += a[i] * b_j, a[i] from lane i of a0 (i < 4) or i - 4 of a1 */
+        /* c_ij += a[i] * b_j, a[i] from lane i of a0 (i < 4) or i - 4 of a1 */
 #define ROW(i, fma, av, lane)                                                                                          \
-    acc[i][0] = fma(acc[i][0], b0, av, lane);                                                                          \
-    acc[i][1] = fma(acc[i][1], b1, av, lane);                                                                          \
-    acc[i][2] = fma(acc[i][2], b2, av, lane);                                                                          \
-    acc[i][3] = fma(acc[i][3], b3, av, lane);
+    c##i##0 = fma(c##i##0, b0, av, lane);                                                                              \
+    c##i##1 = fma(c##i##1, b1, av, lane);                                                                              \
+    c##i##2 = fma(c##i##2, b2, av, lane);                                                                              \
+    c##i##3 = fma(c##i##3, b3, av, lane);
         ROW(0, vfmaq_laneq_f32, a0, 0) ROW(1, vfmaq_laneq_f32, a0, 1) ROW(2, vfmaq_laneq_f32, a0, 2)
         ROW(3, vfmaq_laneq_f32, a0, 3) ROW(4, vfmaq_lane_f32, a1, 0) ROW(5, vfmaq_lane_f32, a1, 1)
 #undef ROW
         ap += MR;
         bp += NR;
     }
-    if (ct == AT_F32 && m == MR && n == NR) {
+    if (ct == AT_F32 && m == MR && n == NR) { /* a whole f32 tile: straight from the registers */
         float *cr = c;
-        for (int i = 0; i < MR; i++) {
-            float *p = cr + i * ldc;
-            for (int j = 0; j < 4; j++) {
-                float32x4_t r = vmulq_n_f32(acc[i][j], alpha);
-                if (beta != 0.0f) r = vfmaq_n_f32(r, vld1q_f32(p + 4 * j), beta);
-                vst1q_f32(p + 4 * j, r);
-            }
-        }
+#define S(i)                                                                                                           \
+    store4(cr + i * ldc, c##i##0, alpha, beta);                                                                        \
+    store4(cr + i * ldc + 4, c##i##1, alpha, beta);                                                                    \
+    store4(cr + i * ldc + 8, c##i##2, alpha, beta);                                                                    \
+    store4(cr + i * ldc + 12, c##i##3, alpha, beta);
+        S(0) S(1) S(2) S(3) S(4) S(5)
+#undef S
         return;
     }
     float t[MR * NR];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < 4; j++) vst1q_f32(t + i * NR + 4 * j, acc[i][j]);
+#define T(i)                                                                                                           \
+    vst1q_f32(t + i * NR, c##i##0);                                                                                    \
+    vst1q_f32(t + i * NR + 4, c##i##1);                                                                                \
+    vst1q_f32(t + i * NR + 8, c##i##2);                                                                                \
+    vst1q_f32(t + i * NR + 12, c##i##3);
+    T(0) T(1) T(2) T(3) T(4) T(5)
+#undef T
     at_gemm_store_tile(t, NR, c, ct, ldc, m, n, alpha, beta);
 }
 
