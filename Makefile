@@ -33,6 +33,7 @@ run: setup $(BUILD)/anytune
 test: setup-test
 	$(MAKE) test-release
 	$(MAKE) test-asan
+	scripts/test_aarch64.sh --quick
 
 test-release: $(BUILD)/anytune
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
