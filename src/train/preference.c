@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
+#include "train/objective.h"
 
 _Static_assert(sizeof(at_pref_stats) == AT_PREF_STATS_N * sizeof(double), "at_pref_stats is summed as an array");
 
@@ -434,6 +435,17 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
                                    const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
                                    double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats)
 {
+    at_fwd_opts o = {dropout, seed, acts->dropout_first_row, acts->neftune_alpha, acts->neftune_columns};
+    return at_pref_forward_backward_opts(c, p, idx, n, d, acts, ids, pos, labels, &o, step_pairs, step_nll_targets,
+                                         scale, g, stats);
+}
+
+at_status at_pref_forward_backward_opts(const at_pref_config *c, const at_pref_pairs *p, const size_t *idx, size_t n,
+                                        at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                        const at_tensor *pos, const at_tensor *labels, const at_fwd_opts *fwd,
+                                        double step_pairs, double step_nll_targets, double scale,
+                                        at_decoder_grads *g, at_pref_stats *stats)
+{
     if (acts->B != (int)(2 * n))
         return at_error(AT_ERR_INVALID, "%s step: %zu pairs need %zu rows, the activations have %d",
                         c->name ? c->name : "preference", n, 2 * n, acts->B);
@@ -445,7 +457,7 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    AT_CHECK(at_decoder_forward_train(d, acts, ids, pos, NULL, dropout, seed));
+    AT_CHECK(at_decoder_forward_train_opts(d, acts, ids, pos, NULL, fwd));
     /* each row's Σ −log p and its target count. With LoRA the same pass
      * leaves the gradient of every row's loss sum at `scale` and the rows are
      * weighted afterwards (at_decoder_loss_scale_rows: one pass over the
@@ -524,3 +536,101 @@ at_status at_pref_evaluate(const at_pref_config *c, const at_pref_pairs *p, at_d
     eval_ctx e = {c, p, d, stats};
     return each_batch(d, p, batch_pairs, pad, eval_batch, &e);
 }
+
+/* ---- the objective (train/objective.h): dpo, cpo, simpo, orpo ---- */
+
+static at_status obj_prepare(at_objective *o, const at_obj_data_env *env, const at_sample_list *train,
+                             const at_sample_list *val)
+{
+    at_pref_pairs *pp = calloc(2, sizeof *pp); /* [0] train, [1] val */
+    if (!pp) return at_error(AT_ERR_NOMEM, "out of memory");
+    o->impl = pp;
+    AT_TRY(at_pref_pairs_encode(train, env->enc, env->strict, "train", &pp[0]));
+    if (val->n) AT_TRY(at_pref_pairs_encode(val, env->enc, env->strict, "eval", &pp[1]));
+    if (pp[0].n == 0) return at_error(AT_ERR_INVALID, "no preference pair left after encoding (see the warnings above)");
+    /* the batch plan runs over pairs, by the longer side of each */
+    o->n_train = pp[0].n;
+    o->train_len = pp[0].len;
+    o->n_val = pp[1].n;
+    o->val_len = pp[1].len;
+    return AT_OK;
+}
+
+static at_status obj_reference(at_objective *o, at_decoder *ref, int batch_items, int32_t pad)
+{
+    at_pref_pairs *pp = o->impl;
+    AT_TRY(at_pref_reference(ref, &pp[0], batch_items, pad));
+    if (pp[1].n) AT_TRY(at_pref_reference(ref, &pp[1], batch_items, pad));
+    return AT_OK;
+}
+
+/* A plan row is one pair: the pairs of plan batch b from its item u0 on. */
+static const size_t *plan_pairs(const at_batch_plan *plan, size_t b, size_t u0)
+{
+    return plan->items + plan->row_start[plan->batch_start[b]] + u0;
+}
+
+/* counts[0]: the batch's pairs (the loss is their mean over the step);
+ * counts[1]: their chosen replies' targets (the NLL term's token mean) */
+static at_status obj_build(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
+                           double *counts)
+{
+    const at_pref_pairs *pp = o->impl;
+    size_t n = plan->batch_start[b + 1] - plan->batch_start[b];
+    const size_t *pairs = plan_pairs(plan, b, 0);
+    AT_TRY(at_pref_batch_build(&pp[0], pairs, n, pad, out));
+    counts[0] = (double)n;
+    counts[1] = 0;
+    for (size_t i = 0; i < n; i++) counts[1] += (double)pp[0].n_c[pairs[i]];
+    return AT_OK;
+}
+
+static at_status obj_forward_backward(at_objective *o, at_decoder *d, at_decoder_acts *acts, const at_obj_micro *m,
+                                      at_decoder_grads *g, double *stats)
+{
+    const at_pref_pairs *pp = o->impl;
+    return at_pref_forward_backward_opts(o->pref, &pp[0], plan_pairs(m->plan, m->b, m->u0), m->u1 - m->u0, d, acts,
+                                         m->t->ids, m->t->pos, m->t->labels, &m->fwd, m->step_counts[0],
+                                         m->step_counts[1], m->scale, g, (at_pref_stats *)stats);
+}
+
+static double obj_loss(const at_objective *o, const double *stats, const double *counts)
+{
+    (void)counts;
+    return at_pref_stats_loss(o->pref, (const at_pref_stats *)stats);
+}
+
+static void obj_log(const at_objective *o, const double *stats, cJSON *line)
+{
+    at_pref_stats_log(o->pref, (const at_pref_stats *)stats, line);
+}
+
+static at_status obj_evaluate(at_objective *o, const at_obj_eval_env *env, double *loss)
+{
+    at_pref_pairs *pp = o->impl;
+    at_pref_stats s;
+    at_decoder_acts_free(*env->acts); /* the evaluation makes its own */
+    *env->acts = NULL;
+    AT_TRY(at_pref_evaluate(o->pref, &pp[1], env->d, (int)env->batch.batch_size, env->pad, &s));
+    *loss = at_pref_stats_loss(o->pref, &s);
+    return AT_OK;
+}
+
+static int obj_needs_reference(const at_objective *o) { return at_pref_needs_reference(o->pref); }
+
+static void obj_free(at_objective *o)
+{
+    at_pref_pairs *pp = o->impl;
+    if (!pp) return;
+    at_pref_pairs_free(&pp[0]);
+    at_pref_pairs_free(&pp[1]);
+    free(pp);
+}
+
+const at_objective_ops at_objective_preference = {
+    .name = "preference", .rows_per_item = 2, .n_counts = 2, .n_stats = AT_PREF_STATS_N, .packs = 0,
+    .plain_text = 0, .prepare = obj_prepare, .needs_reference = obj_needs_reference,
+    .reference = obj_reference, .build = obj_build,
+    .forward_backward = obj_forward_backward, .loss = obj_loss, .log = obj_log, .evaluate = obj_evaluate,
+    .free = obj_free,
+};

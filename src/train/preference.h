@@ -165,6 +165,14 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
                                    const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
                                    double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats);
 
+/* The same with the forward's options as an argument (model/decoder.h at_fwd_opts);
+ * at_pref_forward_backward reads first_row and NEFTune's fields from acts. */
+at_status at_pref_forward_backward_opts(const at_pref_config *c, const at_pref_pairs *p, const size_t *idx, size_t n,
+                                        at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                        const at_tensor *pos, const at_tensor *labels, const at_fwd_opts *fwd,
+                                        double step_pairs, double step_nll_targets, double scale,
+                                        at_decoder_grads *g, at_pref_stats *stats);
+
 /* Loss terms of every pair of p (batch_pairs at a time, no dropout, no
  * gradients) summed into *stats (zeroed first): the evaluation. Its own
  * activations as at_pref_reference's (with the LoRA intermediates of d's
