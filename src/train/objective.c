@@ -14,6 +14,7 @@ static const struct {
     {"cpo", &at_objective_preference},
     {"simpo", &at_objective_preference},
     {"orpo", &at_objective_preference},
+    {"kto", &at_objective_kto},
 };
 
 at_status at_objective_open(const char *name, const at_pref_config *pref, at_objective **out)

@@ -131,6 +131,6 @@ at_status at_objective_open(const char *name, const at_pref_config *pref, at_obj
 void at_objective_free(at_objective *o); /* NULL ok */
 
 /* The objectives' tables (one file each). */
-extern const at_objective_ops at_objective_sft, at_objective_pt, at_objective_preference;
+extern const at_objective_ops at_objective_sft, at_objective_pt, at_objective_preference, at_objective_kto;
 
 #endif

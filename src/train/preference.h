@@ -46,7 +46,7 @@
 #include "data/encode.h"
 #include "model/decoder.h"
 
-typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO } at_pref_objective;
+typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO, AT_PREF_KTO } at_pref_objective;
 typedef enum { AT_PREF_SIGMOID = 0, AT_PREF_IPO, AT_PREF_HINGE, AT_PREF_SIMPO } at_pref_loss_type;
 
 /* "sigmoid", "ipo", "hinge", "simpo". */
@@ -68,19 +68,21 @@ typedef struct {
     double rpo_alpha;           /* --rpo_alpha (dpo; 0: off, TRL's and ms-swift's None) */
     double cpo_alpha;           /* --cpo_alpha (cpo and simpo: 1, ms-swift's; 0 otherwise) */
     double simpo_gamma;         /* --simpo_gamma (loss_type simpo: 1, ms-swift's; 0 otherwise) */
-    const char *ref_model;      /* --ref_model (dpo only); NULL: the policy's base */
+    const char *ref_model;      /* --ref_model (dpo and kto); NULL: the policy's base */
+    double desirable_weight;    /* kto: --desirable_weight (1), the weight of desirable examples' losses */
+    double undesirable_weight;  /* kto: --undesirable_weight (1) */
 } at_pref_config;
 
 /* The defaults of --rlhf_type name, as ms-swift's: dpo (β 0.1, sigmoid),
  * simpo (cpo with loss_type simpo, β 2, γ 1, cpo_alpha 1), cpo (β 0.1,
- * sigmoid, cpo_alpha 1), orpo (β 0.1). Another of ms-swift's types (kto, rm,
- * ppo, grpo, gkd) is AT_ERR_UNSUPPORTED, anything else AT_ERR_INVALID; both
- * messages list what this build has. */
+ * sigmoid, cpo_alpha 1), orpo (β 0.1), kto (β 0.1, weights 1; train/kto.h).
+ * Another of ms-swift's types (rm, ppo, grpo, gkd) is AT_ERR_UNSUPPORTED,
+ * anything else AT_ERR_INVALID; both messages list what this build has. */
 at_status at_pref_config_init(at_pref_config *c, const char *name);
 /* AT_ERR_INVALID naming the option when a value is out of range or does not
  * apply to the objective (--ref_model with a reference-free one, ...). */
 at_status at_pref_config_check(const at_pref_config *c);
-/* Whether the objective compares with a reference model (dpo). */
+/* Whether the objective compares with a reference model (dpo, kto). */
 int at_pref_needs_reference(const at_pref_config *c);
 /* Whether π is the mean log-prob over the reply's tokens (else the sum). */
 int at_pref_averaged(const at_pref_config *c);
