@@ -49,6 +49,7 @@ static void trainer_free(trainer *t)
     at_dataset_free(t->val_ds);
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     if (t->log) fclose(t->log);
+    at_tb_close(&t->tb);
     if (t->devnull) fclose(t->devnull);
     at_run_lock_release(&t->lock);
     free(t->run_dir);

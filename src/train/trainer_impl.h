@@ -20,6 +20,7 @@
 #include "train/objective.h"
 #include "train/optimizer.h"
 #include "train/run_files.h"
+#include "train/tensorboard.h"
 #include "train/text_pipeline.h"
 #include "train/trainer.h"
 
@@ -44,6 +45,7 @@ typedef struct {
     int run_dir_new;      /* this process created run_dir (removed again when no step of it trained) */
     at_run_lock lock;     /* rank 0's hold on run_dir */
     FILE *log;
+    at_tb_writer tb;      /* --report_to tensorboard (rank 0): every logged scalar */
     int64_t steps_per_epoch, total_steps, n_batches;
     int64_t tokens_seen;  /* input tokens trained on so far (kept across a resume) */
     at_loss_scaler scaler;
@@ -91,9 +93,11 @@ typedef struct {
     int64_t tokens, tokens_run; /* the interval's input tokens; this process's so far */
 } at_log_interval;
 
-/* Opens RUN/logging.jsonl for appending (rank 0). */
+/* Opens RUN/logging.jsonl for appending (rank 0), and with --report_to
+ * tensorboard a new event file in RUN/runs. */
 at_status at_trainer_log_open(at_trainer *t);
-/* Appends line to logging.jsonl (nothing on ranks other than 0). */
+/* Appends line to logging.jsonl, and its numbers to the event file
+ * (nothing on ranks other than 0). */
 at_status at_trainer_log_line(at_trainer *t, cJSON *line);
 /* Adds the updated step `done`'s interval fields to line (step, epoch, loss,
  * the objective's, grad_norm, lr, tokens, ...), its point of the loss curve

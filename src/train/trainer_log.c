@@ -47,6 +47,14 @@ at_status at_trainer_log_open(at_trainer *t)
     t->log = logp ? fopen(logp, "a") : NULL;
     free(logp);
     if (!t->log) return at_error(AT_ERR_IO, "%s/logging.jsonl: cannot open: %s", t->run_dir, strerror(errno));
+    const char *r = t->a->report_to;
+    if (r && (!strcmp(r, "tensorboard") || !strcmp(r, "all"))) {
+        char *runs = at_path_join(t->run_dir, "runs");
+        if (!runs) return at_error(AT_ERR_NOMEM, "out of memory");
+        at_status st = at_tb_open(&t->tb, runs);
+        free(runs);
+        AT_TRY(st);
+    }
     return AT_OK;
 }
 
@@ -58,7 +66,8 @@ at_status at_trainer_log_line(at_trainer *t, cJSON *obj)
     fprintf(t->log, "%s\n", s);
     free(s);
     if (fflush(t->log) != 0) return at_error(AT_ERR_IO, "%s/logging.jsonl: write failed: %s", t->run_dir, strerror(errno));
-    return AT_OK;
+    if (!t->tb.f) return AT_OK;
+    return at_tb_write_scalars(&t->tb, (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(obj, "step")), obj);
 }
 
 at_status at_trainer_log_step(at_trainer *t, cJSON *line, at_progress *bar, int64_t done, double norm, double lr,
