@@ -279,6 +279,13 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *acts, const at_tensor 
  * refused. */
 at_status at_decoder_loss_scale_rows(at_decoder_acts *acts, const at_decoder_grads *g, const float *row_scale);
 
+/* For objectives whose loss reads the final hidden states themselves (a
+ * reward model's score head) rather than the LM head's logits: sets dL/d
+ * final_norm to host[B·T·hidden] (f32, row-major like final_norm), so that
+ * at_decoder_backward can follow as after at_decoder_loss. Needs activations
+ * made with AT_ACTS_TRAIN and a forward done. */
+at_status at_decoder_set_d_final(at_decoder_acts *acts, const float *host);
+
 /* Backward of the last forward, from the d_final left by at_decoder_loss:
  * adds the gradients to g (LoRA dA/dB, or every weight for full FT).
  * With AT_ACTS_CHECKPOINT each layer's activations are recomputed first. */

@@ -617,6 +617,16 @@ at_status at_decoder_loss_scale_rows(at_decoder_acts *a, const at_decoder_grads 
 
 /* ---- backward ------------------------------------------------------------------------------ */
 
+at_status at_decoder_set_d_final(at_decoder_acts *a, const float *host)
+{
+    if (!(a->flags & AT_ACTS_TRAIN) || !a->d_final.buf)
+        return at_error(AT_ERR_INVALID, "decoder: setting dL/d final_norm needs activations made with AT_ACTS_TRAIN");
+    if (!a->forward_done) return at_error(AT_ERR_INVALID, "decoder: setting dL/d final_norm before a forward");
+    AT_TRY(at_tensor_upload(&a->d_final, host, at_tensor_nbytes(&a->d_final)));
+    a->loss_done = 1;
+    return AT_OK;
+}
+
 at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grads *g)
 {
     const at_model_config *c = &d->cfg;

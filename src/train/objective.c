@@ -15,6 +15,7 @@ static const struct {
     {"simpo", &at_objective_preference},
     {"orpo", &at_objective_preference},
     {"kto", &at_objective_kto},
+    {"rm", &at_objective_rm},
 };
 
 at_status at_objective_open(const char *name, const at_pref_config *pref, at_objective **out)

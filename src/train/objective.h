@@ -91,6 +91,18 @@ typedef struct {
      * n_train, train_len, n_val, val_len. */
     at_status (*prepare)(at_objective *o, const at_obj_data_env *env, const at_sample_list *train,
                          const at_sample_list *val);
+    /* NULL: nothing. Else called once the model (and its adapter) is set,
+     * before the optimizer: the objective makes the tensors of its own (a
+     * reward model's score head), random ones from seed. */
+    at_status (*attach)(at_objective *o, at_decoder *d, uint64_t seed);
+    /* NULL: none. Else its own trainable tensors and their gradients
+     * (trained, clipped and summed over ranks with the decoder's): up to cap
+     * into out; returns how many there are. */
+    int (*trainables)(at_objective *o, at_param_grad *out, int cap);
+    /* NULL: nothing. Else writes its own trained tensors into a checkpoint
+     * folder, and reads them back from one (resume). */
+    at_status (*save)(const at_objective *o, const char *dir);
+    at_status (*load)(at_objective *o, const char *dir);
     /* NULL or 0: the objective is reference-free. Else `reference` computes
      * its reference log-probs of every item under ref (no dropout),
      * batch_items at a time, once, before training. */
@@ -131,6 +143,7 @@ at_status at_objective_open(const char *name, const at_pref_config *pref, at_obj
 void at_objective_free(at_objective *o); /* NULL ok */
 
 /* The objectives' tables (one file each). */
-extern const at_objective_ops at_objective_sft, at_objective_pt, at_objective_preference, at_objective_kto;
+extern const at_objective_ops at_objective_sft, at_objective_pt, at_objective_preference, at_objective_kto,
+    at_objective_rm;
 
 #endif

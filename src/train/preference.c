@@ -26,7 +26,7 @@ at_status at_pref_loss_type_parse(const char *name, at_pref_loss_type *out)
                     name ? name : "(none)");
 }
 
-#define BUILD_HAS "this build has dpo, simpo, cpo, orpo and kto"
+#define BUILD_HAS "this build has dpo, simpo, cpo, orpo, kto and rm"
 
 at_status at_pref_config_init(at_pref_config *c, const char *name)
 {
@@ -54,12 +54,15 @@ at_status at_pref_config_init(at_pref_config *c, const char *name)
     } else if (name && !strcmp(name, "kto")) {
         c->objective = AT_PREF_KTO;
         c->name = "kto";
+    } else if (name && !strcmp(name, "rm")) {
+        c->objective = AT_PREF_RM;
+        c->name = "rm";
     } else {
-        static const char *const others[] = {"rm", "ppo", "grpo", "gkd"};
+        static const char *const others[] = {"ppo", "grpo", "gkd"};
         for (size_t i = 0; name && i < sizeof others / sizeof others[0]; i++)
             if (!strcmp(name, others[i]))
                 return at_error(AT_ERR_UNSUPPORTED, "--rlhf_type %s: not in this build (%s)", name, BUILD_HAS);
-        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has rm, ppo, grpo, gkd)",
+        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has ppo, grpo, gkd)",
                         name ? name : "(none)", BUILD_HAS);
     }
     return AT_OK;
@@ -81,10 +84,11 @@ at_status at_pref_config_check(const at_pref_config *c)
 {
     const char *n = c->name ? c->name : "dpo";
     if (!(c->beta > 0) || !isfinite(c->beta)) return at_error(AT_ERR_INVALID, "--beta %g must be > 0", c->beta);
-    if ((unsigned)c->objective > AT_PREF_KTO || (unsigned)c->loss_type > AT_PREF_SIMPO)
+    if ((unsigned)c->objective > AT_PREF_RM || (unsigned)c->loss_type > AT_PREF_SIMPO)
         return at_error(AT_ERR_INVALID, "preference objective %d / loss_type %d: out of range", (int)c->objective,
                         (int)c->loss_type);
-    if ((c->objective == AT_PREF_ORPO || c->objective == AT_PREF_KTO) && c->loss_type != AT_PREF_SIGMOID)
+    if ((c->objective == AT_PREF_ORPO || c->objective == AT_PREF_KTO || c->objective == AT_PREF_RM) &&
+        c->loss_type != AT_PREF_SIGMOID)
         return at_error(AT_ERR_INVALID, "--loss_type %s does not apply to --rlhf_type %s (it has one loss)",
                         at_pref_loss_type_name(c->loss_type), n);
     if (!(c->desirable_weight >= 0 && isfinite(c->desirable_weight)) ||
@@ -93,11 +97,16 @@ at_status at_pref_config_check(const at_pref_config *c)
                         c->desirable_weight, c->undesirable_weight);
     if (c->objective != AT_PREF_KTO && (c->desirable_weight != 1 || c->undesirable_weight != 1))
         return at_error(AT_ERR_INVALID, "--desirable_weight and --undesirable_weight are kto's (not %s)", n);
+    if (!(c->center_rewards_coefficient >= 0 && isfinite(c->center_rewards_coefficient)))
+        return at_error(AT_ERR_INVALID, "--center_rewards_coefficient %g must be finite and >= 0",
+                        c->center_rewards_coefficient);
+    if (c->center_rewards_coefficient > 0 && c->objective != AT_PREF_RM)
+        return at_error(AT_ERR_INVALID, "--center_rewards_coefficient is rm's (not %s)", n);
     if (c->objective == AT_PREF_DPO && c->loss_type == AT_PREF_SIMPO)
         return at_error(AT_ERR_INVALID, "--loss_type simpo is reference-free: use --rlhf_type simpo (or cpo)");
     if (!(c->label_smoothing >= 0 && c->label_smoothing < 0.5))
         return at_error(AT_ERR_INVALID, "--label_smoothing %g must be in [0, 0.5)", c->label_smoothing);
-    if (c->label_smoothing > 0 && (c->objective == AT_PREF_ORPO || c->objective == AT_PREF_KTO ||
+    if (c->label_smoothing > 0 && (c->objective == AT_PREF_ORPO || c->objective >= AT_PREF_KTO ||
                                    (c->loss_type != AT_PREF_SIGMOID && c->loss_type != AT_PREF_SIMPO)))
         return at_error(AT_ERR_INVALID, "--label_smoothing applies to the sigmoid and simpo losses of dpo, cpo and "
                         "simpo only (not %s with loss_type %s)", n, at_pref_loss_type_name(c->loss_type));
@@ -106,7 +115,7 @@ at_status at_pref_config_check(const at_pref_config *c)
     if (c->rpo_alpha > 0 && c->objective != AT_PREF_DPO)
         return at_error(AT_ERR_INVALID, "--rpo_alpha is DPO's; %s weighs the chosen replies' NLL with %s", n,
                         c->objective == AT_PREF_ORPO  ? "1 (its SFT term)"
-                        : c->objective == AT_PREF_KTO ? "nothing (it has no NLL term)"
+                        : c->objective >= AT_PREF_KTO ? "nothing (it has no NLL term)"
                                                       : "--cpo_alpha");
     if (!(c->cpo_alpha >= 0) || !isfinite(c->cpo_alpha))
         return at_error(AT_ERR_INVALID, "--cpo_alpha %g must be >= 0", c->cpo_alpha);

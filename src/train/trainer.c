@@ -14,6 +14,7 @@
 #include "device/registry.h"
 #include "infer/bundle.h"
 #include "model/loader.h"
+#include "ops/ops.h"
 #include "train/preview.h"
 #include "train/stop_signal.h"
 #include "train/train_options.h"
@@ -327,6 +328,16 @@ static uint64_t dropout_seed(const trainer *t, int64_t step)
     return at_rng_mix(t->a->seed * 0x9e3779b97f4a7c15ull, (uint64_t)step);
 }
 
+/* Every gradient to zero: the decoder's and the objective's own (the first
+ * t->opt.n - n of t->opt.params are the decoder's). */
+static at_status zero_grads(trainer *t)
+{
+    AT_TRY(at_decoder_grads_zero(t->grads));
+    int nd = at_decoder_trainables(t->dec, t->grads, NULL, 0);
+    for (int i = nd; i < t->opt.n; i++) AT_TRY(at_fill(t->opt.params[i].grad, 0.0f));
+    return AT_OK;
+}
+
 /* ---- out of memory: smaller micro-batches ----
  * When a micro-batch runs out of device memory, the step is run again from
  * zeroed gradients with every micro-batch cut into 2 (then 4) pieces of
@@ -402,7 +413,7 @@ static at_status run_step_batches(trainer *t, const step_batches *sb, int64_t st
         /* the partial gradients and the bigger activations go first */
         at_decoder_acts_free(t->acts);
         t->acts = NULL;
-        st = at_decoder_grads_zero(t->grads);
+        st = zero_grads(t);
         if (st == AT_OK) st = run_micro_batches(t, sb, step, flags);
     }
     if (is_oom(st) && t->oom_halvings > 0)
@@ -464,7 +475,7 @@ static at_status step_update(trainer *t, cJSON *line, at_progress *bar, int64_t 
     const at_train_args *a = t->a;
     AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->scaler.scale));
     at_loss_scaler_updated(&t->scaler);
-    AT_TRY(at_decoder_grads_zero(t->grads));
+    AT_TRY(zero_grads(t));
     res->steps_trained++;
     if (isnan(res->first_loss)) res->first_loss = loss;
     res->last_loss = loss;
@@ -492,7 +503,7 @@ static at_status step_skipped(trainer *t, cJSON *line, int64_t done, const char 
     cJSON_AddBoolToObject(line, "skipped", 1);
     cJSON_AddStringToObject(line, "reason", why);
     if (!strcmp(why, "loss scale overflow")) cJSON_AddNumberToObject(line, "loss_scale", t->scaler.scale);
-    AT_TRY(at_decoder_grads_zero(t->grads));
+    AT_TRY(zero_grads(t));
     if (nonfinite < t->a->max_nonfinite_steps) return AT_OK;
     char where[1100];
     if (last_saved > 0) snprintf(where, sizeof where, "the last good checkpoint is %s/checkpoint-%lld",
@@ -669,7 +680,14 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (t.obj->ops->needs_reference && t.obj->ops->needs_reference(t.obj)) AT_CHECK(reference_pass(&t));
     AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
     at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
-    AT_CHECK(at_optimizer_init(&t.opt, t.dec, t.grads, &oc));
+    if (t.obj->ops->attach) AT_CHECK(t.obj->ops->attach(t.obj, t.dec, a->seed));
+    at_param_grad extra[8];
+    int n_extra = t.obj->ops->trainables ? t.obj->ops->trainables(t.obj, extra, 8) : 0;
+    if (n_extra > 8) {
+        st = at_error(AT_ERR_INVALID, "objective %s: %d tensors of its own, at most 8", t.obj->ops->name, n_extra);
+        goto done;
+    }
+    AT_CHECK(at_optimizer_init_ex(&t.opt, t.dec, t.grads, extra, n_extra, &oc));
     t.opt_ready = 1;
     /* steps: every epoch's plan has the same number of batches */
     AT_CHECK(plan_epoch(&t, 0));

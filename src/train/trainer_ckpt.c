@@ -47,6 +47,7 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
     } else {
         st = at_adapter_save(t->adapter, dir);
     }
+    if (st == AT_OK && t->obj->ops->save) st = t->obj->ops->save(t->obj, dir);
     if (st == AT_OK) {
         char *p = at_path_join(dir, "trainer_state.safetensors");
         char sstep[32], sseed[32], stok[32], sscale[64], sgood[32];
@@ -147,6 +148,7 @@ at_status at_trainer_resume(at_trainer *t, int64_t *start_step)
         }
         at_st_model_close(m);
     }
+    if (st == AT_OK && t->obj->ops->load) st = t->obj->ops->load(t->obj, ckpt);
     if (st == AT_OK) st = at_optimizer_load(&t->opt, state);
     free(state);
     if (st != AT_OK) goto done;
