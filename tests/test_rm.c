@@ -8,7 +8,10 @@
  *  - one pair's loss and derivatives against finite differences;
  *  - the CLI end to end on the demo model and real LLaMA-Factory pairs:
  *    accuracy, margin and mean_reward on every line, the loss falls,
- *    checkpoints hold score.safetensors, and a resumed run continues from it. */
+ *    checkpoints hold score.safetensors, and a resumed run continues from it;
+ *    `export --merge_lora --to hf` writes a LlamaForSequenceClassification
+ *    folder (one label) with the head as score.weight and no lm_head; GGUF is
+ *    refused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +186,14 @@ static int run_cli(char *const argv[], const char *err_path)
     return status;
 }
 
+static int file_has_text(const char *path, const char *text)
+{
+    char *s = NULL;
+    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
+    free(s);
+    return r;
+}
+
 /* The lines of RUN/logging.jsonl (caller frees with cJSON_Delete). */
 static cJSON *read_log(const char *run)
 {
@@ -231,9 +242,61 @@ static void test_cli(const char *root)
     printf("  loss %.4f -> %.4f, accuracy %.3f -> %.3f (epoch means)\n", first, last, acc_first, acc_last);
     CHECK_MSG(last < first - 0.05, "loss %g -> %g", first, last);
     CHECK_MSG(acc_last > acc_first, "accuracy %g -> %g", acc_first, acc_last);
-    char p[700];
+    char p[1024];
     snprintf(p, sizeof p, "%s/checkpoint-8/score.safetensors", whole);
     CHECK_MSG(access(p, R_OK) == 0, "%s missing", p);
+    /* exported merged: a Hugging Face sequence-classification folder with the head as score.weight */
+    char ck[600], ex[600], gg[600];
+    snprintf(ck, sizeof ck, "%s/checkpoint-8", whole);
+    snprintf(ex, sizeof ex, "%s/exported", root);
+    snprintf(gg, sizeof gg, "%s/exported-gguf", root);
+    char *exp[] = {(char *)bin, "export", "--model", "demo/stories260K", "--adapters", ck, "--merge_lora", "true",
+                   "--to", "hf", "--output_dir", ex, NULL};
+    status = run_cli(exp, err);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "export of the reward model failed (status %d)", status);
+    snprintf(p, sizeof p, "%s/config.json", ex);
+    cJSON *cfg = NULL;
+    CHECK_OK(at_json_parse_file(p, &cfg));
+    if (cfg) {
+        const char *arch = cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItem(cfg, "architectures"), 0));
+        CHECK_MSG(arch && !strcmp(arch, "LlamaForSequenceClassification"), "architectures: %s", arch ? arch : "?");
+        const char *l0 = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cfg, "id2label"), "0"));
+        CHECK(l0 && !strcmp(l0, "LABEL_0"));
+        CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(cfg, "id2label")) == 1); /* num_labels 1 */
+    }
+    cJSON_Delete(cfg);
+    {
+        at_st_model *m = NULL, *sm = NULL;
+        at_tensor *got = NULL, *want = NULL;
+        snprintf(p, sizeof p, "%s/model.safetensors", ex);
+        CHECK_OK(at_st_model_open(p, &m));
+        snprintf(p, sizeof p, "%s/score.safetensors", ck);
+        CHECK_OK(at_st_model_open(p, &sm));
+        if (m && sm) {
+            CHECK_OK(at_st_get(sm, "score.weight", 0, NULL, AT_F32, &want));
+            if (want) CHECK_OK(at_st_get(m, "score.weight", 2, want->shape, AT_F32, &got));
+            CHECK(at_st_find(at_st_model_shard(m, 0), "lm_head.weight") == NULL);
+        }
+        if (got && want) {
+            const float *x = at_tensor_data(got), *y = at_tensor_data(want);
+            double worst = 0;
+            for (int64_t i = 0; i < at_tensor_numel(want); i++) {
+                double e = fabs((double)x[i] - (double)y[i]) / (fabs((double)y[i]) + 1e-30);
+                if (e > worst) worst = e;
+            }
+            printf("  exported score.weight: worst rel err %.2e against the checkpoint's\n", worst);
+            CHECK(worst <= 1.0 / 256); /* the export's dtype may be bf16 (8 significant bits) */
+        }
+        at_tensor_free(got);
+        at_tensor_free(want);
+        at_st_model_close(m);
+        at_st_model_close(sm);
+    }
+    char *exg[] = {(char *)bin, "export", "--model", "demo/stories260K", "--adapters", ck, "--merge_lora", "true",
+                   "--to", "gguf", "--output_dir", gg, NULL};
+    status = run_cli(exg, err);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    CHECK(file_has_text(err, "sequence-classification"));
     /* killed after step 5, resumed from checkpoint-4 (the score head comes back from it): the same log */
     argv[sizeof argv / sizeof argv[0] - 2] = killed;
     setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "5", 1);
