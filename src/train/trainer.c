@@ -25,10 +25,19 @@ void at_train_args_defaults(at_train_args *a)
     memset(a, 0, sizeof *a);
     /* the option table's defaults (train/train_options.c): what `anytune sft` uses */
     at_options_store_defaults(at_train_options, at_train_n_options, a);
-    /* what the command line parses from text (enums, lists) */
-    a->target_mask = (1u << AT_MOD_COUNT) - 1;
-    a->truncation = AT_TRUNCATE_DELETE;
-    a->scheduler = AT_SCHED_COSINE;
+    /* what the command line parses from text (enums, lists): parsed here from the same rows' defaults, so
+     * the two cannot differ (the fallbacks serve only if a row's default stopped parsing) */
+    const at_opt_spec *tm = at_opt_find(at_train_options, at_train_n_options, "target_modules"),
+                      *tr = at_opt_find(at_train_options, at_train_n_options, "truncation_strategy"),
+                      *sc = at_opt_find(at_train_options, at_train_n_options, "lr_scheduler_type"),
+                      *ls = at_opt_find(at_train_options, at_train_n_options, "loss_scale");
+    const char *tm_def[1] = {tm ? tm->def : NULL};
+    if (!tm_def[0] || at_parse_target_modules(tm_def, 1, &a->target_mask) != AT_OK)
+        a->target_mask = (1u << AT_MOD_COUNT) - 1;
+    if (!tr || at_truncation_parse(tr->def, &a->truncation) != AT_OK) a->truncation = AT_TRUNCATE_DELETE;
+    if (!sc || at_schedule_parse(sc->def, &a->scheduler) != AT_OK) a->scheduler = AT_SCHED_COSINE;
+    a->loss_last_turn_only = ls && ls->def && !strcmp(ls->def, "last_round");
+    at_clear_error();
     a->max_nonfinite_steps = 5;
 }
 
