@@ -345,10 +345,20 @@ static void test_cli(const char *root)
     snprintf(out, sizeof out, "%s/kto_tag", root);
     char *tag[] = {(char *)bin, "rlhf", "--rlhf_type", "kto", "--model", "demo/stories260K", "--dataset",
                    "tests/data/kto/kto_tag.jsonl", "--per_device_train_batch_size", "2", "--max_steps", "1",
-                   "--output_dir", out, NULL};
+                   "--val_dataset", "tests/data/kto/kto_tag.jsonl", "--add_version", "false", "--output_dir", out,
+                   NULL};
     status = run_cli(tag, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     CHECK(file_has(err, "2 KTO examples encoded, 1 desirable and 1 undesirable"));
+    /* the evaluation (the same two examples): a KTO loss, each term in [0, weight] */
+    snprintf(run, sizeof run, "%s/logging.jsonl", out);
+    text = NULL;
+    CHECK_OK(at_read_file(run, &text, NULL));
+    const char *ev = text ? strstr(text, "\"eval_loss\":") : NULL;
+    double el = ev ? strtod(ev + 12, NULL) : NAN;
+    printf("  kto_tag: eval_loss %.4f\n", el);
+    CHECK_MSG(el > 0 && el < 1, "eval_loss %g", el);
+    free(text);
     /* refused, saying why */
     char *nolabel[] = {(char *)bin, "rlhf", "--rlhf_type", "kto", "--model", "demo/stories260K", "--dataset",
                        "tests/data/kto/no_label.jsonl", "--strict", "true", "--per_device_train_batch_size", "2",

@@ -297,6 +297,20 @@ static void test_cli(const char *root)
     status = run_cli(exg, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
     CHECK(file_has_text(err, "sequence-classification"));
+    /* the evaluation: every pair's loss, no gradients */
+    char ev_out[600];
+    snprintf(ev_out, sizeof ev_out, "%s/eval", root);
+    char *evargs[] = {(char *)bin, "rlhf", "--rlhf_type", "rm", "--model", "demo/stories260K", "--dataset",
+                      "tests/data/dpo/dpo_en_demo_8.json#2", "--val_dataset", "tests/data/dpo/dpo_en_demo_8.json#2",
+                      "--max_steps", "1", "--per_device_train_batch_size", "2", "--max_length", "128",
+                      "--truncation_strategy", "right", "--add_version", "false", "--output_dir", ev_out, NULL};
+    status = run_cli(evargs, err);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cJSON *el = read_log(ev_out);
+    double eval_loss = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(el, 0), "eval_loss"));
+    printf("  eval_loss %.4f\n", eval_loss);
+    CHECK_MSG(eval_loss > 0 && eval_loss < 5, "eval_loss %g", eval_loss); /* −log σ of small rewards: near log 2 */
+    cJSON_Delete(el);
     /* killed after step 5, resumed from checkpoint-4 (the score head comes back from it): the same log */
     argv[sizeof argv / sizeof argv[0] - 2] = killed;
     setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "5", 1);

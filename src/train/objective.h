@@ -31,6 +31,7 @@
 #include "data/dataset.h"
 #include "data/encode.h"
 #include "model/decoder.h"
+#include "train/batch_upload.h"
 #include "train/preference.h"
 
 #define AT_OBJ_MAX_COUNTS 4
@@ -46,15 +47,6 @@ typedef struct {
     int max_length;        /* for the summary line */
     int batch_size;        /* --per_device_train_batch_size (kto's KL pairs are made within batches) */
 } at_obj_data_env;
-
-/* A batch's token tensors on the decoder's backend. */
-typedef struct {
-    at_tensor *ids, *pos, *seg, *labels; /* seg NULL without packing */
-} at_batch_tensors;
-
-/* Uploads b's arrays (segments only when with_segments). Free with at_batch_tensors_free. */
-at_status at_batch_tensors_upload(at_backend *be, const at_batch *b, int with_segments, at_batch_tensors *out);
-void at_batch_tensors_free(at_batch_tensors *t);
 
 /* One micro-batch, or rows [u0·unit, u1·unit) of it after out-of-memory
  * halving (unit: the objective's rows_per_item), as the trainer runs it. */

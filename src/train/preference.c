@@ -322,44 +322,14 @@ at_status at_pref_batch_build(const at_pref_pairs *p, const size_t *idx, size_t 
 
 /* ---- running batches without gradients ---- */
 
-typedef struct {
-    at_tensor *ids, *pos, *labels;
-} batch_tensors;
-
-static void batch_tensors_free(batch_tensors *t)
-{
-    at_tensor_free(t->ids);
-    at_tensor_free(t->pos);
-    at_tensor_free(t->labels);
-    memset(t, 0, sizeof *t);
-}
-
-static at_status upload(at_backend *be, const at_batch *b, batch_tensors *t)
-{
-    int64_t shape[2] = {(int64_t)b->rows, (int64_t)b->cols};
-    size_t bytes = b->rows * b->cols * sizeof(int32_t);
-    memset(t, 0, sizeof *t);
-    at_status st = at_tensor_new(be, AT_I32, 2, shape, "input_ids", &t->ids);
-    if (st == AT_OK) st = at_tensor_upload(t->ids, b->ids, bytes);
-    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "position_ids", &t->pos);
-    if (st == AT_OK) st = at_tensor_upload(t->pos, b->positions, bytes);
-    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "labels", &t->labels);
-    if (st == AT_OK) st = at_tensor_upload(t->labels, b->labels, bytes);
-    if (st != AT_OK) batch_tensors_free(t);
-    return st;
-}
-
-/* Calls fn for every batch of batch_pairs consecutive pairs of p, with its
- * uploaded tensors and loss-only activations of its shape.
- * No gradients here, so no layer's activations are needed after the layer:
+/* No gradients here, so no layer's activations are needed after the layer:
  * AT_ACTS_CHECKPOINT makes every layer share one set of them (keeping only
  * the layer inputs resid[0..L]) instead of keeping all L. The forward runs the
  * same kernels on the same inputs, so the log-probs are bit-identical; the
  * pass then needs less memory than a training step (it used to be the peak
  * of DPO with gradient checkpointing: plan/memory.c reference_peak). */
-typedef at_status (*batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t);
-
-static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, batch_fn fn, void *ctx)
+at_status at_pref_each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, at_pref_batch_fn fn,
+                             void *ctx)
 {
     size_t bp = batch_pairs > 0 ? (size_t)batch_pairs : 1;
     size_t *idx = malloc(bp * sizeof *idx);
@@ -370,16 +340,16 @@ static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pai
         size_t n = p->n - i0 < bp ? p->n - i0 : bp;
         for (size_t k = 0; k < n; k++) idx[k] = i0 + k;
         at_batch b = {0};
-        batch_tensors t = {0};
+        at_batch_tensors t = {0};
         st = at_pref_batch_build(p, idx, n, pad, &b);
-        if (st == AT_OK) st = upload(d->be, &b, &t);
+        if (st == AT_OK) st = at_batch_tensors_upload(d->be, &b, 0, &t);
         if (st == AT_OK && (!acts || acts->B != (int)b.rows || acts->T != (int)b.cols)) {
             at_decoder_acts_free(acts);
             acts = NULL;
             st = at_decoder_acts_new_ex(d, (int)b.rows, (int)b.cols, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, &acts);
         }
-        if (st == AT_OK) st = fn(ctx, idx, n, acts, &t);
-        batch_tensors_free(&t);
+        if (st == AT_OK) st = fn(ctx, idx, n, acts, &b, &t);
+        at_batch_tensors_free(&t);
         at_batch_free(&b);
     }
     at_decoder_acts_free(acts);
@@ -392,8 +362,10 @@ typedef struct {
     at_pref_pairs *p;
 } ref_ctx;
 
-static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
+static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const at_batch *b,
+                           const at_batch_tensors *t)
 {
+    (void)b;
     ref_ctx *c = vctx;
     double *row = calloc(2 * n, sizeof *row);
     if (!row) return at_error(AT_ERR_NOMEM, "out of memory");
@@ -412,7 +384,7 @@ static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_a
 at_status at_pref_reference(at_decoder *d, at_pref_pairs *p, int batch_pairs, int32_t pad)
 {
     ref_ctx c = {d, p};
-    at_status st = each_batch(d, p, batch_pairs, pad, ref_batch, &c);
+    at_status st = at_pref_each_batch(d, p, batch_pairs, pad, ref_batch, &c);
     return st == AT_OK ? st : at_error_wrap(st, "DPO reference log-probs");
 }
 /* ---- the step ---- */
@@ -543,8 +515,10 @@ typedef struct {
     at_pref_stats *stats;
 } eval_ctx;
 
-static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
+static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const at_batch *b,
+                            const at_batch_tensors *t)
 {
+    (void)b;
     eval_ctx *e = vctx;
     return at_pref_forward_backward(e->c, e->p, idx, n, e->d, acts, t->ids, t->pos, t->labels, 0.0f, 0, 1, 1, 1,
                                     NULL, e->stats);
@@ -555,7 +529,7 @@ at_status at_pref_evaluate(const at_pref_config *c, const at_pref_pairs *p, at_d
 {
     memset(stats, 0, sizeof *stats);
     eval_ctx e = {c, p, d, stats};
-    return each_batch(d, p, batch_pairs, pad, eval_batch, &e);
+    return at_pref_each_batch(d, p, batch_pairs, pad, eval_batch, &e);
 }
 
 /* ---- the objective (train/objective.h): dpo, cpo, simpo, orpo ---- */

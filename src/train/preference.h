@@ -45,6 +45,7 @@
 #include "data/dataset.h"
 #include "data/encode.h"
 #include "model/decoder.h"
+#include "train/batch_upload.h"
 
 typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO, AT_PREF_KTO, AT_PREF_RM } at_pref_objective;
 typedef enum { AT_PREF_SIGMOID = 0, AT_PREF_IPO, AT_PREF_HINGE, AT_PREF_SIMPO } at_pref_loss_type;
@@ -132,6 +133,17 @@ at_status at_pref_batch_build(const at_pref_pairs *p, const size_t *idx, size_t 
  * by all (AT_ACTS_LOSS | AT_ACTS_CHECKPOINT: the layer inputs are kept, no
  * layer's intermediates), freed before it returns. */
 at_status at_pref_reference(at_decoder *d, at_pref_pairs *p, int batch_pairs, int32_t pad);
+
+/* Calls fn for every batch of batch_pairs consecutive pairs of p (the last
+ * may have fewer), laid out by at_pref_batch_build with pad and uploaded,
+ * with loss-only activations of its shape that keep one layer's
+ * intermediates (AT_ACTS_LOSS | AT_ACTS_CHECKPOINT: no gradients follow);
+ * stops at fn's first error. The passes without gradients (reference,
+ * evaluation) of the objectives on pairs (and pair-like rows: kto, rm). */
+typedef at_status (*at_pref_batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts,
+                                      const at_batch *b, const at_batch_tensors *t);
+at_status at_pref_each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, at_pref_batch_fn fn,
+                             void *ctx);
 
 /* What a step (or a logging interval) sums over its pairs. */
 typedef struct {

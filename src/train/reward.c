@@ -218,40 +218,34 @@ static void obj_log(const at_objective *o, const double *stats, cJSON *line)
     at_rm_stats_log((const at_rm_stats *)stats, line);
 }
 
+typedef struct {
+    const at_objective *o;
+    const rm_data *rd;
+    at_decoder *d;
+    at_rm_stats *s;
+} eval_ctx;
+
+static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const at_batch *b,
+                            const at_batch_tensors *t)
+{
+    (void)idx;
+    eval_ctx *e = vctx;
+    at_fwd_opts fwd = {0};
+    return at_rm_forward_backward(e->o->pref, n, e->d, acts, t->ids, t->pos, b->lengths, &fwd, e->rd->score, NULL, 1,
+                                  1, NULL, NULL, e->s);
+}
+
 /* The validation pairs, batch_size at a time in order, no gradients. */
 static at_status obj_evaluate(at_objective *o, const at_obj_eval_env *env, double *loss)
 {
     rm_data *rd = o->impl;
-    const at_pref_pairs *p = &rd->val;
-    size_t bs = env->batch.batch_size ? env->batch.batch_size : 1;
-    size_t *idx = malloc(bs * sizeof *idx);
-    if (!idx) return at_error(AT_ERR_NOMEM, "out of memory");
     at_rm_stats s = {0};
-    at_fwd_opts fwd = {0};
-    at_status st = AT_OK;
-    for (size_t i0 = 0; i0 < p->n && st == AT_OK; i0 += bs) {
-        size_t n = p->n - i0 < bs ? p->n - i0 : bs;
-        for (size_t i = 0; i < n; i++) idx[i] = i0 + i;
-        at_batch b = {0};
-        at_batch_tensors t = {0};
-        st = at_pref_batch_build(p, idx, n, env->pad, &b);
-        if (st == AT_OK) st = at_batch_tensors_upload(env->d->be, &b, 0, &t);
-        at_decoder_acts **acts = env->acts;
-        if (st == AT_OK &&
-            !(*acts && (*acts)->B == (int)b.rows && (*acts)->T == (int)b.cols && (*acts)->flags == AT_ACTS_LOSS)) {
-            at_decoder_acts_free(*acts);
-            *acts = NULL;
-            st = at_decoder_acts_new_ex(env->d, (int)b.rows, (int)b.cols, AT_ACTS_LOSS, acts);
-        }
-        if (st == AT_OK)
-            st = at_rm_forward_backward(o->pref, n, env->d, *acts, t.ids, t.pos, b.lengths, &fwd, rd->score, NULL, 1,
-                                        1, NULL, NULL, &s);
-        at_batch_tensors_free(&t);
-        at_batch_free(&b);
-    }
-    free(idx);
+    at_decoder_acts_free(*env->acts); /* the evaluation makes its own */
+    *env->acts = NULL;
+    eval_ctx e = {o, rd, env->d, &s};
+    AT_TRY(at_pref_each_batch(env->d, &rd->val, (int)env->batch.batch_size, env->pad, eval_batch, &e));
     *loss = at_rm_stats_loss(&s);
-    return st;
+    return AT_OK;
 }
 
 static void obj_free(at_objective *o)
