@@ -27,7 +27,8 @@ libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
 libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
 libopenblas-dev libdnnl-dev openmpi-bin"
 if [ $test_deps = 1 ]; then
-  PKGS="$PKGS chromium"
+  # protoc and python3-protobuf: tests/cli_tensorboard.sh reads the event files with TensorBoard's own protos
+  PKGS="$PKGS chromium protobuf-compiler python3-protobuf"
   # node and npm (the web UI's browser test, the GGUF and tokenizer readers):
   # Debian's, unless some node is already on PATH (e.g. one installed from
   # another source, which may bundle npm and conflict with Debian's npm package)

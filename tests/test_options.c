@@ -175,6 +175,13 @@ int main(void)
         CHECK(a.eval_steps == at_opt_int(o, "eval_steps") && a.eval_steps == 500);
         CHECK(a.lora_rank == at_opt_int(o, "lora_rank") && a.learning_rate == at_opt_float(o, "learning_rate"));
         CHECK(a.max_length == 0 && !at_opt_str(o, "max_length")); /* unset: the model's context */
+        /* the rows the command line parses from text: the library parses the same defaults */
+        at_truncation tr = AT_TRUNCATE_LEFT;
+        at_schedule_kind sk = AT_SCHED_LINEAR;
+        CHECK_OK(at_truncation_parse(at_opt_str(o, "truncation_strategy"), &tr));
+        CHECK_OK(at_schedule_parse(at_opt_str(o, "lr_scheduler_type"), &sk));
+        CHECK(a.truncation == tr && a.scheduler == sk);
+        CHECK(a.loss_last_turn_only == !strcmp(at_opt_str(o, "loss_scale"), "last_round"));
         at_train_args b;
         memset(&b, 0x55, sizeof b);
         at_options_store_defaults(at_train_options, at_train_n_options, &b);

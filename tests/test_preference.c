@@ -514,11 +514,11 @@ static void test_pair_math(void)
     at_pref_loss_type lt;
     CHECK_FAILS(at_pref_loss_type_parse("kto_pair", &lt), AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "sigmoid") != NULL);
-    CHECK_FAILS(at_pref_config_init(&c, "kto"), AT_ERR_UNSUPPORTED);
-    CHECK_MSG(strstr(at_last_error(), "not in this build") && strstr(at_last_error(), "dpo, simpo, cpo and orpo"),
+    CHECK_FAILS(at_pref_config_init(&c, "ppo"), AT_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(at_last_error(), "not in this build") && strstr(at_last_error(), "dpo, simpo, cpo, orpo, kto and rm"),
               "message: %s", at_last_error());
     CHECK_FAILS(at_pref_config_init(&c, "dpoo"), AT_ERR_INVALID);
-    CHECK_MSG(strstr(at_last_error(), "unknown") && strstr(at_last_error(), "dpo, simpo, cpo and orpo"), "message: %s",
+    CHECK_MSG(strstr(at_last_error(), "unknown") && strstr(at_last_error(), "dpo, simpo, cpo, orpo, kto and rm"), "message: %s",
               at_last_error());
     static const struct {
         const char *type, *what, *msg;
@@ -788,7 +788,7 @@ static void test_cli(const char *root)
     free(run);
 
     /* usage errors */
-    char *bad_type[] = {(char *)bin, "rlhf", "--rlhf_type", "kto", "--model", (char *)MODEL, "--dataset", ds, NULL};
+    char *bad_type[] = {(char *)bin, "rlhf", "--rlhf_type", "ppo", "--model", (char *)MODEL, "--dataset", ds, NULL};
     status = run_cli(bad_type, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
     char *bad_data[] = {(char *)bin, "rlhf", "--model", (char *)MODEL, "--dataset", "tests/data/dpo/not_pairs.jsonl",
@@ -875,8 +875,8 @@ static void test_cli_objectives(const char *root)
     static const struct {
         const char *type, *opt, *val, *msg;
     } bad[] = {{"orpo", "--ref_model", "demo/stories260K", "reference-free"},
-               {"kto", NULL, NULL, "not in this build"},
-               {"dpoo", NULL, NULL, "this build has dpo, simpo, cpo and orpo"},
+               {"ppo", NULL, NULL, "not in this build"},
+               {"dpoo", NULL, NULL, "this build has dpo, simpo, cpo, orpo, kto and rm"},
                {"orpo", "--loss_type", "ipo", "does not apply to --rlhf_type orpo"},
                {"dpo", "--simpo_gamma", "0.5", "--simpo_gamma"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

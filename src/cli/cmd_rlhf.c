@@ -1,4 +1,4 @@
-/* anytune rlhf --rlhf_type dpo|simpo|cpo|orpo: preference alignment with the
+/* anytune rlhf --rlhf_type dpo|simpo|cpo|orpo|kto|rm: preference alignment with the
  * options of `anytune sft` (cmd_train.h) plus ms-swift's RLHF ones, computed
  * as TRL's trainers do (train/preference.h). ms-swift's other rlhf types are
  * refused by name. Options left unset take ms-swift's defaults for the
@@ -12,7 +12,8 @@
 
 static const at_opt_spec rlhf_specs[] = {
     {.name = "rlhf_type", .type = AT_OPT_STRING, .def = "dpo",
-     .help = "the preference objective: dpo, simpo, cpo or orpo"},
+     .help = "the preference objective: dpo, simpo, cpo, orpo, kto (unpaired examples with a label), or rm (a "
+             "reward model: a score head trained on the pairs)"},
     {.name = "beta", .type = AT_OPT_FLOAT,
      .help = "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
                                  "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1"},
@@ -28,8 +29,14 @@ static const at_opt_spec rlhf_specs[] = {
      .help = "cpo, simpo: weight of the chosen replies' NLL (unset: 1; 0: the SimPO "
                                       "paper's loss)"},
     {.name = "simpo_gamma", .type = AT_OPT_FLOAT, .help = "simpo: the target reward margin gamma (unset: 1)"},
+    {.name = "desirable_weight", .type = AT_OPT_FLOAT, .def = "1",
+     .help = "kto: weight of the desirable examples' losses"},
+    {.name = "undesirable_weight", .type = AT_OPT_FLOAT, .def = "1",
+     .help = "kto: weight of the undesirable examples' losses"},
+    {.name = "center_rewards_coefficient", .type = AT_OPT_FLOAT, .def = "0",
+     .help = "rm: weight of the mean squared sum of the pair's rewards (centers them near 0; 0: off)"},
     {.name = "ref_model", .type = AT_OPT_STRING,
-     .help = "dpo's reference model (default: the policy's base: LoRA off, or the "
+     .help = "dpo's and kto's reference model (default: the policy's base: LoRA off, or the "
                                        "initial weights for full fine-tuning); refused by the reference-free "
                                        "simpo, cpo and orpo"},
 };
@@ -71,10 +78,13 @@ static int resolve(at_options *o, at_train_args *a, void *ctx)
     if (at_opt_str(o, "cpo_alpha")) c->cpo_alpha = at_opt_float(o, "cpo_alpha");
     if (at_opt_str(o, "simpo_gamma")) c->simpo_gamma = at_opt_float(o, "simpo_gamma");
     c->ref_model = at_opt_str(o, "ref_model");
+    c->desirable_weight = at_opt_float(o, "desirable_weight");
+    c->undesirable_weight = at_opt_float(o, "undesirable_weight");
+    c->center_rewards_coefficient = at_opt_float(o, "center_rewards_coefficient");
     if (at_pref_config_check(c) != AT_OK) return fail2();
     /* what the defaults resolved to, for args.json */
     int rc = set_float(o, "beta", c->beta);
-    if (rc < 0 && c->objective != AT_PREF_ORPO &&
+    if (rc < 0 && c->objective != AT_PREF_ORPO && c->objective < AT_PREF_KTO &&
         at_opt_set(o, "loss_type", at_pref_loss_type_name(c->loss_type)) != AT_OK)
         rc = fail2();
     if (rc < 0 && c->objective == AT_PREF_CPO) rc = set_float(o, "cpo_alpha", c->cpo_alpha);
@@ -94,9 +104,10 @@ int at_cmd_rlhf(int argc, char **argv)
     at_pref_config_init(&cfg, "dpo");
     at_train_cli c = {0};
     c.command = "rlhf";
-    c.usage = "usage: anytune rlhf --rlhf_type dpo|simpo|cpo|orpo --model DIR --dataset FILE [OPTIONS]   preference "
-              "alignment\n"
-              "  (records: chosen/rejected pairs; a micro-batch of N pairs runs 2N rows)";
+    c.usage = "usage: anytune rlhf --rlhf_type dpo|simpo|cpo|orpo|kto|rm --model DIR --dataset FILE [OPTIONS]   "
+              "preference alignment\n"
+              "  (records: chosen/rejected pairs, or for kto conversations with a \"label\"; a micro-batch of N "
+              "pairs or examples runs 2N rows)";
     c.extra = rlhf_specs;
     c.n_extra = NRLHF;
     c.resolve = resolve;

@@ -18,7 +18,7 @@ static const command commands[] = {
     {"web-ui", at_cmd_webui, "the chat page plus a Train tab (start, watch, stop sft runs) in a browser"},
     {"sft", at_cmd_sft, "LoRA or full fine-tuning on conversations (no options: the bundled demo)"},
     {"pt", at_cmd_pt, "continued pre-training on plain text"},
-    {"rlhf", at_cmd_rlhf, "preference alignment on chosen/rejected pairs: --rlhf_type dpo, simpo, cpo, orpo"},
+    {"rlhf", at_cmd_rlhf, "preference alignment on chosen/rejected pairs (dpo, simpo, cpo, orpo), labeled examples (kto); reward models (rm)"},
     {"deploy", at_cmd_serve, "the same as serve (ms-swift's name)"},
     {"app", at_cmd_webui, "the same as web-ui (ms-swift's name)"},
     {"export", at_cmd_export, "merge adapters, write Hugging Face folders and GGUF files"},

@@ -504,6 +504,7 @@ static void set_messages(at_messages *dst, const msgbuf *mb) { *dst = (at_messag
 static void kto_label(const cJSON *rec, at_sample *out)
 {
     const cJSON *l = get(rec, "label");
+    if (!l) l = get(rec, "kto_tag"); /* LLaMA-Factory's column name */
     if (cJSON_IsBool(l)) out->label = cJSON_IsTrue(l);
     else if (cJSON_IsNumber(l) && (l->valuedouble == 0 || l->valuedouble == 1)) out->label = (int)l->valuedouble;
 }

@@ -156,7 +156,27 @@ static at_status write_json(const char *path, cJSON *j)
     return st;
 }
 
-static at_status write_config(const at_decoder_weights *w, const char *source_dir, at_dtype dtype,
+/* A sequence-classification config: XForCausalLM -> XForSequenceClassification, one label. */
+static at_status make_seq_cls(cJSON *j)
+{
+    cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *first = cJSON_IsArray(arch) ? cJSON_GetStringValue(cJSON_GetArrayItem(arch, 0)) : NULL;
+    char name[128];
+    const char *tail = first ? strstr(first, "ForCausalLM") : NULL;
+    if (tail) snprintf(name, sizeof name, "%.*sForSequenceClassification", (int)(tail - first), first);
+    else snprintf(name, sizeof name, "LlamaForSequenceClassification");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "architectures");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "id2label");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "label2id");
+    cJSON *a = cJSON_AddArrayToObject(j, "architectures"), *i2l = cJSON_AddObjectToObject(j, "id2label"),
+          *l2i = cJSON_AddObjectToObject(j, "label2id");
+    if (!a || !i2l || !l2i || !cJSON_AddItemToArray(a, cJSON_CreateString(name)) ||
+        !cJSON_AddStringToObject(i2l, "0", "LABEL_0") || !cJSON_AddNumberToObject(l2i, "LABEL_0", 0))
+        return at_error(AT_ERR_NOMEM, "export: out of memory");
+    return AT_OK;
+}
+
+static at_status write_config(const at_decoder_weights *w, const char *source_dir, at_dtype dtype, int seq_cls,
                               const char *staging)
 {
     cJSON *j = NULL;
@@ -182,6 +202,7 @@ static at_status write_config(const at_decoder_weights *w, const char *source_di
     }
     cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
     cJSON_AddStringToObject(j, "torch_dtype", torch_dtype_name(dtype));
+    if (seq_cls) AT_CHECK(make_seq_cls(j));
     st = write_json(dst, j);
 done:
     cJSON_Delete(j);
@@ -244,6 +265,10 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
     cJSON *index = NULL, *tok_json = NULL, *tok_cfg = NULL, *tok_map = NULL;
     at_status st = AT_OK;
     AT_CHECK(at_export_each_hf_tensor(w, list_add, &l));
+    if (o->score) { /* a reward model: the score head, no LM head */
+        if (l.n && !strcmp(l.names[l.n - 1], "lm_head.weight")) free(l.names[--l.n]);
+        AT_CHECK(list_add(&l, "score.weight", o->score));
+    }
     /* The tokenizer files are built before any shard is written: a tokenizer
      * with no Hugging Face form fails in a moment, not after gigabytes. */
     if (o->tokenizer) {
@@ -325,7 +350,7 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
         }
         AT_CHECK(write_json(path, index));
     }
-    AT_CHECK(write_config(w, o->source_dir, dtype, staging));
+    AT_CHECK(write_config(w, o->source_dir, dtype, o->score != NULL, staging));
     AT_CHECK(copy_if_present(o->source_dir, "generation_config.json", staging));
     if (o->tokenizer) {
         AT_CHECK(at_tokenizer_hf_save(tok_json, tok_cfg, tok_map, staging));

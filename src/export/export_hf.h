@@ -43,6 +43,10 @@ typedef struct {
     const char *chat_template; /* with tokenizer: tokenizer_config.json's chat_template; may be NULL */
     int overwrite;           /* replace an existing out_dir */
     int progress;            /* progress bar on stderr */
+    const at_tensor *score;  /* a reward model's head [1, hidden] (train/reward.h), or NULL: written as
+                                score.weight in place of lm_head, and config.json's architectures become
+                                *ForSequenceClassification with one label (id2label {"0": "LABEL_0"}),
+                                as transformers saves such a model */
 } at_export_hf_opts;
 
 /* Writes w as a Hugging Face folder out_dir (see above). o may be NULL. */

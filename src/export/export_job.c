@@ -17,6 +17,7 @@
 #include "model/adapter.h"
 #include "model/gguf.h"
 #include "model/loader.h"
+#include "model/safetensors.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -190,6 +191,31 @@ static at_status find_tokenizer(const at_export_args *a, const char *model_dir, 
     return AT_OK;
 }
 
+/* A reward model's score head (train/reward.h): DIR/score.safetensors when
+ * there is one (*out NULL otherwise), as f32 [1, hidden]. */
+static at_status load_score(const char *dir, int64_t hidden, at_tensor **out)
+{
+    *out = NULL;
+    if (!dir || !at_is_dir(dir)) return AT_OK;
+    char *p = at_path_join(dir, "score.safetensors");
+    if (!p) return at_error(AT_ERR_NOMEM, "export: out of memory");
+    at_status st = AT_OK;
+    if (at_file_exists(p)) {
+        at_st_model *m = NULL;
+        int64_t shape[2] = {1, hidden};
+        at_tensor *t = NULL; /* a view of the file: copied before it closes */
+        st = at_st_model_open(p, &m);
+        if (st == AT_OK) st = at_st_get(m, "score.weight", 2, shape, AT_F32, &t);
+        if (st == AT_OK) st = at_tensor_zeros(at_cpu_backend(), AT_F32, 2, shape, "score.weight", out);
+        if (st == AT_OK) st = at_tensor_upload(*out, at_tensor_data(t), at_tensor_nbytes(t));
+        at_tensor_free(t);
+        at_st_model_close(m);
+        if (st != AT_OK) st = at_error_wrap(st, "export: %s (a reward model's score head)", p);
+    }
+    free(p);
+    return st;
+}
+
 at_status at_export_run(const at_export_args *a)
 {
     if (!a->model) return at_error(AT_ERR_INVALID, "export: --model is required");
@@ -207,6 +233,7 @@ at_status at_export_run(const at_export_args *a)
     at_tokenizer *tok = NULL;
     at_chat_template *ct = NULL;
     at_gguf *src_gguf = NULL;
+    at_tensor *score = NULL;
     char *model_dir = NULL, *tdir = NULL, *staging = NULL, *path = NULL, *tmpl = NULL;
     at_status st;
     int is_dir = at_is_dir(a->model);
@@ -228,6 +255,13 @@ at_status at_export_run(const at_export_args *a)
         }
     }
 
+    AT_CHECK(load_score(a->adapters ? a->adapters : a->model, w->cfg.hidden_size, &score));
+    if (score && (gguf || (ad && !a->merge_lora))) {
+        st = at_error(AT_ERR_UNSUPPORTED, "export: %s holds a reward model (score.safetensors): export it as a "
+                      "Hugging Face sequence-classification folder (--to hf%s)", a->adapters ? a->adapters : a->model,
+                      ad ? " --merge_lora" : "");
+        goto done;
+    }
     if (!gguf) {
         if (ad && !a->merge_lora) {
             AT_CHECK(at_export_peft(ad, a->output_dir, a->overwrite));
@@ -245,6 +279,7 @@ at_status at_export_run(const at_export_args *a)
             .chat_template = tmpl,
             .overwrite = a->overwrite,
             .progress = a->progress,
+            .score = score,
         };
         AT_CHECK(at_export_hf(w, a->output_dir, &ho));
         goto done;
@@ -324,6 +359,7 @@ done:
     at_tokenizer_free(tok);
     at_gguf_close(src_gguf);
     at_adapter_free(ad);
+    at_tensor_free(score);
     at_decoder_weights_free(w);
     return st;
 }

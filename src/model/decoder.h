@@ -116,13 +116,14 @@ typedef struct at_decoder_acts {
     const at_tensor *ids, *fwd_pos, *segments;
     float lora_dropout;
     uint64_t dropout_seed;
-    /* Set by the caller before the forward: the index of the batch's first
+    /* at_fwd_opts.first_row, recorded by the training forward (at_decoder_forward_train
+     * reads it from here, as set by the caller): the index of the batch's first
      * row among the rows of the training step (all micro-batches, pieces and
      * ranks; 0 for one batch). LoRA dropout masks are keyed by (that row + b,
      * token, feature), so a row draws the same mask however the step's rows
      * are laid out in micro-batches (layers.h). */
     int64_t dropout_first_row;
-    /* Set by the caller before a training forward (0: off): NEFTune (Jain et
+    /* at_fwd_opts.neftune_* (recorded like first_row; 0: off): NEFTune (Jain et
      * al. 2023; transformers' --neftune_noise_alpha) adds uniform noise to the
      * embeddings, x_0 = embed[ids] + U(−m, m), m = alpha / sqrt(L · hidden),
      * in at_decoder_forward_train only (never at_decoder_forward: evaluation,
@@ -181,6 +182,22 @@ at_status at_decoder_forward(at_decoder *d, at_decoder_acts *acts, const at_tens
 at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
                                    const at_tensor *pos, const at_tensor *segments, float lora_dropout,
                                    uint64_t dropout_seed);
+
+/* The options of one training forward, given with the call (the trainer's
+ * step computes them; see at_decoder_acts for what each one keys). The
+ * forward records them in acts for the backward. */
+typedef struct at_fwd_opts {
+    float lora_dropout;      /* p of the LoRA inputs' dropout (0: off) */
+    uint64_t dropout_seed;   /* the step's seed of the dropout masks and the NEFTune noise */
+    int64_t first_row;       /* the batch's first row among the step's rows (acts->dropout_first_row) */
+    float neftune_alpha;     /* NEFTune's alpha (0: off) */
+    int64_t neftune_columns; /* its L (0: the batch's T) */
+} at_fwd_opts;
+
+/* The training forward with its options as an argument; at_decoder_forward_train
+ * is this with first_row and NEFTune's fields read from acts. */
+at_status at_decoder_forward_train_opts(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                        const at_tensor *pos, const at_tensor *segments, const at_fwd_opts *o);
 
 /* logits [n, V] (f32 or bf16) = hidden [n, hidden] · W_headᵀ, for rows of
  * final_norm (a view of some of its rows computes only those: big
@@ -262,6 +279,13 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *acts, const at_tensor 
  * refused. */
 at_status at_decoder_loss_scale_rows(at_decoder_acts *acts, const at_decoder_grads *g, const float *row_scale);
 
+/* For objectives whose loss reads the final hidden states themselves (a
+ * reward model's score head) rather than the LM head's logits: sets dL/d
+ * final_norm to host[B·T·hidden] (f32, row-major like final_norm), so that
+ * at_decoder_backward can follow as after at_decoder_loss. Needs activations
+ * made with AT_ACTS_TRAIN and a forward done. */
+at_status at_decoder_set_d_final(at_decoder_acts *acts, const float *host);
+
 /* Backward of the last forward, from the d_final left by at_decoder_loss:
  * adds the gradients to g (LoRA dA/dB, or every weight for full FT).
  * With AT_ACTS_CHECKPOINT each layer's activations are recomputed first. */
@@ -273,6 +297,11 @@ at_status at_decoder_forward_backward(at_decoder *d, at_decoder_acts *acts, cons
                                       const at_tensor *pos, const at_tensor *segments, const at_tensor *labels,
                                       float lora_dropout, uint64_t dropout_seed, float grad_scale,
                                       at_decoder_grads *g, at_loss_stats *stats);
+/* The same with the forward's options as an argument (at_fwd_opts). */
+at_status at_decoder_forward_backward_opts(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                           const at_tensor *pos, const at_tensor *segments, const at_tensor *labels,
+                                           const at_fwd_opts *o, float grad_scale, at_decoder_grads *g,
+                                           at_loss_stats *stats);
 
 /* ---- inference with a KV cache -------------------------------------------- */
 

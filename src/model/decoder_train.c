@@ -286,13 +286,23 @@ static at_status forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids
     return AT_OK;
 }
 
+at_status at_decoder_forward_train_opts(at_decoder *d, at_decoder_acts *a, const at_tensor *ids,
+                                        const at_tensor *pos, const at_tensor *segments, const at_fwd_opts *o)
+{
+    if (!(o->neftune_alpha >= 0.0f && isfinite(o->neftune_alpha)))
+        return at_error(AT_ERR_INVALID, "decoder forward: --neftune_noise_alpha %g must be finite and >= 0",
+                        (double)o->neftune_alpha);
+    a->dropout_first_row = o->first_row;
+    a->neftune_alpha = o->neftune_alpha;
+    a->neftune_columns = o->neftune_columns;
+    return forward(d, a, ids, pos, segments, o->lora_dropout, o->dropout_seed, 1);
+}
+
 at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
                                    const at_tensor *segments, float lora_dropout, uint64_t dropout_seed)
 {
-    if (!(a->neftune_alpha >= 0.0f && isfinite(a->neftune_alpha)))
-        return at_error(AT_ERR_INVALID, "decoder forward: --neftune_noise_alpha %g must be finite and >= 0",
-                        (double)a->neftune_alpha);
-    return forward(d, a, ids, pos, segments, lora_dropout, dropout_seed, 1);
+    at_fwd_opts o = {lora_dropout, dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns};
+    return at_decoder_forward_train_opts(d, a, ids, pos, segments, &o);
 }
 
 at_status at_decoder_forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
@@ -607,6 +617,16 @@ at_status at_decoder_loss_scale_rows(at_decoder_acts *a, const at_decoder_grads 
 
 /* ---- backward ------------------------------------------------------------------------------ */
 
+at_status at_decoder_set_d_final(at_decoder_acts *a, const float *host)
+{
+    if (!(a->flags & AT_ACTS_TRAIN) || !a->d_final.buf)
+        return at_error(AT_ERR_INVALID, "decoder: setting dL/d final_norm needs activations made with AT_ACTS_TRAIN");
+    if (!a->forward_done) return at_error(AT_ERR_INVALID, "decoder: setting dL/d final_norm before a forward");
+    AT_TRY(at_tensor_upload(&a->d_final, host, at_tensor_nbytes(&a->d_final)));
+    a->loss_done = 1;
+    return AT_OK;
+}
+
 at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grads *g)
 {
     const at_model_config *c = &d->cfg;
@@ -653,7 +673,16 @@ at_status at_decoder_forward_backward(at_decoder *d, at_decoder_acts *a, const a
                                       uint64_t dropout_seed, float grad_scale, at_decoder_grads *g,
                                       at_loss_stats *stats)
 {
-    AT_TRY(at_decoder_forward_train(d, a, ids, pos, segments, lora_dropout, dropout_seed));
+    at_fwd_opts o = {lora_dropout, dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns};
+    return at_decoder_forward_backward_opts(d, a, ids, pos, segments, labels, &o, grad_scale, g, stats);
+}
+
+at_status at_decoder_forward_backward_opts(at_decoder *d, at_decoder_acts *a, const at_tensor *ids,
+                                           const at_tensor *pos, const at_tensor *segments, const at_tensor *labels,
+                                           const at_fwd_opts *o, float grad_scale, at_decoder_grads *g,
+                                           at_loss_stats *stats)
+{
+    AT_TRY(at_decoder_forward_train_opts(d, a, ids, pos, segments, o));
     AT_TRY(at_decoder_loss(d, a, labels, grad_scale, g, stats));
     if (!g) return AT_OK;
     return at_decoder_backward(d, a, g);

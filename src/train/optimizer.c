@@ -9,9 +9,15 @@
 
 at_status at_optimizer_init(at_optimizer *o, at_decoder *d, const at_decoder_grads *g, const at_adamw_config *cfg)
 {
+    return at_optimizer_init_ex(o, d, g, NULL, 0, cfg);
+}
+
+at_status at_optimizer_init_ex(at_optimizer *o, at_decoder *d, const at_decoder_grads *g, const at_param_grad *extra,
+                               int n_extra, const at_adamw_config *cfg)
+{
     memset(o, 0, sizeof *o);
     o->cfg = *cfg;
-    int n = at_decoder_trainables(d, g, NULL, 0);
+    int nd = at_decoder_trainables(d, g, NULL, 0), n = nd + n_extra;
     if (n <= 0) return at_error(AT_ERR_INVALID, "nothing to train");
     o->n = n;
     o->params = calloc((size_t)n, sizeof *o->params);
@@ -22,7 +28,8 @@ at_status at_optimizer_init(at_optimizer *o, at_decoder *d, const at_decoder_gra
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    at_decoder_trainables(d, g, o->params, n);
+    at_decoder_trainables(d, g, o->params, nd);
+    for (int i = 0; i < n_extra; i++) o->params[nd + i] = extra[i];
     for (int i = 0; i < n; i++) {
         const at_tensor *p = o->params[i].param;
         char name[AT_NAME_MAX + 16];

@@ -24,6 +24,10 @@ typedef struct {
 
 /* Zeroed moments for every trainable of d under g. Free with at_optimizer_free. */
 at_status at_optimizer_init(at_optimizer *o, at_decoder *d, const at_decoder_grads *g, const at_adamw_config *cfg);
+/* The same plus n_extra more (param, gradient) pairs after the decoder's (an
+ * objective's own tensors, train/objective.h). */
+at_status at_optimizer_init_ex(at_optimizer *o, at_decoder *d, const at_decoder_grads *g, const at_param_grad *extra,
+                               int n_extra, const at_adamw_config *cfg);
 void at_optimizer_free(at_optimizer *o);
 
 /* sqrt(Σ over every gradient of Σ g²) (computed in double across tensors). */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
+#include "train/objective.h"
 
 _Static_assert(sizeof(at_pref_stats) == AT_PREF_STATS_N * sizeof(double), "at_pref_stats is summed as an array");
 
@@ -25,13 +26,14 @@ at_status at_pref_loss_type_parse(const char *name, at_pref_loss_type *out)
                     name ? name : "(none)");
 }
 
-#define BUILD_HAS "this build has dpo, simpo, cpo and orpo"
+#define BUILD_HAS "this build has dpo, simpo, cpo, orpo, kto and rm"
 
 at_status at_pref_config_init(at_pref_config *c, const char *name)
 {
     memset(c, 0, sizeof *c);
     c->beta = 0.1;
     c->loss_type = AT_PREF_SIGMOID;
+    c->desirable_weight = c->undesirable_weight = 1.0;
     if (name && !strcmp(name, "dpo")) {
         c->objective = AT_PREF_DPO;
         c->name = "dpo";
@@ -49,18 +51,24 @@ at_status at_pref_config_init(at_pref_config *c, const char *name)
     } else if (name && !strcmp(name, "orpo")) {
         c->objective = AT_PREF_ORPO;
         c->name = "orpo";
+    } else if (name && !strcmp(name, "kto")) {
+        c->objective = AT_PREF_KTO;
+        c->name = "kto";
+    } else if (name && !strcmp(name, "rm")) {
+        c->objective = AT_PREF_RM;
+        c->name = "rm";
     } else {
-        static const char *const others[] = {"kto", "rm", "ppo", "grpo", "gkd"};
+        static const char *const others[] = {"ppo", "grpo", "gkd"};
         for (size_t i = 0; name && i < sizeof others / sizeof others[0]; i++)
             if (!strcmp(name, others[i]))
                 return at_error(AT_ERR_UNSUPPORTED, "--rlhf_type %s: not in this build (%s)", name, BUILD_HAS);
-        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has kto, rm, ppo, grpo, gkd)",
+        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has ppo, grpo, gkd)",
                         name ? name : "(none)", BUILD_HAS);
     }
     return AT_OK;
 }
 
-int at_pref_needs_reference(const at_pref_config *c) { return c->objective == AT_PREF_DPO; }
+int at_pref_needs_reference(const at_pref_config *c) { return c->objective == AT_PREF_DPO || c->objective == AT_PREF_KTO; }
 
 int at_pref_averaged(const at_pref_config *c)
 {
@@ -76,17 +84,29 @@ at_status at_pref_config_check(const at_pref_config *c)
 {
     const char *n = c->name ? c->name : "dpo";
     if (!(c->beta > 0) || !isfinite(c->beta)) return at_error(AT_ERR_INVALID, "--beta %g must be > 0", c->beta);
-    if ((unsigned)c->objective > AT_PREF_ORPO || (unsigned)c->loss_type > AT_PREF_SIMPO)
+    if ((unsigned)c->objective > AT_PREF_RM || (unsigned)c->loss_type > AT_PREF_SIMPO)
         return at_error(AT_ERR_INVALID, "preference objective %d / loss_type %d: out of range", (int)c->objective,
                         (int)c->loss_type);
-    if (c->objective == AT_PREF_ORPO && c->loss_type != AT_PREF_SIGMOID)
-        return at_error(AT_ERR_INVALID, "--loss_type %s does not apply to --rlhf_type orpo (it has one loss)",
-                        at_pref_loss_type_name(c->loss_type));
+    if ((c->objective == AT_PREF_ORPO || c->objective == AT_PREF_KTO || c->objective == AT_PREF_RM) &&
+        c->loss_type != AT_PREF_SIGMOID)
+        return at_error(AT_ERR_INVALID, "--loss_type %s does not apply to --rlhf_type %s (it has one loss)",
+                        at_pref_loss_type_name(c->loss_type), n);
+    if (!(c->desirable_weight >= 0 && isfinite(c->desirable_weight)) ||
+        !(c->undesirable_weight >= 0 && isfinite(c->undesirable_weight)))
+        return at_error(AT_ERR_INVALID, "--desirable_weight %g and --undesirable_weight %g must be finite and >= 0",
+                        c->desirable_weight, c->undesirable_weight);
+    if (c->objective != AT_PREF_KTO && (c->desirable_weight != 1 || c->undesirable_weight != 1))
+        return at_error(AT_ERR_INVALID, "--desirable_weight and --undesirable_weight are kto's (not %s)", n);
+    if (!(c->center_rewards_coefficient >= 0 && isfinite(c->center_rewards_coefficient)))
+        return at_error(AT_ERR_INVALID, "--center_rewards_coefficient %g must be finite and >= 0",
+                        c->center_rewards_coefficient);
+    if (c->center_rewards_coefficient > 0 && c->objective != AT_PREF_RM)
+        return at_error(AT_ERR_INVALID, "--center_rewards_coefficient is rm's (not %s)", n);
     if (c->objective == AT_PREF_DPO && c->loss_type == AT_PREF_SIMPO)
         return at_error(AT_ERR_INVALID, "--loss_type simpo is reference-free: use --rlhf_type simpo (or cpo)");
     if (!(c->label_smoothing >= 0 && c->label_smoothing < 0.5))
         return at_error(AT_ERR_INVALID, "--label_smoothing %g must be in [0, 0.5)", c->label_smoothing);
-    if (c->label_smoothing > 0 && (c->objective == AT_PREF_ORPO ||
+    if (c->label_smoothing > 0 && (c->objective == AT_PREF_ORPO || c->objective >= AT_PREF_KTO ||
                                    (c->loss_type != AT_PREF_SIGMOID && c->loss_type != AT_PREF_SIMPO)))
         return at_error(AT_ERR_INVALID, "--label_smoothing applies to the sigmoid and simpo losses of dpo, cpo and "
                         "simpo only (not %s with loss_type %s)", n, at_pref_loss_type_name(c->loss_type));
@@ -94,7 +114,9 @@ at_status at_pref_config_check(const at_pref_config *c)
         return at_error(AT_ERR_INVALID, "--rpo_alpha %g must be >= 0", c->rpo_alpha);
     if (c->rpo_alpha > 0 && c->objective != AT_PREF_DPO)
         return at_error(AT_ERR_INVALID, "--rpo_alpha is DPO's; %s weighs the chosen replies' NLL with %s", n,
-                        c->objective == AT_PREF_ORPO ? "1 (its SFT term)" : "--cpo_alpha");
+                        c->objective == AT_PREF_ORPO  ? "1 (its SFT term)"
+                        : c->objective >= AT_PREF_KTO ? "nothing (it has no NLL term)"
+                                                      : "--cpo_alpha");
     if (!(c->cpo_alpha >= 0) || !isfinite(c->cpo_alpha))
         return at_error(AT_ERR_INVALID, "--cpo_alpha %g must be >= 0", c->cpo_alpha);
     if (c->cpo_alpha > 0 && c->objective != AT_PREF_CPO)
@@ -300,44 +322,14 @@ at_status at_pref_batch_build(const at_pref_pairs *p, const size_t *idx, size_t 
 
 /* ---- running batches without gradients ---- */
 
-typedef struct {
-    at_tensor *ids, *pos, *labels;
-} batch_tensors;
-
-static void batch_tensors_free(batch_tensors *t)
-{
-    at_tensor_free(t->ids);
-    at_tensor_free(t->pos);
-    at_tensor_free(t->labels);
-    memset(t, 0, sizeof *t);
-}
-
-static at_status upload(at_backend *be, const at_batch *b, batch_tensors *t)
-{
-    int64_t shape[2] = {(int64_t)b->rows, (int64_t)b->cols};
-    size_t bytes = b->rows * b->cols * sizeof(int32_t);
-    memset(t, 0, sizeof *t);
-    at_status st = at_tensor_new(be, AT_I32, 2, shape, "input_ids", &t->ids);
-    if (st == AT_OK) st = at_tensor_upload(t->ids, b->ids, bytes);
-    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "position_ids", &t->pos);
-    if (st == AT_OK) st = at_tensor_upload(t->pos, b->positions, bytes);
-    if (st == AT_OK) st = at_tensor_new(be, AT_I32, 2, shape, "labels", &t->labels);
-    if (st == AT_OK) st = at_tensor_upload(t->labels, b->labels, bytes);
-    if (st != AT_OK) batch_tensors_free(t);
-    return st;
-}
-
-/* Calls fn for every batch of batch_pairs consecutive pairs of p, with its
- * uploaded tensors and loss-only activations of its shape.
- * No gradients here, so no layer's activations are needed after the layer:
+/* No gradients here, so no layer's activations are needed after the layer:
  * AT_ACTS_CHECKPOINT makes every layer share one set of them (keeping only
  * the layer inputs resid[0..L]) instead of keeping all L. The forward runs the
  * same kernels on the same inputs, so the log-probs are bit-identical; the
  * pass then needs less memory than a training step (it used to be the peak
  * of DPO with gradient checkpointing: plan/memory.c reference_peak). */
-typedef at_status (*batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t);
-
-static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, batch_fn fn, void *ctx)
+at_status at_pref_each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, at_pref_batch_fn fn,
+                             void *ctx)
 {
     size_t bp = batch_pairs > 0 ? (size_t)batch_pairs : 1;
     size_t *idx = malloc(bp * sizeof *idx);
@@ -348,16 +340,16 @@ static at_status each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pai
         size_t n = p->n - i0 < bp ? p->n - i0 : bp;
         for (size_t k = 0; k < n; k++) idx[k] = i0 + k;
         at_batch b = {0};
-        batch_tensors t = {0};
+        at_batch_tensors t = {0};
         st = at_pref_batch_build(p, idx, n, pad, &b);
-        if (st == AT_OK) st = upload(d->be, &b, &t);
+        if (st == AT_OK) st = at_batch_tensors_upload(d->be, &b, 0, &t);
         if (st == AT_OK && (!acts || acts->B != (int)b.rows || acts->T != (int)b.cols)) {
             at_decoder_acts_free(acts);
             acts = NULL;
             st = at_decoder_acts_new_ex(d, (int)b.rows, (int)b.cols, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, &acts);
         }
-        if (st == AT_OK) st = fn(ctx, idx, n, acts, &t);
-        batch_tensors_free(&t);
+        if (st == AT_OK) st = fn(ctx, idx, n, acts, &b, &t);
+        at_batch_tensors_free(&t);
         at_batch_free(&b);
     }
     at_decoder_acts_free(acts);
@@ -370,8 +362,10 @@ typedef struct {
     at_pref_pairs *p;
 } ref_ctx;
 
-static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
+static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const at_batch *b,
+                           const at_batch_tensors *t)
 {
+    (void)b;
     ref_ctx *c = vctx;
     double *row = calloc(2 * n, sizeof *row);
     if (!row) return at_error(AT_ERR_NOMEM, "out of memory");
@@ -390,7 +384,7 @@ static at_status ref_batch(void *vctx, const size_t *idx, size_t n, at_decoder_a
 at_status at_pref_reference(at_decoder *d, at_pref_pairs *p, int batch_pairs, int32_t pad)
 {
     ref_ctx c = {d, p};
-    at_status st = each_batch(d, p, batch_pairs, pad, ref_batch, &c);
+    at_status st = at_pref_each_batch(d, p, batch_pairs, pad, ref_batch, &c);
     return st == AT_OK ? st : at_error_wrap(st, "DPO reference log-probs");
 }
 /* ---- the step ---- */
@@ -434,6 +428,17 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
                                    const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
                                    double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats)
 {
+    at_fwd_opts o = {dropout, seed, acts->dropout_first_row, acts->neftune_alpha, acts->neftune_columns};
+    return at_pref_forward_backward_opts(c, p, idx, n, d, acts, ids, pos, labels, &o, step_pairs, step_nll_targets,
+                                         scale, g, stats);
+}
+
+at_status at_pref_forward_backward_opts(const at_pref_config *c, const at_pref_pairs *p, const size_t *idx, size_t n,
+                                        at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                        const at_tensor *pos, const at_tensor *labels, const at_fwd_opts *fwd,
+                                        double step_pairs, double step_nll_targets, double scale,
+                                        at_decoder_grads *g, at_pref_stats *stats)
+{
     if (acts->B != (int)(2 * n))
         return at_error(AT_ERR_INVALID, "%s step: %zu pairs need %zu rows, the activations have %d",
                         c->name ? c->name : "preference", n, 2 * n, acts->B);
@@ -445,7 +450,7 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    AT_CHECK(at_decoder_forward_train(d, acts, ids, pos, NULL, dropout, seed));
+    AT_CHECK(at_decoder_forward_train_opts(d, acts, ids, pos, NULL, fwd));
     /* each row's Σ −log p and its target count. With LoRA the same pass
      * leaves the gradient of every row's loss sum at `scale` and the rows are
      * weighted afterwards (at_decoder_loss_scale_rows: one pass over the
@@ -510,8 +515,10 @@ typedef struct {
     at_pref_stats *stats;
 } eval_ctx;
 
-static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const batch_tensors *t)
+static at_status eval_batch(void *vctx, const size_t *idx, size_t n, at_decoder_acts *acts, const at_batch *b,
+                            const at_batch_tensors *t)
 {
+    (void)b;
     eval_ctx *e = vctx;
     return at_pref_forward_backward(e->c, e->p, idx, n, e->d, acts, t->ids, t->pos, t->labels, 0.0f, 0, 1, 1, 1,
                                     NULL, e->stats);
@@ -522,5 +529,103 @@ at_status at_pref_evaluate(const at_pref_config *c, const at_pref_pairs *p, at_d
 {
     memset(stats, 0, sizeof *stats);
     eval_ctx e = {c, p, d, stats};
-    return each_batch(d, p, batch_pairs, pad, eval_batch, &e);
+    return at_pref_each_batch(d, p, batch_pairs, pad, eval_batch, &e);
 }
+
+/* ---- the objective (train/objective.h): dpo, cpo, simpo, orpo ---- */
+
+static at_status obj_prepare(at_objective *o, const at_obj_data_env *env, const at_sample_list *train,
+                             const at_sample_list *val)
+{
+    at_pref_pairs *pp = calloc(2, sizeof *pp); /* [0] train, [1] val */
+    if (!pp) return at_error(AT_ERR_NOMEM, "out of memory");
+    o->impl = pp;
+    AT_TRY(at_pref_pairs_encode(train, env->enc, env->strict, "train", &pp[0]));
+    if (val->n) AT_TRY(at_pref_pairs_encode(val, env->enc, env->strict, "eval", &pp[1]));
+    if (pp[0].n == 0) return at_error(AT_ERR_INVALID, "no preference pair left after encoding (see the warnings above)");
+    /* the batch plan runs over pairs, by the longer side of each */
+    o->n_train = pp[0].n;
+    o->train_len = pp[0].len;
+    o->n_val = pp[1].n;
+    o->val_len = pp[1].len;
+    return AT_OK;
+}
+
+static at_status obj_reference(at_objective *o, at_decoder *ref, int batch_items, int32_t pad)
+{
+    at_pref_pairs *pp = o->impl;
+    AT_TRY(at_pref_reference(ref, &pp[0], batch_items, pad));
+    if (pp[1].n) AT_TRY(at_pref_reference(ref, &pp[1], batch_items, pad));
+    return AT_OK;
+}
+
+/* A plan row is one pair: the pairs of plan batch b from its item u0 on. */
+static const size_t *plan_pairs(const at_batch_plan *plan, size_t b, size_t u0)
+{
+    return plan->items + plan->row_start[plan->batch_start[b]] + u0;
+}
+
+/* counts[0]: the batch's pairs (the loss is their mean over the step);
+ * counts[1]: their chosen replies' targets (the NLL term's token mean) */
+static at_status obj_build(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
+                           double *counts)
+{
+    const at_pref_pairs *pp = o->impl;
+    size_t n = plan->batch_start[b + 1] - plan->batch_start[b];
+    const size_t *pairs = plan_pairs(plan, b, 0);
+    AT_TRY(at_pref_batch_build(&pp[0], pairs, n, pad, out));
+    counts[0] = (double)n;
+    counts[1] = 0;
+    for (size_t i = 0; i < n; i++) counts[1] += (double)pp[0].n_c[pairs[i]];
+    return AT_OK;
+}
+
+static at_status obj_forward_backward(at_objective *o, at_decoder *d, at_decoder_acts *acts, const at_obj_micro *m,
+                                      at_decoder_grads *g, double *stats)
+{
+    const at_pref_pairs *pp = o->impl;
+    return at_pref_forward_backward_opts(o->pref, &pp[0], plan_pairs(m->plan, m->b, m->u0), m->u1 - m->u0, d, acts,
+                                         m->t->ids, m->t->pos, m->t->labels, &m->fwd, m->step_counts[0],
+                                         m->step_counts[1], m->scale, g, (at_pref_stats *)stats);
+}
+
+static double obj_loss(const at_objective *o, const double *stats, const double *counts)
+{
+    (void)counts;
+    return at_pref_stats_loss(o->pref, (const at_pref_stats *)stats);
+}
+
+static void obj_log(const at_objective *o, const double *stats, cJSON *line)
+{
+    at_pref_stats_log(o->pref, (const at_pref_stats *)stats, line);
+}
+
+static at_status obj_evaluate(at_objective *o, const at_obj_eval_env *env, double *loss)
+{
+    at_pref_pairs *pp = o->impl;
+    at_pref_stats s;
+    at_decoder_acts_free(*env->acts); /* the evaluation makes its own */
+    *env->acts = NULL;
+    AT_TRY(at_pref_evaluate(o->pref, &pp[1], env->d, (int)env->batch.batch_size, env->pad, &s));
+    *loss = at_pref_stats_loss(o->pref, &s);
+    return AT_OK;
+}
+
+static int obj_needs_reference(const at_objective *o) { return at_pref_needs_reference(o->pref); }
+
+static void obj_free(at_objective *o)
+{
+    at_pref_pairs *pp = o->impl;
+    if (!pp) return;
+    at_pref_pairs_free(&pp[0]);
+    at_pref_pairs_free(&pp[1]);
+    free(pp);
+}
+
+const at_objective_ops at_objective_preference = {
+    .name = "preference", .rows_per_item = 2, .n_counts = 2, .n_stats = AT_PREF_STATS_N, .packs = 0,
+    .plain_text = 0, .prepare = obj_prepare, .needs_reference = obj_needs_reference,
+    .reference = obj_reference, .build = obj_build,
+    .forward_backward = obj_forward_backward, .loss = obj_loss, .log = obj_log, .evaluate = obj_evaluate,
+    .free = obj_free,
+};

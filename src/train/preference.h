@@ -45,8 +45,9 @@
 #include "data/dataset.h"
 #include "data/encode.h"
 #include "model/decoder.h"
+#include "train/batch_upload.h"
 
-typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO } at_pref_objective;
+typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO, AT_PREF_KTO, AT_PREF_RM } at_pref_objective;
 typedef enum { AT_PREF_SIGMOID = 0, AT_PREF_IPO, AT_PREF_HINGE, AT_PREF_SIMPO } at_pref_loss_type;
 
 /* "sigmoid", "ipo", "hinge", "simpo". */
@@ -68,19 +69,22 @@ typedef struct {
     double rpo_alpha;           /* --rpo_alpha (dpo; 0: off, TRL's and ms-swift's None) */
     double cpo_alpha;           /* --cpo_alpha (cpo and simpo: 1, ms-swift's; 0 otherwise) */
     double simpo_gamma;         /* --simpo_gamma (loss_type simpo: 1, ms-swift's; 0 otherwise) */
-    const char *ref_model;      /* --ref_model (dpo only); NULL: the policy's base */
+    const char *ref_model;      /* --ref_model (dpo and kto); NULL: the policy's base */
+    double desirable_weight;    /* kto: --desirable_weight (1), the weight of desirable examples' losses */
+    double undesirable_weight;  /* kto: --undesirable_weight (1) */
+    double center_rewards_coefficient; /* rm: --center_rewards_coefficient (0: off; train/reward.h) */
 } at_pref_config;
 
 /* The defaults of --rlhf_type name, as ms-swift's: dpo (β 0.1, sigmoid),
  * simpo (cpo with loss_type simpo, β 2, γ 1, cpo_alpha 1), cpo (β 0.1,
- * sigmoid, cpo_alpha 1), orpo (β 0.1). Another of ms-swift's types (kto, rm,
- * ppo, grpo, gkd) is AT_ERR_UNSUPPORTED, anything else AT_ERR_INVALID; both
- * messages list what this build has. */
+ * sigmoid, cpo_alpha 1), orpo (β 0.1), kto (β 0.1, weights 1; train/kto.h),
+ * rm (train/reward.h). Another of ms-swift's types (ppo, grpo, gkd) is AT_ERR_UNSUPPORTED,
+ * anything else AT_ERR_INVALID; both messages list what this build has. */
 at_status at_pref_config_init(at_pref_config *c, const char *name);
 /* AT_ERR_INVALID naming the option when a value is out of range or does not
  * apply to the objective (--ref_model with a reference-free one, ...). */
 at_status at_pref_config_check(const at_pref_config *c);
-/* Whether the objective compares with a reference model (dpo). */
+/* Whether the objective compares with a reference model (dpo, kto). */
 int at_pref_needs_reference(const at_pref_config *c);
 /* Whether π is the mean log-prob over the reply's tokens (else the sum). */
 int at_pref_averaged(const at_pref_config *c);
@@ -130,6 +134,17 @@ at_status at_pref_batch_build(const at_pref_pairs *p, const size_t *idx, size_t 
  * layer's intermediates), freed before it returns. */
 at_status at_pref_reference(at_decoder *d, at_pref_pairs *p, int batch_pairs, int32_t pad);
 
+/* Calls fn for every batch of batch_pairs consecutive pairs of p (the last
+ * may have fewer), laid out by at_pref_batch_build with pad and uploaded,
+ * with loss-only activations of its shape that keep one layer's
+ * intermediates (AT_ACTS_LOSS | AT_ACTS_CHECKPOINT: no gradients follow);
+ * stops at fn's first error. The passes without gradients (reference,
+ * evaluation) of the objectives on pairs (and pair-like rows: kto, rm). */
+typedef at_status (*at_pref_batch_fn)(void *ctx, const size_t *idx, size_t n, at_decoder_acts *acts,
+                                      const at_batch *b, const at_batch_tensors *t);
+at_status at_pref_each_batch(at_decoder *d, const at_pref_pairs *p, int batch_pairs, int32_t pad, at_pref_batch_fn fn,
+                             void *ctx);
+
 /* What a step (or a logging interval) sums over its pairs. */
 typedef struct {
     double pairs;                  /* pairs counted */
@@ -164,6 +179,14 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
                                    at_decoder *d, at_decoder_acts *acts, const at_tensor *ids, const at_tensor *pos,
                                    const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
                                    double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats);
+
+/* The same with the forward's options as an argument (model/decoder.h at_fwd_opts);
+ * at_pref_forward_backward reads first_row and NEFTune's fields from acts. */
+at_status at_pref_forward_backward_opts(const at_pref_config *c, const at_pref_pairs *p, const size_t *idx, size_t n,
+                                        at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,
+                                        const at_tensor *pos, const at_tensor *labels, const at_fwd_opts *fwd,
+                                        double step_pairs, double step_nll_targets, double scale,
+                                        at_decoder_grads *g, at_pref_stats *stats);
 
 /* Loss terms of every pair of p (batch_pairs at a time, no dropout, no
  * gradients) summed into *stats (zeroed first): the evaluation. Its own

@@ -112,6 +112,10 @@ const at_opt_spec at_train_options[] = {
     CLI("model_author", AT_OPT_LIST, NULL, NULL, "fills {{author}} in the data; two values as --model_name"),
     CHOICE("loss_scale", "default", "default|last_round", "default (every assistant turn) or last_round"),
     CLI("preview", AT_OPT_LIST, NULL, NULL, "questions answered before and after training"),
+    {.name = "report_to", .type = AT_OPT_STRING, .def = "none", .choices = "none|tensorboard|all",
+     .help = "tensorboard (or all): also write every logged scalar as TensorBoard event files in RUN/runs "
+             "(logging.jsonl and images/train_loss.svg are always written)",
+     AT_OPT_AT(at_train_args, report_to)},
     AT("preview_max_tokens", AT_OPT_INT, "48", "[1, 1048576]", preview_max_tokens, "answer length of --preview"),
     AT_HUB_OPTION_ROWS,
     /* ms-swift's spellings of what is above */
@@ -133,7 +137,6 @@ const at_opt_spec at_train_options[] = {
     IGNORED("check_model", AT_OPT_BOOL, "models fetched by name are checked against the hub's sha256"),
     IGNORED("ddp_backend", AT_OPT_STRING, "data parallel runs over MPI (and NCCL on GPUs): mpirun -np N anytune sft"),
     IGNORED("ddp_find_unused_parameters", AT_OPT_BOOL, "gradients are summed over ranks by the trainer itself"),
-    IGNORED("report_to", AT_OPT_LIST, "runs write logging.jsonl and images/train_loss.svg"),
     IGNORED("save_safetensors", AT_OPT_BOOL, "checkpoints are always safetensors"),
     IGNORED("remove_unused_columns", AT_OPT_BOOL, "records are read by their known keys"),
     IGNORED("dataloader_pin_memory", AT_OPT_BOOL, "batches are copied to the device by the trainer"),

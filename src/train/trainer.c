@@ -1,110 +1,47 @@
 #include "train/trainer.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <unistd.h>
 #include "base/file.h"
 #include "base/json.h"
 #include "base/log.h"
 #include "base/progress.h"
 #include "base/rng.h"
-#include "data/batch.h"
-#include "data/dataset.h"
 #include "device/registry.h"
 #include "infer/bundle.h"
-#include "model/adapter.h"
-#include "model/decoder.h"
 #include "model/loader.h"
-#include "model/safetensors.h"
 #include "ops/ops.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
-#include "train/optimizer.h"
-#include "train/plot.h"
 #include "train/preview.h"
-#include "train/ckpt_files.h"
-#include "train/run_files.h"
-#include "device/comm.h"
-#include "train/text_pipeline.h"
+#include "train/stop_signal.h"
 #include "train/train_options.h"
+#include "train/trainer_impl.h"
 
 void at_train_args_defaults(at_train_args *a)
 {
     memset(a, 0, sizeof *a);
     /* the option table's defaults (train/train_options.c): what `anytune sft` uses */
     at_options_store_defaults(at_train_options, at_train_n_options, a);
-    /* what the command line parses from text (enums, lists) */
-    a->target_mask = (1u << AT_MOD_COUNT) - 1;
-    a->truncation = AT_TRUNCATE_DELETE;
-    a->scheduler = AT_SCHED_COSINE;
+    /* what the command line parses from text (enums, lists): parsed here from the same rows' defaults, so
+     * the two cannot differ (the fallbacks serve only if a row's default stopped parsing) */
+    const at_opt_spec *tm = at_opt_find(at_train_options, at_train_n_options, "target_modules"),
+                      *tr = at_opt_find(at_train_options, at_train_n_options, "truncation_strategy"),
+                      *sc = at_opt_find(at_train_options, at_train_n_options, "lr_scheduler_type"),
+                      *ls = at_opt_find(at_train_options, at_train_n_options, "loss_scale");
+    const char *tm_def[1] = {tm ? tm->def : NULL};
+    if (!tm_def[0] || at_parse_target_modules(tm_def, 1, &a->target_mask) != AT_OK)
+        a->target_mask = (1u << AT_MOD_COUNT) - 1;
+    if (!tr || at_truncation_parse(tr->def, &a->truncation) != AT_OK) a->truncation = AT_TRUNCATE_DELETE;
+    if (!sc || at_schedule_parse(sc->def, &a->scheduler) != AT_OK) a->scheduler = AT_SCHED_COSINE;
+    a->loss_last_turn_only = ls && ls->def && !strcmp(ls->def, "last_round");
+    at_clear_error();
     a->max_nonfinite_steps = 5;
 }
 
-/* Everything a run holds; released by trainer_free on every path. */
-typedef struct {
-    const at_train_args *a;
-    at_backend *be;
-    at_decoder *dec;
-    at_adapter *adapter;
-    at_decoder_grads *grads;
-    at_optimizer opt;
-    int opt_ready;
-    at_tokenizer *tok;
-    at_chat_template *tmpl;
-    at_text_pipeline pipe;
-    int pipe_ready;
-    at_dataset *ds, *val_ds;
-    at_encoded *train, *val;
-    size_t n_train, n_val;
-    size_t *train_len, *val_len;
-    int max_length;       /* --max_length, or the model's context when unset (0) */
-    at_decoder_acts *acts;
-    char *run_dir;
-    int run_dir_new;      /* this process created run_dir (removed again when no step of it trained) */
-    at_run_lock lock;     /* rank 0's hold on run_dir */
-    FILE *log;
-    int64_t steps_per_epoch, total_steps, n_batches;
-    int64_t tokens_seen;  /* input tokens trained on so far (kept across a resume) */
-    double loss_scale;    /* dynamic loss scaling (f16): gradients are of loss · loss_scale; 1 when off */
-    int good_steps;       /* steps since the scale last changed */
-    int oom_halvings;     /* micro-batches run in 1 << oom_halvings pieces since an out-of-memory retry */
-    /* data parallel (mpirun -np N): this process is rank `rank` of `world`; each
-     * step's grad_accum · world micro-batches are split in consecutive runs of
-     * grad_accum per rank and the gradients summed, so N processes compute what
-     * one process with N-fold accumulation would. Rank 0 alone writes files. */
-    at_comm *comm;
-    int rank, world;
-    FILE *devnull;
-    /* the current epoch's batch plan */
-    at_batch_plan plan;
-    int64_t plan_epoch;
-    /* preference objectives (a->pref, train/preference.h): the pairs (with
-     * DPO's reference log-probs); the current step's sums and those of the
-     * logging interval. The batch plan is over pairs (train_len: the longer
-     * side of each). */
-    at_pref_pairs pref_train, pref_val;
-    at_pref_stats pref_step, pref_interval;
-    int64_t step_base;       /* plan index of the step's first micro-batch (of rank 0) */
-    int64_t step_first;      /* plan index of this rank's first micro-batch of the step */
-    double step_nll_targets; /* chosen-reply targets of the whole step (the NLL term) */
-    int64_t step_columns;    /* NEFTune's L: columns of one micro-batch of the whole step (step_columns) */
-    /* history for the SVG */
-    int64_t *hist_step, *eval_step;
-    double *hist_loss, *hist_lr, *eval_loss;
-    int n_hist, cap_hist, n_eval, cap_eval;
-} trainer;
-
-static void free_encoded(at_encoded *e, size_t n)
-{
-    for (size_t i = 0; e && i < n; i++) at_encoded_free(&e[i]);
-    free(e);
-}
+typedef at_trainer trainer;
 
 static void trainer_free(trainer *t)
 {
@@ -117,16 +54,12 @@ static void trainer_free(trainer *t)
     if (t->pipe_ready) at_text_pipeline_free(&t->pipe);
     at_chat_template_free(t->tmpl);
     at_tokenizer_free(t->tok);
-    free_encoded(t->train, t->n_train);
-    free_encoded(t->val, t->n_val);
-    free(t->train_len);
-    free(t->val_len);
+    at_objective_free(t->obj);
     at_dataset_free(t->ds);
     at_dataset_free(t->val_ds);
-    at_pref_pairs_free(&t->pref_train);
-    at_pref_pairs_free(&t->pref_val);
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     if (t->log) fclose(t->log);
+    at_tb_close(&t->tb);
     if (t->devnull) fclose(t->devnull);
     at_run_lock_release(&t->lock);
     free(t->run_dir);
@@ -135,13 +68,6 @@ static void trainer_free(trainer *t)
     free(t->hist_lr);
     free(t->eval_step);
     free(t->eval_loss);
-}
-
-static double peak_rss_mb(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_maxrss / 1024.0;
 }
 
 /* ---- model, text, data ---- */
@@ -197,125 +123,9 @@ static at_status load_model(trainer *t)
 }
 
 
-static at_status encode_list(trainer *t, const at_sample_list *list, at_encoded **out, size_t **lens, size_t *n_out,
-                             const char *what)
-{
-    const at_train_args *a = t->a;
-    at_encoder enc;
-    at_text_pipeline_encoder(&t->pipe, &enc);
-    enc.max_length = (size_t)t->max_length;
-    enc.truncation = a->truncation;
-    at_encoded *e = calloc(list->n ? list->n : 1, sizeof *e);
-    size_t *len = calloc(list->n ? list->n : 1, sizeof *len);
-    if (!e || !len) {
-        free(e);
-        free(len);
-        return at_error(AT_ERR_NOMEM, "out of memory");
-    }
-    size_t n = 0, dropped = 0, failed = 0, no_labels = 0;
-    at_status st = AT_OK;
-    for (size_t i = 0; i < list->n; i++) {
-        const at_sample *s = list->items[i];
-        int drop = 0;
-        if (s->kind == AT_SAMPLE_PREFERENCE) {
-            st = at_error(AT_ERR_INVALID, "%s:%d: a preference pair; sft and pt take conversations or texts",
-                          s->source, s->line);
-        } else {
-            st = at_encode_sample(&enc, s, &e[n], &drop);
-        }
-        if (st == AT_OK && !drop && s->kind == AT_SAMPLE_TEXT) /* pt: documents stay apart */
-            st = at_encoded_frame(&e[n], at_tokenizer_bos(t->tok), at_tokenizer_eos(t->tok));
-        if (st != AT_OK) {
-            if (a->strict) break;
-            if (failed++ < 5) at_log_warn("skipping a sample: %s", at_last_error());
-            at_encoded_free(&e[n]);
-            st = AT_OK;
-            continue;
-        }
-        if (drop) {
-            dropped++;
-            continue;
-        }
-        int any = 0;
-        for (size_t k = 1; k < e[n].n && !any; k++) any = e[n].labels[k] != AT_IGNORE_INDEX;
-        if (!any) {
-            no_labels++;
-            at_encoded_free(&e[n]);
-            continue;
-        }
-        len[n] = e[n].n;
-        n++;
-    }
-    if (st != AT_OK) {
-        free_encoded(e, n);
-        free(len);
-        return st;
-    }
-    at_log_info("%s: %zu samples encoded (%zu longer than --max_length %d dropped, %zu failed, %zu without "
-                "trained tokens)", what, n, dropped, t->max_length, failed, no_labels);
-    *out = e;
-    *lens = len;
-    *n_out = n;
-    return AT_OK;
-}
-
 static int32_t pad_id(const trainer *t) { return at_tokenizer_pad(t->tok) >= 0 ? at_tokenizer_pad(t->tok) : 0; }
 
-/* Preference objectives: the training and validation pairs; the batch plan
- * runs over pairs. */
-static at_status load_pairs(trainer *t, const at_sample_list *vl)
-{
-    const at_train_args *a = t->a;
-    at_encoder enc;
-    at_text_pipeline_encoder(&t->pipe, &enc);
-    enc.max_length = (size_t)t->max_length;
-    enc.truncation = a->truncation;
-    AT_TRY(at_pref_pairs_encode(&t->ds->train, &enc, a->strict, "train", &t->pref_train));
-    if (vl->n) AT_TRY(at_pref_pairs_encode(vl, &enc, a->strict, "eval", &t->pref_val));
-    if (t->pref_train.n == 0) return at_error(AT_ERR_INVALID, "no preference pair left after encoding (see the warnings above)");
-    t->n_train = t->pref_train.n;
-    t->n_val = t->pref_val.n;
-    t->train_len = malloc(t->n_train * sizeof *t->train_len);
-    if (!t->train_len) return at_error(AT_ERR_NOMEM, "out of memory");
-    memcpy(t->train_len, t->pref_train.len, t->n_train * sizeof *t->train_len);
-    return AT_OK;
-}
-
-/* DPO: the reference log-probs of every pair, once, before training (and
- * before a resume loads trained weights): by --ref_model, else by the policy
- * as loaded (LoRA: with the adapter off; full: the initial weights). */
-static at_status dpo_reference(trainer *t)
-{
-    const at_train_args *a = t->a;
-    at_decoder *ref = t->dec;
-    at_status st = AT_OK;
-    double t0 = at_now_seconds();
-    if (a->pref->ref_model) {
-        at_load_options lo;
-        AT_TRY(model_load_options(t, &lo));
-        lo.writable = 0;
-        if (lo.dtype == AT_F32 && a->full && !a->has_dtype) lo.dtype = at_load_options_default().dtype;
-        AT_TRY(at_decoder_load(a->pref->ref_model, &lo, &ref));
-        if (ref->cfg.vocab_size != t->dec->cfg.vocab_size)
-            st = at_error(AT_ERR_INVALID, "--ref_model %s has a vocabulary of %d tokens, --model %s has %d: the "
-                          "reference must share the policy's tokenizer", a->pref->ref_model, ref->cfg.vocab_size,
-                          a->model, t->dec->cfg.vocab_size);
-    } else {
-        st = at_decoder_set_adapter(t->dec, NULL);
-    }
-    if (st == AT_OK) st = at_pref_reference(ref, &t->pref_train, a->batch_size, pad_id(t));
-    if (st == AT_OK && t->pref_val.n) st = at_pref_reference(ref, &t->pref_val, a->batch_size, pad_id(t));
-    if (ref != t->dec) at_decoder_free(ref);
-    else if (t->adapter) {
-        at_status s2 = at_decoder_set_adapter(t->dec, t->adapter);
-        if (st == AT_OK) st = s2;
-    }
-    if (st == AT_OK)
-        at_log_info("DPO reference log-probs of %zu pairs in %.1f s (%s)", t->pref_train.n + t->pref_val.n,
-                    at_now_seconds() - t0, a->pref->ref_model ? a->pref->ref_model : "the base model");
-    return st;
-}
-
+/* The datasets, read and handed to the objective to encode. */
 static at_status load_data(trainer *t)
 {
     const at_train_args *a = t->a;
@@ -342,7 +152,7 @@ static at_status load_data(trainer *t)
             }
         o.columns = columns;
     }
-    if (a->pt) o.format = AT_FORMAT_TEXT;
+    if (t->obj->ops->plain_text) o.format = AT_FORMAT_TEXT;
     at_status st = at_dataset_load(a->datasets, (size_t)a->n_datasets, &o, &t->ds);
     if (st == AT_OK && !t->ds->n_skipped) at_log_info("%s", t->ds->summary); /* with skips, the load warned with it */
     if (st == AT_OK && a->n_val_datasets) {
@@ -352,14 +162,51 @@ static at_status load_data(trainer *t)
     cJSON_Delete(columns);
     AT_TRY(st);
     const at_sample_list *vl = t->val_ds ? &t->val_ds->train : &t->ds->val;
-    if (a->pref) return load_pairs(t, vl);
-    AT_TRY(encode_list(t, &t->ds->train, &t->train, &t->train_len, &t->n_train, "train"));
-    if (vl->n) AT_TRY(encode_list(t, vl, &t->val, &t->val_len, &t->n_val, "eval"));
-    if (t->n_train == 0) return at_error(AT_ERR_INVALID, "no training sample left after encoding (see the warnings above)");
-    return AT_OK;
+    at_encoder enc;
+    at_text_pipeline_encoder(&t->pipe, &enc);
+    enc.max_length = (size_t)t->max_length;
+    enc.truncation = a->truncation;
+    at_obj_data_env env = {&enc, a->strict, at_tokenizer_bos(t->tok), at_tokenizer_eos(t->tok), t->max_length,
+                           a->batch_size};
+    return t->obj->ops->prepare(t->obj, &env, &t->ds->train, vl);
 }
 
-/* ---- batches and steps ---- */
+/* The objective's reference log-probs (DPO's, KTO's), once, before training
+ * (and before a resume loads trained weights): by --ref_model, else by the
+ * policy as loaded (LoRA: with the adapter off; full: the initial weights). */
+static at_status reference_pass(trainer *t)
+{
+    const at_train_args *a = t->a;
+    const char *ref_model = a->pref ? a->pref->ref_model : NULL;
+    at_decoder *ref = t->dec;
+    at_status st = AT_OK;
+    double t0 = at_now_seconds();
+    if (ref_model) {
+        at_load_options lo;
+        AT_TRY(model_load_options(t, &lo));
+        lo.writable = 0;
+        if (lo.dtype == AT_F32 && a->full && !a->has_dtype) lo.dtype = at_load_options_default().dtype;
+        AT_TRY(at_decoder_load(ref_model, &lo, &ref));
+        if (ref->cfg.vocab_size != t->dec->cfg.vocab_size)
+            st = at_error(AT_ERR_INVALID, "--ref_model %s has a vocabulary of %d tokens, --model %s has %d: the "
+                          "reference must share the policy's tokenizer", ref_model, ref->cfg.vocab_size,
+                          a->model, t->dec->cfg.vocab_size);
+    } else {
+        st = at_decoder_set_adapter(t->dec, NULL);
+    }
+    if (st == AT_OK) st = t->obj->ops->reference(t->obj, ref, a->batch_size, pad_id(t));
+    if (ref != t->dec) at_decoder_free(ref);
+    else if (t->adapter) {
+        at_status s2 = at_decoder_set_adapter(t->dec, t->adapter);
+        if (st == AT_OK) st = s2;
+    }
+    if (st == AT_OK)
+        at_log_info("%s reference log-probs of %zu items in %.1f s (%s)", a->pref ? a->pref->name : t->obj->ops->name,
+                    t->obj->n_train + t->obj->n_val, at_now_seconds() - t0, ref_model ? ref_model : "the base model");
+    return st;
+}
+
+/* ---- batches ---- */
 
 static at_batch_options batch_options(const trainer *t, int64_t epoch)
 {
@@ -378,56 +225,9 @@ static at_status plan_epoch(trainer *t, int64_t epoch)
     if (t->plan.batch_start) at_batch_plan_free(&t->plan);
     memset(&t->plan, 0, sizeof t->plan);
     at_batch_options o = batch_options(t, epoch);
-    AT_TRY(at_batch_plan_make(t->train_len, t->n_train, &o, &t->plan));
+    AT_TRY(at_batch_plan_make(t->obj->train_len, t->obj->n_train, &o, &t->plan));
     t->plan_epoch = epoch;
     return AT_OK;
-}
-
-/* Targets of a batch: positions whose next token is supervised and belongs to
- * the same sample (the rule of at_decoder_loss). */
-static int64_t count_targets(const at_batch *b)
-{
-    int64_t n = 0;
-    for (size_t r = 0; r < b->rows; r++)
-        for (size_t c = 0; c + 1 < b->cols; c++) {
-            size_t i = r * b->cols + c;
-            if (b->labels[i + 1] == AT_IGNORE_INDEX) continue;
-            if (b->segments && b->segments[i + 1] != b->segments[i]) continue;
-            n++;
-        }
-    return n;
-}
-
-typedef struct {
-    at_tensor *ids, *pos, *seg, *labels;
-} batch_tensors;
-
-static void batch_tensors_free(batch_tensors *bt)
-{
-    at_tensor_free(bt->ids);
-    at_tensor_free(bt->pos);
-    at_tensor_free(bt->seg);
-    at_tensor_free(bt->labels);
-    memset(bt, 0, sizeof *bt);
-}
-
-static at_status upload_i32(at_backend *be, const int32_t *host, size_t rows, size_t cols, const char *name,
-                            at_tensor **out)
-{
-    int64_t shape[2] = {(int64_t)rows, (int64_t)cols};
-    AT_TRY(at_tensor_new(be, AT_I32, 2, shape, name, out));
-    return at_tensor_upload(*out, host, rows * cols * sizeof(int32_t));
-}
-
-static at_status upload_batch(trainer *t, const at_batch *b, batch_tensors *bt)
-{
-    memset(bt, 0, sizeof *bt);
-    at_status st = upload_i32(t->be, b->ids, b->rows, b->cols, "input_ids", &bt->ids);
-    if (st == AT_OK) st = upload_i32(t->be, b->positions, b->rows, b->cols, "position_ids", &bt->pos);
-    if (st == AT_OK && t->a->packing) st = upload_i32(t->be, b->segments, b->rows, b->cols, "segment_ids", &bt->seg);
-    if (st == AT_OK) st = upload_i32(t->be, b->labels, b->rows, b->cols, "labels", &bt->labels);
-    if (st != AT_OK) batch_tensors_free(bt);
-    return st;
 }
 
 static at_status ensure_acts(trainer *t, int B, int T, unsigned flags)
@@ -438,244 +238,40 @@ static at_status ensure_acts(trainer *t, int B, int T, unsigned flags)
     return at_decoder_acts_new_ex(t->dec, B, T, flags, &t->acts);
 }
 
-/* Loss of the validation samples, token-weighted, no gradients. */
+/* The objective's loss over the validation items, no gradients. */
 static at_status evaluate(trainer *t, double *eval_loss)
 {
-    if (t->a->pref) {
-        at_pref_stats s;
-        at_decoder_acts_free(t->acts); /* the evaluation makes its own */
-        t->acts = NULL;
-        AT_TRY(at_pref_evaluate(t->a->pref, &t->pref_val, t->dec, t->a->batch_size, pad_id(t), &s));
-        *eval_loss = at_pref_stats_loss(t->a->pref, &s);
-        return AT_OK;
-    }
-    at_batch_options o = batch_options(t, 0);
-    o.shuffle = 0;
-    at_batch_plan plan = {0};
-    AT_TRY(at_batch_plan_make(t->val_len, t->n_val, &o, &plan));
-    double sum = 0;
-    int64_t n = 0;
-    at_status st = AT_OK;
-    for (size_t b = 0; b < plan.n_batches && st == AT_OK; b++) {
-        at_batch batch = {0};
-        batch_tensors bt = {0};
-        st = at_batch_build(&plan, b, t->val, t->n_val, 0, &batch);
-        if (st == AT_OK) st = upload_batch(t, &batch, &bt);
-        if (st == AT_OK) st = ensure_acts(t, (int)batch.rows, (int)batch.cols, AT_ACTS_LOSS);
-        if (st == AT_OK) st = at_decoder_forward(t->dec, t->acts, bt.ids, bt.pos, bt.seg);
-        at_loss_stats stats = {0};
-        if (st == AT_OK) st = at_decoder_loss(t->dec, t->acts, bt.labels, 1.0f, NULL, &stats);
-        sum += stats.loss_sum;
-        n += stats.n_targets;
-        batch_tensors_free(&bt);
-        at_batch_free(&batch);
-    }
-    at_batch_plan_free(&plan);
-    *eval_loss = n ? sum / (double)n : NAN;
-    return st;
+    at_obj_eval_env env = {t->dec, &t->acts, batch_options(t, 0), pad_id(t), t->a->packing};
+    env.batch.shuffle = 0;
+    return t->obj->ops->evaluate(t->obj, &env, eval_loss);
 }
 
-/* ---- logging, checkpoints ---- */
+/* ---- the step ---- */
 
-static at_status push_hist(int64_t **steps, double **a, double **b, int *n, int *cap, int64_t s, double va, double vb)
+/* A step's micro-batches: plan batches [step_first, step_last) over every
+ * rank, of which this rank runs [first, last). */
+typedef struct {
+    int64_t step_first, step_last; /* every rank's */
+    int64_t first, last;           /* this rank's */
+    int64_t columns;               /* NEFTune's L: columns of one micro-batch holding the whole step */
+    at_batch *batches;             /* [n]: this rank's, built by the objective */
+    int n;
+    int64_t tokens;                /* input tokens of the whole step */
+    int stop;                      /* some rank was told to stop: none runs this step */
+} step_batches;
+
+/* Data parallel: each rank runs a consecutive run of grad_accum of the
+ * step's grad_accum · world micro-batches. */
+static void split_over_ranks(const trainer *t, int64_t step, step_batches *sb)
 {
-    if (*n == *cap) {
-        int nc = *cap ? *cap * 2 : 64;
-        int64_t *ns = realloc(*steps, (size_t)nc * sizeof *ns);
-        if (!ns) return at_error(AT_ERR_NOMEM, "out of memory");
-        *steps = ns;
-        double *na = realloc(*a, (size_t)nc * sizeof *na);
-        if (!na) return at_error(AT_ERR_NOMEM, "out of memory");
-        *a = na;
-        if (b) {
-            double *nb = realloc(*b, (size_t)nc * sizeof *nb);
-            if (!nb) return at_error(AT_ERR_NOMEM, "out of memory");
-            *b = nb;
-        }
-        *cap = nc;
-    }
-    (*steps)[*n] = s;
-    (*a)[*n] = va;
-    if (b) (*b)[*n] = vb;
-    (*n)++;
-    return AT_OK;
-}
-
-static at_status log_line(trainer *t, cJSON *obj)
-{
-    if (!t->log) return AT_OK; /* ranks other than 0 */
-    char *s = cJSON_PrintUnformatted(obj);
-    if (!s) return at_error(AT_ERR_NOMEM, "out of memory");
-    fprintf(t->log, "%s\n", s);
-    free(s);
-    if (fflush(t->log) != 0) return at_error(AT_ERR_IO, "%s/logging.jsonl: write failed: %s", t->run_dir, strerror(errno));
-    return AT_OK;
-}
-
-static at_status save_checkpoint(trainer *t, int64_t step)
-{
-    char *dir = NULL;
-    AT_TRY(at_ckpt_begin(t->run_dir, step, &dir));
-    at_status st = AT_OK;
-    if (t->a->full) {
-        /* every weight, under its Hugging Face name, with the config beside */
-        int n = at_decoder_trainables(t->dec, t->grads, NULL, 0);
-        at_param_grad *pg = calloc((size_t)n, sizeof *pg);
-        const at_tensor **ts = calloc((size_t)n, sizeof *ts);
-        char *cfg = NULL;
-        if (!pg || !ts) {
-            st = at_error(AT_ERR_NOMEM, "out of memory");
-        } else {
-            at_decoder_trainables(t->dec, t->grads, pg, n);
-            for (int i = 0; i < n; i++) ts[i] = pg[i].param;
-            char *p = at_path_join(dir, "model.safetensors");
-            st = at_safetensors_write(p, (const at_tensor *const *)ts, NULL, (size_t)n, NULL, 0);
-            free(p);
-            if (st == AT_OK) st = at_model_config_to_json(&t->dec->cfg, &cfg);
-            if (st == AT_OK) {
-                p = at_path_join(dir, "config.json");
-                st = at_write_file_atomic(p, cfg, strlen(cfg));
-                free(p);
-            }
-            /* and the tokenizer and generation config: the folder loads as the model did */
-            const char *model_dir = at_is_dir(t->a->model) ? t->a->model : NULL;
-            const char *tok_dir = t->a->tokenizer ? (at_is_dir(t->a->tokenizer) ? t->a->tokenizer : NULL) : model_dir;
-            if (st == AT_OK)
-                st = at_ckpt_write_standalone(dir, tok_dir, model_dir, t->tok, t->tmpl, t->max_length);
-        }
-        free(cfg);
-        free(pg);
-        free((void *)ts);
-    } else {
-        st = at_adapter_save(t->adapter, dir);
-    }
-    if (st == AT_OK) {
-        char *p = at_path_join(dir, "trainer_state.safetensors");
-        char sstep[32], sseed[32], stok[32], sscale[64], sgood[32];
-        snprintf(sscale, sizeof sscale, "%.17g", t->loss_scale);
-        snprintf(sgood, sizeof sgood, "%d", t->good_steps);
-        snprintf(sstep, sizeof sstep, "%lld", (long long)step);
-        snprintf(sseed, sizeof sseed, "%llu", (unsigned long long)t->a->seed);
-        snprintf(stok, sizeof stok, "%lld", (long long)t->tokens_seen);
-        const char *meta[] = {"global_step", sstep, "seed", sseed, "train_type", t->a->full ? "full" : "lora",
-                              "tokens_seen", stok, "loss_scale", sscale, "loss_scale_good_steps", sgood};
-        /* --save_only_model: the weights alone (the moments are what a resume needs) */
-        if (!t->a->save_only_model) st = at_optimizer_save(&t->opt, p, meta, 6);
-        free(p);
-    }
-    if (st == AT_OK) st = at_ckpt_commit(t->run_dir, step, dir);
-    if (st == AT_OK) st = at_ckpt_prune(t->run_dir, t->a->save_total_limit);
-    free(dir);
-    return st;
-}
-
-/* Keeps the lines of logging.jsonl up to `step` (a resumed run rewrites what came after). */
-static at_status truncate_log(const char *path, int64_t step)
-{
-    char *text = NULL;
-    size_t len = 0;
-    if (at_read_file(path, &text, &len) != AT_OK) return AT_OK; /* no log yet */
-    size_t keep = 0;
-    for (char *line = text; line < text + len;) {
-        char *nl = memchr(line, '\n', (size_t)(text + len - line));
-        if (!nl) break; /* a torn last line (the crash) is dropped */
-        cJSON *j = cJSON_ParseWithLength(line, (size_t)(nl - line));
-        const cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
-        int ok = s && cJSON_IsNumber(s) && s->valuedouble <= (double)step;
-        cJSON_Delete(j);
-        if (!ok) break;
-        keep = (size_t)(nl + 1 - text);
-        line = nl + 1;
-    }
-    at_status st = at_write_file_atomic(path, text, keep);
-    free(text);
-    return st;
-}
-
-static at_status resume(trainer *t, int64_t *start_step)
-{
-    char *ckpt = NULL, *run_dir = NULL;
-    int64_t ckpt_step = 0;
-    at_status st = at_run_find_resume(t->a->output_dir, t->a->resume_from_checkpoint, t->a->add_version, &run_dir, &ckpt, &ckpt_step);
-    if (st != AT_OK) goto done;
-    /* the run is this process's to write from here: nothing is read or truncated before */
-    if (t->rank == 0 && (st = at_run_lock_take(run_dir, &t->lock)) != AT_OK) goto done;
-    char *state = at_path_join(ckpt, "trainer_state.safetensors");
-    at_st_file *f = NULL;
-    st = at_st_open(state, &f);
-    if (st == AT_OK) {
-        const char *gs = at_st_metadata(f, "global_step");
-        const char *tt = at_st_metadata(f, "train_type");
-        if (!gs) st = at_error(AT_ERR_FORMAT, "%s: no global_step", state);
-        else if (tt && strcmp(tt, t->a->full ? "full" : "lora") != 0)
-            st = at_error(AT_ERR_INVALID, "%s was written by a %s run; this run is --train_type %s", ckpt, tt,
-                          t->a->full ? "full" : "lora");
-        else *start_step = strtoll(gs, NULL, 10);
-        const char *ts = at_st_metadata(f, "tokens_seen");
-        if (ts) t->tokens_seen = strtoll(ts, NULL, 10);
-        const char *ls = at_st_metadata(f, "loss_scale"), *lg = at_st_metadata(f, "loss_scale_good_steps");
-        if (ls && t->a->loss_scaling) t->loss_scale = strtod(ls, NULL);
-        if (lg && t->a->loss_scaling) t->good_steps = (int)strtol(lg, NULL, 10);
-        at_st_close(f);
-    }
-    if (st == AT_OK && *start_step >= t->total_steps)
-        st = at_error(AT_ERR_INVALID, "%s is finished: %s is step %lld of its %lld; nothing to resume (to train "
-                      "on from it, start a new run with %s %s)", run_dir, ckpt, (long long)*start_step,
-                      (long long)t->total_steps, t->a->full ? "--model" : "--adapters", ckpt);
-    if (st == AT_OK && !t->a->full) {
-        at_adapter *ad = NULL;
-        st = at_adapter_load(ckpt, &t->dec->cfg, t->be, &ad);
-        if (st == AT_OK) {
-            at_decoder_set_adapter(t->dec, NULL);
-            for (size_t i = 0; i < (size_t)ad->n_layers * AT_MOD_COUNT; i++) {
-                if (!ad->mods[i].A || !t->adapter->mods[i].A) continue;
-                st = at_cast(t->adapter->mods[i].A, ad->mods[i].A);
-                if (st == AT_OK) st = at_cast(t->adapter->mods[i].B, ad->mods[i].B);
-                if (st != AT_OK) break;
-            }
-            at_adapter_free(ad);
-            if (st == AT_OK) st = at_decoder_set_adapter(t->dec, t->adapter);
-        }
-    } else if (st == AT_OK) {
-        char *p = at_path_join(ckpt, "model.safetensors");
-        at_st_model *m = NULL;
-        st = at_st_model_open(p, &m);
-        free(p);
-        for (int i = 0; st == AT_OK && i < t->opt.n; i++) {
-            at_tensor *src = NULL, *dst = t->opt.params[i].param;
-            st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
-            if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
-            at_tensor_free(src);
-        }
-        at_st_model_close(m);
-    }
-    if (st == AT_OK) st = at_optimizer_load(&t->opt, state);
-    free(state);
-    if (st != AT_OK) goto done;
-    t->run_dir = run_dir;
-    run_dir = NULL;
-    char *logp = at_path_join(t->run_dir, "logging.jsonl");
-    if (t->rank == 0) st = truncate_log(logp, *start_step);
-    free(logp);
-    at_log_info("resuming from %s at step %lld", ckpt, (long long)*start_step);
-done:
-    free(ckpt);
-    free(run_dir);
-    return st;
-}
-
-/* ---- the loop ---- */
-
-/* GradScaler's defaults: start at 2^16, halve on overflow, double after 2000 clean steps. */
-#define LOSS_SCALE_INIT 65536.0
-#define LOSS_SCALE_GROWTH_INTERVAL 2000
-
-/* The step's LoRA dropout seed; the masks are keyed by the row of the step
- * (decoder.h dropout_first_row), so they do not depend on how the step's
- * rows are split into micro-batches, pieces and ranks. */
-static uint64_t dropout_seed(const trainer *t, int64_t step)
-{
-    return at_rng_mix(t->a->seed * 0x9e3779b97f4a7c15ull, (uint64_t)step);
+    const at_train_args *a = t->a;
+    sb->step_first = (step % t->steps_per_epoch) * a->grad_accum * t->world;
+    sb->step_last = sb->step_first + (int64_t)a->grad_accum * t->world;
+    if (sb->step_last > (int64_t)t->plan.n_batches) sb->step_last = (int64_t)t->plan.n_batches;
+    sb->first = sb->step_first + (int64_t)t->rank * a->grad_accum;
+    sb->last = sb->first + a->grad_accum;
+    if (sb->last > sb->step_last) sb->last = sb->step_last;
+    if (sb->first > sb->last) sb->first = sb->last;
 }
 
 /* The columns one micro-batch holding the whole step (plan batches [b0, b1),
@@ -689,19 +285,73 @@ static int64_t step_columns(const trainer *t, int64_t b0, int64_t b1)
     if (pl->packing_length) return (int64_t)pl->packing_length;
     size_t cols = 1;
     for (size_t r = pl->batch_start[b0]; r < pl->batch_start[b1]; r++) {
-        size_t len = 0; /* a preference row is one pair: train_len is its longer side */
+        size_t len = 0; /* a preference row is one pair: its length is the longer side */
         for (size_t k = pl->row_start[r]; k < pl->row_start[r + 1]; k++)
-            if (pl->items[k] < t->n_train) len += t->train_len[pl->items[k]];
+            if (pl->items[k] < t->obj->n_train) len += t->obj->train_len[pl->items[k]];
         if (len > cols) cols = len;
     }
     return (int64_t)cols;
 }
 
+static void free_batches(step_batches *sb)
+{
+    for (int m = 0; sb->batches && m < sb->n; m++) at_batch_free(&sb->batches[m]);
+    free(sb->batches);
+    sb->batches = NULL;
+}
+
+/* The next step's micro-batches, and the step's counts (the objective's
+ * normalizers, the input tokens, the stop flag) summed over every rank. */
+static at_status next_batches(trainer *t, int64_t step, step_batches *sb)
+{
+    const at_objective *o = t->obj;
+    memset(sb, 0, sizeof *sb);
+    split_over_ranks(t, step, sb);
+    sb->columns = step_columns(t, sb->step_first, sb->step_last);
+    sb->n = (int)(sb->last - sb->first);
+    sb->batches = calloc((size_t)(sb->n ? sb->n : 1), sizeof *sb->batches);
+    if (!sb->batches) return at_error(AT_ERR_NOMEM, "out of memory");
+    int nc = o->ops->n_counts;
+    double counts[AT_OBJ_MAX_COUNTS + 2] = {0};
+    int64_t tokens = 0;
+    for (int m = 0; m < sb->n; m++) {
+        double c[AT_OBJ_MAX_COUNTS] = {0};
+        AT_TRY(o->ops->build(o, &t->plan, (size_t)(sb->first + m), pad_id(t), &sb->batches[m], c));
+        for (int k = 0; k < nc; k++) counts[k] += c[k];
+        for (size_t r = 0; r < sb->batches[m].rows; r++) tokens += sb->batches[m].lengths[r];
+    }
+    counts[nc] = (double)tokens;
+    counts[nc + 1] = at_stop_signal() ? 1.0 : 0.0;
+    AT_TRY(at_comm_allreduce_f64(t->comm, counts, nc + 2)); /* the whole step's, over every rank */
+    memcpy(t->step_counts, counts, (size_t)nc * sizeof *counts);
+    sb->tokens = (int64_t)counts[nc];
+    sb->stop = counts[nc + 1] > 0;
+    return AT_OK;
+}
+
+/* The step's LoRA dropout seed; the masks are keyed by the row of the step
+ * (decoder.h dropout_first_row), so they do not depend on how the step's
+ * rows are split into micro-batches, pieces and ranks. */
+static uint64_t dropout_seed(const trainer *t, int64_t step)
+{
+    return at_rng_mix(t->a->seed * 0x9e3779b97f4a7c15ull, (uint64_t)step);
+}
+
+/* Every gradient to zero: the decoder's and the objective's own (the first
+ * t->opt.n - n of t->opt.params are the decoder's). */
+static at_status zero_grads(trainer *t)
+{
+    AT_TRY(at_decoder_grads_zero(t->grads));
+    int nd = at_decoder_trainables(t->dec, t->grads, NULL, 0);
+    for (int i = nd; i < t->opt.n; i++) AT_TRY(at_fill(t->opt.params[i].grad, 0.0f));
+    return AT_OK;
+}
+
 /* ---- out of memory: smaller micro-batches ----
  * When a micro-batch runs out of device memory, the step is run again from
  * zeroed gradients with every micro-batch cut into 2 (then 4) pieces of
- * consecutive rows, for the rest of the run. Each piece keeps the step's
- * grad_scale (1 / supervised tokens of the whole step) and the batch's
+ * consecutive items, for the rest of the run. Each piece keeps the step's
+ * counts (the loss's normalizers over the whole step) and the batch's
  * column count, so the summed gradients are those of the whole micro-batch:
  * the results do not change, only the speed (up to the rounding of the sums;
  * the LoRA dropout masks are the rows', wherever they are). At most two
@@ -724,61 +374,44 @@ static at_batch batch_rows(const at_batch *b, size_t r0, size_t r1)
     return v;
 }
 
-/* Forward and backward of a step's micro-batches, each in 1 << oom_halvings
- * pieces; adds the loss sums into *loss_sum. */
-static at_status run_micro_batches(trainer *t, const at_batch *batches, int nmicro, int64_t step, int64_t targets,
-                                   unsigned flags, double *loss_sum)
+/* The objective's forward and backward of this rank's micro-batches, each in
+ * 1 << oom_halvings pieces; its statistics into t->step_stats. */
+static at_status run_micro_batches(trainer *t, const step_batches *sb, int64_t step, unsigned flags)
 {
     const at_train_args *a = t->a;
+    at_objective *o = t->obj;
     at_status st = AT_OK;
-    *loss_sum = 0;
-    memset(&t->pref_step, 0, sizeof t->pref_step);
-    /* preference objectives cut micro-batches between pairs (units of 2 rows) */
-    size_t unit = a->pref ? 2 : 1;
-    for (int m = 0; m < nmicro && st == AT_OK && targets > 0; m++) {
-        size_t units = batches[m].rows / unit, np = (size_t)1 << t->oom_halvings;
+    memset(t->step_stats, 0, sizeof t->step_stats);
+    size_t unit = o->ops->rows_per_item; /* pieces are cut between items */
+    for (int m = 0; m < sb->n && st == AT_OK && t->step_counts[0] > 0; m++) {
+        size_t units = sb->batches[m].rows / unit, np = (size_t)1 << t->oom_halvings;
         if (np > units) np = units;
+        /* the dropout masks and NEFTune's noise are keyed by the rows' place among the step's rows */
+        size_t step_row = t->plan.batch_start[sb->first + m] - t->plan.batch_start[sb->step_first];
         for (size_t k = 0; k < np && st == AT_OK; k++) {
             size_t u0 = units * k / np, u1 = units * (k + 1) / np;
-            at_batch piece = batch_rows(&batches[m], u0 * unit, u1 * unit);
-            batch_tensors bt;
-            st = upload_batch(t, &piece, &bt);
+            at_batch piece = batch_rows(&sb->batches[m], u0 * unit, u1 * unit);
+            at_batch_tensors bt;
+            st = at_batch_tensors_upload(t->be, &piece, a->packing, &bt);
             if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
-            /* the dropout masks are keyed by the rows' place among the step's rows */
-            size_t step_row = t->plan.batch_start[t->step_first + m] - t->plan.batch_start[t->step_base];
-            if (st == AT_OK) t->acts->dropout_first_row = (int64_t)((step_row + u0) * unit);
-            if (st == AT_OK) { /* NEFTune noise: keyed like the masks, scaled by the step's columns */
-                t->acts->neftune_alpha = (float)a->neftune_noise_alpha;
-                t->acts->neftune_columns = t->step_columns;
-            }
-            float dropout = (float)(a->full ? 0.0 : a->lora_dropout);
-            uint64_t seed = dropout_seed(t, step);
-            if (st == AT_OK && a->pref) {
-                /* the pairs of this piece: the plan's items of the micro-batch's rows */
-                const size_t *pairs = t->plan.items + t->plan.row_start[t->plan.batch_start[t->step_first + m]] + u0;
-                st = at_pref_forward_backward(a->pref, &t->pref_train, pairs, u1 - u0, t->dec, t->acts, bt.ids, bt.pos,
-                                             bt.labels, dropout, seed, (double)targets, t->step_nll_targets,
-                                             t->loss_scale, t->grads, &t->pref_step);
-            } else if (st == AT_OK) {
-                at_loss_stats stats = {0};
-                st = at_decoder_forward_backward(t->dec, t->acts, bt.ids, bt.pos, bt.seg, bt.labels, dropout, seed,
-                                                 (float)(t->loss_scale / (double)targets), t->grads, &stats);
-                *loss_sum += stats.loss_sum;
-            }
-            batch_tensors_free(&bt);
+            at_obj_micro mi = {&t->plan, (size_t)(sb->first + m), u0, u1, &piece, &bt,
+                               {(float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step),
+                                (int64_t)((step_row + u0) * unit), (float)a->neftune_noise_alpha, sb->columns},
+                               t->step_counts, t->scaler.scale};
+            if (st == AT_OK) st = o->ops->forward_backward(o, t->dec, t->acts, &mi, t->grads, t->step_stats);
+            at_batch_tensors_free(&bt);
         }
     }
     return st;
 }
 
 /* Runs the step's micro-batches, halving them on out-of-memory (see above). */
-static at_status run_step_batches(trainer *t, const at_batch *batches, int nmicro, int64_t step, int64_t targets,
-                                  unsigned flags, double *loss_sum)
+static at_status run_step_batches(trainer *t, const step_batches *sb, int64_t step, unsigned flags)
 {
     size_t most = 0;
-    for (int m = 0; m < nmicro; m++)
-        if (batches[m].rows > most) most = batches[m].rows;
-    at_status st = run_micro_batches(t, batches, nmicro, step, targets, flags, loss_sum);
+    for (int m = 0; m < sb->n; m++)
+        if (sb->batches[m].rows > most) most = sb->batches[m].rows;
+    at_status st = run_micro_batches(t, sb, step, flags);
     while (is_oom(st) && t->oom_halvings < MAX_OOM_HALVINGS && ((size_t)1 << t->oom_halvings) < most) {
         size_t before = (most + ((size_t)1 << t->oom_halvings) - 1) >> t->oom_halvings;
         t->oom_halvings++;
@@ -789,8 +422,8 @@ static at_status run_step_batches(trainer *t, const at_batch *batches, int nmicr
         /* the partial gradients and the bigger activations go first */
         at_decoder_acts_free(t->acts);
         t->acts = NULL;
-        st = at_decoder_grads_zero(t->grads);
-        if (st == AT_OK) st = run_micro_batches(t, batches, nmicro, step, targets, flags, loss_sum);
+        st = zero_grads(t);
+        if (st == AT_OK) st = run_micro_batches(t, sb, step, flags);
     }
     if (is_oom(st) && t->oom_halvings > 0)
         st = at_error_wrap(st, "out of memory even with micro-batches of %zu rows (halved %d times); lower "
@@ -799,35 +432,18 @@ static at_status run_step_batches(trainer *t, const at_batch *batches, int nmicr
     return st;
 }
 
-/* Data parallel: the loss sum and every gradient summed over the ranks (a
- * world of one: nothing to do). */
-static at_status sum_over_ranks(trainer *t, double *loss_sum)
+/* Data parallel: the step's statistics and every gradient summed over the
+ * ranks (a world of one: nothing to do). */
+static at_status sum_over_ranks(trainer *t)
 {
     if (t->world <= 1) return AT_OK;
-    AT_TRY(at_comm_allreduce_f64(t->comm, loss_sum, 1));
+    AT_TRY(at_comm_allreduce_f64(t->comm, t->step_stats, t->obj->ops->n_stats));
     at_tensor **grads = malloc((size_t)(t->opt.n ? t->opt.n : 1) * sizeof *grads);
     if (!grads) return at_error(AT_ERR_NOMEM, "all-reduce of the gradients: out of memory");
     for (int i = 0; i < t->opt.n; i++) grads[i] = t->opt.params[i].grad;
     at_status st = at_comm_allreduce_tensors(t->comm, grads, t->opt.n, 0);
     free(grads);
     return st;
-}
-
-/* SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C, the web UI's Stop):
- * the step under way finishes, every rank stops at the same step boundary
- * (the flag travels with the step's counts), the last step is checkpointed
- * and the run ends, so no finished step is lost. A second signal ends the
- * process at once (the default action). */
-static volatile sig_atomic_t g_stop_signal;
-
-static void on_stop_signal(int sig)
-{
-    if (g_stop_signal) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
-    }
-    g_stop_signal = sig;
 }
 
 /* Whether step `done` evaluates / checkpoints under strategy (ms-swift's
@@ -841,86 +457,80 @@ static int due(const char *strategy, int every, int64_t done, const trainer *t)
     return every > 0 && done % every == 0;
 }
 
-/* The statistics of the logging interval under way. */
-typedef struct {
-    double loss, t0; /* sum of the steps' losses; when the interval began */
-    int steps;
-    int64_t tokens, tokens_run; /* the interval's input tokens; this process's so far */
-} log_interval;
+/* Why step `done` makes no update (NULL: it does): a loss-scale overflow (the
+ * scale is lowered and the step retried from the next batch, as
+ * torch.cuda.amp.GradScaler), a non-finite loss or gradient, or no
+ * supervised token. */
+static const char *skip_reason(trainer *t, int64_t done, double loss, double norm, int *nonfinite)
+{
+    if (at_loss_scaler_overflow(&t->scaler, loss, norm)) {
+        at_log_info("step %lld: gradient overflow: loss scale lowered to %g", (long long)done, t->scaler.scale);
+        return "loss scale overflow";
+    }
+    if (isfinite(loss) && isfinite(norm)) return NULL;
+    int targets = t->step_counts[0] > 0;
+    (*nonfinite)++;
+    at_log_warn("step %lld: %s (loss %g, grad norm %g): update skipped", (long long)done,
+                targets ? "non-finite loss or gradient" : "no supervised token", loss, norm);
+    return targets ? "non-finite" : "no supervised token";
+}
 
 /* A step that makes its update: the optimizer step, the loss scale's growth,
- * the statistics, the log line's fields (into `line`) and the evaluation. */
+ * zeroed gradients, the statistics, the log line's fields (into `line`) and
+ * the evaluation. */
 static at_status step_update(trainer *t, cJSON *line, at_progress *bar, int64_t done, double loss, double norm,
-                             double lr, int64_t tokens, log_interval *iv, at_train_result *res, double *eval_now)
+                             double lr, int64_t tokens, at_log_interval *iv, at_train_result *res, double *eval_now)
 {
     const at_train_args *a = t->a;
-    AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->loss_scale));
-    if (a->loss_scaling && ++t->good_steps >= LOSS_SCALE_GROWTH_INTERVAL) {
-        t->loss_scale *= 2;
-        t->good_steps = 0;
-    }
-    AT_TRY(at_decoder_grads_zero(t->grads));
+    AT_TRY(at_optimizer_step(&t->opt, lr, norm, 1.0 / t->scaler.scale));
+    at_loss_scaler_updated(&t->scaler);
+    AT_TRY(zero_grads(t));
     res->steps_trained++;
     if (isnan(res->first_loss)) res->first_loss = loss;
     res->last_loss = loss;
     iv->loss += loss;
     iv->steps++;
-    if (a->pref) at_pref_stats_add(&t->pref_interval, &t->pref_step);
+    for (int i = 0; i < t->obj->ops->n_stats; i++) t->interval_stats[i] += t->step_stats[i];
     iv->tokens += tokens;
     iv->tokens_run += tokens;
     t->tokens_seen += tokens;
-    if (done % a->logging_steps == 0 || done == t->total_steps || done == 1) {
-        double now = at_now_seconds();
-        double tps = (double)iv->tokens / (now - iv->t0 > 1e-9 ? now - iv->t0 : 1e-9);
-        cJSON_AddNumberToObject(line, "step", (double)done);
-        cJSON_AddNumberToObject(line, "epoch", (double)done / (double)t->steps_per_epoch);
-        cJSON_AddNumberToObject(line, "loss", iv->loss / iv->steps);
-        if (isnan(res->first_logged_loss)) res->first_logged_loss = iv->loss / iv->steps;
-        res->last_logged_loss = iv->loss / iv->steps;
-        if (a->pref) {
-            at_pref_stats_log(a->pref, &t->pref_interval, line);
-            memset(&t->pref_interval, 0, sizeof t->pref_interval);
-        }
-        cJSON_AddNumberToObject(line, "grad_norm", norm);
-        cJSON_AddNumberToObject(line, "lr", lr);
-        cJSON_AddNumberToObject(line, "tokens", (double)t->tokens_seen);
-        cJSON_AddNumberToObject(line, "tokens_per_s", round(tps * 10) / 10);
-        cJSON_AddNumberToObject(line, "memory_mb", round(peak_rss_mb()));
-        AT_TRY(push_hist(&t->hist_step, &t->hist_loss, &t->hist_lr, &t->n_hist, &t->cap_hist, done,
-                         iv->loss / iv->steps, lr));
-        char note[300];
-        int k = snprintf(note, sizeof note, "step %lld/%lld  epoch %.2f  loss %.4f  grad_norm %.3f  lr %.3g  "
-                         "%.0f tok/s", (long long)done, (long long)t->total_steps,
-                         (double)done / (double)t->steps_per_epoch, iv->loss / iv->steps, norm, lr, tps);
-        /* preference objectives: TRL's two figures a user watches */
-        const cJSON *acc = cJSON_GetObjectItem(line, "rewards/accuracies"),
-                    *mar = cJSON_GetObjectItem(line, "rewards/margins");
-        if (cJSON_IsNumber(acc) && cJSON_IsNumber(mar) && k > 0 && (size_t)k < sizeof note)
-            snprintf(note + k, sizeof note - (size_t)k, "  rewards/accuracies %.3f  rewards/margins %.4f",
-                     acc->valuedouble, mar->valuedouble);
-        at_progress_note(bar, note);
-        iv->loss = 0;
-        iv->steps = 0;
-        iv->tokens = 0;
-        iv->t0 = now;
-    }
-    if (t->rank == 0 && t->n_val && due(a->eval_strategy, a->eval_steps, done, t)) {
+    if (done % a->logging_steps == 0 || done == t->total_steps || done == 1)
+        AT_TRY(at_trainer_log_step(t, line, bar, done, norm, lr, iv, res));
+    if (t->rank == 0 && t->obj->n_val && due(a->eval_strategy, a->eval_steps, done, t)) {
         double el = NAN;
         AT_TRY(evaluate(t, &el));
-        if (!cJSON_GetObjectItem(line, "step")) cJSON_AddNumberToObject(line, "step", (double)done);
-        cJSON_AddNumberToObject(line, "eval_loss", el);
-        AT_TRY(push_hist(&t->eval_step, &t->eval_loss, NULL, &t->n_eval, &t->cap_eval, done, el, 0));
-        char note[120];
-        snprintf(note, sizeof note, "step %lld/%lld  eval_loss %.4f", (long long)done, (long long)t->total_steps, el);
-        at_progress_note(bar, note);
+        AT_TRY(at_trainer_log_eval(t, line, bar, done, el));
         *eval_now = el;
     }
     return AT_OK;
 }
 
+/* A skipped step's log line; stops the run after --max_nonfinite_steps in a row. */
+static at_status step_skipped(trainer *t, cJSON *line, int64_t done, const char *why, int nonfinite, int64_t last_saved)
+{
+    cJSON_AddNumberToObject(line, "step", (double)done);
+    cJSON_AddBoolToObject(line, "skipped", 1);
+    cJSON_AddStringToObject(line, "reason", why);
+    if (!strcmp(why, "loss scale overflow")) cJSON_AddNumberToObject(line, "loss_scale", t->scaler.scale);
+    AT_TRY(zero_grads(t));
+    if (nonfinite < t->a->max_nonfinite_steps) return AT_OK;
+    char where[1100];
+    if (last_saved > 0) snprintf(where, sizeof where, "the last good checkpoint is %s/checkpoint-%lld",
+                                 t->run_dir ? t->run_dir : ".", (long long)last_saved);
+    else snprintf(where, sizeof where, "no checkpoint was saved");
+    return at_error(AT_ERR_INVALID,
+                    "stopping: %d steps in a row had a non-finite loss or gradient (lower the learning "
+                    "rate, or check the data and the model's weights); %s",
+                    nonfinite, where);
+}
+
+/* The run's steps, as llm.c's: the next step's micro-batches → the
+ * objective's forward and backward → sum over ranks → gradient norm → skip
+ * or update (which zeroes the gradients) → log / evaluate / checkpoint. */
 static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res)
 {
     const at_train_args *a = t->a;
+    const at_objective *o = t->obj;
     at_schedule sched = {a->scheduler, a->learning_rate,
                          at_schedule_warmup_steps(a->warmup_steps, a->warmup_ratio, t->total_steps), t->total_steps};
     unsigned flags = AT_ACTS_TRAIN | (a->gradient_checkpointing ? AT_ACTS_CHECKPOINT : 0);
@@ -928,7 +538,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     at_progress_start(&bar, "train", t->total_steps, t->rank == 0 || !t->devnull ? stderr : t->devnull);
     at_progress_update(&bar, start_step, NULL);
     double t0 = at_now_seconds();
-    log_interval interval = {0, t0, 0, 0, 0};
+    at_log_interval interval = {0, t0, 0, 0, 0};
     int nonfinite = 0;
     at_status st = AT_OK;
     res->first_loss = NAN;
@@ -936,7 +546,6 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     res->best_eval_loss = NAN;
     res->steps_done = start_step;
     res->start_step = start_step;
-    double eval_now = NAN; /* this step's eval_loss, for the best checkpoint */
     int64_t last_saved = start_step; /* the newest checkpoint's step (start_step: the one resumed from, or none) */
     /* ANYTUNE_DEBUG_KILL_AFTER_STEP=N: the process kills itself (SIGKILL) right
      * after step N, as a crash would; ANYTUNE_DEBUG_TERM_AFTER_STEP=N: it sends
@@ -949,122 +558,51 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     int64_t kill_after = ks ? strtoll(ks, NULL, 10) : 0, term_after = ts ? strtoll(ts, NULL, 10) : 0;
     int64_t nonfinite_from = nf ? strtoll(nf, NULL, 10) : 0;
     for (int64_t step = start_step; step < t->total_steps && st == AT_OK; step++) {
-        int64_t epoch = step / t->steps_per_epoch;
-        if ((st = plan_epoch(t, epoch)) != AT_OK) break;
-        /* this rank's run of the step's grad_accum · world micro-batches */
-        int64_t step_first = (step % t->steps_per_epoch) * a->grad_accum * t->world;
-        int64_t step_last = step_first + (int64_t)a->grad_accum * t->world;
-        if (step_last > (int64_t)t->plan.n_batches) step_last = (int64_t)t->plan.n_batches;
-        int64_t first = step_first + (int64_t)t->rank * a->grad_accum, last = first + a->grad_accum;
-        if (last > step_last) last = step_last;
-        if (first > last) first = last;
-        /* the batches of this step, and their supervised tokens */
-        int nmicro = (int)(last - first);
-        at_batch *batches = calloc((size_t)(nmicro ? nmicro : 1), sizeof *batches);
-        if (!batches) {
-            st = at_error(AT_ERR_NOMEM, "out of memory");
+        if ((st = plan_epoch(t, step / t->steps_per_epoch)) != AT_OK) break;
+        step_batches sb;
+        st = next_batches(t, step, &sb);
+        if (st == AT_OK && sb.stop) {
+            free_batches(&sb);
+            res->stopped_by = at_stop_signal() ? at_stop_signal() : SIGTERM;
             break;
         }
-        /* targets: supervised tokens; for preference objectives the step's pairs (the loss is their mean) */
-        int64_t targets = 0, tokens = 0, nll_targets = 0;
-        t->step_base = step_first;
-        t->step_first = first;
-        t->step_columns = step_columns(t, step_first, step_last);
-        for (int m = 0; m < nmicro && st == AT_OK; m++) {
-            if (a->pref) {
-                const at_batch_plan *pl = &t->plan;
-                size_t r0 = pl->batch_start[first + m], r1 = pl->batch_start[first + m + 1];
-                const size_t *pairs = pl->items + pl->row_start[r0];
-                st = at_pref_batch_build(&t->pref_train, pairs, r1 - r0, pad_id(t), &batches[m]);
-                targets += (int64_t)(r1 - r0);
-                for (size_t i = 0; i < r1 - r0; i++) nll_targets += t->pref_train.n_c[pairs[i]];
-            } else {
-                st = at_batch_build(&t->plan, (size_t)(first + m), t->train, t->n_train, pad_id(t), &batches[m]);
-                if (st == AT_OK) targets += count_targets(&batches[m]);
-            }
-            if (st != AT_OK) break;
-            for (size_t r = 0; r < batches[m].rows; r++) tokens += batches[m].lengths[r];
-        }
-        double counts[4] = {(double)targets, (double)tokens, (double)nll_targets, g_stop_signal ? 1.0 : 0.0};
-        if (st == AT_OK) st = at_comm_allreduce_f64(t->comm, counts, 4); /* the whole step's, over every rank */
-        if (st == AT_OK && counts[3] > 0) { /* some rank was told to stop: none runs this step */
-            for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
-            free(batches);
-            res->stopped_by = g_stop_signal ? (int)g_stop_signal : SIGTERM;
-            break;
-        }
-        targets = (int64_t)counts[0];
-        tokens = (int64_t)counts[1];
-        t->step_nll_targets = counts[2];
-        double loss_sum = 0;
-        if (st == AT_OK) st = run_step_batches(t, batches, nmicro, step, targets, flags, &loss_sum);
-        for (int m = 0; m < nmicro; m++) at_batch_free(&batches[m]);
-        free(batches);
-        if (st == AT_OK) st = sum_over_ranks(t, &loss_sum);
-        if (st == AT_OK && a->pref && t->world > 1) /* the step's preference sums over every rank */
-            st = at_comm_allreduce_f64(t->comm, (double *)&t->pref_step, AT_PREF_STATS_N);
+        if (st == AT_OK) st = run_step_batches(t, &sb, step, flags);
+        free_batches(&sb);
+        if (st == AT_OK) st = sum_over_ranks(t);
         if (st != AT_OK) break;
-        double loss = targets ? loss_sum / (double)targets : NAN, norm = 0;
-        if (a->pref) loss = at_pref_stats_loss(a->pref, &t->pref_step);
+        double loss = o->ops->loss(o, t->step_stats, t->step_counts), norm = 0;
         if (nonfinite_from > 0 && step + 1 >= nonfinite_from) loss = NAN;
         if ((st = at_optimizer_grad_norm(&t->opt, &norm)) != AT_OK) break;
-        norm /= t->loss_scale; /* the gradients carry the loss scale */
+        norm /= t->scaler.scale; /* the gradients carry the loss scale */
         double lr = at_schedule_lr(&sched, step);
         int64_t done = step + 1;
-        eval_now = NAN;
+        double eval_now = NAN; /* this step's eval_loss, for the best checkpoint */
         cJSON *line = cJSON_CreateObject();
         if (!line) {
             st = at_error(AT_ERR_NOMEM, "out of memory");
             break;
         }
-        const char *skipped = NULL; /* why this step made no update */
-        if (a->loss_scaling && isfinite(loss) && !isfinite(norm) && t->loss_scale > 1) {
-            /* Dynamic loss scaling (f16): an overflow halves the scale and the
-             * step is retried from the next batch, as torch.cuda.amp.GradScaler. */
-            t->loss_scale /= 2;
-            t->good_steps = 0;
-            at_log_info("step %lld: gradient overflow: loss scale lowered to %g", (long long)done, t->loss_scale);
-            skipped = "loss scale overflow";
-        } else if (!isfinite(loss) || !isfinite(norm)) {
-            nonfinite++;
-            at_log_warn("step %lld: %s (loss %g, grad norm %g): update skipped", (long long)done,
-                        targets ? "non-finite loss or gradient" : "no supervised token", loss, norm);
-            skipped = targets ? "non-finite" : "no supervised token";
-        }
+        const char *skipped = skip_reason(t, done, loss, norm, &nonfinite);
         if (skipped) {
-            cJSON_AddNumberToObject(line, "step", (double)done);
-            cJSON_AddBoolToObject(line, "skipped", 1);
-            cJSON_AddStringToObject(line, "reason", skipped);
-            if (!strcmp(skipped, "loss scale overflow")) cJSON_AddNumberToObject(line, "loss_scale", t->loss_scale);
-            st = at_decoder_grads_zero(t->grads);
-            if (st == AT_OK && nonfinite >= a->max_nonfinite_steps) {
-                char where[1100];
-                if (last_saved > 0) snprintf(where, sizeof where, "the last good checkpoint is %s/checkpoint-%lld",
-                                             t->run_dir ? t->run_dir : ".", (long long)last_saved);
-                else snprintf(where, sizeof where, "no checkpoint was saved");
-                st = at_error(AT_ERR_INVALID,
-                              "stopping: %d steps in a row had a non-finite loss or gradient (lower the learning "
-                              "rate, or check the data and the model's weights); %s",
-                              nonfinite, where);
-            }
+            st = step_skipped(t, line, done, skipped, nonfinite, last_saved);
         } else {
             nonfinite = 0;
-            st = step_update(t, line, &bar, done, loss, norm, lr, tokens, &interval, res, &eval_now);
+            st = step_update(t, line, &bar, done, loss, norm, lr, sb.tokens, &interval, res, &eval_now);
         }
         if (cJSON_GetObjectItem(line, "step")) {
-            at_status ls = log_line(t, line);
+            at_status ls = at_trainer_log_line(t, line);
             if (st == AT_OK) st = ls;
         }
         cJSON_Delete(line);
         char status[160];
         if (skipped) snprintf(status, sizeof status, "step skipped: %s", skipped);
         else snprintf(status, sizeof status, "loss %.4f lr %.2e %.0f tok/s mem %.0f MB", loss, lr,
-                      (double)interval.tokens_run / (at_now_seconds() - t0 + 1e-9), peak_rss_mb());
+                      (double)interval.tokens_run / (at_now_seconds() - t0 + 1e-9), at_trainer_peak_rss_mb());
         at_progress_update(&bar, done, status);
         /* the last step is checkpointed even when skipped; nothing is, until a step has trained */
         if (st == AT_OK && t->rank == 0 && (res->steps_trained > 0 || start_step > 0) &&
             (due(a->save_strategy, a->save_steps, done, t) || done == t->total_steps)) {
-            st = save_checkpoint(t, done);
+            st = at_trainer_save_checkpoint(t, done);
             last_saved = done;
             if (st == AT_OK && !isnan(eval_now) && !(eval_now >= res->best_eval_loss)) {
                 res->best_eval_loss = eval_now;
@@ -1078,7 +616,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
     }
     if (st == AT_OK && res->stopped_by && t->rank == 0) {
         if (res->steps_done > last_saved && (res->steps_trained > 0 || start_step > 0)) {
-            st = save_checkpoint(t, res->steps_done);
+            st = at_trainer_save_checkpoint(t, res->steps_done);
             last_saved = res->steps_done;
         }
         const char *sig = res->stopped_by == SIGINT ? "SIGINT" : "SIGTERM";
@@ -1105,7 +643,7 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
 
 at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
 {
-    trainer t;
+    at_trainer t;
     memset(&t, 0, sizeof t);
     t.lock.fd = -1;
     t.a = a;
@@ -1131,6 +669,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
                         "their own; drop --packing");
     if (a->pref && a->pt) return at_error(AT_ERR_INVALID, "rlhf trains on preference pairs, not plain text");
     if (a->pref) AT_TRY(at_pref_config_check(a->pref));
+    AT_TRY(at_objective_open(a->pref ? a->pref->name : a->pt ? "pt" : "sft", a->pref, &t.obj));
     AT_CHECK(at_comm_world(&t.comm));
     t.rank = at_comm_rank(t.comm);
     t.world = at_comm_size(t.comm);
@@ -1147,10 +686,17 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         snprintf(t.adapter->base_model, sizeof t.adapter->base_model, "%s", a->model);
         AT_CHECK(at_decoder_set_adapter(t.dec, t.adapter));
     }
-    if (a->pref && at_pref_needs_reference(a->pref)) AT_CHECK(dpo_reference(&t));
+    if (t.obj->ops->needs_reference && t.obj->ops->needs_reference(t.obj)) AT_CHECK(reference_pass(&t));
     AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
     at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
-    AT_CHECK(at_optimizer_init(&t.opt, t.dec, t.grads, &oc));
+    if (t.obj->ops->attach) AT_CHECK(t.obj->ops->attach(t.obj, t.dec, a->seed));
+    at_param_grad extra[8];
+    int n_extra = t.obj->ops->trainables ? t.obj->ops->trainables(t.obj, extra, 8) : 0;
+    if (n_extra > 8) {
+        st = at_error(AT_ERR_INVALID, "objective %s: %d tensors of its own, at most 8", t.obj->ops->name, n_extra);
+        goto done;
+    }
+    AT_CHECK(at_optimizer_init_ex(&t.opt, t.dec, t.grads, extra, n_extra, &oc));
     t.opt_ready = 1;
     /* steps: every epoch's plan has the same number of batches */
     AT_CHECK(plan_epoch(&t, 0));
@@ -1160,27 +706,12 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     if (t.steps_per_epoch < 1) t.steps_per_epoch = 1;
     t.total_steps = a->max_steps > 0 ? a->max_steps : (int64_t)ceil(a->num_train_epochs * (double)t.steps_per_epoch);
     if (t.total_steps < 1) t.total_steps = 1;
-    t.loss_scale = !a->loss_scaling ? 1.0 : a->loss_scale_init > 0 ? a->loss_scale_init : LOSS_SCALE_INIT;
+    at_loss_scaler_init(&t.scaler, a->loss_scaling, a->loss_scale_init);
     int64_t start_step = 0;
     if (a->resume_from_checkpoint) {
-        AT_CHECK(resume(&t, &start_step));
+        AT_CHECK(at_trainer_resume(&t, &start_step));
     } else if (t.rank == 0) {
-        if (a->add_version) {
-            AT_CHECK(at_run_dir_create(a->output_dir, &t.run_dir));
-            t.run_dir_new = 1;
-        } else { /* --add_version false: the run is output_dir itself (never removed) */
-            if (!a->output_dir[0]) {
-                st = at_error(AT_ERR_INVALID, "--output_dir is empty");
-                goto done;
-            }
-            AT_CHECK(at_mkdirs(a->output_dir));
-            t.run_dir = strdup(a->output_dir);
-            if (!t.run_dir) {
-                st = at_error(AT_ERR_NOMEM, "out of memory");
-                goto done;
-            }
-        }
-        AT_CHECK(at_run_lock_take(t.run_dir, &t.lock));
+        AT_CHECK(at_trainer_open_run_dir(&t));
     }
     if (t.rank != 0) goto train; /* rank 0 writes the run's files and prints */
     if (a->args_json && !a->resume_from_checkpoint) { /* a resumed run keeps its own */
@@ -1189,13 +720,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         free(p);
         if (st != AT_OK) goto done;
     }
-    char *logp = at_path_join(t.run_dir, "logging.jsonl");
-    t.log = logp ? fopen(logp, "a") : NULL;
-    free(logp);
-    if (!t.log) {
-        st = at_error(AT_ERR_IO, "%s/logging.jsonl: cannot open: %s", t.run_dir, strerror(errno));
-        goto done;
-    }
+    AT_CHECK(at_trainer_log_open(&t));
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t.run_dir);
     int64_t trainable = 0;
     for (int i = 0; i < t.opt.n; i++) trainable += at_tensor_numel(t.opt.params[i].param);
@@ -1205,7 +730,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
             : a->quant_bits == 4  ? "QLoRA (nf4 weights)"
             : a->quant_bits == 8  ? "LoRA over q8_0 weights"
                                   : "LoRA",
-            t.be->name, t.n_train, (long long)t.total_steps,
+            t.be->name, t.obj->n_train, (long long)t.total_steps,
             (long long)t.steps_per_epoch, (long long)trainable, t.run_dir);
     if (t.world > 1)
         fprintf(stderr, "anytune: data parallel over %d processes: %d micro-batches of %d per step\n", t.world,
@@ -1215,29 +740,13 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));
     }
 train:;
-    struct sigaction stop_action, old_term, old_int;
-    memset(&stop_action, 0, sizeof stop_action);
-    stop_action.sa_handler = on_stop_signal;
-    sigemptyset(&stop_action.sa_mask);
-    g_stop_signal = 0;
-    sigaction(SIGTERM, &stop_action, &old_term);
-    sigaction(SIGINT, &stop_action, &old_int);
+    at_stop_handlers handlers;
+    at_stop_signals_catch(&handlers);
     st = train_loop(&t, start_step, res);
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGINT, &old_int, NULL);
+    at_stop_signals_release(&handlers);
     if (st != AT_OK) goto done;
     if (t.rank != 0) goto done;
-    if (t.n_hist) {
-        char *img = at_path_join(t.run_dir, "images");
-        if (img) st = at_mkdirs(img);
-        char *svg = img ? at_path_join(img, "train_loss.svg") : NULL;
-        at_plot_series l = {t.hist_step, t.hist_loss, t.n_hist}, e = {t.eval_step, t.eval_loss, t.n_eval},
-                       r = {t.hist_step, t.hist_lr, t.n_hist};
-        if (st == AT_OK && svg) st = at_plot_loss_svg(svg, &l, &e, &r);
-        free(svg);
-        free(img);
-        if (st != AT_OK) goto done;
-    }
+    AT_CHECK(at_trainer_write_plot(&t));
     if (a->n_preview_prompts && !res->stopped_by) {
         fprintf(out, "After training:\n");
         AT_CHECK(at_preview_answers(t.dec, &t.pipe, a->preview_prompts, a->n_preview_prompts, a->preview_max_tokens, out));

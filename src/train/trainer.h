@@ -87,6 +87,8 @@ typedef struct {
     int n_preview_prompts;
     int preview_max_tokens;
     const char *args_json;          /* every option as resolved, written to args.json (may be NULL) */
+    const char *report_to;          /* "tensorboard" or "all": event files in RUN/runs (train/tensorboard.h);
+                                       NULL or "none": none */
     /* preference training (`anytune rlhf`, train/preference.h): the datasets
      * hold pairs, a micro-batch is batch_size pairs (2 rows each), the loss
      * is the objective's mean over the step's pairs. NULL: the causal-LM loss. */
