@@ -19,17 +19,6 @@
 #include "device/cpu/gemm_tune.h"
 #include "device/registry.h"
 
-static const char *kind_name(at_device_kind k)
-{
-    switch (k) {
-    case AT_DEVICE_CPU: return "cpu";
-    case AT_DEVICE_CUDA: return "cuda";
-    case AT_DEVICE_NPU: return "npu";
-    case AT_DEVICE_MPS: return "mps";
-    default: return "test";
-    }
-}
-
 static cJSON *cpu_report(void)
 {
     const at_cpu_features *f = at_cpu_get_features();
@@ -80,7 +69,7 @@ static cJSON *device_report(const at_device_info *d)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", d->name);
-    cJSON_AddStringToObject(o, "kind", kind_name(d->kind));
+    cJSON_AddStringToObject(o, "kind", at_device_kind_name(d->kind));
     cJSON_AddStringToObject(o, "model", d->model);
     cJSON_AddBoolToObject(o, "present", d->present);
     cJSON_AddBoolToObject(o, "usable", d->usable);
@@ -92,12 +81,12 @@ static cJSON *device_report(const at_device_info *d)
         if (d->fast_bf16) cJSON_AddItemToArray(fmt, cJSON_CreateString("bf16"));
         if (d->fast_f16) cJSON_AddItemToArray(fmt, cJSON_CreateString("f16"));
         if (d->tf32) cJSON_AddItemToArray(fmt, cJSON_CreateString("tf32"));
-        if (d->kind == AT_DEVICE_CUDA) {
+        if (d->cc_major > 0) { /* a GPU with a compute capability (CUDA's numbering) */
             char cc[16];
             snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
             cJSON_AddStringToObject(o, "compute_capability", cc);
-            cJSON_AddStringToObject(o, "driver", d->driver);
         }
+        if (d->driver[0]) cJSON_AddStringToObject(o, "driver", d->driver);
     }
     if (d->note[0]) cJSON_AddStringToObject(o, "note", d->note);
     return o;
@@ -117,7 +106,7 @@ static at_status build_report(cJSON **out)
         if (devs[i].present) cJSON_AddItemToArray(dl, device_report(&devs[i]));
         if (!devs[i].usable) {
             cJSON *u = cJSON_CreateObject();
-            cJSON_AddStringToObject(u, "kind", kind_name(devs[i].kind));
+            cJSON_AddStringToObject(u, "kind", at_device_kind_name(devs[i].kind));
             cJSON_AddStringToObject(u, "name", devs[i].name);
             cJSON_AddBoolToObject(u, "present", devs[i].present);
             cJSON_AddStringToObject(u, "reason", devs[i].note);
@@ -239,7 +228,7 @@ static void print_text(const cJSON *r)
         printf("  %-14s %s\n", l->string, l->valuestring);
     printf("\ndevice choice: --device / ANYTUNE_DEVICE = %s", str(r, "device_default"));
     const char *prio = getenv("ANYTUNE_DEVICE_PRIORITY");
-    printf(", priority %s\n", prio && *prio ? prio : "cuda,npu,mps,cpu");
+    printf(", priority %s\n", prio && *prio ? prio : at_device_default_priority());
 }
 
 int at_cmd_env(int argc, char **argv)

@@ -1,17 +1,17 @@
 #include "device/backend.h"
 
-static const char *const op_names[] = {
-    "matmul", "add", "scale", "axpy", "fill", "cast", "sum_rows", "rmsnorm_forward", "rmsnorm_backward",
-    "rope", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
-    "embedding_forward", "embedding_backward", "cross_entropy", "adamw", "sumsq",
-    "dropout", "add_uniform_noise",
-};
+#define OP_NAME(name) #name,
+static const char *const op_names[] = {AT_BACKEND_OPS(OP_NAME)};
+#undef OP_NAME
 
-_Static_assert(sizeof op_names / sizeof op_names[0] == sizeof(at_backend_ops) / sizeof(void (*)(void)),
-               "op_names must list every entry of at_backend_ops");
+/* The enum and the struct come from the same list; this catches an entry of
+ * the struct added by hand outside it. */
+_Static_assert(sizeof(at_backend_ops) == AT_BACKEND_OP_COUNT * sizeof(void (*)(void)),
+               "at_backend_ops must hold exactly the operations of device/op_table.h");
 
 const char *at_backend_op_name(int index)
 {
     if (index < 0 || index >= AT_BACKEND_OP_COUNT) return "?";
     return op_names[index];
 }
+_Static_assert(AT_BACKEND_OP_COUNT <= 64, "at_backend.fallback_warned has one bit per operation");

@@ -1,9 +1,10 @@
 /* The backend interface: a device is a struct of function pointers.
  *
- * Memory management entries are required. Operation entries may be NULL: the
- * dispatcher in ops/ then runs the CPU kernel on host copies and warns once
- * per operation. Each operation entry has exactly the signature of the
- * at_<op> function of ops/ops.h (see there for the math and the shapes);
+ * Memory management entries are required. Operation entries (listed in
+ * device/op_table.h) may be NULL: the dispatcher in ops/ then runs the CPU
+ * kernel on host copies and warns once per operation. Each operation entry
+ * has exactly the signature of the at_<op> function of ops/ops.h (see there
+ * for the math and the shapes);
  * the dispatcher has already checked shapes and dtypes and that every tensor
  * lives on this backend before calling it. */
 #ifndef AT_DEVICE_BACKEND_H
@@ -12,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "base/status.h"
+#include "device/op_table.h"
 #include "device/tensor.h"
 
 typedef enum { AT_DEVICE_CPU = 0, AT_DEVICE_CUDA, AT_DEVICE_NPU, AT_DEVICE_MPS, AT_DEVICE_TEST } at_device_kind;
@@ -33,42 +35,20 @@ typedef struct {
     int64_t step;     /* 1 for the first step */
 } at_adamw_params;
 
+/* One entry per operation of device/op_table.h, in its order: at_status
+ * (*matmul)(at_tensor *c, const at_tensor *a, ...) and so on. */
+#define AT_BACKEND_OP_FIELD_(name) at_status (*name)(AT_OP_PARAMS(name));
 typedef struct at_backend_ops {
-    at_status (*matmul)(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
-                        float alpha, float beta);
-    at_status (*add)(at_tensor *y, const at_tensor *a, const at_tensor *b);
-    at_status (*scale)(at_tensor *y, const at_tensor *x, float s);
-    at_status (*axpy)(at_tensor *y, float alpha, const at_tensor *x);
-    at_status (*fill)(at_tensor *y, float value);
-    at_status (*cast)(at_tensor *y, const at_tensor *x);
-    at_status (*sum_rows)(at_tensor *y, const at_tensor *x, float beta);
-    at_status (*rmsnorm_forward)(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps);
-    at_status (*rmsnorm_backward)(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
-                                  const at_tensor *w, const at_tensor *rstd);
-    at_status (*rope)(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse);
-    at_status (*attention_forward)(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
-                                   const at_tensor *v, const at_attn_params *p);
-    at_status (*attention_backward)(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
-                                    const at_tensor *q, const at_tensor *k, const at_tensor *v,
-                                    const at_tensor *out, const at_tensor *lse, const at_attn_params *p);
-    at_status (*swiglu_forward)(at_tensor *y, const at_tensor *gate, const at_tensor *up);
-    at_status (*swiglu_backward)(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
-                                 const at_tensor *up);
-    at_status (*embedding_forward)(at_tensor *y, const at_tensor *ids, const at_tensor *table);
-    at_status (*embedding_backward)(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
-    at_status (*cross_entropy)(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
-                               const at_tensor *labels, float grad_scale);
-    at_status (*adamw)(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v,
-                       const at_adamw_params *p);
-    at_status (*sumsq)(at_tensor *out, const at_tensor *x);
-    at_status (*dropout)(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
-                         uint64_t pitch);
-    at_status (*add_uniform_noise)(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
-                                   uint64_t pitch);
+    AT_BACKEND_OPS(AT_BACKEND_OP_FIELD_)
 } at_backend_ops;
+#undef AT_BACKEND_OP_FIELD_
 
-/* Names of the entries of at_backend_ops, in order (for warnings and tests). */
-#define AT_BACKEND_OP_COUNT ((int)(sizeof(at_backend_ops) / sizeof(void (*)(void))))
+/* Index of each entry of at_backend_ops: AT_OP_INDEX_matmul, ... */
+#define AT_BACKEND_OP_ENUM_(name) AT_OP_INDEX_##name,
+enum { AT_BACKEND_OPS(AT_BACKEND_OP_ENUM_) AT_BACKEND_OP_COUNT };
+#undef AT_BACKEND_OP_ENUM_
+
+/* Name of entry `index` of at_backend_ops ("matmul"; "?" out of range). */
 const char *at_backend_op_name(int index);
 
 #define AT_COMM_ID_BYTES 128

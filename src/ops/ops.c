@@ -62,7 +62,13 @@ static at_status need_backend(const at_tensor *t, const at_backend *be, const ch
     return AT_OK;
 }
 
-/* ---- fallback: run the CPU kernel on host copies ---- */
+/* ---- backend or fallback: run the CPU kernel on host copies ----
+ *
+ * run_<op>(be, args) is generated for every operation of device/op_table.h:
+ * it calls the backend's entry, or, when the backend has none, copies the
+ * tensor arguments to host memory, runs the CPU kernel on the copies, copies
+ * the outputs back and warns once per operation and backend. The op's list
+ * says which arguments are tensors and which of them are outputs. */
 
 #define FB_MAX 10
 typedef struct {
@@ -70,45 +76,66 @@ typedef struct {
     at_tensor *host[FB_MAX];
     int is_out[FB_MAX];
     int n;
+    at_attn_params attn; /* attention's parameters, their index tensors on the host */
+    at_status st;        /* the first failure; later copies are skipped */
 } fallback;
 
-/* Returns the host copy of t (NULL for NULL) and remembers whether to copy it back. */
-static at_status fb_add(fallback *f, const at_tensor *t, int is_out, at_tensor **host)
+/* Makes a host copy of t (nothing for NULL) and remembers whether to copy it back. */
+static void fb_add(fallback *f, const at_tensor *t, int is_out)
 {
-    *host = NULL;
-    if (!t) return AT_OK;
+    if (!t || f->st != AT_OK) return;
     for (int i = 0; i < f->n; i++) {
         if (f->dev[i] == t) { /* the same tensor passed twice (in place) */
             f->is_out[i] |= is_out;
-            *host = f->host[i];
-            return AT_OK;
+            return;
         }
     }
-    if (f->n == FB_MAX) return at_error(AT_ERR_INTERNAL, "fallback: too many tensors");
+    if (f->n == FB_MAX) {
+        f->st = at_error(AT_ERR_INTERNAL, "fallback: too many tensors");
+        return;
+    }
     at_tensor *h = NULL;
-    AT_TRY(at_tensor_new(at_cpu_backend(), t->dtype, t->ndim, t->shape, t->name, &h));
-    at_status st = at_tensor_download(t, h->buf->ptr, at_tensor_nbytes(t));
-    if (st != AT_OK) {
+    f->st = at_tensor_new(at_cpu_backend(), t->dtype, t->ndim, t->shape, t->name, &h);
+    if (f->st != AT_OK) return;
+    f->st = at_tensor_download(t, h->buf->ptr, at_tensor_nbytes(t));
+    if (f->st != AT_OK) {
         at_tensor_free(h);
-        return st;
+        return;
     }
     f->dev[f->n] = t;
     f->host[f->n] = h;
     f->is_out[f->n] = is_out;
     f->n++;
-    *host = h;
-    return AT_OK;
 }
 
-/* fb_add for n tensors at once; host copies into h[] (NULL for NULL). */
-static at_status fb_add_all(fallback *f, const at_tensor *const *dev, const int *is_out, int n, at_tensor **h)
+/* Host copies of the index tensors of attention's parameters, into f->attn. */
+static void fb_add_attn(fallback *f, const at_attn_params *p)
 {
-    at_status st = AT_OK;
-    for (int i = 0; i < n; i++) h[i] = NULL;
-    for (int i = 0; i < n && st == AT_OK; i++) st = fb_add(f, dev[i], is_out[i], &h[i]);
-    return st;
+    if (!p) return;
+    fb_add(f, p->q_index, 0);
+    fb_add(f, p->kv_len, 0);
+    fb_add(f, p->segments, 0);
 }
 
+/* The host copy of t (NULL for NULL), after fb_add. */
+static at_tensor *fb_host(fallback *f, const at_tensor *t)
+{
+    for (int i = 0; t && i < f->n; i++)
+        if (f->dev[i] == t) return f->host[i];
+    return NULL;
+}
+
+static const at_attn_params *fb_host_attn(fallback *f, const at_attn_params *p)
+{
+    if (!p) return NULL;
+    f->attn = *p;
+    f->attn.q_index = fb_host(f, p->q_index);
+    f->attn.kv_len = fb_host(f, p->kv_len);
+    f->attn.segments = fb_host(f, p->segments);
+    return &f->attn;
+}
+
+/* Copies the outputs back (when st is AT_OK) and frees the host copies. */
 static at_status fb_finish(fallback *f, at_status st)
 {
     for (int i = 0; i < f->n; i++) {
@@ -121,14 +148,13 @@ static at_status fb_finish(fallback *f, at_status st)
 
 static void fb_warn(at_backend *be, int op)
 {
-    if (op < 64 && !(be->fallback_warned & (1ull << op))) {
+    if (!(be->fallback_warned & (1ull << op))) {
         be->fallback_warned |= 1ull << op;
         at_log_warn("backend %s has no %s kernel: running it on the CPU (slower)", be->name,
                     at_backend_op_name(op));
     }
 }
 
-#define OP_INDEX(field) ((int)(offsetof(at_backend_ops, field) / sizeof(void (*)(void))))
 static const at_backend_ops *cpu_ops(void) { return &at_cpu_backend()->ops; }
 
 static at_status no_kernel(const char *op)
@@ -136,13 +162,37 @@ static at_status no_kernel(const char *op)
     return at_error(AT_ERR_UNSUPPORTED, "%s: no CPU kernel in this build", op);
 }
 
-/* Dispatch helpers: DISPATCH calls the backend's entry when present. */
-#define BACKEND_OR_FALLBACK(be, field, ...)                                                   \
-    do {                                                                                      \
-        if ((be)->ops.field) return (be)->ops.field(__VA_ARGS__);                             \
-        if (!cpu_ops()->field) return no_kernel(#field);                                      \
-        fb_warn((be), OP_INDEX(field));                                                       \
-    } while (0)
+/* How the fallback reads an op's list: first every tensor argument is copied
+ * (a comma expression, so left to right: the first failure stops the rest);
+ * then the CPU kernel is called with the host copies in their places. */
+#define FB_COPY_OUT(x) fb_add(&f, x, 1)
+#define FB_COPY_IN(x) fb_add(&f, x, 0)
+#define FB_COPY_VAL(T, x) (void)(x)
+#define FB_COPY_ATTN(x) fb_add_attn(&f, x)
+#define FB_HOST(x) fb_host(&f, x)
+#define FB_HOST_ATTN(x) fb_host_attn(&f, x)
+
+#define RUN_OP(name)                                                                               \
+    static at_status run_##name(at_backend *be, AT_OP_PARAMS(name))                                \
+    {                                                                                              \
+        if (be->ops.name) return be->ops.name(AT_OP_ARGS(name));                                   \
+        if (!cpu_ops()->name) return no_kernel(#name);                                             \
+        fb_warn(be, AT_OP_INDEX_##name);                                                           \
+        fallback f = {0};                                                                          \
+        (void)(AT_OP_##name(FB_COPY_OUT, FB_COPY_IN, FB_COPY_VAL, FB_COPY_ATTN));                  \
+        at_status st = f.st;                                                                       \
+        if (st == AT_OK) st = cpu_ops()->name(AT_OP_##name(FB_HOST, FB_HOST, AT_OP_ARG_VAL, FB_HOST_ATTN)); \
+        return fb_finish(&f, st);                                                                  \
+    }
+AT_BACKEND_OPS(RUN_OP)
+#undef RUN_OP
+
+/* ops.h declares every at_<op> by hand, with its documentation; this
+ * redeclaration from the list makes a signature that differs from the
+ * backend entry's a compile error. */
+#define PUBLIC_DECLARE(name) at_status at_##name(AT_OP_PARAMS(name));
+AT_BACKEND_OPS(PUBLIC_DECLARE)
+#undef PUBLIC_DECLARE
 
 /* ---- operations ---- */
 
@@ -184,14 +234,7 @@ at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
     at_backend *be = c->buf->backend;
     AT_TRY(need_backend(a, be, op));
     AT_TRY(need_backend(b, be, op));
-    BACKEND_OR_FALLBACK(be, matmul, c, a, b, trans_a, trans_b, alpha, beta);
-    fallback f = {0};
-    const at_tensor *dev[] = {c, a, b};
-    const int is_out[] = {1, 0, 0};
-    at_tensor *h[3];
-    at_status st = fb_add_all(&f, dev, is_out, 3, h);
-    if (st == AT_OK) st = cpu_ops()->matmul(h[0], h[1], h[2], trans_a, trans_b, alpha, beta);
-    return fb_finish(&f, st);
+    return run_matmul(be, c, a, b, trans_a, trans_b, alpha, beta);
 }
 
 at_status at_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
@@ -212,14 +255,7 @@ at_status at_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(a, be, op));
     AT_TRY(need_backend(b, be, op));
-    BACKEND_OR_FALLBACK(be, add, y, a, b);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, a, b};
-    const int is_out[] = {1, 0, 0};
-    at_tensor *h[3];
-    at_status st = fb_add_all(&f, dev, is_out, 3, h);
-    if (st == AT_OK) st = cpu_ops()->add(h[0], h[1], h[2]);
-    return fb_finish(&f, st);
+    return run_add(be, y, a, b);
 }
 
 at_status at_scale(at_tensor *y, const at_tensor *x, float s)
@@ -232,14 +268,7 @@ at_status at_scale(at_tensor *y, const at_tensor *x, float s)
     AT_TRY(need_numel(y, at_tensor_numel(x), op));
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, scale, y, x, s);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->scale(h[0], h[1], s);
-    return fb_finish(&f, st);
+    return run_scale(be, y, x, s);
 }
 
 at_status at_axpy(at_tensor *y, float alpha, const at_tensor *x)
@@ -252,14 +281,7 @@ at_status at_axpy(at_tensor *y, float alpha, const at_tensor *x)
     AT_TRY(need_numel(y, at_tensor_numel(x), op));
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, axpy, y, alpha, x);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->axpy(h[0], alpha, h[1]);
-    return fb_finish(&f, st);
+    return run_axpy(be, y, alpha, x);
 }
 
 at_status at_fill(at_tensor *y, float value)
@@ -268,14 +290,7 @@ at_status at_fill(at_tensor *y, float value)
     AT_TRY(need(y, op, "output"));
     if (!is_float(y->dtype) && y->dtype != AT_I32) return need_float(y, op);
     at_backend *be = y->buf->backend;
-    BACKEND_OR_FALLBACK(be, fill, y, value);
-    fallback f = {0};
-    const at_tensor *dev[] = {y};
-    const int is_out[] = {1};
-    at_tensor *h[1];
-    at_status st = fb_add_all(&f, dev, is_out, 1, h);
-    if (st == AT_OK) st = cpu_ops()->fill(h[0], value);
-    return fb_finish(&f, st);
+    return run_fill(be, y, value);
 }
 
 at_status at_cast(at_tensor *y, const at_tensor *x)
@@ -290,14 +305,7 @@ at_status at_cast(at_tensor *y, const at_tensor *x)
     AT_TRY(need_numel(y, at_tensor_numel(x), op));
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, cast, y, x);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->cast(h[0], h[1]);
-    return fb_finish(&f, st);
+    return run_cast(be, y, x);
 }
 
 at_status at_sum_rows(at_tensor *y, const at_tensor *x, float beta)
@@ -310,14 +318,7 @@ at_status at_sum_rows(at_tensor *y, const at_tensor *x, float beta)
     AT_TRY(need_numel(y, at_tensor_cols(x), op));
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, sum_rows, y, x, beta);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->sum_rows(h[0], h[1], beta);
-    return fb_finish(&f, st);
+    return run_sum_rows(be, y, x, beta);
 }
 
 at_status at_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps)
@@ -339,14 +340,7 @@ at_status at_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, 
     }
     AT_TRY(need_backend(x, be, op));
     AT_TRY(need_backend(w, be, op));
-    BACKEND_OR_FALLBACK(be, rmsnorm_forward, y, rstd, x, w, eps);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, rstd, x, w};
-    const int is_out[] = {1, 1, 0, 0};
-    at_tensor *h[4];
-    at_status st = fb_add_all(&f, dev, is_out, 4, h);
-    if (st == AT_OK) st = cpu_ops()->rmsnorm_forward(h[0], h[1], h[2], h[3], eps);
-    return fb_finish(&f, st);
+    return run_rmsnorm_forward(be, y, rstd, x, w, eps);
 }
 
 at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
@@ -377,14 +371,7 @@ at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy,
     AT_TRY(need_backend(x, be, op));
     AT_TRY(need_backend(w, be, op));
     AT_TRY(need_backend(rstd, be, op));
-    BACKEND_OR_FALLBACK(be, rmsnorm_backward, dx, dw, dy, x, w, rstd);
-    fallback f = {0};
-    const at_tensor *dev[] = {dx, dw, dy, x, w, rstd};
-    const int is_out[] = {1, 1, 0, 0, 0, 0};
-    at_tensor *h[6];
-    at_status st = fb_add_all(&f, dev, is_out, 6, h);
-    if (st == AT_OK) st = cpu_ops()->rmsnorm_backward(h[0], h[1], h[2], h[3], h[4], h[5]);
-    return fb_finish(&f, st);
+    return run_rmsnorm_backward(be, dx, dw, dy, x, w, rstd);
 }
 
 at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse)
@@ -409,14 +396,7 @@ at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const 
     AT_TRY(need_backend(x, be, op));
     AT_TRY(need_backend(pos, be, op));
     AT_TRY(need_backend(inv_freq, be, op));
-    BACKEND_OR_FALLBACK(be, rope, y, x, pos, inv_freq, inverse);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x, pos, inv_freq};
-    const int is_out[] = {1, 0, 0, 0};
-    at_tensor *h[4];
-    at_status st = fb_add_all(&f, dev, is_out, 4, h);
-    if (st == AT_OK) st = cpu_ops()->rope(h[0], h[1], h[2], h[3], inverse);
-    return fb_finish(&f, st);
+    return run_rope(be, y, x, pos, inv_freq, inverse);
 }
 
 static at_status check_attention(const at_tensor *q, const at_tensor *k, const at_tensor *v,
@@ -460,20 +440,6 @@ static at_status check_attention(const at_tensor *q, const at_tensor *k, const a
     return AT_OK;
 }
 
-/* Host copies of the index tensors of attention parameters. */
-static at_status fb_attn_params(fallback *f, const at_attn_params *p, at_attn_params *hp)
-{
-    at_tensor *t;
-    *hp = *p;
-    AT_TRY(fb_add(f, p->q_index, 0, &t));
-    hp->q_index = t;
-    AT_TRY(fb_add(f, p->kv_len, 0, &t));
-    hp->kv_len = t;
-    AT_TRY(fb_add(f, p->segments, 0, &t));
-    hp->segments = t;
-    return AT_OK;
-}
-
 at_status at_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
                                const at_tensor *v, const at_attn_params *p)
 {
@@ -488,18 +454,7 @@ at_status at_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *
         AT_TRY(need_numel(lse, q->shape[0] * q->shape[1] * q->shape[2], op));
         AT_TRY(need_backend(lse, be, op));
     }
-    BACKEND_OR_FALLBACK(be, attention_forward, out, lse, q, k, v, p);
-    fallback f = {0};
-    at_tensor *ho, *hl, *hq, *hk, *hv;
-    at_attn_params hp;
-    at_status st = fb_add(&f, out, 1, &ho);
-    if (st == AT_OK) st = fb_add(&f, lse, 1, &hl);
-    if (st == AT_OK) st = fb_add(&f, q, 0, &hq);
-    if (st == AT_OK) st = fb_add(&f, k, 0, &hk);
-    if (st == AT_OK) st = fb_add(&f, v, 0, &hv);
-    if (st == AT_OK) st = fb_attn_params(&f, p, &hp);
-    if (st == AT_OK) st = cpu_ops()->attention_forward(ho, hl, hq, hk, hv, &hp);
-    return fb_finish(&f, st);
+    return run_attention_forward(be, out, lse, q, k, v, p);
 }
 
 at_status at_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
@@ -524,22 +479,7 @@ at_status at_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, con
     AT_TRY(need_numel(lse, q->shape[0] * q->shape[1] * q->shape[2], op));
     const at_tensor *all[] = {dk, dv, dout, out, lse};
     for (int i = 0; i < 5; i++) AT_TRY(need_backend(all[i], be, op));
-    BACKEND_OR_FALLBACK(be, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, p);
-    fallback f = {0};
-    at_tensor *hdq, *hdk, *hdv, *hdo, *hq, *hk, *hv, *ho, *hl;
-    at_attn_params hp;
-    at_status st = fb_add(&f, dq, 1, &hdq);
-    if (st == AT_OK) st = fb_add(&f, dk, 1, &hdk);
-    if (st == AT_OK) st = fb_add(&f, dv, 1, &hdv);
-    if (st == AT_OK) st = fb_add(&f, dout, 0, &hdo);
-    if (st == AT_OK) st = fb_add(&f, q, 0, &hq);
-    if (st == AT_OK) st = fb_add(&f, k, 0, &hk);
-    if (st == AT_OK) st = fb_add(&f, v, 0, &hv);
-    if (st == AT_OK) st = fb_add(&f, out, 0, &ho);
-    if (st == AT_OK) st = fb_add(&f, lse, 0, &hl);
-    if (st == AT_OK) st = fb_attn_params(&f, p, &hp);
-    if (st == AT_OK) st = cpu_ops()->attention_backward(hdq, hdk, hdv, hdo, hq, hk, hv, ho, hl, &hp);
-    return fb_finish(&f, st);
+    return run_attention_backward(be, dq, dk, dv, dout, q, k, v, out, lse, p);
 }
 
 at_status at_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up)
@@ -556,14 +496,7 @@ at_status at_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(gate, be, op));
     AT_TRY(need_backend(up, be, op));
-    BACKEND_OR_FALLBACK(be, swiglu_forward, y, gate, up);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, gate, up};
-    const int is_out[] = {1, 0, 0};
-    at_tensor *h[3];
-    at_status st = fb_add_all(&f, dev, is_out, 3, h);
-    if (st == AT_OK) st = cpu_ops()->swiglu_forward(h[0], h[1], h[2]);
-    return fb_finish(&f, st);
+    return run_swiglu_forward(be, y, gate, up);
 }
 
 at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
@@ -582,14 +515,7 @@ at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
         AT_TRY(need_numel(all[i], at_tensor_numel(gate), op));
         AT_TRY(need_backend(all[i], be, op));
     }
-    BACKEND_OR_FALLBACK(be, swiglu_backward, dgate, dup, dy, gate, up);
-    fallback f = {0};
-    const at_tensor *dev[] = {dgate, dup, dy, gate, up};
-    const int is_out[] = {1, 1, 0, 0, 0};
-    at_tensor *h[5];
-    at_status st = fb_add_all(&f, dev, is_out, 5, h);
-    if (st == AT_OK) st = cpu_ops()->swiglu_backward(h[0], h[1], h[2], h[3], h[4]);
-    return fb_finish(&f, st);
+    return run_swiglu_backward(be, dgate, dup, dy, gate, up);
 }
 
 at_status at_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table)
@@ -609,14 +535,7 @@ at_status at_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tens
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(ids, be, op));
     AT_TRY(need_backend(table, be, op));
-    BACKEND_OR_FALLBACK(be, embedding_forward, y, ids, table);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, ids, table};
-    const int is_out[] = {1, 0, 0};
-    at_tensor *h[3];
-    at_status st = fb_add_all(&f, dev, is_out, 3, h);
-    if (st == AT_OK) st = cpu_ops()->embedding_forward(h[0], h[1], h[2]);
-    return fb_finish(&f, st);
+    return run_embedding_forward(be, y, ids, table);
 }
 
 at_status at_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids)
@@ -636,14 +555,7 @@ at_status at_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at
     at_backend *be = dtable->buf->backend;
     AT_TRY(need_backend(dy, be, op));
     AT_TRY(need_backend(ids, be, op));
-    BACKEND_OR_FALLBACK(be, embedding_backward, dtable, dy, ids);
-    fallback f = {0};
-    const at_tensor *dev[] = {dtable, dy, ids};
-    const int is_out[] = {1, 0, 0};
-    at_tensor *h[3];
-    at_status st = fb_add_all(&f, dev, is_out, 3, h);
-    if (st == AT_OK) st = cpu_ops()->embedding_backward(h[0], h[1], h[2]);
-    return fb_finish(&f, st);
+    return run_embedding_backward(be, dtable, dy, ids);
 }
 
 at_status at_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
@@ -667,14 +579,7 @@ at_status at_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_ten
     }
     AT_TRY(need_backend(logits, be, op));
     AT_TRY(need_backend(labels, be, op));
-    BACKEND_OR_FALLBACK(be, cross_entropy, row_loss, dlogits, logits, labels, grad_scale);
-    fallback f = {0};
-    const at_tensor *dev[] = {row_loss, dlogits, logits, labels};
-    const int is_out[] = {1, 1, 0, 0};
-    at_tensor *h[4];
-    at_status st = fb_add_all(&f, dev, is_out, 4, h);
-    if (st == AT_OK) st = cpu_ops()->cross_entropy(h[0], h[1], h[2], h[3], grad_scale);
-    return fb_finish(&f, st);
+    return run_cross_entropy(be, row_loss, dlogits, logits, labels, grad_scale);
 }
 
 at_status at_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v, const at_adamw_params *p)
@@ -693,14 +598,7 @@ at_status at_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_ten
         AT_TRY(need_numel(all[i], at_tensor_numel(param), op));
         AT_TRY(need_backend(all[i], be, op));
     }
-    BACKEND_OR_FALLBACK(be, adamw, param, grad, m, v, p);
-    fallback f = {0};
-    const at_tensor *dev[] = {param, grad, m, v};
-    const int is_out[] = {1, 0, 1, 1};
-    at_tensor *h[4];
-    at_status st = fb_add_all(&f, dev, is_out, 4, h);
-    if (st == AT_OK) st = cpu_ops()->adamw(h[0], h[1], h[2], h[3], p);
-    return fb_finish(&f, st);
+    return run_adamw(be, param, grad, m, v, p);
 }
 
 at_status at_sumsq(at_tensor *out, const at_tensor *x)
@@ -713,14 +611,7 @@ at_status at_sumsq(at_tensor *out, const at_tensor *x)
     AT_TRY(need_float(x, op));
     at_backend *be = out->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, sumsq, out, x);
-    fallback f = {0};
-    const at_tensor *dev[] = {out, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->sumsq(h[0], h[1]);
-    return fb_finish(&f, st);
+    return run_sumsq(be, out, x);
 }
 
 at_status at_read_scalar(const at_tensor *t, float *out)
@@ -745,14 +636,7 @@ at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
                         (unsigned long long)pitch);
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
-    BACKEND_OR_FALLBACK(be, dropout, y, x, p, seed, offset, run, pitch);
-    fallback f = {0};
-    const at_tensor *dev[] = {y, x};
-    const int is_out[] = {1, 0};
-    at_tensor *h[2];
-    at_status st = fb_add_all(&f, dev, is_out, 2, h);
-    if (st == AT_OK) st = cpu_ops()->dropout(h[0], h[1], p, seed, offset, run, pitch);
-    return fb_finish(&f, st);
+    return run_dropout(be, y, x, p, seed, offset, run, pitch);
 }
 
 at_status at_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
@@ -769,12 +653,5 @@ at_status at_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uin
                         (long long)run, (unsigned long long)pitch);
     if (magnitude == 0.0f) return AT_OK;
     at_backend *be = y->buf->backend;
-    BACKEND_OR_FALLBACK(be, add_uniform_noise, y, magnitude, seed, offset, run, pitch);
-    fallback f = {0};
-    const at_tensor *dev[] = {y};
-    const int is_out[] = {1};
-    at_tensor *h[1];
-    at_status st = fb_add_all(&f, dev, is_out, 1, h);
-    if (st == AT_OK) st = cpu_ops()->add_uniform_noise(h[0], magnitude, seed, offset, run, pitch);
-    return fb_finish(&f, st);
+    return run_add_uniform_noise(be, y, magnitude, seed, offset, run, pitch);
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
+#include "device/registry.h"
 #include "train/train_options.h"
 
 /* ---- the allow-list ------------------------------------------------------------------ */
@@ -27,7 +28,7 @@ typedef enum {
     V_NUM,
     V_ENUM,
     V_BOOL,
-    V_DEVICE, /* auto, cpu, cuda, cuda:N */
+    V_DEVICE, /* auto or a device kind of device/registry.h (cuda:N) */
     V_TEXT    /* free text (self-cognition names), one line */
 } vkind;
 
@@ -231,9 +232,8 @@ static at_status add_field(at_train_argv *a, const field *f, const cJSON *v)
     case V_DEVICE: {
         if (!cJSON_IsString(v)) return at_error(AT_ERR_INVALID, "%s: expected a string, got %s", f->name, type_name(v));
         const char *s = v->valuestring;
-        int ok = !strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda");
-        if (!strncmp(s, "cuda:", 5) && s[5] && strlen(s + 5) <= 3 && strspn(s + 5, "0123456789") == strlen(s + 5)) ok = 1;
-        if (!ok) return at_error(AT_ERR_INVALID, "%s: \"%.60s\" is not auto, cpu, cuda or cuda:N", f->name, s);
+        /* the device words come from the registry's table of device kinds */
+        AT_TRY(at_device_spec_check(s, f->name));
         return push_arg(a, f->name, s);
     }
     case V_TEXT:

@@ -1,4 +1,6 @@
-#include "device/cpu/cpu_attention.h"
+/* CPU kernels of causal grouped-query attention, forward and backward, in the
+ * manner of FlashAttention-2 (see ops/ops.h for the math and the masks). */
+#include "device/cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <omp.h>

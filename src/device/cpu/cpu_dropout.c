@@ -1,4 +1,5 @@
 #include "device/cpu/cpu_dropout.h"
+#include "device/cpu/cpu_kernels.h"
 
 #include "base/rng.h"
 #include "device/cpu/cpu_features.h"

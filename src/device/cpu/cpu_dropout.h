@@ -1,16 +1,10 @@
-/* CPU kernel of the counter-based dropout (LoRA dropout); see ops/ops.h. */
+/* CPU kernels of the counter-based dropout (LoRA dropout) and of NEFTune's
+ * uniform noise (at_cpu_dropout, at_cpu_add_uniform_noise: cpu_kernels.h;
+ * math in ops/ops.h), and their AVX-512 inner loop. */
 #ifndef AT_DEVICE_CPU_CPU_DROPOUT_H
 #define AT_DEVICE_CPU_CPU_DROPOUT_H
 
-#include "device/backend.h"
-
-at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
-                         uint64_t pitch);
-
-/* y[i] += m·(2u − 1), u = at_rng_hash_uniform(seed, counter(i)), in f32
- * (ops.h at_add_uniform_noise; NEFTune). */
-at_status at_cpu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
-                                   uint64_t pitch);
+#include <stdint.h>
 
 /* One chunk of f32 values: y[i] = x[i] · keep when element first + i is kept,
  * else 0 (y may be x). Kept means at_rng_hash_uniform(seed, first + i) >= p,

@@ -1,4 +1,8 @@
-#include "device/cpu/cpu_elementwise.h"
+/* CPU kernels of the elementwise operations: add, scale, axpy, fill, cast,
+ * sum_rows and SwiGLU (see ops/ops.h for the math; arguments are checked by
+ * the dispatcher). f32/bf16/f16 are converted to f32 in chunks on load and
+ * rounded to nearest even on store. */
+#include "device/cpu/cpu_kernels.h"
 
 #include <string.h>
 #include "device/cpu/cpu_simd.h"

@@ -1,4 +1,5 @@
-#include "device/cpu/cpu_embedding.h"
+/* CPU kernels of the embedding lookup and its scatter-add backward (see ops/ops.h). */
+#include "device/cpu/cpu_kernels.h"
 
 #include <omp.h>
 #include <string.h>

@@ -1,4 +1,5 @@
-#include "device/cpu/cpu_loss.h"
+/* CPU kernel of the fused cross-entropy (see ops/ops.h). */
+#include "device/cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <string.h>

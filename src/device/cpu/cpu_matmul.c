@@ -1,4 +1,5 @@
-#include "device/cpu/cpu_matmul.h"
+/* CPU kernel of the batched matmul: a loop over at_cpu_gemm (see ops/ops.h). */
+#include "device/cpu/cpu_kernels.h"
 
 #include "device/cpu/cpu_qmatmul.h"
 #include "device/cpu/cpu_simd.h"

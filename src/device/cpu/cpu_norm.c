@@ -1,4 +1,5 @@
-#include "device/cpu/cpu_norm.h"
+/* CPU kernels of RMSNorm forward and backward (see ops/ops.h). */
+#include "device/cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <omp.h>

@@ -1,4 +1,5 @@
-#include "device/cpu/cpu_optim.h"
+/* CPU kernels of the AdamW step and the sum of squares (gradient norms); see ops/ops.h. */
+#include "device/cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <omp.h>

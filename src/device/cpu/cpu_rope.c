@@ -1,4 +1,5 @@
-#include "device/cpu/cpu_rope.h"
+/* CPU kernel of the rotary embedding, Hugging Face rotate_half layout (see ops/ops.h). */
+#include "device/cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <omp.h>

@@ -241,28 +241,10 @@ static at_status open_device(const at_cuda_host_api *host, int index, cu_device 
         be->upload = be_upload;
         be->download = be_download;
         be->synchronize = be_synchronize;
-        at_backend_ops *o = &be->ops;
-        o->matmul = cu_matmul;
-        o->add = cu_add;
-        o->scale = cu_scale;
-        o->axpy = cu_axpy;
-        o->fill = cu_fill;
-        o->cast = cu_cast;
-        o->sum_rows = cu_sum_rows;
-        o->rmsnorm_forward = cu_rmsnorm_forward;
-        o->rmsnorm_backward = cu_rmsnorm_backward;
-        o->rope = cu_rope;
-        o->attention_forward = cu_attention_forward;
-        o->attention_backward = cu_attention_backward;
-        o->swiglu_forward = cu_swiglu_forward;
-        o->swiglu_backward = cu_swiglu_backward;
-        o->embedding_forward = cu_embedding_forward;
-        o->embedding_backward = cu_embedding_backward;
-        o->cross_entropy = cu_cross_entropy;
-        o->adamw = cu_adamw;
-        o->sumsq = cu_sumsq;
-        o->dropout = cu_dropout;
-        o->add_uniform_noise = cu_add_uniform_noise;
+        /* every operation of device/op_table.h has its cu_<op> */
+#define SET_ENTRY(name) be->ops.name = cu_##name;
+        AT_BACKEND_OPS(SET_ENTRY)
+#undef SET_ENTRY
 #ifndef AT_CUDA_EMULATE
         /* the emulator has no NCCL: NULL lets the core reduce through host memory and MPI */
         be->comm_id = cu_comm_id;

@@ -1,6 +1,6 @@
 /* Inside the CUDA backend library: the per-device context, the helpers every
  * source file uses, and the operation entries each file defines (their
- * signatures are those of at_backend_ops, their math that of ops/ops.h).
+ * signatures are those of device/op_table.h, their math that of ops/ops.h).
  *
  * The dispatcher of ops/ has already checked shapes, dtypes and that every
  * tensor lives on this backend; an entry checks only what is particular to
@@ -155,11 +155,18 @@ static __device__ __forceinline__ void cu_record_bad(unsigned long long *slot, i
         if (cu_try_s_ != AT_OK) return cu_try_s_;  \
     } while (0)
 
-/* ---- operation entries (cuda_<op>.cu) ---- */
+/* ---- operation entries ----
+ * cu_<op> for each operation of device/op_table.h, with the signature listed
+ * there, defined in the file of its family: cuda_matmul.cu (cuBLAS for
+ * f32/bf16/f16, dequantizing tiles for q8_0, q4_0, nf4), cuda_elementwise.cu
+ * (add ... cast, sum_rows, swiglu, dropout, uniform noise), cuda_norm.cu
+ * (rmsnorm, rope), cuda_attention.cu (tiled, online softmax: FlashAttention's
+ * scheme), cuda_embedding.cu, cuda_loss.cu (cross-entropy fused with the
+ * softmax over the vocabulary), cuda_optim.cu (adamw, sumsq). */
+#define CU_KERNEL_DECLARE_(name) at_status cu_##name(AT_OP_PARAMS(name));
+AT_BACKEND_OPS(CU_KERNEL_DECLARE_)
+#undef CU_KERNEL_DECLARE_
 
-/* cuda_matmul.cu: cuBLAS for f32/bf16/f16, dequantizing tiles for q8_0, q4_0, nf4. */
-at_status cu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
-                    float beta);
 /* cuda_qgemv.cu: fused dequantize-GEMV, C = alpha · A · Wᵀ + beta · C for a
  * quantized W [N, K] and A of at most QG_MAX_ROWS rows (batch stacked), when
  * !ta and tb; sets *done = 0 (and does nothing) when the call does not fit
@@ -167,40 +174,6 @@ at_status cu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
 #define QG_MAX_ROWS 8
 at_status cu_qgemv(cuda_ctx *c, at_tensor *ct, const at_tensor *a, const at_tensor *w, int ta, int tb, float alpha,
                    float beta, int *done);
-/* cuda_elementwise.cu */
-at_status cu_add(at_tensor *y, const at_tensor *a, const at_tensor *b);
-at_status cu_scale(at_tensor *y, const at_tensor *x, float s);
-at_status cu_axpy(at_tensor *y, float alpha, const at_tensor *x);
-at_status cu_fill(at_tensor *y, float value);
-at_status cu_cast(at_tensor *y, const at_tensor *x);
-at_status cu_sum_rows(at_tensor *y, const at_tensor *x, float beta);
-at_status cu_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up);
-at_status cu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
-                             const at_tensor *up);
-at_status cu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
-                     uint64_t pitch);
-at_status cu_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
-                               uint64_t pitch);
-/* cuda_norm.cu */
-at_status cu_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps);
-at_status cu_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
-                              const at_tensor *w, const at_tensor *rstd);
-at_status cu_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse);
-/* cuda_attention.cu: tiled, online softmax (FlashAttention's scheme). */
-at_status cu_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
-                               const at_tensor *v, const at_attn_params *p);
-at_status cu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
-                                const at_tensor *q, const at_tensor *k, const at_tensor *v, const at_tensor *out,
-                                const at_tensor *lse, const at_attn_params *p);
-/* cuda_embedding.cu */
-at_status cu_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table);
-at_status cu_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
-/* cuda_loss.cu: cross-entropy fused with the softmax over the vocabulary. */
-at_status cu_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
-                           const at_tensor *labels, float grad_scale);
-/* cuda_optim.cu */
-at_status cu_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v, const at_adamw_params *p);
-at_status cu_sumsq(at_tensor *out, const at_tensor *x);
 
 /* cuda_nccl.cu: the backend's collectives (at_backend comm_id, comm_init,
  * allreduce_sum; device/comm.h), NCCL loaded with dlopen. */

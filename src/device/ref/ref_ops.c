@@ -495,28 +495,8 @@ done:
     return st;
 }
 
-static const at_backend_ops ref_ops = {
-    .matmul = at_ref_matmul,
-    .add = at_ref_add,
-    .scale = at_ref_scale,
-    .axpy = at_ref_axpy,
-    .fill = at_ref_fill,
-    .cast = at_ref_cast,
-    .sum_rows = at_ref_sum_rows,
-    .rmsnorm_forward = at_ref_rmsnorm_forward,
-    .rmsnorm_backward = at_ref_rmsnorm_backward,
-    .rope = at_ref_rope,
-    .attention_forward = at_ref_attention_forward,
-    .attention_backward = at_ref_attention_backward,
-    .swiglu_forward = at_ref_swiglu_forward,
-    .swiglu_backward = at_ref_swiglu_backward,
-    .embedding_forward = at_ref_embedding_forward,
-    .embedding_backward = at_ref_embedding_backward,
-    .cross_entropy = at_ref_cross_entropy,
-    .adamw = at_ref_adamw,
-    .sumsq = at_ref_sumsq,
-    .dropout = at_ref_dropout,
-    .add_uniform_noise = at_ref_add_uniform_noise,
-};
+#define ENTRY(name) .name = at_ref_##name,
+static const at_backend_ops ref_ops = {AT_BACKEND_OPS(ENTRY)};
+#undef ENTRY
 
 const at_backend_ops *at_ref_ops(void) { return &ref_ops; }

@@ -2,9 +2,9 @@
  * operation of ops/ops.h, used by the conformance suite as the independent
  * check of every backend (the CPU backend included).
  *
- * Each at_ref_<op> has exactly the signature of the corresponding entry of
- * at_backend_ops (device/backend.h) and the semantics documented in
- * ops/ops.h. They work on host tensors only (at_tensor_data), read every input
+ * There is one at_ref_<op> for each operation of device/op_table.h, with
+ * the signature listed there (that of the entry of at_backend_ops) and the
+ * semantics documented in ops/ops.h. They work on host tensors only (at_tensor_data), read every input
  * into double precision first (so outputs may alias inputs: rope in place,
  * cross-entropy's dlogits == logits), accumulate in double in the natural loop
  * order, and round once when storing (f32/bf16/f16, round to nearest even).
@@ -27,38 +27,9 @@
 #include "device/backend.h"
 #include "device/tensor.h"
 
-at_status at_ref_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
-                        float alpha, float beta);
-at_status at_ref_add(at_tensor *y, const at_tensor *a, const at_tensor *b);
-at_status at_ref_scale(at_tensor *y, const at_tensor *x, float s);
-at_status at_ref_axpy(at_tensor *y, float alpha, const at_tensor *x);
-at_status at_ref_fill(at_tensor *y, float value);
-at_status at_ref_cast(at_tensor *y, const at_tensor *x);
-at_status at_ref_sum_rows(at_tensor *y, const at_tensor *x, float beta);
-at_status at_ref_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, const at_tensor *w, float eps);
-at_status at_ref_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
-                                  const at_tensor *w, const at_tensor *rstd);
-at_status at_ref_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
-                      int inverse);
-at_status at_ref_attention_forward(at_tensor *out, at_tensor *lse, const at_tensor *q, const at_tensor *k,
-                                   const at_tensor *v, const at_attn_params *p);
-at_status at_ref_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, const at_tensor *dout,
-                                    const at_tensor *q, const at_tensor *k, const at_tensor *v,
-                                    const at_tensor *out, const at_tensor *lse, const at_attn_params *p);
-at_status at_ref_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up);
-at_status at_ref_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
-                                 const at_tensor *up);
-at_status at_ref_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table);
-at_status at_ref_embedding_backward(at_tensor *dtable, const at_tensor *dy, const at_tensor *ids);
-at_status at_ref_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at_tensor *logits,
-                               const at_tensor *labels, float grad_scale);
-at_status at_ref_adamw(at_tensor *param, const at_tensor *grad, at_tensor *m, at_tensor *v,
-                       const at_adamw_params *p);
-at_status at_ref_sumsq(at_tensor *out, const at_tensor *x);
-at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
-                         uint64_t pitch);
-at_status at_ref_add_uniform_noise(at_tensor *y, float magnitude, uint64_t seed, uint64_t offset, int64_t run,
-                                   uint64_t pitch);
+#define AT_REF_KERNEL_DECLARE_(name) at_status at_ref_##name(AT_OP_PARAMS(name));
+AT_BACKEND_OPS(AT_REF_KERNEL_DECLARE_)
+#undef AT_REF_KERNEL_DECLARE_
 
 /* The table of all the above (static storage; never freed). */
 const at_backend_ops *at_ref_ops(void);
