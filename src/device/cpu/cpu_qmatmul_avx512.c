@@ -150,4 +150,5 @@ static void dotm(int M, int64_t K, const float *x, const float *row, int round, 
 #undef D
 }
 
-const at_cpu_qgemv at_cpu_qgemv_avx512 = {.gemv = gemv, .dotm = dotm};
+const at_cpu_qgemv at_cpu_qgemv_avx512 = {
+    .gemv = gemv, .dotm = dotm, .quant_x = at_cpu_quant_x_avx2, .gemv_i8 = at_cpu_gemv_i8_avx2};
