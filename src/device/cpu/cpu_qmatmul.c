@@ -240,7 +240,7 @@ static at_status run_blocked(const qproblem *p)
 static const at_cpu_qgemv *qgemv_get(void)
 {
     at_cpu_isa isa = at_cpu_isa_level();
-    if (isa >= AT_ISA_AVX512) return &at_cpu_qgemv_avx512;
+    if (isa >= AT_ISA_AVX512) return at_cpu_get_features()->avx512vnni ? &at_cpu_qgemv_avx512vnni : &at_cpu_qgemv_avx512;
     return isa >= AT_ISA_AVX2 ? &at_cpu_qgemv_avx2 : NULL;
 }
 

@@ -79,8 +79,10 @@ typedef struct {
 } at_cpu_qgemv;
 extern const at_cpu_qgemv at_cpu_qgemv_avx2;
 extern const at_cpu_qgemv at_cpu_qgemv_avx512;
-/* The int8-activation kernels of both levels (cpu_qmatmul_avx2.c; a block of
- * 32 fills a 256-bit register). */
+/* AVX-512 with AVX512_VNNI: its own gemv_i8 (two blocks per register). */
+extern const at_cpu_qgemv at_cpu_qgemv_avx512vnni;
+/* The int8-activation kernels of both levels without VNNI
+ * (cpu_qmatmul_avx2.c; a block of 32 fills a 256-bit register). */
 void at_cpu_quant_x_avx2(int64_t n, const float *x, int8_t *q, float *d);
 void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
                          float *out);
