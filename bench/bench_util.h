@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "model/adapter.h"
@@ -277,6 +279,29 @@ static inline cJSON *bench_run_peer(const char *cmd, double *tok_s, double *medi
     }
     cJSON_Delete(j);
     return NULL;
+}
+
+/* ---- the competing-load rows (issue: no collapse under load) ------------------- */
+
+/* Starts a process that keeps one core busy (a spinning loop, as another
+ * user's program would); returns its pid, or -1 when fork failed. */
+static inline pid_t bench_busy_start(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        volatile unsigned long x = 0;
+        for (;;) x++;
+    }
+    return pid;
+}
+
+/* Ends the process bench_busy_start started. */
+static inline void bench_busy_stop(pid_t pid)
+{
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
 }
 
 /* The number at key of j, dflt when absent or not a number. */

@@ -16,6 +16,12 @@
  * line also shows GB/s of weights read (bytes of the layers' matrices and
  * the lm_head, per token) against this machine's measured copy bandwidth
  * (a parallel memcpy of 2 x 256 MiB; read + written bytes per second).
+ * A line per shape and format decodes again while another process keeps
+ * one core busy (a spinning loop), against the quiet figure: the target is
+ * >= 40% of it (--no-load skips it). The bench sets its threads up as the
+ * CLI does (at_threads_setup: passive OpenMP waiting unless OMP_WAIT_POLICY
+ * is set), so it measures what users get; the llama.cpp peer inherits the
+ * environment.
  * A last line per shape and format times the server's batching: 8 streams
  * decoded together by the scheduler (as `anytune serve` runs them) against
  * one stream alone; the target is more than 1x aggregate throughput (8
@@ -23,6 +29,7 @@
  *
  *   bench_infer [--shape small|qwen|all] [--formats f16,q8_0,q4_0] [--prompt P]
  *               [--decode D] [--runs N] [--no-llama] [--streams S] [--keep]
+ *               [--no-load]
  *
  * --keep leaves the GGUF files in the temporary folder it prints.
  * Run from the source tree (it reads demo/ and bench/js/). Threads: OpenMP's
@@ -37,6 +44,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "base/progress.h"
+#include "base/threads.h"
 #include "bench_util.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/gemm.h"
@@ -51,7 +59,7 @@
 #define LLAMA_SCRIPT "bench/js/llama_bench.mjs"
 
 typedef struct {
-    int prompt, decode, runs, llama, streams, keep;
+    int prompt, decode, runs, llama, streams, keep, load;
 } opts;
 
 /* The prompt of run r (bench/js/llama_bench.mjs uses the same rule):
@@ -223,7 +231,8 @@ static const char *fmt_name(at_dtype q) { return q == AT_F16 ? "f16" : q == AT_Q
 
 int main(int argc, char **argv)
 {
-    opts o = {.prompt = 512, .decode = 32, .runs = 3, .llama = 1, .streams = 8};
+    at_threads_setup(argv);
+    opts o = {.prompt = 512, .decode = 32, .runs = 3, .llama = 1, .streams = 8, .load = 1};
     const char *shape = "all", *formats = "f16,q8_0,q4_0";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
@@ -234,9 +243,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--streams") && i + 1 < argc) o.streams = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-llama")) o.llama = 0;
         else if (!strcmp(argv[i], "--keep")) o.keep = 1;
+        else if (!strcmp(argv[i], "--no-load")) o.load = 0;
         else {
             fprintf(stderr, "usage: bench_infer [--shape small|qwen|all] [--formats f16,q8_0,q4_0] [--prompt P] "
-                            "[--decode D] [--runs N] [--streams S] [--no-llama] [--keep]\n");
+                            "[--decode D] [--runs N] [--streams S] [--no-llama] [--keep] [--no-load]\n");
             return 2;
         }
     }
@@ -263,6 +273,8 @@ int main(int argc, char **argv)
     }
     const at_cpu_features *f = at_cpu_get_features();
     double bw = copy_bandwidth();
+    double la[3] = {0};
+    if (getloadavg(la, 3) > 0) printf("load average at start: %.2f %.2f %.2f (other processes)\n", la[0], la[1], la[2]);
     printf("CPU: %s, ISA level %s, %d threads; copy bandwidth %.1f GB/s (read + written)\n", f->model,
            at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), bw * 1e-9);
     printf("prompt %d tokens, decode %d tokens, median of %d runs%s\n", o.prompt, o.decode, o.runs,
@@ -280,11 +292,16 @@ int main(int argc, char **argv)
             snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, s->name, fmt_name(qs[qi]));
             at_bundle *b = NULL;
             at_bundle_opts bo = {.model = path, .dtype = AT_LOAD_KEEP_DTYPE};
-            speeds ours = {0}, ll = {0}, ll_same = {0};
+            speeds ours = {0}, loaded = {0}, ll = {0}, ll_same = {0};
             double one = 0, many = 0;
             at_status st = write_gguf(s, qs[qi], tok, path);
             if (st == AT_OK) st = at_bundle_load(&bo, &b);
             if (st == AT_OK) st = run_anytune(b, tvocab, &o, &ours);
+            if (st == AT_OK && o.load) {
+                pid_t busy = bench_busy_start();
+                st = run_anytune(b, tvocab, &o, &loaded);
+                bench_busy_stop(busy);
+            }
             if (st == AT_OK && o.streams > 1) st = run_streams(b, tvocab, 1, o.decode, &one);
             if (st == AT_OK && o.streams > 1) st = run_streams(b, tvocab, o.streams, o.decode, &many);
             double wbytes = b ? weight_bytes_per_token(b->decoder->w) : 0;
@@ -310,12 +327,16 @@ int main(int argc, char **argv)
                    wbytes * 1e-6, wbytes * ours.decode * 1e-9, 100.0 * wbytes * ours.decode / bw);
             if (have) printf(", llama.cpp %.1f GB/s", wbytes * ll.decode * 1e-9);
             printf("\n");
+            if (o.load)
+                printf("      one core busy with another process: decode %.1f tok/s, %.0f%% of quiet (target >= 40%%)"
+                       "\n", loaded.decode, 100.0 * loaded.decode / ours.decode);
             if (o.streams > 1)
                 printf("      serve    %d streams batched %.1f tok/s vs 1 stream %.1f tok/s: %.2fx aggregate "
                        "(target > 1)\n", o.streams, many, one, one > 0 ? many / one : 0);
             if (have && qi == 0 && si == 0) printf("      (peer: %s)\n", build);
         }
     }
+    if (getloadavg(la, 3) > 0) printf("\nload average at end: %.2f %.2f %.2f", la[0], la[1], la[2]);
     printf("\nGEMM engine: f32 %s; peak RSS %.0f MiB\n", at_cpu_gemm_engine(AT_F32), bench_peak_rss_mib());
     if (o.keep) printf("GGUF files kept in %s\n", dir);
     else rmdir(dir);

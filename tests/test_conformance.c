@@ -18,6 +18,7 @@
 #include "base/progress.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cpu/cpu_qmatmul.h"
 #include "device/cuda_loader.h"
 #include "device/quant.h"
 #include "device/ref/ref_ops.h"
@@ -323,6 +324,29 @@ static void test_matmul(void)
 
 static void to_view(tp *p, int64_t off);
 
+/* A new f32 host tensor holding t's rows as the CPU's int8 decode path sees
+ * them (device/cpu/cpu_qmatmul.h; AVX2 and above, Q8_0 / Q4_0 weights, the
+ * forward of up to 8 rows): each block of 32 values of a row as d·q, d =
+ * max|x| / 127, q = rint(x · (1/d)), each step in f32 as the kernel does it.
+ * The kernel's integer block dots are exact, so against a reference fed
+ * these values only the accumulation order differs (f32 tolerance). */
+static at_tensor *int8_rounded(const at_tensor *t)
+{
+    at_tensor *r = NULL;
+    float *v = floats_of(t);
+    CHECK_OK(at_tensor_new(at_cpu_backend(), F32, t->ndim, t->shape, t->name, &r));
+    float *o = at_tensor_data(r);
+    int64_t n = at_tensor_numel(t);
+    for (int64_t b = 0; b < n; b += 32) {
+        float amax = 0;
+        for (int64_t i = b; i < b + 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t i = b; i < b + 32; i++) o[i] = d * rintf(v[i] * id);
+    }
+    free(v);
+    return r;
+}
+
 /* One case: C [bt, N, n] = alpha · A [bt, N, k] · op(W) + beta · C, W a random
  * f32 [out, in] quantized to qt on the host (its bytes copied to the
  * backend); A and C are views at element `off` of bigger buffers when off > 0. */
@@ -342,15 +366,19 @@ static void qmm_case(at_dtype qt, at_dtype a_dt, at_dtype c_dt, int64_t bt, int6
     snprintf(desc, sizeof desc, "batch %lld N%lld out%lld in%lld tb%d a%g b%g%s%s", (long long)bt, (long long)N,
              (long long)out, (long long)in, tb, (double)alpha, (double)beta, off ? " view" : "", note);
     /* the reference multiplies the dequantized weight (ref_util.c loads a
-     * quantized tensor as its values), rounded to bf16 when A is bf16 */
-    at_tensor *rb = wq, *deq = NULL;
-    if (a_dt == BF16) {
+     * quantized tensor as its values), rounded to bf16 when A is bf16; on
+     * the CPU's int8 decode path by A as int8_rounded gives it instead */
+    at_tensor *rb = wq, *deq = NULL, *ra = A.h;
+    int i8 = g_be == at_cpu_backend() && at_cpu_qmatmul_int8_decode() && tb && bt * N <= 8 && qt != AT_NF4;
+    if (i8) ra = int8_rounded(A.h);
+    else if (a_dt == BF16) {
         deq = host_new(F32, 2, SH(out, in), "W.deq");
         CHECK_OK(at_dequantize(deq, wq));
         rb = bf16_rounded(deq);
     }
-    CHECK_OK(at_ref_matmul(C.h, A.h, rb, 0, tb, alpha, beta));
+    CHECK_OK(at_ref_matmul(C.h, ra, rb, 0, tb, alpha, beta));
     if (A.d && C.d && called(at_matmul(C.d, A.d, wd, 0, tb, alpha, beta), desc)) compare(&C, desc, "C");
+    if (ra != A.h) at_tensor_free(ra);
     if (rb != wq) at_tensor_free(rb);
     at_tensor_free(deq);
     at_tensor_free(wf);

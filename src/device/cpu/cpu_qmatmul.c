@@ -234,8 +234,9 @@ static at_status run_blocked(const qproblem *p)
 /* The forward of a few tokens (decode): packing panels for 1..8 rows of A
  * would cost more than the product, and the product is bound by reading W.
  * With AVX2 or AVX-512, the decode kernels (at_cpu_qgemv) read each Q8_0 /
- * Q4_0 row of W once, in place, against every row of op(A); NF4 rows are
- * dequantized into an f32 row (in L1) first. Without them, each row of W is
+ * Q4_0 row of W once, in place, against every row of op(A) quantized to
+ * int8 (quant_x, once per call); NF4 rows are dequantized into an f32 row
+ * (in L1) first and dotted in f32. Without them, each row of W is
  * dequantized, rounded to bf16 when computing in bf16, and dotted with every
  * row of op(A). Threads split the rows of W. */
 #define SMALL_M 8
@@ -244,12 +245,18 @@ static const at_cpu_qgemv *qgemv_get(void)
 {
 #if defined(__x86_64__)
     at_cpu_isa isa = at_cpu_isa_level();
-    if (isa >= AT_ISA_AVX512) return &at_cpu_qgemv_avx512;
+    if (isa >= AT_ISA_AVX512) return at_cpu_get_features()->avx512vnni ? &at_cpu_qgemv_avx512vnni : &at_cpu_qgemv_avx512;
     if (isa >= AT_ISA_AVX2) return &at_cpu_qgemv_avx2;
 #elif defined(__aarch64__)
     if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_cpu_qgemv_neon;
 #endif
     return NULL;
+}
+
+int at_cpu_qmatmul_int8_decode(void)
+{
+    const at_cpu_qgemv *kq = qgemv_get();
+    return kq && kq->gemv_i8;
 }
 
 /* x rounded to bf16 (nearest even) in place; dequantized values are finite,
@@ -260,36 +267,79 @@ static void round_bf16_row(float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) u[i] = (u[i] + 0x7fffu + ((u[i] >> 16) & 1u)) & 0xffff0000u;
 }
 
+/* op(A)'s rows as the decode kernels take them. */
+typedef struct {
+    const float *a32; /* M x K f32 */
+    const int8_t *xq; /* M x K int8 and M x K/32 scales (quant_x), or NULL */
+    const float *xd;
+} small_a;
+
 /* out[m] = row r of W · row m of x (m < M): the decode kernels, or the
  * portable dequantize-then-dot; row: K floats of scratch. */
-static void small_row(const qproblem *p, const at_cpu_qgemv *kq, const at_cpu_simd *v, const float *a32, int64_t r,
+static void small_row(const qproblem *p, const at_cpu_qgemv *kq, const at_cpu_simd *v, const small_a *x, int64_t r,
                       int bf16, float *row, float *out)
 {
     const qweight *w = p->w;
+    if (x->xq) {
+        kq->gemv_i8((int)p->M, p->K, x->xq, x->xd, w->t, w->data + (size_t)r * w->row_bytes, out);
+        return;
+    }
     if (kq && w->t != AT_NF4) {
-        kq->gemv((int)p->M, p->K, a32, w->t, w->data + (size_t)r * w->row_bytes, bf16, out);
+        kq->gemv((int)p->M, p->K, x->a32, w->t, w->data + (size_t)r * w->row_bytes, bf16, out);
         return;
     }
     dequant(w, r, 0, p->K, row);
     if (kq) {
-        kq->dotm((int)p->M, p->K, a32, row, bf16, out);
+        kq->dotm((int)p->M, p->K, x->a32, row, bf16, out);
         return;
     }
     if (bf16) round_bf16_row(row, p->K);
-    for (int64_t m = 0; m < p->M; m++) out[m] = v->dot(a32 + m * p->K, row, p->K);
+    for (int64_t m = 0; m < p->M; m++) out[m] = v->dot(x->a32 + m * p->K, row, p->K);
+}
+
+/* op(A) as f32 (and int8) rows, kept per thread between calls like the
+ * work buffers (a decode step makes a few hundred of these calls). */
+static _Thread_local void *tl_a;
+static _Thread_local size_t tl_a_cap;
+
+static at_status small_rows(const qproblem *p, const at_cpu_qgemv *kq, small_a *x)
+{
+    int64_t n = p->M * p->K;
+    int i8 = kq && kq->gemv_i8 && (p->w->t == AT_Q8_0 || p->w->t == AT_Q4_0);
+    size_t bytes = (size_t)n * sizeof(float) + (i8 ? (size_t)n + (size_t)(n / 32) * sizeof(float) : 0);
+    if (bytes > tl_a_cap) {
+        free(tl_a);
+        tl_a = aligned_alloc(64, round64(bytes));
+        tl_a_cap = tl_a ? bytes : 0;
+    }
+    if (!tl_a) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld rows of A", (long long)p->M);
+    const at_cpu_simd *v = at_cpu_simd_get();
+    float *a32 = tl_a;
+    size_t es = esize(p->at);
+    for (int64_t m = 0; m < p->M; m++) {
+        if (!p->ta) v->load(a32 + m * p->K, p->A + (size_t)(m * p->lda) * es, p->at, p->K);
+        else
+            for (int64_t k = 0; k < p->K; k++) v->load(a32 + m * p->K + k, p->A + (size_t)(k * p->lda + m) * es, p->at, 1);
+    }
+    x->a32 = a32;
+    x->xq = NULL;
+    x->xd = NULL;
+    if (i8) {
+        float *xd = a32 + n;
+        int8_t *xq = (int8_t *)(xd + n / 32);
+        kq->quant_x(n, a32, xq, xd);
+        x->xq = xq;
+        x->xd = xd;
+    }
+    return AT_OK;
 }
 
 static at_status run_small_forward(const qproblem *p)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
     const at_cpu_qgemv *kq = qgemv_get();
-    float *a32 = malloc((size_t)(p->M * p->K) * sizeof(float));
-    if (!a32) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld rows of A", (long long)p->M);
-    for (int64_t m = 0; m < p->M; m++)
-        for (int64_t k = 0; k < p->K; k++) {
-            const char *e = p->A + (size_t)(p->ta ? k * p->lda + m : m * p->lda + k) * esize(p->at);
-            v->load(a32 + m * p->K + k, e, p->at, 1);
-        }
+    small_a x;
+    AT_TRY(small_rows(p, kq, &x));
     int bf16 = p->at == AT_BF16;
     int nt = omp_in_parallel() || p->N * p->K < 65536 ? 1 : omp_get_max_threads();
     int failed = 0;
@@ -304,7 +354,7 @@ static at_status run_small_forward(const qproblem *p)
         }
         for (int64_t r = r0; row && r < r1; r++) {
             float dots[SMALL_M];
-            small_row(p, kq, v, a32, r, bf16, row, dots);
+            small_row(p, kq, v, &x, r, bf16, row, dots);
             for (int64_t m = 0; m < p->M; m++) {
                 float s = p->alpha * dots[m];
                 size_t at = (size_t)(m * p->ldc + r);
@@ -318,7 +368,6 @@ static at_status run_small_forward(const qproblem *p)
             }
         }
     }
-    free(a32);
     if (failed) return at_error(AT_ERR_NOMEM, "matmul: no memory for a dequantized row");
     return AT_OK;
 }

@@ -12,8 +12,11 @@
  * bf16/f32 GEMM of the same shape is one dequantization of each weight value
  * per NC×KC block. The compute format is the one at_matmul documents for
  * the inputs: bf16 when A is bf16 (the dequantized W rounded to bf16),
- * f32 otherwise. The forward of up to 4 rows of A (decode) skips the
- * packing: each row of W is dequantized once and dotted with the rows of A.
+ * f32 otherwise. The forward of up to 8 rows of A (decode) skips the
+ * packing: each row of W is read once and dotted with the rows of A; with
+ * AVX2 and Q8_0 / Q4_0 weights those rows are quantized to int8 first and
+ * the dots are integer (as llama.cpp decodes: the weights stay exact, not
+ * rounded to bf16, and A's rounding error is bounded below, at_cpu_qgemv).
  * Without AVX2 the weight is dequantized a panel (64 rows or columns) at a
  * time into f32 and handed to at_cpu_gemm. */
 #ifndef AT_DEVICE_CPU_CPU_QMATMUL_H
@@ -56,14 +59,39 @@ extern const at_cpu_qdeq at_cpu_qdeq_neon; /* aarch64: cpu_qmatmul_neon.c */
  *         registers as the dequantizers do it;
  *   dotm: the same over a row already dequantized to f32 (NF4 rows);
  * each weight value rounded to bf16 first when round (computing in bf16).
+ * With Q8_0 / Q4_0 weights the forward of M <= 8 rows runs on int8
+ * activations instead, as llama.cpp does (bound by reading W, a decode step
+ * then spends no time converting weights to f32):
+ *   quant_x: each block of 32 values of x (n of them) as int8 q and a scale
+ *         d = max|x| / 127 (0 for a block of zeros), q = rint(x / d) in
+ *         [-127, 127], so |x − d·q| <= d/2 (plus f32 rounding of 1/d);
+ *   gemv_i8: out[m] = sum over blocks b of d_w[b] · xd[m][b] · (the exact
+ *         integer dot of the block's int8 weights and activations), xq and
+ *         xd being quant_x's output for row m at xq + m·K, xd + m·K/32.
+ * Its result differs from the f32 product by at most
+ * sum_b xd_b / 2 · sum_{i in b} |w_i| plus f32 accumulation.
  * K is a multiple of 32; 1 <= M <= 8. */
 typedef struct {
     void (*gemv)(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out);
     void (*dotm)(int M, int64_t K, const float *x, const float *row, int round, float *out);
+    void (*quant_x)(int64_t n, const float *x, int8_t *q, float *d);
+    void (*gemv_i8)(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
+                    float *out);
 } at_cpu_qgemv;
 extern const at_cpu_qgemv at_cpu_qgemv_avx2;
 extern const at_cpu_qgemv at_cpu_qgemv_avx512;
-extern const at_cpu_qgemv at_cpu_qgemv_neon;
+extern const at_cpu_qgemv at_cpu_qgemv_neon; /* aarch64: cpu_qmatmul_neon.c */
+/* AVX-512 with AVX512_VNNI: its own gemv_i8 (two blocks per register). */
+extern const at_cpu_qgemv at_cpu_qgemv_avx512vnni;
+/* The int8-activation kernels of both levels without VNNI
+ * (cpu_qmatmul_avx2.c; a block of 32 fills a 256-bit register). */
+void at_cpu_quant_x_avx2(int64_t n, const float *x, int8_t *q, float *d);
+void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
+                         float *out);
+
+/* Whether the decode path (M <= 8 rows, Q8_0 / Q4_0 weights) runs on int8
+ * activations at the current ISA level, so that its bound above applies. */
+int at_cpu_qmatmul_int8_decode(void);
 
 /* For the ISA files: runs call(MM) with MM the compile-time constant equal
  * to M (1..8), so that each copy of a kernel keeps its accumulators in

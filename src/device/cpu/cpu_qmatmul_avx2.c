@@ -168,4 +168,75 @@ static void dotm(int M, int64_t K, const float *x, const float *row, int round, 
 #undef D
 }
 
-const at_cpu_qgemv at_cpu_qgemv_avx2 = {.gemv = gemv, .dotm = dotm};
+/* ---- decode with int8 activations (see cpu_qmatmul.h) ----
+ * Also the AVX-512 level's kernels: the weight row is read 32 values (one
+ * block) at a time, which a 256-bit register holds. */
+
+void at_cpu_quant_x_avx2(int64_t n, const float *x, int8_t *q, float *d)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < n / 32; b++, x += 32, q += 32) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h), db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], vid));
+        /* packs works within 128-bit lanes: bytes come out in dword order 0 4 1 5 2 6 3 7 */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, order));
+    }
+}
+
+/* The 32 values of a block as signed bytes (q4_0: nibble − 8; low nibbles
+ * are values 0..15, high nibbles 16..31). */
+static inline __attribute__((always_inline)) __m256i block_bytes(const int fmt, const uint8_t *blk)
+{
+    if (fmt == AT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(15);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+static inline __attribute__((always_inline)) void gemv_i8_body(const int MM, const int fmt, int64_t K,
+                                                               const int8_t *xq, const float *xd,
+                                                               const uint8_t *blk, float *out)
+{
+    __m256 acc[8];
+    for (int m = 0; m < MM; m++) acc[m] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = K / 32;
+    const size_t bb = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        __m256i w = block_bytes(fmt, blk);
+        __m256 dw = _mm256_set1_ps(f16_scale(blk));
+        for (int m = 0; m < MM; m++) {
+            /* maddubs multiplies unsigned by signed bytes: |x| by w with x's
+             * sign; pairs sum to at most 2·127·127, below int16's limit */
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + 32 * b));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x));
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc[m] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + m * nb + b)), acc[m]);
+        }
+    }
+    for (int m = 0; m < MM; m++) out[m] = hsum(acc[m]);
+}
+
+void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
+                         float *out)
+{
+#define G(MM)                                                                                                              if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                                  else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);
+    AT_QGEMV_BY_M(G)
+#undef G
+}
+
+const at_cpu_qgemv at_cpu_qgemv_avx2 = {
+    .gemv = gemv, .dotm = dotm, .quant_x = at_cpu_quant_x_avx2, .gemv_i8 = at_cpu_gemv_i8_avx2};

@@ -150,4 +150,75 @@ static void dotm(int M, int64_t K, const float *x, const float *row, int round, 
 #undef D
 }
 
-const at_cpu_qgemv at_cpu_qgemv_avx512 = {.gemv = gemv, .dotm = dotm};
+const at_cpu_qgemv at_cpu_qgemv_avx512 = {
+    .gemv = gemv, .dotm = dotm, .quant_x = at_cpu_quant_x_avx2, .gemv_i8 = at_cpu_gemv_i8_avx2};
+
+/* ---- decode with int8 activations on AVX512_VNNI (see cpu_qmatmul.h) ----
+ * Two blocks per 512-bit register (lanes 0-7 sum block b, 8-15 block b+1):
+ * one vpdpbusd multiplies |x| (unsigned) by w carrying x's sign and sums
+ * groups of 4 (at most 4·127² per lane); an odd last block takes the
+ * 256-bit form of the AVX2 kernel. */
+#define VNNI __attribute__((target("avx512vnni")))
+
+static inline __attribute__((always_inline)) __m256i block_bytes(const int fmt, const uint8_t *blk)
+{
+    if (fmt == AT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(15);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* 8 lanes of 16 made of a (low) and b (high) */
+static inline __m512 halves(float a, float b)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+static inline __attribute__((always_inline)) VNNI void gemv_i8_body(const int MM, const int fmt, int64_t K,
+                                                                    const int8_t *xq, const float *xd,
+                                                                    const uint8_t *blk, float *out)
+{
+    __m512 acc[8];
+    for (int m = 0; m < MM; m++) acc[m] = _mm512_setzero_ps();
+    const int64_t nb = K / 32;
+    const size_t bb = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, blk += 2 * bb) {
+        __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(block_bytes(fmt, blk)), block_bytes(fmt, blk + bb), 1);
+        __m512 dw = halves(f16_scale(blk), f16_scale(blk + bb));
+        for (int m = 0; m < MM; m++) {
+            __m512i x = _mm512_loadu_si512((const void *)(xq + m * K + 32 * b));
+            __m512i sw = _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sw);
+            const float *d = xd + m * nb + b;
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, halves(d[0], d[1])), acc[m]);
+        }
+    }
+    float last[8] = {0};
+    if (b < nb) {
+        __m256i w = block_bytes(fmt, blk), ones = _mm256_set1_epi16(1);
+        float dw = f16_scale(blk);
+        for (int m = 0; m < MM; m++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + 32 * b));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x));
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(dw * xd[m * nb + b]));
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            last[m] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+    }
+    for (int m = 0; m < MM; m++) out[m] = _mm512_reduce_add_ps(acc[m]) + last[m];
+}
+
+static VNNI void gemv_i8_vnni(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
+                              float *out)
+{
+#define G(MM)                                                                                                          \
+    if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                              \
+    else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);
+    AT_QGEMV_BY_M(G)
+#undef G
+}
+
+const at_cpu_qgemv at_cpu_qgemv_avx512vnni = {
+    .gemv = gemv, .dotm = dotm, .quant_x = at_cpu_quant_x_avx2, .gemv_i8 = gemv_i8_vnni};
