@@ -36,10 +36,11 @@ ANYTUNE_DEBUG_TERM_AFTER_STEP=2 "$BIN" sft $DEMO --output_dir "$T/r" > /dev/null
 grep -q "anytune: 2 steps (resumed at 2, 4 in all)" "$T/res"; check "a resumed run says where it started" $?
 
 # issue 21.2 / 21.14: --adapters without --model; a run folder as --adapters
-"$BIN" infer --model demo/stories260K --adapters "$RUN/checkpoint-4" --prompt "Who are you?" --max_new_tokens 12 \
+RUNR=$(ls -d "$T"/r/v0-*)
+"$BIN" infer --model demo/stories260K --adapters "$RUNR/checkpoint-4" --prompt "Who are you?" --max_new_tokens 12 \
     > "$T/want" 2>/dev/null
-"$BIN" infer --adapters "$RUN" --prompt "Who are you?" --max_new_tokens 12 > "$T/got" 2> "$T/err"
-cmp -s "$T/want" "$T/got" && grep -q "is a run folder: using its newest checkpoint, $RUN/checkpoint-4" "$T/err" &&
+"$BIN" infer --adapters "$RUNR" --prompt "Who are you?" --max_new_tokens 12 > "$T/got" 2> "$T/err"
+cmp -s "$T/want" "$T/got" && grep -q "is a run folder: using its newest checkpoint, $RUNR/checkpoint-4" "$T/err" &&
     grep -q "no --model given: using demo/stories260K, the base model of" "$T/err"
 check "infer --adapters RUN: the base from args.json, the newest checkpoint" $?
 mkdir "$T/empty"

@@ -215,6 +215,7 @@ at_status at_export_run(const at_export_args *a)
 
     at_load_options lo = at_load_options_default();
     lo.backend = at_cpu_backend();
+    lo.model_type = a->model_type;
     /* An HF export in an asked-for float type loads the weights in that type,
      * so a merge is rounded once, into the type that is stored. */
     lo.dtype = !gguf && (a->dtype == AT_F32 || a->dtype == AT_BF16 || a->dtype == AT_F16) ? a->dtype

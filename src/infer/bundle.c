@@ -384,6 +384,7 @@ at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
     if (o->backend) lo.backend = o->backend;
     lo.dtype = (at_dtype)o->dtype;
     lo.quant = (at_quant_kind)o->quant;
+    lo.model_type = o->model_type;
     AT_CHECK(at_decoder_load(o->model, &lo, &b->decoder));
     AT_CHECK(at_bundle_load_text(o, &b->tokenizer, &b->tmpl));
     AT_CHECK(at_bundle_check_vocab(b->tokenizer, &b->decoder->cfg, o->model));

@@ -52,6 +52,7 @@ typedef struct at_bundle_opts {
     at_backend *backend;      /* NULL: the CPU */
     int dtype;                /* at_dtype, or AT_LOAD_KEEP_DTYPE */
     int quant;                /* at_quant_kind of model/loader.h: quantize the linear matrices (QLoRA models) */
+    const char *model_type;   /* NULL, or --model_type: the family to read the folder as (model/config.h) */
 } at_bundle_opts;
 
 /* Loads everything. Caller frees *out with at_bundle_free. Errors name the
