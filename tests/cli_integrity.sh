@@ -176,6 +176,11 @@ O5=$T/out5
 $SFT --tokenizer "$T/cut.bin" --output_dir "$O5" --max_steps 2 > /dev/null 2> "$T/o.err"
 [ $? -eq 1 ] && grep -q "vocabulary of 512" "$T/o.err" && [ "$(runs "$O5")" -eq 0 ]
 check "training with it fails at load and leaves no run folder" $?
+for to in hf gguf; do
+    $BIN export --model $M --tokenizer "$T/cut.bin" --to $to --output_dir "$T/cut-$to" --quiet > /dev/null 2> "$T/o.err"
+    [ $? -eq 1 ] && grep -q "has 7 ids but the model" "$T/o.err" && [ ! -e "$T/cut-$to" ]
+    check "export --to $to refuses it too, writing nothing" $?
+done
 
 # ---- 22.11: NUL in a dataset string ----
 printf '{"query": "hi", "response": "a\\u0000b"}\n{"query": "ho", "response": "c"}\n' > "$T/nul.jsonl"
@@ -214,6 +219,9 @@ check "infer --adapters ADAPTER.gguf answers as the checkpoint it was exported f
 $BIN export --model $M --adapters "$T/gg/adapter-f32.gguf" --merge_lora --to hf --output_dir "$T/gm" > /dev/null 2>&1 &&
     $BIN infer --model "$T/gm" $ASK > "$T/s3" 2>/dev/null && cmp -s "$T/s1" "$T/s3"
 check "export --merge_lora takes it too" $?
+$BIN infer --adapters "$T/gg/adapter-f32.gguf" $ASK > /dev/null 2> "$T/s.err"
+[ $? -eq 1 ] && grep -q "a LoRA GGUF file does not say which model it was trained on: give --model" "$T/s.err"
+check "--adapters ADAPTER.gguf without --model says the GGUF names no base" $?
 
 # ---- 22.16: special tokens written in the text are parsed, as llama.cpp and Hugging Face do ----
 for m in $M tests/data/models/stories260K.gguf; do

@@ -186,6 +186,9 @@ at_status at_cli_adapter_base(const char *arg, char **out)
         if (*out) return AT_OK;
     }
     at_clear_error();
+    if (!at_is_dir(dir) && at_file_exists(dir)) /* a LoRA GGUF: llama.cpp's format names no base model */
+        return at_error(AT_ERR_NOT_FOUND, "--adapters %s: a LoRA GGUF file does not say which model it was trained "
+                        "on: give --model (the base model, as llama.cpp's --lora needs -m)", dir);
     return at_error(AT_ERR_NOT_FOUND, "--adapters %s: no args.json beside it and no base_model_name_or_path that "
                     "exists in its adapter_config.json: give --model", dir);
 }

@@ -188,7 +188,7 @@ static at_status load_model(trainer *t)
     bo.template_name = a->template_name;
     bo.tokenizer = a->tokenizer;
     AT_TRY(at_bundle_load_text(&bo, &t->tok, &t->tmpl));
-    AT_TRY(at_bundle_check_vocab(t->tok, &t->dec->cfg, a->model));
+    AT_TRY(at_tokenizer_check_vocab(t->tok, t->dec->cfg.vocab_size, a->model));
     if (!t->tmpl && !a->template_name)
         at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
