@@ -282,9 +282,8 @@ const char *at_model_type_family(const char *name)
     return NULL;
 }
 
-/* Reads config.json text as `model_type`'s family when one is given. */
-static at_status parse_as(const char *text, size_t len, const char *what, const char *model_type,
-                          at_model_config *cfg)
+at_status at_model_config_parse_as(const char *text, size_t len, const char *what, const char *model_type,
+                                   at_model_config *cfg)
 {
     const char *family = NULL;
     if (model_type && !(family = at_model_type_family(model_type)))
@@ -311,7 +310,7 @@ static at_status parse_as(const char *text, size_t len, const char *what, const 
 
 at_status at_model_config_parse(const char *text, size_t len, const char *what, at_model_config *cfg)
 {
-    return parse_as(text, len, what, NULL, cfg);
+    return at_model_config_parse_as(text, len, what, NULL, cfg);
 }
 
 at_status at_model_config_load_as(const char *path, const char *model_type, at_model_config *cfg)
@@ -321,7 +320,7 @@ at_status at_model_config_load_as(const char *path, const char *model_type, at_m
     char *text = NULL;
     size_t len = 0;
     at_status st = at_read_file(p, &text, &len);
-    if (st == AT_OK) st = parse_as(text, len, p, model_type, cfg);
+    if (st == AT_OK) st = at_model_config_parse_as(text, len, p, model_type, cfg);
     free(text);
     free(p);
     return st;

@@ -104,9 +104,11 @@ at_status at_model_config_load(const char *path, at_model_config *cfg);
 /* The family ("llama", "mistral", "qwen2", "qwen3") of a --model_type name, or NULL. */
 const char *at_model_type_family(const char *name);
 
-/* at_model_config_load reading the file as model_type's family (NULL: as it
- * says). An unknown name is AT_ERR_INVALID listing the known ones. */
+/* at_model_config_load / _parse reading the config as model_type's family
+ * (NULL: as it says). An unknown name is AT_ERR_INVALID listing the known ones. */
 at_status at_model_config_load_as(const char *path, const char *model_type, at_model_config *cfg);
+at_status at_model_config_parse_as(const char *text, size_t len, const char *what, const char *model_type,
+                                   at_model_config *cfg);
 
 /* For sources whose family is not a config field (GGUF, llama2.c): a
  * model_type of another family is refused, naming both. NULL: AT_OK. */
