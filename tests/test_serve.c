@@ -703,13 +703,17 @@ static void test_many_addresses(at_bundle *b)
     }
     CHECK_MSG(served && waited < 6, "/health with every connection held by idle clients: %s after %.1f s",
               served ? "served" : "not served", waited);
-    /* a reserve connection does not run a generation */
-    int busy = connect_from(port, "127.0.0.21");
+    /* a reserve connection does not run a generation (retried as the monitor: a slot frees
+     * when libmicrohttpd reaps a closed connection) */
     const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 2}";
     char got[256] = "";
-    int st = busy >= 0 ? keepalive_request(busy, "POST", "/v1/completions", body, got, sizeof got) : 0;
+    int st = 0;
+    for (double t1 = now_s(); !st && now_s() - t1 < 8; usleep(100000)) {
+        int busy = connect_from(port, "127.0.0.21");
+        st = busy >= 0 ? keepalive_request(busy, "POST", "/v1/completions", body, got, sizeof got) : 0;
+        if (busy >= 0) close(busy);
+    }
     CHECK_MSG(st == 503 && strstr(got, "reserve"), "a completion on a reserve connection: %d %s", st, got);
-    if (busy >= 0) close(busy);
     for (int i = 0; i < 12; i++)
         if (idle[i] >= 0) close(idle[i]);
     printf("many addresses: 12 idle connections from 6 addresses; /health answered after %.1f s (%d tries)\n",
@@ -756,15 +760,15 @@ static void test_shutdown(at_bundle *b)
             fds[i] = connect_to(port);
             CHECK(fds[i] >= 0 && send_request(fds[i], "POST", "/v1/completions", NULL, body, strlen(body)));
         }
-        /* the requests are in the engine (one running, the others waiting; the first may be done) */
+        /* every request is in the engine (one running, the others waiting) before the stop */
         int queued = 0;
-        for (double t0 = now_s(); queued < N - 1 && now_s() - t0 < 10; usleep(2000)) {
+        for (double t0 = now_s(); queued < N && now_s() - t0 < 10; usleep(2000)) {
             CHECK(keepalive_request(pre[0], "GET", "/health", NULL, got, sizeof got) == 200);
             cJSON *h = cJSON_Parse(got);
             queued = (int)(jnum(h, "running", NULL) + jnum(h, "waiting", NULL));
             cJSON_Delete(h);
         }
-        CHECK_MSG(queued >= N - 1, "%d of %d requests reached the engine", queued, N);
+        CHECK_MSG(queued == N, "%d of %d requests reached the engine", queued, N);
         stop_args sa = {s, phase == 0 ? 0 : 30};
         pthread_t th;
         pthread_create(&th, NULL, stop_thread, &sa);
