@@ -3,11 +3,12 @@
 #   make run      install what is missing, build, run the bundled demo
 #   make test     install what is missing, build (release + sanitizers), run the suite
 #   make bench-NAME   build and run bench/NAME.c (e.g. make bench-gemm)
+#   make test-aarch64 cross-build for 64-bit ARM and run the numeric suite under qemu
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 
-.PHONY: all setup setup-test run test test-release test-asan clean configure FORCE
+.PHONY: all setup setup-test run test test-release test-asan test-aarch64 clean configure FORCE
 
 all: $(BUILD)/anytune
 
@@ -32,6 +33,7 @@ run: setup $(BUILD)/anytune
 test: setup-test
 	$(MAKE) test-release
 	$(MAKE) test-asan
+	scripts/test_aarch64.sh --quick
 
 test-release: $(BUILD)/anytune
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -43,8 +45,12 @@ test-asan: $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+test-aarch64:
+	scripts/setup.sh --aarch64
+	scripts/test_aarch64.sh
+
 bench-%: $(BUILD)/anytune
 	$(BUILD)/bench_$* $(ARGS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-aarch64

@@ -1,20 +1,27 @@
 #!/bin/sh
 # Install the Debian packages anytune needs, only those that are missing.
-# Usage: scripts/setup.sh [--test] [--dev]
-#   (none)  what building and running need (make run)
-#   --test  also what the test suite needs (make test): clang's sanitizers,
-#           chromium, node and npm, and the tests' npm packages
-#   --dev   also what regenerating the goldens and the benchmarks' PyTorch side need
+# Usage: scripts/setup.sh [--test] [--dev] [--aarch64]
+#   (none)     what building and running need (make run)
+#   --test     also what the test suite needs (make test): clang's sanitizers,
+#              chromium, node and npm, the tests' npm packages, and the ARM
+#              cross build's (--aarch64)
+#   --dev      also what regenerating the goldens and the benchmarks' PyTorch side need
+#   --aarch64  the cross compiler, qemu and the arm64 libraries of the ARM
+#              build (scripts/test_aarch64.sh); adds the arm64 architecture to dpkg
 set -e
 test_deps=0
 dev_deps=0
+arm_deps=0
 for a in "$@"; do
   case "$a" in
-    --test) test_deps=1 ;;
+    --test) test_deps=1; arm_deps=1 ;;
     --dev) dev_deps=1 ;;
-    *) echo "setup: unknown option $a (use --test, --dev)" >&2; exit 2 ;;
+    --aarch64) arm_deps=1 ;;
+    *) echo "setup: unknown option $a (use --test, --dev, --aarch64)" >&2; exit 2 ;;
   esac
 done
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
 libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
@@ -27,6 +34,13 @@ if [ $test_deps = 1 ]; then
   if ! command -v node >/dev/null 2>&1; then PKGS="$PKGS nodejs"; fi
   if ! command -v npm >/dev/null 2>&1; then PKGS="$PKGS npm"; fi
 fi
+if [ $arm_deps = 1 ]; then
+  # the libraries the build links, for arm64 (multiarch: beside the host's)
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then $SUDO dpkg --add-architecture arm64; fi
+  PKGS="$PKGS gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user-static libgomp1:arm64 \
+libcjson-dev:arm64 libyaml-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libmicrohttpd-dev:arm64 \
+libcurl4-openssl-dev:arm64 libsnappy-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm64 libopenblas-dev:arm64"
+fi
 if [ $dev_deps = 1 ]; then
   PKGS="$PKGS python3-torch python3-jinja2 python3-numpy libopenblas0-openmp"
 fi
@@ -38,8 +52,6 @@ for p in $PKGS; do
 done
 if [ -n "$missing" ]; then
   echo "setup: installing:$missing"
-  SUDO=""
-  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends $missing

@@ -1,7 +1,9 @@
 /* base/ and device/ foundations: errors, JSON errors, SHA-256 (FIPS 180-2
  * vectors), atomic files, progress output, f16/bf16 conversions (checked
- * against the CPU's own F16C instructions), tensors and views. */
+ * against the CPU's own conversion instructions), tensors and views. */
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,11 +157,35 @@ static void test_progress(void)
     CHECK(lines <= 3); /* throttled: not one line per update */
 }
 
+/* The CPU's own half-precision conversions: F16C on x86-64, FCVT (the
+ * __fp16 type, round to nearest even by default) on aarch64. */
+#if defined(__x86_64__)
 __attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f)
 {
     return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 }
 __attribute__((target("f16c"))) static float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+static int hw_has_f16(void) { return at_cpu_get_features()->f16c; }
+#elif defined(__aarch64__)
+static uint16_t hw_f32_to_f16(float f)
+{
+    __fp16 h = (__fp16)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+static float hw_f16_to_f32(uint16_t u)
+{
+    __fp16 h;
+    memcpy(&h, &u, 2);
+    return (float)h;
+}
+static int hw_has_f16(void) { return 1; }
+#else
+static uint16_t hw_f32_to_f16(float f) { return at_f32_to_f16(f); }
+static float hw_f16_to_f32(uint16_t h) { return at_f16_to_f32(h); }
+static int hw_has_f16(void) { return 0; }
+#endif
 
 static void test_dtypes(void)
 {
@@ -170,7 +196,7 @@ static void test_dtypes(void)
     CHECK(at_f32_to_bf16(1.01171875f) == 0x3f82);     /* half way above odd: up */
     CHECK(isnan(at_bf16_to_f32(at_f32_to_bf16(NAN))));
     CHECK(at_f32_to_bf16(INFINITY) == 0x7f80);
-    if (!at_cpu_get_features()->f16c) return;
+    if (!hw_has_f16()) return;
     /* f16: every half value converts to the same float as the hardware does. */
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {

@@ -400,7 +400,13 @@ static void test_rmsnorm(void)
             mr = fmax(mr, fabs(((float *)at_tensor_data(tr))[r] - rs) / rs);
             for (int64_t j = 0; j < D; j++) md = fmax(md, fabs(y[r * D + j] - xv[r * D + j] * rs * wv[j]));
         }
-        CHECK_MSG(md < 8 * tol_of(t) && mr < 1e-6, "rmsnorm fwd %s: %g %g", at_dtype_name(t), md, mr);
+        /* r = 1/sqrt(Σx²/D + eps): Σx² of D positive f32 terms summed in any
+         * order (the ISA levels differ) is within D·u of the exact sum, u =
+         * 2⁻²⁴ (the squares' own rounding included); 1/sqrt halves the relative
+         * error and adds at most 3u of its own roundings (divide, add, sqrt). */
+        double r_bound = 0.5 * (double)D * 0x1p-24 + 3 * 0x1p-24;
+        CHECK_MSG(md < 8 * tol_of(t) && mr <= r_bound, "rmsnorm fwd %s: %g %g (bound %g)", at_dtype_name(t), md, mr,
+                  r_bound);
         if (t == AT_F32) {
             /* backward vs finite differences of L = Σ c · y; dw accumulates onto 1.0 */
             at_tensor *tdy = mk(AT_F32, 2, shp, c), *tdx = mk(AT_F32, 2, shp, NULL);
@@ -479,7 +485,10 @@ static void test_rope(void)
         CHECK_OK(at_rope(ty, ty, tp, tf, 1));
         get(ty, y);
         md = 0;
-        for (int64_t i = 0; i < n; i++) md = fmax(md, fabs(y[i] - xv[i]));
+        for (int64_t i = 0; i < n; i++) {
+            double d = fabs(y[i] - xv[i]);
+            md = d > md || d != d ? d : md; /* not fmax: that loop crashes aarch64 gcc 12's vectorizer */
+        }
         CHECK_MSG(md < 1e-5, "rope inverse %s: %g", at_dtype_name(t), md);
         free(xv);
         free(y);
@@ -852,7 +861,8 @@ static void test_attention(void)
 int main(void)
 {
     at_cpu_isa hw = at_cpu_isa_level();
-    for (int lvl = AT_ISA_SCALAR; lvl <= (int)hw && lvl <= AT_ISA_AVX512; lvl++) {
+    /* the top tier's vector primitives are the tier below's (it adds GEMM kernels only) */
+    for (int lvl = AT_ISA_SCALAR; lvl <= (int)hw && lvl < AT_ISA_TOP; lvl++) {
         at_cpu_isa_force((at_cpu_isa)lvl);
         printf("ISA %s\n", at_cpu_isa_name((at_cpu_isa)lvl));
         int before = at_test_failures;

@@ -355,7 +355,7 @@ static void qm_case(qm_stats *s, at_rng *r, at_dtype dt, at_dtype adt, int64_t b
     memcpy(at_tensor_data(want), at_tensor_data(c0), at_tensor_nbytes(c0));
     CHECK_OK(at_ref_matmul(want, a, wd, 0, trans_b, alpha, beta));
     size_t cnt = (size_t)at_tensor_numel(want);
-    at_cpu_isa prev = at_cpu_isa_force(AT_ISA_AVX512_BF16);
+    at_cpu_isa prev = at_cpu_isa_force(AT_ISA_TOP);
     at_cpu_isa top = at_cpu_isa_level();
     for (int lvl = AT_ISA_SCALAR; lvl <= (int)top; lvl++) {
         at_cpu_isa_force((at_cpu_isa)lvl);
@@ -419,7 +419,7 @@ static void test_dequant_isa(void)
         at_tensor *q = tensor(dts[d], 2, SH(8, 256), "q"), *want = tensor(AT_F32, 2, SH(8, 256), "want");
         CHECK_OK(at_quantize(q, f));
         CHECK_OK(at_dequantize(want, q));
-        at_cpu_isa prev = at_cpu_isa_force(AT_ISA_AVX512_BF16);
+        at_cpu_isa prev = at_cpu_isa_force(AT_ISA_TOP);
         at_cpu_isa top = at_cpu_isa_level();
         for (int lvl = AT_ISA_SCALAR; lvl <= (int)top; lvl++) {
             at_cpu_isa_force((at_cpu_isa)lvl);

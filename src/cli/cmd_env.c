@@ -38,14 +38,9 @@ static cJSON *cpu_report(void)
     cJSON_AddNumberToObject(cpu, "cores", (double)sysconf(_SC_NPROCESSORS_ONLN));
     cJSON_AddNumberToObject(cpu, "threads", (double)omp_get_max_threads());
     cJSON *isa = cJSON_AddArrayToObject(cpu, "isa_features");
-    struct { const char *name; int on; } feats[] = {
-        {"sse4.2", f->sse42}, {"avx", f->avx}, {"avx2", f->avx2}, {"fma", f->fma}, {"f16c", f->f16c},
-        {"avx512f", f->avx512f}, {"avx512bw", f->avx512bw}, {"avx512vl", f->avx512vl}, {"avx512dq", f->avx512dq},
-        {"avx512_vnni", f->avx512vnni}, {"avx512_bf16", f->avx512bf16}, {"avx512_fp16", f->avx512fp16},
-        {"amx_bf16", f->amx_bf16},
-    };
-    for (size_t i = 0; i < sizeof feats / sizeof feats[0]; i++)
-        if (feats[i].on) cJSON_AddItemToArray(isa, cJSON_CreateString(feats[i].name));
+    const char *names[32];
+    int n = at_cpu_feature_names(names, 32);
+    for (int i = 0; i < n && i < 32; i++) cJSON_AddItemToArray(isa, cJSON_CreateString(names[i]));
     cJSON_AddStringToObject(cpu, "kernels", at_cpu_isa_name(at_cpu_isa_level()));
     return cpu;
 }

@@ -273,7 +273,7 @@ static void probe_cpu(at_device_info *d)
     snprintf(d->model, sizeof d->model, "%s", f->model[0] ? f->model : "unknown CPU");
     int cg;
     at_host_memory(&d->mem_total, &d->mem_free, &cg);
-    d->fast_bf16 = at_cpu_isa_level() >= AT_ISA_AVX512_BF16;
+    d->fast_bf16 = at_cpu_fast_bf16();
     d->fast_f16 = 0;
 }
 

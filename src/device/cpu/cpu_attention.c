@@ -445,13 +445,18 @@ at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv,
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *w = ws + (size_t)omp_get_thread_num() * per;
-        /* D_i = dout_i · out_i, stored [B, Hq, Tq] like lse */
+        /* D_i = dout_i · out_i, stored [B, Hq, Tq] like lse; summed as dP is
+         * (gemm_acc: one multiply-add per d, in order), so that where a row
+         * sees one key (P = 1, out = v) dS = P ∘ (dP − D) is exactly 0 as it
+         * should be, on every ISA level, not a rounding residue. */
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < nrows; r++) { /* r walks [B, Tq, Hq] */
             int64_t h = r % g.Hq, i = (r / g.Hq) % g.Tq, b = r / (g.Hq * g.Tq);
             const float *x = at_cpu_in(g.v, w, pdo, dout->dtype, r * D, D);
             const float *y = at_cpu_in(g.v, w + D, po, out->dtype, r * D, D);
-            Dd[(b * g.Hq + h) * g.Tq + i] = g.v->dot(x, y, D);
+            float di = 0.0f;
+            g.v->gemm_acc(&di, 1, x, 1, 1, y, 1, 1, 1, D);
+            Dd[(b * g.Hq + h) * g.Tq + i] = di;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < g.B * g.Hkv * nkb; t++) {

@@ -59,7 +59,7 @@ at_backend *at_cpu_backend(void)
 {
     if (!initialized) {
         cpu.ops = *at_cpu_ops();
-        cpu.fast_bf16 = at_cpu_isa_level() >= AT_ISA_AVX512_BF16;
+        cpu.fast_bf16 = at_cpu_fast_bf16();
         initialized = 1;
     }
     return &cpu;

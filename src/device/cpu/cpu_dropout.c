@@ -26,10 +26,15 @@ static int64_t span_len(int64_t g, int64_t len, int64_t run)
 static void dropout_span(float *o, const float *xi, int64_t n, uint64_t seed, uint64_t first, float p,
                          uint64_t thresh, float keep, int avx512)
 {
+#if defined(__x86_64__)
     if (avx512) {
         at_cpu_dropout_chunk_avx512(o, xi, n, seed, first, thresh, keep);
         return;
     }
+#else
+    (void)thresh;
+    (void)avx512;
+#endif
     for (int64_t i = 0; i < n; i++) o[i] = at_rng_hash_uniform(seed, first + (uint64_t)i) >= p ? xi[i] * keep : 0.0f;
 }
 
@@ -42,7 +47,11 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
                          uint64_t pitch)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
+#if defined(__x86_64__)
     int avx512 = at_cpu_isa_level() >= AT_ISA_AVX512;
+#else
+    int avx512 = 0;
+#endif
     int64_t n = at_tensor_numel(x), nc = (n + AT_CPU_CHUNK - 1) / AT_CPU_CHUNK;
     const void *px = at_tensor_data(x);
     void *py = at_tensor_data(y);

@@ -36,9 +36,13 @@ static const at_cpu_qdeq qdeq_scalar = {.name = "scalar", .q8_0 = q8_0_scalar, .
 
 const at_cpu_qdeq *at_cpu_qdeq_get(void)
 {
+#if defined(__x86_64__)
     at_cpu_isa isa = at_cpu_isa_level();
     if (isa >= AT_ISA_AVX512) return &at_cpu_qdeq_avx512;
     if (isa >= AT_ISA_AVX2) return &at_cpu_qdeq_avx2;
+#elif defined(__aarch64__)
+    if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_cpu_qdeq_neon;
+#endif
     return &qdeq_scalar;
 }
 
@@ -238,9 +242,14 @@ static at_status run_blocked(const qproblem *p)
 
 static const at_cpu_qgemv *qgemv_get(void)
 {
+#if defined(__x86_64__)
     at_cpu_isa isa = at_cpu_isa_level();
     if (isa >= AT_ISA_AVX512) return &at_cpu_qgemv_avx512;
-    return isa >= AT_ISA_AVX2 ? &at_cpu_qgemv_avx2 : NULL;
+    if (isa >= AT_ISA_AVX2) return &at_cpu_qgemv_avx2;
+#elif defined(__aarch64__)
+    if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_cpu_qgemv_neon;
+#endif
+    return NULL;
 }
 
 /* x rounded to bf16 (nearest even) in place; dequantized values are finite,
@@ -358,10 +367,17 @@ static void scale_c(const qproblem *p)
 
 static const at_gemm_blocked *engine(int bf16)
 {
+#if defined(__x86_64__)
     at_cpu_isa isa = at_cpu_isa_level();
     if (bf16 && isa >= AT_ISA_AVX512_BF16) return &at_gemm_bf16_avx512bf16;
     if (isa >= AT_ISA_AVX512) return &at_gemm_f32_avx512;
     if (isa >= AT_ISA_AVX2) return &at_gemm_f32_avx2;
+#elif defined(__aarch64__)
+    (void)bf16;
+    if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_gemm_f32_neon;
+#else
+    (void)bf16;
+#endif
     return NULL;
 }
 

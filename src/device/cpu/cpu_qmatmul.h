@@ -48,6 +48,7 @@ const at_cpu_qdeq *at_cpu_qdeq_get(void);
  * ISA level allows. */
 extern const at_cpu_qdeq at_cpu_qdeq_avx2;
 extern const at_cpu_qdeq at_cpu_qdeq_avx512;
+extern const at_cpu_qdeq at_cpu_qdeq_neon; /* aarch64: cpu_qmatmul_neon.c */
 
 /* The decode kernels of one instruction set (the forward of M <= 8 rows):
  *   gemv: out[m] = sum_k x[m·K + k] · w[k] for m < M, w one row of W read in
@@ -62,6 +63,7 @@ typedef struct {
 } at_cpu_qgemv;
 extern const at_cpu_qgemv at_cpu_qgemv_avx2;
 extern const at_cpu_qgemv at_cpu_qgemv_avx512;
+extern const at_cpu_qgemv at_cpu_qgemv_neon;
 
 /* For the ISA files: runs call(MM) with MM the compile-time constant equal
  * to M (1..8), so that each copy of a kernel keeps its accumulators in

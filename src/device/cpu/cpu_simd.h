@@ -3,8 +3,9 @@
  * The kernels (cpu_elementwise.c, cpu_norm.c, ...) split tensors into rows or
  * chunks, convert them to f32 and call these primitives on f32 arrays. The
  * primitives are written once as plain C loops (cpu_simd_impl.h) and compiled
- * three times: baseline x86-64 (cpu_simd.c), AVX2+FMA+F16C (cpu_simd_avx2.c)
- * and AVX-512 (cpu_simd_avx512.c); at_cpu_simd_get() picks the table from
+ * once per instruction set: baseline (cpu_simd.c), AVX2+FMA+F16C
+ * (cpu_simd_avx2.c) and AVX-512 (cpu_simd_avx512.c) on x86-64, Advanced SIMD
+ * (cpu_simd_neon.c) on aarch64; at_cpu_simd_get() picks the table from
  * at_cpu_isa_level() at each call, so tests can force every path.
  * Unless said otherwise arrays may not overlap, except y == x where noted. */
 #ifndef AT_DEVICE_CPU_CPU_SIMD_H
@@ -104,5 +105,6 @@ const at_cpu_simd *at_cpu_simd_get(void);
 extern const at_cpu_simd at_cpu_simd_scalar;
 extern const at_cpu_simd at_cpu_simd_avx2;
 extern const at_cpu_simd at_cpu_simd_avx512;
+extern const at_cpu_simd at_cpu_simd_neon; /* aarch64 only */
 
 #endif

@@ -1,6 +1,7 @@
 /* The body of the vector primitives (see cpu_simd.h), included once per
- * instruction set by cpu_simd.c, cpu_simd_avx2.c and cpu_simd_avx512.c with
- * AT_SIMD_TABLE (the table's name) and AT_SIMD_NAME defined.
+ * instruction set by cpu_simd.c, cpu_simd_avx2.c, cpu_simd_avx512.c and
+ * cpu_simd_neon.c with AT_SIMD_TABLE (the table's name) and AT_SIMD_NAME
+ * defined; AT_SIMD_PLAIN (cpu_simd.c on aarch64) keeps it free of vectors.
  *
  * Plain C loops under `omp simd`, which lets the compiler vectorize them
  * (reductions included) for the flags the including file is compiled with.
@@ -24,11 +25,13 @@
 #include "device/dtype.h"
 #if defined(__SSE2__)
 #include <immintrin.h>
+#elif defined(__aarch64__) && !defined(AT_SIMD_PLAIN)
+#include <arm_neon.h>
 #endif
 
 /* Fused multiply-add where the build has it: GCC does not contract a·b + c
  * in ISO C mode, and without FMA hardware fmaf would be a library call. */
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define FMA(a, b, c) fmaf((a), (b), (c))
 #else
 #define FMA(a, b, c) ((a) * (b) + (c))
@@ -75,6 +78,19 @@ typedef __m128 vf;
 #define VSQRT _mm_sqrt_ps
 #define VFMA(a, b, c) _mm_add_ps(_mm_mul_ps((a), (b)), (c))
 #define VMAX _mm_max_ps
+#elif defined(__aarch64__) && !defined(AT_SIMD_PLAIN)
+typedef float32x4_t vf;
+#define VL 4
+#define VLOAD vld1q_f32
+#define VSTORE vst1q_f32
+#define VSET1 vdupq_n_f32
+#define VADD vaddq_f32
+#define VSUB vsubq_f32
+#define VMUL vmulq_f32
+#define VDIV vdivq_f32
+#define VSQRT vsqrtq_f32
+#define VFMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define VMAX vmaxnmq_f32 /* the number when one side is NaN, as VMAX's users expect */
 #endif
 
 #if defined(VL)
@@ -143,6 +159,9 @@ static inline vf vexpv(vf x)
     __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__aarch64__)
+    float32x4_t xc = vminnmq_f32(vmaxnmq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f)); /* NaN → −87 */
+    float32x4_t n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(1.44269504088896341f)));
 #else
     __m128 xc = _mm_min_ps(_mm_max_ps(x, _mm_set1_ps(-87.0f)), _mm_set1_ps(88.0f));
     __m128 n = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(xc, _mm_set1_ps(1.44269504088896341f)), _mm_set1_ps(12582912.0f)),
@@ -167,6 +186,11 @@ static inline vf vexpv(vf x)
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     y = _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+#elif defined(__aarch64__)
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
+    float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    y = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), vcgeq_f32(x, vdupq_n_f32(-87.0f))));
+    return vbslq_f32(vceqq_f32(x, x), y, x); /* NaN stays */
 #else
     __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n), _mm_set1_epi32(127)), 23);
     __m128 y = _mm_mul_ps(p, _mm_castsi128_ps(e));

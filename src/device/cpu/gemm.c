@@ -152,19 +152,29 @@ static const at_gemm_small gemm_small_portable = {.dot = dot_portable, .axpy = a
 
 static const at_gemm_blocked *blocked_engine(int bf16)
 {
+#if defined(__x86_64__)
     at_cpu_isa isa = at_cpu_isa_level();
     if (bf16 && isa >= AT_ISA_AVX512_BF16) return &at_gemm_bf16_avx512bf16;
     if (isa >= AT_ISA_AVX512) return &at_gemm_f32_avx512;
     if (isa >= AT_ISA_AVX2) return &at_gemm_f32_avx2;
+#elif defined(__aarch64__)
+    (void)bf16;
+    if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_gemm_f32_neon;
+#else
+    (void)bf16;
+#endif
     return &gemm_f32_scalar;
 }
 
 static const at_gemm_small *small_engine(void)
 {
+#if defined(__x86_64__)
     at_cpu_isa isa = at_cpu_isa_level();
     if (isa >= AT_ISA_AVX512_BF16) return &at_gemm_small_avx512bf16;
     if (isa >= AT_ISA_AVX512) return &at_gemm_small_avx512;
-    return isa >= AT_ISA_AVX2 ? &at_gemm_small_avx2 : &gemm_small_portable;
+    if (isa >= AT_ISA_AVX2) return &at_gemm_small_avx2;
+#endif
+    return &gemm_small_portable;
 }
 
 /* ---- libraries ----
@@ -253,9 +263,14 @@ static int f32_on_library(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_
 static const char *ours_name(int bf16)
 {
     const at_gemm_blocked *e = blocked_engine(bf16);
+#if defined(__x86_64__)
     if (e == &at_gemm_bf16_avx512bf16) return "anytune avx512+bf16";
     if (e == &at_gemm_f32_avx512) return "anytune avx512";
     if (e == &at_gemm_f32_avx2) return "anytune avx2+fma";
+#elif defined(__aarch64__)
+    if (e == &at_gemm_f32_neon) return "anytune neon";
+#endif
+    (void)e;
     return "anytune scalar";
 }
 
@@ -303,7 +318,9 @@ void at_cpu_gemm_release_buffers(void)
         tl_buf[i] = NULL;
         tl_cap[i] = 0;
     }
+#if defined(__x86_64__)
     if (at_cpu_get_features()->avx512bf16) at_gemm_bf16_release(); /* plain C, safe on any CPU */
+#endif
 }
 
 /* ---- the problem ---- */

@@ -44,7 +44,8 @@ typedef void (*at_gemm_axpy_fn)(int S, int64_t K, const float *x, int64_t ldx, i
 
 typedef struct {
     const char *name;
-    int mr, nr;     /* register tile: rows of C (broadcast side) x columns (vector side) */
+    int mr, nr;     /* register tile: rows of C (broadcast side) x columns (vector side);
+                     * nr divides 64 (cpu_qmatmul.c's column unit) */
     int kp;         /* 1: f32 panels; 2: bf16 pair panels */
     int mc, kc, nc; /* cache blocks (mc % mr == 0, nc % nr == 0, kc % kp == 0) */
     at_gemm_pack_fn pack;
@@ -70,6 +71,8 @@ extern const at_gemm_blocked at_gemm_bf16_avx512bf16;
 extern const at_gemm_small at_gemm_small_avx2;
 extern const at_gemm_small at_gemm_small_avx512;
 extern const at_gemm_small at_gemm_small_avx512bf16; /* dot on bf16 rows with vdpbf16ps */
+/* aarch64 (gemm_neon.c) */
+extern const at_gemm_blocked at_gemm_f32_neon;
 /* Frees the calling thread's scratch of at_gemm_small_avx512bf16. */
 void at_gemm_bf16_release(void);
 

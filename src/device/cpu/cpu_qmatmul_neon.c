@@ -1,0 +1,154 @@
+/* Advanced SIMD (NEON) dequantizers and decode kernels of the quantized
+ * matmul (see cpu_qmatmul.h), aarch64 only; the same contract and the same
+ * arithmetic as cpu_qmatmul_avx2.c: each weight value is made with one
+ * rounding, value = q · d (Q8_0 / Q4_0) or code[i] · absmax (NF4), so the
+ * results are bit-identical to device/quant.c's. */
+#include "device/cpu/cpu_qmatmul.h"
+
+#include <arm_neon.h>
+#include <string.h>
+
+#include "device/quant.h"
+
+static inline float f16_scale(const uint8_t *p)
+{
+    __fp16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+
+/* The 32 values of one Q8_0 / Q4_0 block as signed bytes: Q8_0's as stored,
+ * Q4_0's nibbles (low ones are values 0-15, high ones 16-31) minus 8. */
+static inline void block_bytes(const int fmt, const uint8_t *blk, int8x16_t *q0, int8x16_t *q1)
+{
+    if (fmt == AT_Q8_0) {
+        *q0 = vld1q_s8((const int8_t *)blk + 2);
+        *q1 = vld1q_s8((const int8_t *)blk + 18);
+    } else {
+        uint8x16_t q = vld1q_u8(blk + 2);
+        *q0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), vdupq_n_s8(8));
+        *q1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
+    }
+}
+
+/* Values 4i..4i+3 of a block (i < 8) as f32 times d. */
+static inline void block_values(int8x16_t q0, int8x16_t q1, float32x4_t d, float32x4_t v[8])
+{
+    int16x8_t h[4] = {vmovl_s8(vget_low_s8(q0)), vmovl_s8(vget_high_s8(q0)), vmovl_s8(vget_low_s8(q1)),
+                      vmovl_s8(vget_high_s8(q1))};
+    for (int j = 0; j < 4; j++) {
+        v[2 * j] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[j]))), d);
+        v[2 * j + 1] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[j]))), d);
+    }
+}
+
+static inline void dequant_blocks(const int fmt, float *y, const uint8_t *blk, int64_t nblk)
+{
+    size_t bytes = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
+    for (int64_t b = 0; b < nblk; b++, blk += bytes, y += 32) {
+        int8x16_t q0, q1;
+        float32x4_t v[8];
+        block_bytes(fmt, blk, &q0, &q1);
+        block_values(q0, q1, vdupq_n_f32(f16_scale(blk)), v);
+        for (int i = 0; i < 8; i++) vst1q_f32(y + 4 * i, v[i]);
+    }
+}
+
+static void q8_0(float *y, const uint8_t *blk, int64_t nblk) { dequant_blocks(AT_Q8_0, y, blk, nblk); }
+static void q4_0(float *y, const uint8_t *blk, int64_t nblk) { dequant_blocks(AT_Q4_0, y, blk, nblk); }
+
+/* NF4: byte i holds value 2i (high nibble) and 2i+1 (low nibble); the code
+ * book lookup is left to the compiler (TBL on 16 floats gains little here:
+ * NF4 rows are dequantized once per GEMM panel, not per token). */
+static void nf4(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
+{
+    for (int64_t b = 0; b < nblk; b++, nib += AT_NF4_BLOCK / 2, y += AT_NF4_BLOCK) {
+        float s = absmax[b];
+        for (int i = 0; i < AT_NF4_BLOCK / 2; i++) {
+            y[2 * i] = at_nf4_code[nib[i] >> 4] * s;
+            y[2 * i + 1] = at_nf4_code[nib[i] & 15] * s;
+        }
+    }
+}
+
+const at_cpu_qdeq at_cpu_qdeq_neon = {.name = "neon", .q8_0 = q8_0, .q4_0 = q4_0, .nf4 = nf4};
+
+/* Rounds f32 lanes to the nearest bf16 value (ties to even), NaN kept quiet. */
+static inline float32x4_t round_bf16(float32x4_t v)
+{
+    uint32x4_t u = vreinterpretq_u32_f32(v);
+    uint32x4_t odd = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    uint32x4_t r = vaddq_u32(u, vaddq_u32(vdupq_n_u32(0x7fff), odd));
+    r = vbslq_u32(vceqq_f32(v, v), r, vorrq_u32(u, vdupq_n_u32(0x00400000)));
+    return vreinterpretq_f32_u32(vandq_u32(r, vdupq_n_u32(0xffff0000u)));
+}
+
+/* ---- decode: M (<= 8) rows of x against one row of W, W streamed once ----
+ * A block of 32 is eight vectors: even ones accumulate in acc[m][0], odd in [1]. */
+static inline __attribute__((always_inline)) void gemv_fma(const int MM, const float *const *xs, int64_t k,
+                                                           const float32x4_t v[8], float32x4_t acc[8][2])
+{
+    for (int m = 0; m < MM; m++)
+        for (int i = 0; i < 8; i++) acc[m][i & 1] = vfmaq_f32(acc[m][i & 1], vld1q_f32(xs[m] + k + 4 * i), v[i]);
+}
+
+static inline __attribute__((always_inline)) void gemv_body(const int MM, const int fmt, const int round, int64_t K,
+                                                            const float *x, const uint8_t *blk, float *out)
+{
+    float32x4_t acc[8][2];
+    const float *xs[8];
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = acc[m][1] = vdupq_n_f32(0.0f);
+        xs[m] = x + m * K;
+    }
+    size_t bytes = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
+    for (int64_t k = 0; k < K; k += 32, blk += bytes) {
+        int8x16_t q0, q1;
+        float32x4_t v[8];
+        block_bytes(fmt, blk, &q0, &q1);
+        block_values(q0, q1, vdupq_n_f32(f16_scale(blk)), v);
+        if (round)
+            for (int i = 0; i < 8; i++) v[i] = round_bf16(v[i]);
+        gemv_fma(MM, xs, k, v, acc);
+    }
+    for (int m = 0; m < MM; m++) out[m] = vaddvq_f32(vaddq_f32(acc[m][0], acc[m][1]));
+}
+
+/* x rows of a row already dequantized to f32 (NF4). */
+static inline __attribute__((always_inline)) void dotm_body(const int MM, const int round, int64_t K, const float *x,
+                                                            const float *row, float *out)
+{
+    float32x4_t acc[8][2];
+    const float *xs[8];
+    for (int m = 0; m < MM; m++) {
+        acc[m][0] = acc[m][1] = vdupq_n_f32(0.0f);
+        xs[m] = x + m * K;
+    }
+    for (int64_t k = 0; k < K; k += 32) {
+        float32x4_t v[8];
+        for (int i = 0; i < 8; i++) {
+            v[i] = vld1q_f32(row + k + 4 * i);
+            if (round) v[i] = round_bf16(v[i]);
+        }
+        gemv_fma(MM, xs, k, v, acc);
+    }
+    for (int m = 0; m < MM; m++) out[m] = vaddvq_f32(vaddq_f32(acc[m][0], acc[m][1]));
+}
+
+static void gemv(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out)
+{
+#define G(MM)                                                                                                          \
+    if (t == AT_Q8_0) round ? gemv_body(MM, AT_Q8_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q8_0, 0, K, x, blocks, out); \
+    else round ? gemv_body(MM, AT_Q4_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q4_0, 0, K, x, blocks, out);
+    AT_QGEMV_BY_M(G)
+#undef G
+}
+
+static void dotm(int M, int64_t K, const float *x, const float *row, int round, float *out)
+{
+#define D(MM) round ? dotm_body(MM, 1, K, x, row, out) : dotm_body(MM, 0, K, x, row, out);
+    AT_QGEMV_BY_M(D)
+#undef D
+}
+
+const at_cpu_qgemv at_cpu_qgemv_neon = {.gemv = gemv, .dotm = dotm};
