@@ -9,6 +9,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     at_model_config cfg;
+    /* and read as another family (--model_type), which rewrites the parsed object's model_type */
+    static const char *const as[] = {"qwen2_5", "qwen3", "mistral", "llama3_1"};
+    if (size > 0) (void)at_model_config_parse_as((const char *)data, size, "fuzz", as[data[size - 1] % 4], &cfg);
     if (at_model_config_parse((const char *)data, size, "fuzz", &cfg) != AT_OK) return 0;
     if (cfg.head_dim <= 8192) {
         float *f = malloc((size_t)cfg.head_dim / 2 * sizeof *f + 1);

@@ -93,6 +93,20 @@ check "no step trained: an error, nothing claimed saved, no run folder" $?
 ANYTUNE_DEBUG_NONFINITE_FROM=1 $SFT --output_dir "$O4" --max_steps 9 > /dev/null 2> "$T/g.err"
 [ $? -eq 1 ] && grep -q "no checkpoint was saved" "$T/g.err" && ! grep -q "last good checkpoint" "$T/g.err"
 check "the non-finite stop does not name a checkpoint that does not exist" $?
+# a run failing mid-way (train_loop's error path): it releases its lock, keeps
+# its last good checkpoint, names it, claims nothing else; resume goes on from it
+OM=$T/out-midway
+ANYTUNE_DEBUG_NONFINITE_FROM=6 $SFT --output_dir "$OM" --max_steps 30 --save_steps 2 > /dev/null 2> "$T/h.err"
+rc=$?
+RM=$(ls -d "$OM"/v0-* 2>/dev/null)
+[ $rc -eq 1 ] && grep -q "5 steps in a row had a non-finite loss" "$T/h.err" &&
+    grep -q "the last good checkpoint is $RM/checkpoint-8" "$T/h.err" && [ -f "$RM/checkpoint-8/MANIFEST.sha256" ] &&
+    ! grep -q "saved in" "$T/h.err" && [ ! -e "$RM/.anytune.lock" ] && [ ! -d "$RM/checkpoint-10" ]
+check "a run failing mid-way releases its lock and names its last checkpoint" $?
+[ $rc -eq 1 ] || cat "$T/h.err"
+$BIN sft --output_dir "$OM" --resume_from_checkpoint last > /dev/null 2> "$T/h2.err"
+[ $? -eq 0 ] && grep -q "resuming from $RM/checkpoint-8" "$T/h2.err" && [ -d "$RM/checkpoint-30" ]
+check "... and the run resumes from that checkpoint" $?
 # a real model with NaN weights (llama2.c file: 28 header bytes, then the embeddings)
 cp tests/data/models/stories260K.bin "$T/nan.bin"
 python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<f', float('nan')) * 16384)" > "$T/nans"
@@ -162,6 +176,11 @@ O5=$T/out5
 $SFT --tokenizer "$T/cut.bin" --output_dir "$O5" --max_steps 2 > /dev/null 2> "$T/o.err"
 [ $? -eq 1 ] && grep -q "vocabulary of 512" "$T/o.err" && [ "$(runs "$O5")" -eq 0 ]
 check "training with it fails at load and leaves no run folder" $?
+for to in hf gguf; do
+    $BIN export --model $M --tokenizer "$T/cut.bin" --to $to --output_dir "$T/cut-$to" --quiet > /dev/null 2> "$T/o.err"
+    [ $? -eq 1 ] && grep -q "has 7 ids but the model" "$T/o.err" && [ ! -e "$T/cut-$to" ]
+    check "export --to $to refuses it too, writing nothing" $?
+done
 
 # ---- 22.11: NUL in a dataset string ----
 printf '{"query": "hi", "response": "a\\u0000b"}\n{"query": "ho", "response": "c"}\n' > "$T/nul.jsonl"
@@ -200,6 +219,9 @@ check "infer --adapters ADAPTER.gguf answers as the checkpoint it was exported f
 $BIN export --model $M --adapters "$T/gg/adapter-f32.gguf" --merge_lora --to hf --output_dir "$T/gm" > /dev/null 2>&1 &&
     $BIN infer --model "$T/gm" $ASK > "$T/s3" 2>/dev/null && cmp -s "$T/s1" "$T/s3"
 check "export --merge_lora takes it too" $?
+$BIN infer --adapters "$T/gg/adapter-f32.gguf" $ASK > /dev/null 2> "$T/s.err"
+[ $? -eq 1 ] && grep -q "a LoRA GGUF file does not say which model it was trained on: give --model" "$T/s.err"
+check "--adapters ADAPTER.gguf without --model says the GGUF names no base" $?
 
 # ---- 22.16: special tokens written in the text are parsed, as llama.cpp and Hugging Face do ----
 for m in $M tests/data/models/stories260K.gguf; do

@@ -69,4 +69,24 @@ check "--template qwen2_5 (ms-swift's name) is chatml" $?
 "$BIN" infer --template qwen25 --prompt x > /dev/null 2> "$T/err"
 [ $? -eq 1 ] && grep -q "qwen2_5" "$T/err"; check "a template misspelled lists ms-swift's names too" $?
 
+# --model_type (ms-swift's meaning): the family to read a model folder as
+mkdir "$T/mt" && cp demo/stories260K/* "$T/mt/" && sed -i 's/"model_type": "llama"/"model_type": "my_llama"/' "$T/mt/config.json"
+"$BIN" infer --model demo/stories260K --template none --prompt "Once upon a time" --max_new_tokens 12 > "$T/mt_ref" 2>/dev/null
+"$BIN" infer --model "$T/mt" --template none --prompt "Once upon a time" --max_new_tokens 12 > /dev/null 2> "$T/err"
+[ $? -ne 0 ] && grep -q 'model_type "my_llama" is not supported' "$T/err"
+check "a config.json naming an unknown family fails without --model_type" $?
+"$BIN" infer --model "$T/mt" --model_type llama3 --template none --prompt "Once upon a time" --max_new_tokens 12 \
+    > "$T/mt_out" 2> "$T/err"
+[ $? -eq 0 ] && [ -s "$T/mt_ref" ] && cmp -s "$T/mt_ref" "$T/mt_out"
+check "--model_type llama3 reads it as a Llama: the same answer as the original folder" $?
+"$BIN" sft --model "$T/mt" --model_type llama --dry_run > /dev/null 2>&1
+check "sft --model_type: the planner reads the folder as that family too" $?
+"$BIN" export --model "$T/mt" --model_type llama --output_dir "$T/mt_fixed" --quiet > /dev/null 2> "$T/err" &&
+    grep -q '"model_type":[[:space:]]*"llama"' "$T/mt_fixed/config.json" && grep -q "read as llama (--model_type llama" "$T/err"
+check "export --model_type writes the family into the exported config.json" $?
+refused "--model_type of an unknown family lists the known ones" "qwen2_5" infer --model "$T/mt" --model_type gpt9 --prompt x
+"$BIN" infer --model demo/stories260K --model_type qwen2_5 --prompt x --max_new_tokens 2 > /dev/null 2> "$T/err"
+[ $? -ne 0 ] && grep -q "bias" "$T/err"
+check "--model_type qwen2_5 on a Llama folder wants Qwen2's q/k/v biases (the family really changes)" $?
+
 exit $fail

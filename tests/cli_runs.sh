@@ -31,15 +31,35 @@ grep -q "eval_loss" "$RUN/images/train_loss.svg"; check "eval_loss in the plot" 
 "$BIN" sft $DEMO --load_best_model_at_end --save_steps 3 --output_dir "$T/bad" > /dev/null 2> "$T/e"
 [ $? -ne 0 ] && grep -q "not a multiple of --eval_steps" "$T/e"; check "--load_best_model_at_end wants saves on evals" $?
 
+# --load_best_model_at_end with --save_total_limit 1 (transformers' rule): the best checkpoint stays beside
+# the newest, the run ends with it, the summary names it, --adapters RUN takes it. Here the eval_loss of
+# step 50 is the lowest, below the last step's (the premise is checked from logging.jsonl).
+"$BIN" sft --max_steps 80 --save_steps 5 --eval_steps 5 --logging_steps 5 --split_dataset_ratio 0.25 \
+    --learning_rate 5e-3 --load_best_model_at_end --save_total_limit 1 --output_dir "$T/lb" > /dev/null 2> "$T/lb.err"
+LB=$(ls -d "$T"/lb/v0-*)
+BEST=$(python3 -c "
+import json, sys
+ev = [(json.loads(l)['eval_loss'], json.loads(l)['step']) for l in open(sys.argv[1]) if 'eval_loss' in l]
+print(min(ev)[1])" "$LB/logging.jsonl")
+[ "$BEST" != 80 ] && [ "$(ls -d "$LB"/checkpoint-* | wc -l)" -eq 2 ] && [ -d "$LB/checkpoint-$BEST" ] && [ -d "$LB/checkpoint-80" ]
+check "the best checkpoint (step $BEST) is kept beside the newest by --save_total_limit 1" $?
+grep -q "best checkpoint: $LB/checkpoint-$BEST (eval_loss [0-9.]*); the final model (--load_best_model_at_end: its weights were loaded" "$T/lb.err"
+check "the summary names the best checkpoint as the final model" $?
+"$BIN" infer --adapters "$LB" --prompt "Who are you?" --max_new_tokens 12 > "$T/lb.got" 2> "$T/lb.e"
+"$BIN" infer --adapters "$LB/checkpoint-$BEST" --prompt "Who are you?" --max_new_tokens 12 > "$T/lb.want" 2> /dev/null
+cmp -s "$T/lb.got" "$T/lb.want" && grep -q "using its best (--load_best_model_at_end) checkpoint, $LB/checkpoint-$BEST" "$T/lb.e"
+check "--adapters RUN of such a run takes its best checkpoint" $?
+
 ANYTUNE_DEBUG_TERM_AFTER_STEP=2 "$BIN" sft $DEMO --output_dir "$T/r" > /dev/null 2>&1
 "$BIN" sft $DEMO --output_dir "$T/r" --resume_from_checkpoint last > /dev/null 2> "$T/res"
 grep -q "anytune: 2 steps (resumed at 2, 4 in all)" "$T/res"; check "a resumed run says where it started" $?
 
 # issue 21.2 / 21.14: --adapters without --model; a run folder as --adapters
-"$BIN" infer --model demo/stories260K --adapters "$RUN/checkpoint-4" --prompt "Who are you?" --max_new_tokens 12 \
+RUNR=$(ls -d "$T"/r/v0-*)
+"$BIN" infer --model demo/stories260K --adapters "$RUNR/checkpoint-4" --prompt "Who are you?" --max_new_tokens 12 \
     > "$T/want" 2>/dev/null
-"$BIN" infer --adapters "$RUN" --prompt "Who are you?" --max_new_tokens 12 > "$T/got" 2> "$T/err"
-cmp -s "$T/want" "$T/got" && grep -q "is a run folder: using its newest checkpoint, $RUN/checkpoint-4" "$T/err" &&
+"$BIN" infer --adapters "$RUNR" --prompt "Who are you?" --max_new_tokens 12 > "$T/got" 2> "$T/err"
+cmp -s "$T/want" "$T/got" && grep -q "is a run folder: using its newest checkpoint, $RUNR/checkpoint-4" "$T/err" &&
     grep -q "no --model given: using demo/stories260K, the base model of" "$T/err"
 check "infer --adapters RUN: the base from args.json, the newest checkpoint" $?
 mkdir "$T/empty"

@@ -202,8 +202,9 @@ static void test_goldens(void)
 /* The built-in templates are the files the goldens were made from. */
 static void test_builtin_sources(void)
 {
-    static const char *const names[] = {"chatml", "llama-2", "llama-3", "mistral"};
-    for (size_t i = 0; i < 4; i++) {
+    static const char *const names[] = {"chatml", "llama-2", "llama-3", "mistral", "qwen",
+                                        "qwen2_5", "internlm2", "llama", "llama3_2"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[256], *src = NULL;
         size_t len = 0;
         snprintf(path, sizeof path, DATA "builtin/%s.jinja", names[i]);
@@ -215,6 +216,59 @@ static void test_builtin_sources(void)
     CHECK(at_chat_template_builtin_source("nope") == NULL);
     at_chat_template *ct = NULL;
     CHECK_FAILS(at_chat_template_builtin("nope", NULL, &ct), AT_ERR_NOT_FOUND);
+}
+
+/* The golden case (Jinja2's text) of template `file`, conversation `conv`,
+ * add_generation_prompt `agp`, or NULL. */
+static const char *golden_output(const cJSON *g, const char *file, const char *conv, int agp)
+{
+    for (const cJSON *t = cJSON_GetObjectItem(g, "templates")->child; t; t = t->next) {
+        const cJSON *f = cJSON_GetObjectItem(t, "file");
+        if (!cJSON_IsString(f) || strcmp(f->valuestring, file) != 0) continue;
+        for (const cJSON *c = cJSON_GetObjectItem(t, "cases")->child; c; c = c->next)
+            if (!strcmp(cJSON_GetObjectItem(c, "conversation")->valuestring, conv) &&
+                cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) == agp)
+                return cJSON_GetStringValue(cJSON_GetObjectItem(c, "output"));
+    }
+    return NULL;
+}
+
+/* ms-swift's template names render what the model's own template renders
+ * (issue 21): qwen2_5 adds Qwen2.5's default system message ("You are
+ * Qwen, created by Alibaba Cloud...") as Qwen2.5-7B-Instruct's template and
+ * ms-swift's Qwen2_5TemplateMeta do, and llama3_2 opens with Llama 3.2's
+ * knowledge-cutoff and date system turn. Compared in Jinja2's goldens (ours
+ * equal them in test_goldens) on every conversation without tools. */
+static void test_swift_names_match_model_templates(void)
+{
+    static const char *const pairs[][2] = {{"builtin/qwen2_5.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja"},
+                                           {"builtin/llama3_2.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja"}};
+    cJSON *g = NULL;
+    CHECK_OK(at_json_parse_file(DATA "goldens.json", &g));
+    if (!g) return;
+    int compared = 0;
+    for (size_t p = 0; p < 2; p++)
+        for (const cJSON *cv = cJSON_GetObjectItem(g, "conversations")->child; cv; cv = cv->next) {
+            if (cJSON_IsArray(cJSON_GetObjectItem(cv, "tools"))) continue;
+            for (int agp = 0; agp < 2; agp++) {
+                const char *ours = golden_output(g, pairs[p][0], cv->string, agp);
+                const char *theirs = golden_output(g, pairs[p][1], cv->string, agp);
+                if (!theirs) continue; /* the model's template refused it (roles not alternating...) */
+                CHECK_MSG(ours && !strcmp(ours, theirs), "%s vs %s on %s: '%s' != '%s'", pairs[p][0], pairs[p][1],
+                          cv->string, ours ? ours : "(error)", theirs);
+                compared++;
+            }
+        }
+    CHECK_MSG(compared >= 20, "only %d cases compared", compared);
+    /* and the names select them */
+    at_chat_template *ct = NULL;
+    CHECK_OK(at_chat_template_builtin("qwen2_5", NULL, &ct));
+    CHECK(ct && strstr(at_chat_template_source(ct), "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."));
+    at_chat_template_free(ct);
+    CHECK(!strcmp(at_chat_template_builtin_name("qwen2"), "qwen"));
+    CHECK(!strcmp(at_chat_template_builtin_name("llama2"), "llama"));
+    CHECK(!strcmp(at_chat_template_builtin_name("yi"), "chatml"));
+    cJSON_Delete(g);
 }
 
 /* The config copies whose templates equal a .jinja file load to that text. */
@@ -327,6 +381,7 @@ int main(void)
 {
     test_goldens();
     test_builtin_sources();
+    test_swift_names_match_model_templates();
     test_config_equals_file();
     test_named_templates_and_fallbacks();
     test_unmaskable();

@@ -1211,14 +1211,23 @@ static void test_hf_odd_tokens(void)
 }
 
 /* --tokenizer naming a file that is not called tokenizer.json (here
- * "my-tokenizer.json" beside nothing else) is that tokenizer, loaded and
- * written: not the folder's (absent) tokenizer.json copied. */
+ * "my-tokenizer.json" beside nothing else: the model's own vocabulary as
+ * Hugging Face files) is that tokenizer, loaded and written: not the
+ * folder's (absent) tokenizer.json copied. */
 static void test_hf_tokenizer_file_arg(void)
 {
-    char *src = tmp_path("named_tok"), *out = tmp_path("hf_named_tok");
+    char *src = tmp_path("named_tok"), *out = tmp_path("hf_named_tok"), *hf = tmp_path("named_tok_hf");
     char *f = at_path_join(src, "my-tokenizer.json"), *w = at_path_join(out, "tokenizer.json");
+    char *hfj = at_path_join(hf, "tokenizer.json");
     CHECK_OK(at_mkdirs(src));
-    CHECK_OK(at_export_copy_file(TOKDATA "phi-3/tokenizer.json", f));
+    CHECK_OK(at_mkdirs(hf));
+    at_tokenizer *t = NULL;
+    CHECK_OK(at_tokenizer_load("tests/data/goldens/tok512.bin", NULL, &t));
+    if (t) CHECK_OK(at_tokenizer_hf_write(t, NULL, hf));
+    at_tokenizer_free(t);
+    CHECK_OK(at_export_copy_file(hfj, f));
+    free(hfj);
+    free(hf);
     at_export_args a = {.model = "tests/data/models/stories260K.bin", .tokenizer = f, .to = "hf",
                         .output_dir = out, .dtype = AT_F32};
     CHECK_OK(at_export_run(&a));

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "base/json.h"
 #include "model/config.h"
 #include "testing.h"
@@ -219,10 +220,57 @@ static void test_rope_goldens(void)
     cJSON_Delete(root);
 }
 
+/* ms-swift's --model_type: the family the folder is read as (issue 21). */
+static void test_model_type_override(void)
+{
+    /* every name the option accepts has a family, and nothing else does */
+    char names[] = AT_MODEL_TYPE_CHOICES;
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(names, "|", &save); t; t = strtok_r(NULL, "|", &save), n++)
+        CHECK_MSG(at_model_type_family(t) != NULL, "--model_type %s has no family", t);
+    CHECK(n == 13);
+    CHECK(!strcmp(at_model_type_family("qwen2_5"), "qwen2") && !strcmp(at_model_type_family("llama3_1"), "llama"));
+    CHECK(at_model_type_family("gpt2") == NULL && at_model_type_family(NULL) == NULL);
+    /* the demo model (llama) read as Qwen2.5: q/k/v get their bias, as Qwen2's class builds them */
+    at_model_config c;
+    CHECK_OK(at_model_config_load_as("demo/stories260K", NULL, &c));
+    CHECK(!strcmp(c.model_type, "llama") && !c.attn_qkv_bias);
+    CHECK_OK(at_model_config_load_as("demo/stories260K", "qwen2_5", &c));
+    CHECK(!strcmp(c.model_type, "qwen2") && c.attn_qkv_bias && !c.attn_o_bias);
+    CHECK_OK(at_model_config_load_as("demo/stories260K", "qwen3", &c));
+    CHECK(!strcmp(c.model_type, "qwen3") && c.qk_norm);
+    /* a config.json with a model_type we do not know loads under the override */
+    const char *odd = "{\"model_type\": \"my_llama\", \"hidden_size\": 64, \"intermediate_size\": 172, "
+                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 512}";
+    char dir[] = "/tmp/at_model_type_XXXXXX";
+    if (mkdtemp(dir)) {
+        char path[64];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fputs(odd, f);
+            fclose(f);
+        }
+        CHECK_FAILS(at_model_config_load(dir, &c), AT_ERR_UNSUPPORTED);
+        CHECK_OK(at_model_config_load_as(dir, "llama3", &c));
+        CHECK(!strcmp(c.model_type, "llama") && c.num_hidden_layers == 2);
+        /* an unknown --model_type names the known ones */
+        CHECK_FAILS(at_model_config_load_as(dir, "gpt2", &c), AT_ERR_INVALID);
+        CHECK_MSG(strstr(at_last_error(), "gpt2") && strstr(at_last_error(), "qwen2_5"), "%s", at_last_error());
+        remove(path);
+        rmdir(dir);
+    }
+    /* a source whose family is its tensors' (GGUF, llama2.c): another family is refused */
+    CHECK_OK(at_model_type_check(&c, "x.gguf", NULL));
+    CHECK_OK(at_model_type_check(&c, "x.gguf", "llama3_2"));
+    CHECK_FAILS(at_model_type_check(&c, "x.gguf", "qwen2"), AT_ERR_INVALID);
+}
+
 int main(void)
 {
     test_real_configs();
     test_family();
+    test_model_type_override();
     test_refusals();
     test_sliding_window();
     test_json_round_trip();

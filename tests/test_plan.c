@@ -71,9 +71,9 @@ static void test_counts(void)
     at_model_config q, m;
     int hs;
     at_dtype st;
-    CHECK_OK(at_plan_model_config(QWEN, &q, &hs, &st));
+    CHECK_OK(at_plan_model_config(QWEN, NULL, &q, &hs, &st));
     CHECK(hs && st == AT_BF16);
-    CHECK_OK(at_plan_model_config(MISTRAL, &m, &hs, &st));
+    CHECK_OK(at_plan_model_config(MISTRAL, NULL, &m, &hs, &st));
     unsigned all = (1u << AT_MOD_COUNT) - 1;
     CHECK(at_mem_param_count(&q) == 494032768LL);
     CHECK(at_mem_lora_params(&q, 8, all) == 4399104LL);
@@ -91,7 +91,7 @@ static void test_counts(void)
     double per = (double)(nq - 2LL * 32768 * 4096 * 2 - (2LL * 32 + 1) * 4096 * 4) / (double)mats;
     CHECK_MSG(per > 0.5155 && per < 0.5165, "NF4 bytes per value %g", per);
     /* errors: a missing model */
-    CHECK_FAILS(at_plan_model_config("tests/data/plan/none", &q, &hs, &st), AT_ERR_NOT_FOUND);
+    CHECK_FAILS(at_plan_model_config("tests/data/plan/none", NULL, &q, &hs, &st), AT_ERR_NOT_FOUND);
 }
 
 /* One plan for a simulated device; returns its status. */
@@ -121,8 +121,8 @@ static void test_decisions(void)
     at_model_config q, m;
     int hs;
     at_dtype st;
-    CHECK_OK(at_plan_model_config(QWEN, &q, &hs, &st));
-    CHECK_OK(at_plan_model_config(MISTRAL, &m, &hs, &st));
+    CHECK_OK(at_plan_model_config(QWEN, NULL, &q, &hs, &st));
+    CHECK_OK(at_plan_model_config(MISTRAL, NULL, &m, &hs, &st));
     printf("decisions (effective batch 16 = --gradient_accumulation_steps 16, max_length 2048):\n");
     for (int i = 0; i < at_device_profile_count(); i++) {
         const at_device_profile *d = at_device_profile_at(i);
@@ -202,8 +202,8 @@ static void test_expectations(void)
     at_model_config q, m;
     int hs;
     at_dtype st;
-    CHECK_OK(at_plan_model_config(QWEN, &q, &hs, &st));
-    CHECK_OK(at_plan_model_config(MISTRAL, &m, &hs, &st));
+    CHECK_OK(at_plan_model_config(QWEN, NULL, &q, &hs, &st));
+    CHECK_OK(at_plan_model_config(MISTRAL, NULL, &m, &hs, &st));
     at_plan_request rq;
     at_plan p;
 

@@ -77,7 +77,7 @@ static void test_checkpoints(void)
     CHECK_OK(at_ckpt_commit(run0, 30, dir));
     free(dir);
     /* prune keeps the newest two and removes the leftover .tmp */
-    CHECK_OK(at_ckpt_prune(run0, 2));
+    CHECK_OK(at_ckpt_prune(run0, 2, 0));
     char *p10 = at_path_join(run0, "checkpoint-10"), *p20 = at_path_join(run0, "checkpoint-20");
     char *p30 = at_path_join(run0, "checkpoint-30"), *p50 = at_path_join(run0, "checkpoint-50.tmp");
     CHECK(!at_is_dir(p10) && !at_is_dir(p20) && at_is_dir(p30) && !at_is_dir(p50));
@@ -90,6 +90,51 @@ static void test_checkpoints(void)
     free(out);
     free(run0);
     free(run1);
+}
+
+/* --load_best_model_at_end (issue 21): the best checkpoint by the eval_loss
+ * logged at its step, kept by the rotation as transformers keeps it. */
+static void test_best_checkpoint(void)
+{
+    char root[] = "/tmp/anytune-best-XXXXXX";
+    CHECK(mkdtemp(root) != NULL);
+    static const int steps[] = {2, 4, 6, 8};
+    for (int i = 0; i < 4; i++) {
+        char *dir = NULL;
+        CHECK_OK(at_ckpt_begin(root, steps[i], &dir));
+        write_text(dir, "adapter_model.safetensors", "x");
+        CHECK_OK(at_ckpt_commit(root, steps[i], dir));
+        free(dir);
+    }
+    int64_t step = 0;
+    double v = 0;
+    CHECK_FAILS(at_run_best_checkpoint(root, &step, &v), AT_ERR_NOT_FOUND); /* no log yet */
+    /* step 4 is the best; step 5's eval has no checkpoint; a torn last line is skipped */
+    write_text(root, "logging.jsonl",
+               "{\"step\": 1, \"loss\": 3.0}\n{\"step\": 2, \"loss\": 2.0, \"eval_loss\": 1.0}\n"
+               "{\"step\": 4, \"eval_loss\": 0.5}\n{\"step\": 5, \"eval_loss\": 0.1}\n"
+               "{\"step\": 6, \"eval_loss\": 0.7}\n{\"step\": 8, \"eval_loss\": 0.5}\n{\"step\": 9, \"eval");
+    CHECK_OK(at_run_best_checkpoint(root, &step, &v));
+    CHECK_MSG(step == 4 && v == 0.5, "best %lld (%g): the first of equals is kept", (long long)step, v);
+    char *p[4];
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "checkpoint-%d", steps[i]);
+        p[i] = at_path_join(root, name);
+    }
+    /* limit 2: the best and the newest stay (transformers' _sorted_checkpoints) */
+    CHECK_OK(at_ckpt_prune(root, 2, 1));
+    CHECK(!at_is_dir(p[0]) && at_is_dir(p[1]) && !at_is_dir(p[2]) && at_is_dir(p[3]));
+    /* limit 1 keeps the newest beside the best */
+    CHECK_OK(at_ckpt_prune(root, 1, 1));
+    CHECK(at_is_dir(p[1]) && at_is_dir(p[3]));
+    /* without keep_best the rotation keeps the newest alone */
+    CHECK_OK(at_ckpt_prune(root, 1, 0));
+    CHECK(!at_is_dir(p[1]) && at_is_dir(p[3]));
+    CHECK_OK(at_run_best_checkpoint(root, &step, &v));
+    CHECK(step == 8 && v == 0.5);
+    for (int i = 0; i < 4; i++) free(p[i]);
+    CHECK_OK(at_remove_tree(root));
 }
 
 static void test_schedules(void)
@@ -221,6 +266,7 @@ int main(void)
     test_find_resume();
     test_plot();
     test_checkpoints();
+    test_best_checkpoint();
     test_schedules();
     return at_test_result("test_run_files");
 }

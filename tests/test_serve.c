@@ -446,6 +446,18 @@ static void test_disconnect(int port)
     printf("disconnect: slot freed after %.0f ms, %lld tokens generated\n", (now_s() - t0) * 1000, after - before);
 }
 
+/* Whether GET /v1/models says default_model is `want` ("null": JSON null). */
+static int models_default(int port, const char *want)
+{
+    http_resp r;
+    if (!http(port, "GET", "/v1/models", NULL, NULL, &r)) return 0;
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "default_model");
+    int ok = r.status == 200 && (!strcmp(want, "null") ? cJSON_IsNull(d) : cJSON_IsString(d) && !strcmp(d->valuestring, want));
+    cJSON_Delete(j);
+    free(r.body);
+    return ok;
+}
 static void test_auth_and_adapters(at_bundle *b, at_bundle *ref)
 {
     at_server_opts o = {0};
@@ -492,6 +504,7 @@ static void test_auth_and_adapters(at_bundle *b, at_bundle *ref)
               "adapter: '%s' != '%s'", jstr(j, "choices.0.text"), want);
     CHECK(jstr(j, "model") && !strcmp(jstr(j, "model"), "tuned"));
     CHECK(base && want && strcmp(base, want) != 0);
+    CHECK_MSG(models_default(port, "stories"), "/v1/models: a request naming no model gets the base");
     cJSON_Delete(j);
     at_server_stop(s, 5);
 
@@ -506,11 +519,14 @@ static void test_auth_and_adapters(at_bundle *b, at_bundle *ref)
     CHECK_MSG(hr.status == 400 && hr.body && strstr(hr.body, "`stories`, `tuned`") && strstr(hr.body, "--default_model"),
               "%d %s", hr.status, hr.body ? hr.body : "");
     free(hr.body);
+    /* and /v1/models says there is no default: the chat page makes its user choose (web/chat.js) */
+    CHECK_MSG(models_default(port, "null"), "/v1/models with adapters and no --default_model");
     at_server_stop(s, 5);
     o.default_model = "tuned";
     CHECK_OK(at_server_start(b, &o, &s));
     if (!s) goto out;
     port = at_server_port(s);
+    CHECK_MSG(models_default(port, "tuned"), "/v1/models with --default_model tuned");
     j = post_json(port, "/v1/completions", NULL,
                   "{\"prompt\": \"Once upon a time\", \"max_tokens\": 20, \"temperature\": 0}", &st);
     CHECK_MSG(st == 200 && want && jstr(j, "choices.0.text") && !strcmp(jstr(j, "choices.0.text"), want) &&
@@ -614,6 +630,180 @@ static void test_abuse(at_bundle *b)
     }
     CHECK_MSG(served, "the address is not served again within 3 s of its connections closing");
     at_server_stop(s, 5);
+}
+
+/* Reads fd to its end (at most cap - 1 bytes) into buf, NUL-terminated. */
+static size_t read_all(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    ssize_t g;
+    while (n < cap - 1 && (g = recv(fd, buf + n, cap - 1 - n, 0)) > 0) n += (size_t)g;
+    buf[n] = 0;
+    return n;
+}
+
+/* One request on a kept-alive connection; returns the status (0: none) and
+ * the body's first bytes in body. */
+static int keepalive_request(int fd, const char *method, const char *path, const char *json, char *body, size_t cap)
+{
+    char req[512];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s", method, path, json ? strlen(json) : 0, json ? json : "");
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) return 0;
+    char buf[4096];
+    size_t len = 0;
+    char *end = NULL;
+    long clen = -1;
+    while (len < sizeof buf - 1) {
+        ssize_t g = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (g <= 0) break;
+        len += (size_t)g;
+        buf[len] = 0;
+        if (!end && (end = strstr(buf, "\r\n\r\n")) != NULL) {
+            const char *cl = strcasestr(buf, "Content-Length:");
+            clen = cl && cl < end ? strtol(cl + 15, NULL, 10) : 0;
+        }
+        if (end && (long)(len - (size_t)(end + 4 - buf)) >= clen) break;
+    }
+    if (!end || strncmp(buf, "HTTP/1.1 ", 9)) return 0;
+    snprintf(body, cap, "%s", end + 4);
+    return atoi(buf + 9);
+}
+
+/* Idle clients from many addresses (each under the per-address limit) fill
+ * every connection: a monitor retrying /health is still answered within a
+ * few seconds (the reserve of 4 connections turns over: server.c; without
+ * it the idle ones hold every slot for idle_timeout_s, 30 here), and a
+ * generation request on a reserve connection gets 503 instead of taking the
+ * capacity. */
+static void test_many_addresses(at_bundle *b)
+{
+    at_server_opts o = {0};
+    o.max_connections = 8;
+    o.max_connections_per_client = 2;
+    o.idle_timeout_s = 30;
+    at_server *s = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    int port = at_server_port(s), idle[12];
+    char from[32];
+    for (int i = 0; i < 12; i++) { /* 8 + the reserve of 4, from 6 addresses */
+        snprintf(from, sizeof from, "127.0.0.%d", 2 + i / 2);
+        idle[i] = connect_from(port, from);
+    }
+    usleep(300000);
+    double t0 = now_s(), waited = 0;
+    int served = 0, tries = 0;
+    /* libmicrohttpd closes a connection past its limit at once: the monitor retries */
+    for (; !served && (waited = now_s() - t0) < 8; tries++) {
+        int mon = connect_from(port, "127.0.0.20");
+        served = mon >= 0 && health_on(mon);
+        if (mon >= 0) close(mon);
+        if (!served) usleep(100000);
+    }
+    CHECK_MSG(served && waited < 6, "/health with every connection held by idle clients: %s after %.1f s",
+              served ? "served" : "not served", waited);
+    /* a reserve connection does not run a generation (retried as the monitor: a slot frees
+     * when libmicrohttpd reaps a closed connection) */
+    const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 2}";
+    char got[256] = "";
+    int st = 0;
+    for (double t1 = now_s(); !st && now_s() - t1 < 8; usleep(100000)) {
+        int busy = connect_from(port, "127.0.0.21");
+        st = busy >= 0 ? keepalive_request(busy, "POST", "/v1/completions", body, got, sizeof got) : 0;
+        if (busy >= 0) close(busy);
+    }
+    CHECK_MSG(st == 503 && strstr(got, "reserve"), "a completion on a reserve connection: %d %s", st, got);
+    for (int i = 0; i < 12; i++)
+        if (idle[i] >= 0) close(idle[i]);
+    printf("many addresses: 12 idle connections from 6 addresses; /health answered after %.1f s (%d tries)\n",
+           waited, tries);
+    at_server_stop(s, 5);
+}
+
+typedef struct {
+    at_server *s;
+    double grace;
+} stop_args;
+
+static void *stop_thread(void *p)
+{
+    stop_args *a = p;
+    at_server_stop(a->s, a->grace);
+    return NULL;
+}
+
+/* issue 22.17, the shutdown path. With no grace left, a stream in flight
+ * ends with an error event saying the server shut down, then finish_reason
+ * "length" (an OpenAI value: cut short) and [DONE]; during a grace period
+ * the streams finish, /health says "stopping" (503) and a new request on an
+ * open connection gets 503. */
+static void test_shutdown(at_bundle *b)
+{
+    enum { N = 12 };
+    const char *body = "{\"prompt\": \"\", \"max_tokens\": 480, \"temperature\": 0, \"stream\": true}";
+    static char buf[N][512 * 1024];
+    for (int phase = 0; phase < 2; phase++) {
+        at_server_opts o = {0};
+        o.max_batch_size = 1; /* one runs, the others wait their turn */
+        o.max_tokens = 480;
+        at_server *s = NULL;
+        CHECK_OK(at_server_start(b, &o, &s));
+        if (!s) return;
+        int port = at_server_port(s), pre[2], fds[N];
+        char got[256];
+        for (int i = 0; i < 2; i++) { /* kept-alive connections, open before the stop */
+            pre[i] = connect_to(port);
+            CHECK(pre[i] >= 0 && keepalive_request(pre[i], "GET", "/health", NULL, got, sizeof got) == 200);
+        }
+        for (int i = 0; i < N; i++) {
+            fds[i] = connect_to(port);
+            CHECK(fds[i] >= 0 && send_request(fds[i], "POST", "/v1/completions", NULL, body, strlen(body)));
+        }
+        /* every request is in the engine (one running, the others waiting) before the stop */
+        int queued = 0;
+        for (double t0 = now_s(); queued < N && now_s() - t0 < 10; usleep(2000)) {
+            CHECK(keepalive_request(pre[0], "GET", "/health", NULL, got, sizeof got) == 200);
+            cJSON *h = cJSON_Parse(got);
+            queued = (int)(jnum(h, "running", NULL) + jnum(h, "waiting", NULL));
+            cJSON_Delete(h);
+        }
+        CHECK_MSG(queued == N, "%d of %d requests reached the engine", queued, N);
+        stop_args sa = {s, phase == 0 ? 0 : 30};
+        pthread_t th;
+        pthread_create(&th, NULL, stop_thread, &sa);
+        if (phase == 1) {
+            int health = 0, post = 0;
+            for (double t0 = now_s(); health != 503 && now_s() - t0 < 5; usleep(1000))
+                health = keepalive_request(pre[0], "GET", "/health", NULL, got, sizeof got);
+            CHECK_MSG(health == 503 && strstr(got, "stopping"), "/health during the grace period: %d %s", health, got);
+            post = keepalive_request(pre[1], "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}",
+                                     got, sizeof got);
+            CHECK_MSG(post == 503 && strstr(got, "shutting down"), "a new request during the grace period: %d %s", post,
+                      got);
+        }
+        int cut = 0, whole = 0;
+        for (int i = 0; i < N; i++) {
+            read_all(fds[i], buf[i], sizeof buf[i]);
+            close(fds[i]);
+            const char *err = strstr(buf[i], "the server is shutting down: this answer was cut short");
+            const char *len = strstr(buf[i], "\"finish_reason\":\"length\""), *stop = strstr(buf[i], "\"finish_reason\":\"stop\"");
+            const char *done = strstr(buf[i], "data: [DONE]"), *fin = len ? len : stop;
+            CHECK_MSG(!strstr(buf[i], "abort"), "phase %d: stream %d: finish_reason abort", phase, i);
+            CHECK_MSG(fin && done && fin < done, "phase %d: stream %d did not end with a finish_reason and [DONE]",
+                      phase, i);
+            if (err) CHECK_MSG(len && err < len, "phase %d: stream %d: the cut answer's finish_reason is not length", phase, i);
+            if (err && len && err < len) cut++;
+            else if (fin) whole++;
+        }
+        pthread_join(th, NULL);
+        for (int i = 0; i < 2; i++) close(pre[i]);
+        if (phase == 0)
+            CHECK_MSG(cut >= N - 2, "no grace: %d of %d streams ended with the shutdown's error event", cut, N);
+        else
+            CHECK_MSG(whole == N, "grace 30 s: %d of %d streams finished whole", whole, N);
+        printf("shutdown (grace %g s): %d streams cut with the error event, %d whole\n", sa.grace, cut, whole);
+    }
 }
 
 static void test_sigterm(void)
@@ -744,6 +934,8 @@ int main(void)
         }
     }
     if (b) test_abuse(b);
+    if (b) test_shutdown(b);
+    if (b) test_many_addresses(b);
     test_sigterm();
     at_bundle_free(b);
     at_bundle_free(ref);

@@ -16,6 +16,12 @@
  * encoder, checked against llama2.c's run.c elsewhere), so transformers.js
  * running the merges we derived from the scores must agree with it.
  *
+ * A full fine-tuning checkpoint (issue 21.3: "the folder loads in
+ * transformers"; Debian has no python3-transformers) is read the same way:
+ * AutoTokenizer and AutoConfig load it, its tokenizer encodes as the demo's
+ * tokenizer.bin it was trained with, and model.safetensors holds exactly the
+ * parameters transformers' model class builds from that config.
+ *
  * The package is installed into tests/js/node_modules by scripts/setup.sh
  * (npm ci, pinned by tests/js/package-lock.json; tests/js/.npmrc skips
  * onnxruntime-node's download of GPU binaries). */
@@ -35,6 +41,7 @@
 #include "text/tokenizer.h"
 #include "text/tokenizer_hf_export.h"
 #include "train/run_files.h"
+#include "train/trainer.h"
 
 #define TOKDATA "tests/data/tokenizers/"
 #define SEP "\n__ggml_vocab_test__\n"
@@ -184,6 +191,21 @@ static char *chat_model(const char *tmpl)
     return out;
 }
 
+/* A full fine-tuning checkpoint of the demo model (2 steps): the folder
+ * stands alone (issue 21.3), so it must load as a model in transformers. */
+static char *full_checkpoint(void)
+{
+    at_train_args a;
+    at_train_result r;
+    char out[128];
+    snprintf(out, sizeof out, "%s/full", tmp_root);
+    at_test_train_args(&a, "demo/stories260K", "demo/identity.json", out);
+    a.full = 1;
+    a.max_steps = 2;
+    CHECK_OK(at_train_run(&a, NULL, &r));
+    return r.run_dir[0] ? at_path_join(r.run_dir, "checkpoint-2") : NULL;
+}
+
 int main(void)
 {
     at_log_set_level(AT_LOG_ERROR);
@@ -241,6 +263,19 @@ int main(void)
         cJSON_AddItemToArray(all, e8);
     }
 
+    /* A full fine-tuning checkpoint: its config and weights read as the
+     * model transformers builds, its tokenizer (written from the demo's
+     * llama2.c tokenizer.bin) encodes as the one it was trained with. */
+    char *d9 = full_checkpoint();
+    at_tokenizer *dt = NULL;
+    CHECK_OK(at_tokenizer_load("demo/stories260K/tokenizer.bin", NULL, &dt));
+    if (d9 && dt) {
+        cJSON *e9 = entry(d9, vector_cases("llama-spm", dt), 1);
+        cJSON_AddBoolToObject(e9, "model", 1);
+        cJSON_AddItemToArray(all, e9);
+    }
+    at_tokenizer_free(dt);
+
     /* The reader (scripts/setup.sh installs it from the lock file). */
     at_test_js_check(tmp_root, all, "@huggingface/transformers", "check_hf_tokenizer.mjs", "transformers.js");
 
@@ -252,6 +287,7 @@ int main(void)
     free(d6);
     free(d7);
     free(d8);
+    free(d9);
     cJSON_Delete(all);
     at_remove_tree(tmp_root);
     return at_test_result("test_tokenizer_hf_js");

@@ -436,6 +436,11 @@ JINJA_TEMPLATES = [
     ("builtin/llama-2.jinja", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("builtin/llama-3.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
     ("builtin/mistral.jinja", {"bos_token": "<s>", "eos_token": "</s>"}),
+    ("builtin/qwen.jinja", {"eos_token": "<|im_end|>"}),
+    ("builtin/qwen2_5.jinja", {"eos_token": "<|im_end|>"}),
+    ("builtin/internlm2.jinja", {"eos_token": "<|im_end|>"}),
+    ("builtin/llama.jinja", {"bos_token": "<s>", "eos_token": "</s>"}),
+    ("builtin/llama3_2.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
 ]
 
 # tokenizer configs whose chat_template is not byte-identical to a .jinja above
@@ -450,7 +455,8 @@ TURN_END = {
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "<|eot_id|>", "microsoft-Phi-3.5-mini-instruct.jinja": "<|end|>",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "</s>", "smollm3/chat_template.jinja": "<|im_end|>",
     "builtin/chatml.jinja": "<|im_end|>", "builtin/llama-2.jinja": "</s>", "builtin/llama-3.jinja": "<|eot_id|>",
-    "builtin/mistral.jinja": "</s>",
+    "builtin/mistral.jinja": "</s>", "builtin/qwen.jinja": "<|im_end|>", "builtin/qwen2_5.jinja": "<|im_end|>",
+    "builtin/internlm2.jinja": "<|im_end|>", "builtin/llama.jinja": "</s>", "builtin/llama3_2.jinja": "<|eot_id|>",
     "llama3": "<|eot_id|>", "llama3-full": "<|eot_id|>", "mistral-7b-instruct-v0.3": "</s>",
     "phi-3-mini": "<|end|>", "qwen2": "<|im_end|>", "qwen3": "<|im_end|>",
 }

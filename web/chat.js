@@ -175,7 +175,10 @@
     setBusy(false);
   });
 
-  // The models: the base first, then each adapter by name.
+  // The models: the base first, then each adapter by name. The one selected
+  // at first is the server's default_model (what a request naming none gets);
+  // when it has none (adapters loaded, no --default_model) the user chooses:
+  // the request then names no model and the server's refusal lists them.
   async function loadModels() {
     const sel = $('model');
     try {
@@ -189,13 +192,20 @@
       const j = await r.json();
       const keep = sel.value;
       sel.replaceChildren();
+      if (!j.default_model) {
+        const o = document.createElement('option');
+        o.value = '';
+        o.textContent = '(choose a model)';
+        sel.append(o);
+      }
       for (const m of j.data || []) {
         const o = document.createElement('option');
         o.value = m.id;
         o.textContent = m.parent ? m.id + ' (adapter of ' + m.parent + ')' : m.id;
         sel.append(o);
       }
-      if (keep && Array.from(sel.options).some((o) => o.value === keep)) sel.value = keep;
+      const listed = (v) => v && Array.from(sel.options).some((o) => o.value === v);
+      sel.value = listed(keep) ? keep : listed(j.default_model) ? j.default_model : '';
       showError('');
     } catch (e) {
       showError('cannot list the models: ' + (e.message || e));

@@ -63,6 +63,24 @@ void at_unmap_file(at_mapped_file *m)
     m->fd = -1;
 }
 
+at_status at_read_head(const char *path, void *buf, size_t want, size_t *got)
+{
+    *got = 0;
+    int fd;
+    struct stat sb;
+    AT_TRY(open_regular(path, &fd, &sb));
+    at_status st = AT_OK;
+    while (*got < want) {
+        ssize_t r = read(fd, (char *)buf + *got, want - *got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) st = at_error(AT_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        if (r <= 0) break;
+        *got += (size_t)r;
+    }
+    close(fd);
+    return st;
+}
+
 at_status at_read_file(const char *path, char **out, size_t *len)
 {
     *out = NULL;

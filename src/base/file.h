@@ -25,6 +25,11 @@ void at_unmap_file(at_mapped_file *m);
 #define AT_READ_FILE_MAX (256 << 20)
 at_status at_read_file(const char *path, char **out, size_t *len);
 
+/* The first `want` bytes of a regular file (a magic number), into buf;
+ * *got < want when the file is shorter. A folder, device, FIFO or socket is
+ * refused without blocking, as by at_read_file. */
+at_status at_read_head(const char *path, void *buf, size_t want, size_t *got);
+
 /* Writes data to path atomically: a temporary file beside it, fsync, rename. */
 at_status at_write_file_atomic(const char *path, const void *data, size_t len);
 

@@ -104,6 +104,19 @@ static const char *adapter_dir_part(const char *arg)
     return eq + 1;
 }
 
+/* Whether the run in dir was made with --load_best_model_at_end (its args.json). */
+static int run_loads_best(const char *dir)
+{
+    char *p = at_path_join(dir, "args.json");
+    cJSON *j = NULL;
+    int yes = p && at_file_exists(p) && at_json_parse_file(p, &j) == AT_OK &&
+              cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "load_best_model_at_end"));
+    cJSON_Delete(j);
+    free(p);
+    at_clear_error();
+    return yes;
+}
+
 at_status at_cli_adapter_path(const char *arg, char **out)
 {
     *out = NULL;
@@ -117,7 +130,19 @@ at_status at_cli_adapter_path(const char *arg, char **out)
     }
     char *ckpt = NULL;
     int64_t step = 0;
-    at_status st = at_ckpt_find_last(dir, &ckpt, &step);
+    double best = 0;
+    const char *which = "newest";
+    at_status st = AT_ERR_NOT_FOUND;
+    /* a run with --load_best_model_at_end ends as its best checkpoint (transformers') */
+    if (run_loads_best(dir) && at_run_best_checkpoint(dir, &step, &best) == AT_OK) {
+        ckpt = malloc(strlen(dir) + 40);
+        if (!ckpt) return at_error(AT_ERR_NOMEM, "out of memory");
+        snprintf(ckpt, strlen(dir) + 40, "%s/checkpoint-%lld", dir, (long long)step);
+        which = "best (--load_best_model_at_end)";
+        st = AT_OK;
+    }
+    at_clear_error();
+    if (!ckpt) st = at_ckpt_find_last(dir, &ckpt, &step);
     if (st == AT_ERR_NOT_FOUND)
         return at_error(AT_ERR_NOT_FOUND, "--adapters %s: neither an adapter (no adapter_config.json) nor a run "
                         "folder with a complete checkpoint-N inside", dir);
@@ -125,7 +150,7 @@ at_status at_cli_adapter_path(const char *arg, char **out)
     size_t n = (size_t)(dir - arg) + strlen(ckpt) + 1;
     *out = malloc(n);
     if (*out) snprintf(*out, n, "%.*s%s", (int)(dir - arg), arg, ckpt);
-    fprintf(stderr, "anytune: --adapters %s is a run folder: using its newest checkpoint, %s\n", dir, ckpt);
+    fprintf(stderr, "anytune: --adapters %s is a run folder: using its %s checkpoint, %s\n", dir, which, ckpt);
     free(ckpt);
     return *out ? AT_OK : at_error(AT_ERR_NOMEM, "out of memory");
 }
@@ -161,6 +186,9 @@ at_status at_cli_adapter_base(const char *arg, char **out)
         if (*out) return AT_OK;
     }
     at_clear_error();
+    if (!at_is_dir(dir) && at_file_exists(dir)) /* a LoRA GGUF: llama.cpp's format names no base model */
+        return at_error(AT_ERR_NOT_FOUND, "--adapters %s: a LoRA GGUF file does not say which model it was trained "
+                        "on: give --model (the base model, as llama.cpp's --lora needs -m)", dir);
     return at_error(AT_ERR_NOT_FOUND, "--adapters %s: no args.json beside it and no base_model_name_or_path that "
                     "exists in its adapter_config.json: give --model", dir);
 }

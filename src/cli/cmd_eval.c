@@ -15,6 +15,7 @@
 #include "base/options.h"
 #include "cli/cli.h"
 #include "hub/hub.h"
+#include "model/config.h"
 #include "eval/loss_eval.h"
 #include "eval/mc_bench.h"
 #include "eval/mc_eval.h"
@@ -66,6 +67,7 @@ static const at_opt_spec specs[] = {
     {.name = "seed", .type = AT_OPT_INT, .def = "42",
      .help = "seed of FILE#N sampling", .range = "[0, 9223372036854775807]"},
     AT_HUB_OPTION_ROWS,
+    AT_MODEL_TYPE_OPTION_ROW,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 

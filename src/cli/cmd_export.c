@@ -8,6 +8,7 @@
 #include "base/options.h"
 #include "cli/cli.h"
 #include "hub/hub.h"
+#include "model/config.h"
 #include "export/export_files.h"
 #include "export/export_gguf.h"
 #include "export/export_job.h"
@@ -34,6 +35,7 @@ static const at_opt_spec specs[] = {
     {.name = "overwrite", .type = AT_OPT_BOOL, .def = "false", .help = "replace an existing --output_dir"},
     {.name = "quiet", .type = AT_OPT_BOOL, .def = "false", .help = "no progress bar"},
     AT_HUB_OPTION_ROWS,
+    AT_MODEL_TYPE_OPTION_ROW,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -55,6 +57,7 @@ int at_cmd_export(int argc, char **argv)
         .output_dir = at_opt_str(o, "output_dir"),
         .dtype = AT_DTYPE_COUNT,
         .tokenizer = at_opt_str(o, "tokenizer"),
+        .model_type = at_opt_str(o, "model_type"),
         .overwrite = at_opt_bool(o, "overwrite"),
         .progress = !at_opt_bool(o, "quiet"),
     };

@@ -84,6 +84,7 @@ static const at_opt_spec specs[] = {
      .help = "with --dry_run: plan for a device profile (v100, a100, m2-16gb, "
      "laptop-8gb, ...)"},
     AT_HUB_OPTION_ROWS,
+    AT_MODEL_TYPE_OPTION_ROW,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -116,6 +117,7 @@ at_status at_cli_load_bundle(const at_options *o, at_bundle **out)
     if (st != AT_OK) goto done;
     bo.tokenizer = at_opt_str(o, "tokenizer");
     bo.template_name = at_opt_str(o, "template");
+    bo.model_type = at_opt_str(o, "model_type");
     bo.dtype = AT_LOAD_KEEP_DTYPE;
     const char *dt = at_opt_str(o, "torch_dtype");
     if (dt && strcmp(dt, "auto") != 0) {
@@ -325,7 +327,7 @@ static int infer_dry_run(const at_options *o)
     at_plan_request_defaults(&rq);
     at_model_config cfg;
     if (!model) return at_cli_fail();
-    if (at_plan_model_config(model, &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
+    if (at_plan_model_config(model, at_opt_str(o, "model_type"), &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
     rq.cfg = &cfg;
     rq.model = model;
     rq.command = "infer";

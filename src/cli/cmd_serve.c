@@ -20,6 +20,7 @@
 #include "base/options.h"
 #include "cli/cli.h"
 #include "hub/hub.h"
+#include "model/config.h"
 #include "cli/cmd_serve.h"
 #include "infer/bundle.h"
 #include "serve/server.h"
@@ -67,6 +68,7 @@ static const at_opt_spec specs[] = {
      .help = "run with the linear matrices quantized: 4 (NF4) or 8 (q8_0)", .range = "[0, 8]"},
     {.name = "verbose", .type = AT_OPT_BOOL, .def = "false", .help = "more logging"},
     AT_HUB_OPTION_ROWS,
+    AT_MODEL_TYPE_OPTION_ROW,
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
@@ -193,8 +195,8 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     }
     so.served_model_name = at_opt_str(o, "served_model_name");
     so.default_model = at_opt_str(o, "default_model");
-    /* serve with adapters: a request must say which model it means (the page of web-ui always does) */
-    so.model_required = !c->webui_train && b->n_adapters > 0;
+    /* with adapters: a request must say which model it means (the chat page too: /v1/models says so) */
+    so.model_required = b->n_adapters > 0;
     const char *served = so.served_model_name ? so.served_model_name : b->name;
     if (so.default_model && strcmp(so.default_model, served) != 0 && !at_bundle_adapter_get(b, so.default_model)) {
         at_error(AT_ERR_INVALID, "--default_model %s: neither the served name (%s) nor an adapter's", so.default_model,

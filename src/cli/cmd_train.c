@@ -45,7 +45,7 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
     at_plan_request rq;
     at_plan_request_defaults(&rq);
     at_model_config cfg;
-    if (at_plan_model_config(a->model, &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
+    if (at_plan_model_config(a->model, a->model_type, &cfg, &rq.has_model_dtype, &rq.model_dtype) != AT_OK) return at_cli_fail();
     rq.cfg = &cfg;
     rq.model = a->model;
     rq.command = c->plan_command ? c->plan_command : c->command;
@@ -58,7 +58,7 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
     if (a->pref && a->pref->ref_model) {
         int has_stored = 0;
         at_dtype stored = AT_F32;
-        if (at_plan_model_config(a->pref->ref_model, &ref_cfg, &has_stored, &stored) != AT_OK) {
+        if (at_plan_model_config(a->pref->ref_model, a->model_type, &ref_cfg, &has_stored, &stored) != AT_OK) {
             fprintf(stderr, "anytune: error: --ref_model: %s\n", at_last_error());
             return 2;
         }
@@ -155,7 +155,7 @@ static void follow_webui_server(void)
 /* The end of a run: the steps this process ran (and where a resumed run
  * started), the logged losses (interval means, as logging.jsonl and the
  * plot show them), the best checkpoint when there was evaluation. */
-static void print_summary(const at_train_result *r)
+static void print_summary(const at_train_args *a, const at_train_result *r)
 {
     char resumed[64] = "";
     if (r->start_step > 0)
@@ -167,7 +167,11 @@ static void print_summary(const at_train_result *r)
     fprintf(stderr, "anytune: %lld steps%s in %.1f s%s; saved in %s\n", (long long)(r->steps_done - r->start_step),
             resumed, r->train_seconds, loss, r->run_dir);
     if (r->best_checkpoint[0])
-        fprintf(stderr, "anytune: best checkpoint: %s (eval_loss %.4f)\n", r->best_checkpoint, r->best_eval_loss);
+        fprintf(stderr, "anytune: best checkpoint: %s (eval_loss %.4f)%s\n", r->best_checkpoint, r->best_eval_loss,
+                !a->load_best_model_at_end ? ""
+                : r->loaded_best           ? "; the final model (--load_best_model_at_end: its weights were loaded "
+                                             "at the end; --adapters RUN_FOLDER takes it)"
+                                           : "; the final model (--load_best_model_at_end: the last step's)");
 }
 
 /* --torch_dtype, or ms-swift's --bf16 / --fp16 true (transformers'
@@ -382,7 +386,7 @@ int at_cli_train(int argc, char **argv, const at_train_cli *c)
         if (!res.run_dir[0]) /* the run folder went with the run (trainer.h) */
             fprintf(stderr, "anytune: stopped before a step trained: nothing saved\n");
         else
-            print_summary(&res);
+            print_summary(&a, &res);
     }
     at_comm_finalize();
     rc = res.stopped_by ? 128 + res.stopped_by : 0; /* as a shell reports a process ended by the signal */

@@ -202,6 +202,22 @@ static at_status write_config(const at_decoder_weights *w, const char *source_di
     }
     cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
     cJSON_AddStringToObject(j, "torch_dtype", torch_dtype_name(dtype));
+    /* the family the weights were read as (--model_type may differ from the source's) */
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, w->cfg.model_type) != 0) {
+        char *text = NULL;
+        cJSON *fresh = NULL;
+        AT_CHECK(at_model_config_to_json(&w->cfg, &text));
+        st = at_json_parse(text, strlen(text), "config.json", &fresh);
+        free(text);
+        if (st != AT_OK) goto done;
+        static const char *const keys[] = {"model_type", "architectures"};
+        for (size_t i = 0; i < 2; i++) {
+            cJSON_DeleteItemFromObjectCaseSensitive(j, keys[i]);
+            cJSON_AddItemToObject(j, keys[i], cJSON_DetachItemFromObjectCaseSensitive(fresh, keys[i]));
+        }
+        cJSON_Delete(fresh);
+    }
     if (seq_cls) AT_CHECK(make_seq_cls(j));
     st = write_json(dst, j);
 done:

@@ -107,6 +107,20 @@ static at_status gguf_tokenizer(const char *path, at_tokenizer **tok, char **tmp
     return st;
 }
 
+/* The tokenizer written beside the model must fit its vocabulary, as every
+ * command that loads the pair checks (text/tokenizer.h): tok, or the
+ * files of folder dir copied as they are (not checked when they do not
+ * load here). */
+static at_status check_vocab(const at_tokenizer *tok, const char *dir, const at_decoder_weights *w, const char *model)
+{
+    at_tokenizer *own = NULL;
+    if (!tok && dir && at_tokenizer_load(dir, NULL, &own) == AT_OK) tok = own;
+    at_clear_error();
+    at_status st = tok ? at_tokenizer_check_vocab(tok, w->cfg.vocab_size, model) : AT_OK;
+    at_tokenizer_free(own);
+    return st;
+}
+
 /* Where an HF export takes its tokenizer from: either *copy_dir (a folder
  * whose Hugging Face tokenizer files are copied as they are; new string) or
  * *tok (a loaded tokenizer the files are written from) with *tmpl (its chat
@@ -242,6 +256,7 @@ at_status at_export_run(const at_export_args *a)
 
     at_load_options lo = at_load_options_default();
     lo.backend = at_cpu_backend();
+    lo.model_type = a->model_type;
     /* An HF export in an asked-for float type loads the weights in that type,
      * so a merge is rounded once, into the type that is stored. */
     lo.dtype = !gguf && (a->dtype == AT_F32 || a->dtype == AT_BF16 || a->dtype == AT_F16) ? a->dtype
@@ -270,6 +285,7 @@ at_status at_export_run(const at_export_args *a)
         }
         if (ad) AT_CHECK(at_merge_lora(w, ad));
         AT_CHECK(hf_tokenizer_source(a, is_dir, model_dir, &tdir, &tok, &tmpl));
+        AT_CHECK(check_vocab(tok, tdir, w, a->model));
         at_export_hf_opts ho = {
             .dtype = a->dtype,
             .max_shard_size = a->max_shard_size,
@@ -320,6 +336,7 @@ at_status at_export_run(const at_export_args *a)
             go.tok_gguf = src_gguf;
         } else {
             AT_CHECK(find_tokenizer(a, model_dir, &tok, &tdir));
+            AT_CHECK(check_vocab(tok, NULL, w, a->model));
             go.tok = tok;
             if (tdir) {
                 at_status cs = at_chat_template_load(tdir, NULL, NULL, &ct);

@@ -19,6 +19,7 @@
 
 typedef struct {
     const char *model;       /* folder, .gguf or llama2.c .bin (required) */
+    const char *model_type;  /* NULL, or --model_type: the family to read the folder as (model/config.h) */
     const char *adapters;    /* PEFT adapter folder, or NULL */
     int merge_lora;
     const char *to;          /* "hf" or "gguf" */

@@ -384,9 +384,10 @@ at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
     if (o->backend) lo.backend = o->backend;
     lo.dtype = (at_dtype)o->dtype;
     lo.quant = (at_quant_kind)o->quant;
+    lo.model_type = o->model_type;
     AT_CHECK(at_decoder_load(o->model, &lo, &b->decoder));
     AT_CHECK(at_bundle_load_text(o, &b->tokenizer, &b->tmpl));
-    AT_CHECK(at_bundle_check_vocab(b->tokenizer, &b->decoder->cfg, o->model));
+    AT_CHECK(at_tokenizer_check_vocab(b->tokenizer, b->decoder->cfg.vocab_size, o->model));
     collect_stops(b);
     if (kind_of(o->model) == SRC_FOLDER && at_is_dir(o->model)) generation_config_stops(b, o->model);
     AT_CHECK(load_adapters(b, o));
@@ -396,18 +397,6 @@ done:
         return st;
     }
     *out = b;
-    return AT_OK;
-}
-
-at_status at_bundle_check_vocab(const at_tokenizer *tok, const at_model_config *cfg, const char *model)
-{
-    size_t n = at_tokenizer_vocab_size(tok), m = (size_t)cfg->vocab_size;
-    int l2c = !strcmp(at_tokenizer_pre_name(tok), "llama2c");
-    if (n > m || (l2c && n != m))
-        return at_error(AT_ERR_FORMAT, "the tokenizer has %zu ids but the model %s has a vocabulary of %zu%s: they do "
-                        "not belong together (give the model's own tokenizer with --tokenizer)", n, model, m,
-                        l2c && n < m ? " (a llama2.c tokenizer.bin holds exactly the model's vocabulary: this one is "
-                                       "cut short)" : "");
     return AT_OK;
 }
 

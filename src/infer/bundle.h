@@ -52,6 +52,7 @@ typedef struct at_bundle_opts {
     at_backend *backend;      /* NULL: the CPU */
     int dtype;                /* at_dtype, or AT_LOAD_KEEP_DTYPE */
     int quant;                /* at_quant_kind of model/loader.h: quantize the linear matrices (QLoRA models) */
+    const char *model_type;   /* NULL, or --model_type: the family to read the folder as (model/config.h) */
 } at_bundle_opts;
 
 /* Loads everything. Caller frees *out with at_bundle_free. Errors name the
@@ -64,13 +65,6 @@ at_status at_bundle_load(const at_bundle_opts *opts, at_bundle **out);
  * at_chat_template_free, NULL when the model has none or "none" was asked. */
 at_status at_bundle_load_text(const at_bundle_opts *opts, at_tokenizer **tok, at_chat_template **tmpl);
 void at_bundle_free(at_bundle *b); /* NULL ok */
-
-/* Whether tokenizer `tok` fits the model of `cfg` (loaded from `model`): no
- * id at or past the model's vocabulary (the model may have more rows than
- * the tokenizer has ids, as Qwen's padded embeddings), and a llama2.c
- * tokenizer.bin exactly as many as the model (it stores no count: a cut file
- * would otherwise load). The error names both sizes. */
-at_status at_bundle_check_vocab(const at_tokenizer *tok, const at_model_config *cfg, const char *model);
 
 /* The adapter named `name`, or NULL. */
 at_adapter *at_bundle_adapter_get(const at_bundle *b, const char *name);

@@ -7,6 +7,7 @@
 #include <strings.h>
 #include "base/file.h"
 #include "base/json.h"
+#include "base/log.h"
 #include "model/gguf.h"
 
 void at_model_config_init(at_model_config *cfg)
@@ -262,27 +263,86 @@ at_status at_model_config_from_json(const cJSON *obj, const char *what, at_model
     return at_model_config_validate(cfg, what);
 }
 
-at_status at_model_config_parse(const char *text, size_t len, const char *what, at_model_config *cfg)
+/* ms-swift's --model_type names (swift/llm/model/constant.py) of the families
+ * the decoder runs, with Hugging Face's own; AT_MODEL_TYPE_CHOICES lists the
+ * same names (test_model_config checks that they agree). */
+static const struct {
+    const char *name, *family;
+} model_types[] = {
+    {"llama", "llama"},    {"llama3", "llama"},       {"llama3_1", "llama"}, {"llama3_2", "llama"},
+    {"yi", "llama"},       {"mistral", "mistral"},    {"qwen2", "qwen2"},    {"qwen2_5", "qwen2"},
+    {"qwen2_5_math", "qwen2"}, {"qwq", "qwen2"},      {"qwen3", "qwen3"},    {"qwen3_thinking", "qwen3"},
+    {"qwen3_nothinking", "qwen3"},
+};
+
+const char *at_model_type_family(const char *name)
 {
+    for (size_t i = 0; name && i < sizeof model_types / sizeof model_types[0]; i++)
+        if (!strcmp(model_types[i].name, name)) return model_types[i].family;
+    return NULL;
+}
+
+at_status at_model_config_parse_as(const char *text, size_t len, const char *what, const char *model_type,
+                                   at_model_config *cfg)
+{
+    const char *family = NULL;
+    if (model_type && !(family = at_model_type_family(model_type)))
+        return at_error(AT_ERR_INVALID, "--model_type %.40s is not a known model type (%s)", model_type,
+                        AT_MODEL_TYPE_NAMES);
     cJSON *root = NULL;
     if (!what) what = "config.json";
     AT_TRY(at_json_parse(text, len, what, &root));
-    at_status st = at_model_config_from_json(root, what, cfg);
+    at_status st = AT_OK;
+    if (family && cJSON_IsObject(root)) {
+        const cJSON *was = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+        if (!cJSON_IsString(was) || strcmp(was->valuestring, family) != 0)
+            at_log_info("%s: read as %s (--model_type %s; the file says %s)", what, family, model_type,
+                        cJSON_IsString(was) ? was->valuestring : "no model_type");
+        cJSON *v = cJSON_CreateString(family);
+        if (!v) st = at_error(AT_ERR_NOMEM, "out of memory");
+        else if (cJSON_GetObjectItemCaseSensitive(root, "model_type")) cJSON_ReplaceItemInObjectCaseSensitive(root, "model_type", v);
+        else cJSON_AddItemToObject(root, "model_type", v);
+    }
+    if (st == AT_OK) st = at_model_config_from_json(root, what, cfg);
     cJSON_Delete(root);
     return st;
 }
 
-at_status at_model_config_load(const char *path, at_model_config *cfg)
+at_status at_model_config_parse(const char *text, size_t len, const char *what, at_model_config *cfg)
+{
+    return at_model_config_parse_as(text, len, what, NULL, cfg);
+}
+
+at_status at_model_config_load_as(const char *path, const char *model_type, at_model_config *cfg)
 {
     char *p = at_is_dir(path) ? at_path_join(path, "config.json") : strdup(path);
     if (!p) return at_error(AT_ERR_NOMEM, "out of memory");
     char *text = NULL;
     size_t len = 0;
     at_status st = at_read_file(p, &text, &len);
-    if (st == AT_OK) st = at_model_config_parse(text, len, p, cfg);
+    if (st == AT_OK) st = at_model_config_parse_as(text, len, p, model_type, cfg);
     free(text);
     free(p);
     return st;
+}
+
+at_status at_model_config_load(const char *path, at_model_config *cfg)
+{
+    return at_model_config_load_as(path, NULL, cfg);
+}
+
+at_status at_model_type_check(const at_model_config *cfg, const char *what, const char *model_type)
+{
+    if (!model_type) return AT_OK;
+    const char *family = at_model_type_family(model_type);
+    if (!family)
+        return at_error(AT_ERR_INVALID, "--model_type %.40s is not a known model type (%s)", model_type,
+                        AT_MODEL_TYPE_NAMES);
+    if (strcmp(family, cfg->model_type) != 0)
+        return at_error(AT_ERR_INVALID, "--model_type %s (%s): %s is a %s model, and a GGUF or llama2.c file's "
+                        "family is its tensors' (--model_type reads a Hugging Face folder's config.json as another "
+                        "family)", model_type, family, what, cfg->model_type);
+    return AT_OK;
 }
 
 at_status at_model_config_validate(const at_model_config *c, const char *what)

@@ -85,6 +85,35 @@ at_status at_model_config_parse(const char *text, size_t len, const char *what, 
 /* Reads `path`: a config.json file, or a model folder holding config.json. */
 at_status at_model_config_load(const char *path, at_model_config *cfg);
 
+/* ms-swift's --model_type: the family to read a model as, whatever its
+ * config.json's model_type says (a fine-tune saved with a wrong or missing
+ * one). Names: ms-swift's model types of the families the decoder runs
+ * (qwen2_5 -> qwen2, llama3_1 -> llama, ...) and Hugging Face's. */
+#define AT_MODEL_TYPE_CHOICES                                                                                       \
+    "llama|llama3|llama3_1|llama3_2|yi|mistral|qwen2|qwen2_5|qwen2_5_math|qwq|qwen3|qwen3_thinking|qwen3_nothinking"
+#define AT_MODEL_TYPE_NAMES                                                                                         \
+    "llama, llama3, llama3_1, llama3_2, yi (llama); mistral; qwen2, qwen2_5, qwen2_5_math, qwq (qwen2); qwen3, "    \
+    "qwen3_thinking, qwen3_nothinking (qwen3)"
+/* The option row of --model_type (base/options.h), for every command that loads a model. */
+#define AT_MODEL_TYPE_OPTION_FIELDS                                                                                 \
+    .name = "model_type", .type = AT_OPT_STRING, .choices = AT_MODEL_TYPE_CHOICES,                                \
+    .help = "read the model folder as this family whatever its config.json says (ms-swift's model types: "       \
+            AT_MODEL_TYPE_NAMES ")"
+#define AT_MODEL_TYPE_OPTION_ROW {AT_MODEL_TYPE_OPTION_FIELDS}
+
+/* The family ("llama", "mistral", "qwen2", "qwen3") of a --model_type name, or NULL. */
+const char *at_model_type_family(const char *name);
+
+/* at_model_config_load / _parse reading the config as model_type's family
+ * (NULL: as it says). An unknown name is AT_ERR_INVALID listing the known ones. */
+at_status at_model_config_load_as(const char *path, const char *model_type, at_model_config *cfg);
+at_status at_model_config_parse_as(const char *text, size_t len, const char *what, const char *model_type,
+                                   at_model_config *cfg);
+
+/* For sources whose family is not a config field (GGUF, llama2.c): a
+ * model_type of another family is refused, naming both. NULL: AT_OK. */
+at_status at_model_type_check(const at_model_config *cfg, const char *what, const char *model_type);
+
 /* Checks that the sizes are positive and consistent (heads divide hidden when
  * head_dim is implied, kv heads divide heads, head_dim even, rope parameters
  * sane). Used by every reader; `what` names the source in the message. */

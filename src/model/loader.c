@@ -19,7 +19,7 @@
 
 at_load_options at_load_options_default(void)
 {
-    at_load_options o = {NULL, AT_LOAD_KEEP_DTYPE, 0, AT_QUANT_NONE};
+    at_load_options o = {NULL, AT_LOAD_KEEP_DTYPE, 0, AT_QUANT_NONE, NULL};
     return o;
 }
 
@@ -323,7 +323,7 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static at_status open_source(const char *path, source *s, at_model_config *cfg)
+static at_status open_source(const char *path, const char *model_type, source *s, at_model_config *cfg)
 {
     s->path = path;
     if (at_is_dir(path) || ends_with(path, ".safetensors") || ends_with(path, ".index.json")) {
@@ -338,28 +338,26 @@ static at_status open_source(const char *path, source *s, at_model_config *cfg)
             else if (folder) strcpy(folder, ".");
         }
         if (!folder) return at_error(AT_ERR_NOMEM, "loader: out of memory");
-        at_status st = at_model_config_load(folder, cfg);
+        at_status st = at_model_config_load_as(folder, model_type, cfg);
         free(folder);
         AT_TRY(st);
         return at_st_model_open(path, &s->st);
     }
     /* a file: GGUF by its magic, else a llama2.c checkpoint */
-    FILE *f = fopen(path, "rb");
-    if (!f) return at_error(AT_ERR_IO, "%s: cannot open", path);
     char magic[4] = {0};
-    size_t n = fread(magic, 1, 4, f);
-    fclose(f);
+    size_t n = 0;
+    AT_TRY(at_read_head(path, magic, 4, &n));
     if (n == 4 && memcmp(magic, "GGUF", 4) == 0) {
         s->kind = SRC_GGUF;
         AT_TRY(at_gguf_open(path, &s->gg));
         AT_TRY(at_model_config_from_gguf(s->gg, path, cfg));
         s->gguf_interleaved = at_gguf_qk_interleaved(s->gg);
-        return AT_OK;
+        return at_model_type_check(cfg, path, model_type);
     }
     s->kind = SRC_LLAMA2C;
     AT_TRY(at_llama2c_open(path, &s->l2));
     *cfg = *at_llama2c_config(s->l2);
-    return AT_OK;
+    return at_model_type_check(cfg, path, model_type);
 }
 
 /* ---- loading ------------------------------------------------------------ */
@@ -402,7 +400,7 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     at_model_config cfg;
     at_decoder_weights *w = NULL;
     at_status st = AT_OK;
-    AT_CHECK(open_source(path, s, &cfg));
+    AT_CHECK(open_source(path, o.model_type, s, &cfg));
     AT_CHECK(at_decoder_weights_alloc(&cfg, be, &w));
     w->source = s;
     w->source_close = source_close;

@@ -46,6 +46,7 @@ typedef struct at_load_options {
                             full fine-tuning writes the weights */
     at_quant_kind quant; /* AT_QUANT_NONE, or quantize the layers' linear matrices (see above);
                             refused together with writable */
+    const char *model_type; /* NULL, or --model_type: the family to read the folder as (model/config.h) */
 } at_load_options;
 
 /* Default options: CPU, keep the stored dtype, no quantization. */

@@ -70,7 +70,8 @@ static const char *fmt_bytes(int64_t b, char *buf, size_t len)
 
 /* ---- the model's config ---- */
 
-at_status at_plan_model_config(const char *path, at_model_config *cfg, int *has_stored, at_dtype *stored)
+at_status at_plan_model_config(const char *path, const char *model_type, at_model_config *cfg, int *has_stored,
+                               at_dtype *stored)
 {
     *has_stored = 0;
     if (!path) return at_error(AT_ERR_INVALID, "--model is required");
@@ -78,7 +79,7 @@ at_status at_plan_model_config(const char *path, at_model_config *cfg, int *has_
     int is_json = n >= 5 && !strcmp(path + n - 5, ".json");
     if (at_is_dir(path) || is_json) {
         if (is_json && !at_file_exists(path)) return at_error(AT_ERR_NOT_FOUND, "%s: no such file", path);
-        AT_TRY(at_model_config_load(path, cfg));
+        AT_TRY(at_model_config_load_as(path, model_type, cfg));
         if (cfg->has_dtype) {
             *has_stored = 1;
             *stored = cfg->dtype;
@@ -87,10 +88,8 @@ at_status at_plan_model_config(const char *path, at_model_config *cfg, int *has_
     }
     if (!at_file_exists(path)) return at_error(AT_ERR_NOT_FOUND, "%s: no such model folder or file", path);
     char magic[4] = {0};
-    FILE *f = fopen(path, "rb");
-    if (!f) return at_error(AT_ERR_IO, "%s: cannot open", path);
-    size_t got = fread(magic, 1, 4, f);
-    fclose(f);
+    size_t got = 0;
+    AT_TRY(at_read_head(path, magic, 4, &got));
     if (got == 4 && !memcmp(magic, "GGUF", 4)) {
         at_gguf *g = NULL;
         AT_TRY(at_gguf_open(path, &g));
@@ -104,7 +103,7 @@ at_status at_plan_model_config(const char *path, at_model_config *cfg, int *has_
             *has_stored = 1;
         }
         at_gguf_close(g);
-        return st;
+        return st == AT_OK ? at_model_type_check(cfg, path, model_type) : st;
     }
     at_llama2c *m = NULL;
     AT_TRY(at_llama2c_open(path, &m));
@@ -112,7 +111,7 @@ at_status at_plan_model_config(const char *path, at_model_config *cfg, int *has_
     at_llama2c_close(m);
     *has_stored = 1;
     *stored = AT_F32;
-    return AT_OK;
+    return at_model_type_check(cfg, path, model_type);
 }
 
 /* ---- decisions ---- */

@@ -124,7 +124,9 @@ at_status at_parse_memory_size(const char *s, int64_t *out);
 
 /* Reads the config of the model at `path` without loading its weights: a
  * Hugging Face folder or config.json, a GGUF file, or a llama2.c checkpoint.
- * *stored gets the format of its matrices when known (*has_stored = 1). */
-at_status at_plan_model_config(const char *path, at_model_config *cfg, int *has_stored, at_dtype *stored);
+ * *stored gets the format of its matrices when known (*has_stored = 1).
+ * model_type: NULL, or --model_type (at_model_config_load_as). */
+at_status at_plan_model_config(const char *path, const char *model_type, at_model_config *cfg, int *has_stored,
+                               at_dtype *stored);
 
 #endif

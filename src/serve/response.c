@@ -105,10 +105,12 @@ char *at_resp_chunk(at_request_kind kind, const char *id, long long created, con
     return print(o);
 }
 
-char *at_resp_models(const char *base, const char *const *adapters, int n_adapters, long long created)
+char *at_resp_models(const char *base, const char *const *adapters, int n_adapters, const char *default_model,
+                     long long created)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
+    add_or_null(o, "default_model", default_model);
     cJSON *data = cJSON_AddArrayToObject(o, "data");
     for (int i = -1; i < n_adapters; i++) {
         cJSON *m = cJSON_CreateObject();

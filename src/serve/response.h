@@ -29,8 +29,11 @@ char *at_resp_full(at_request_kind kind, const char *id, long long created, cons
 char *at_resp_chunk(at_request_kind kind, const char *id, long long created, const char *model, int with_role,
                     const char *text, size_t len, const char *finish, const at_usage *usage, int usage_only);
 
-/* {"object": "list", "data": [{"id", "object": "model", "created", "owned_by", "root", "parent"}...]}:
- * the base model, then each adapter (parent: the base). */
-char *at_resp_models(const char *base, const char *const *adapters, int n_adapters, long long created);
+/* {"object": "list", "default_model", "data": [{"id", "object": "model", "created", "owned_by", "root",
+ * "parent"}...]}: the base model, then each adapter (parent: the base). default_model (anytune's
+ * field) is the model a request without `model` gets; null: such a request is refused (adapters are
+ * loaded and no --default_model was given), and the chat page makes its user choose. */
+char *at_resp_models(const char *base, const char *const *adapters, int n_adapters, const char *default_model,
+                     long long created);
 
 #endif

@@ -34,8 +34,41 @@ struct at_server {
     pthread_mutex_t render_mu; /* chat templates render one at a time */
     atomic_int stopping;
     atomic_int in_flight; /* requests with a job whose answer is not yet sent */
+    atomic_int open_conns; /* connections open now */
     atomic_ullong counter;
 };
+
+/* Connections past max_connections (up to RESERVE_CONNECTIONS more) are the
+ * reserve: they get /health only, and are closed after RESERVE_IDLE_S
+ * without a byte. Idle clients from many addresses can fill max_connections
+ * (the per-address limit cannot stop that), but the reserve turns over
+ * every few seconds, so a monitor's /health is answered: the kernel queues
+ * waiting connections in order, and the one that waited longest gets the
+ * slot that frees. */
+#define RESERVE_CONNECTIONS 4
+#define RESERVE_IDLE_S 2
+#define RESERVE_MARK ((void *)&reserve_mark)
+static const char reserve_mark = 1;
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    at_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        atomic_fetch_sub(&s->open_conns, 1);
+        return;
+    }
+    if (atomic_fetch_add(&s->open_conns, 1) >= s->o.max_connections) {
+        *socket_context = RESERVE_MARK;
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)RESERVE_IDLE_S);
+    }
+}
+
+static int in_reserve(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci && ci->socket_context == RESERVE_MARK;
+}
 
 /* ---- small helpers -------------------------------------------------------------- */
 
@@ -495,6 +528,24 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                  st.peak_batch, st.steps, st.tokens);
         return reply(c, stopping ? 503 : 200, j);
     }
+    if (in_reserve(c)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "the server holds its %d connections: retry later (this connection, one of its "
+                 "reserve, answers /health only)", s->o.max_connections);
+        struct MHD_Response *r = NULL;
+        char *j = at_resp_error(msg, "server_error", NULL, "server_busy");
+        if (j) r = MHD_create_response_from_buffer(strlen(j), j, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            free(j);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        MHD_add_response_header(r, "Retry-After", "2");
+        MHD_add_response_header(r, "Connection", "close");
+        enum MHD_Result ret = MHD_queue_response(c, 503, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (at_webui_owns(url)) return web_ui(s, c, cc, url, method);
     int is_models = !strcmp(url, "/v1/models"), is_chat = !strcmp(url, "/v1/chat/completions"),
         is_cmpl = !strcmp(url, "/v1/completions");
@@ -510,7 +561,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!is_get) return reply_error(c, 405, "use GET", "invalid_request_error", NULL, NULL);
         const char *names[AT_BUNDLE_MAX_ADAPTERS];
         for (int i = 0; i < s->b->n_adapters; i++) names[i] = s->b->adapters[i].name;
-        return reply(c, 200, at_resp_models(s->name, names, s->b->n_adapters, unix_now()));
+        /* the model of a request that names none (null: such a request is refused) */
+        const char *def = s->o.default_model ? s->o.default_model : s->o.model_required ? NULL : s->name;
+        return reply(c, 200, at_resp_models(s->name, names, s->b->n_adapters, def, unix_now()));
     }
     if (!is_post) return reply_error(c, 405, "use POST", "invalid_request_error", NULL, NULL);
     if (cc->too_large) {
@@ -596,8 +649,10 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
     s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                                      MHD_USE_ITC,
                                  (uint16_t)o->port, NULL, NULL, handle, s, MHD_OPTION_SOCK_ADDR, &addr,
-                                 MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)s->o.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 MHD_OPTION_NOTIFY_COMPLETED, request_done, s, MHD_OPTION_NOTIFY_CONNECTION,
+                                 on_connection, s, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)(s->o.max_connections + RESERVE_CONNECTIONS),
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                  (unsigned)s->o.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
                                  (unsigned)s->o.idle_timeout_s, MHD_OPTION_END);
     if (!s->daemon) {

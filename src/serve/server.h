@@ -35,7 +35,7 @@ typedef struct at_server_opts {
     int default_max_tokens;   /* when a completions request gives none (chat: the rest of the context); 0: 16 */
     size_t max_body_bytes;    /* 0: 1 MiB */
     int max_queue;            /* requests waiting for a slot; 0: 64 */
-    int max_connections;      /* 0: 256 */
+    int max_connections;      /* 0: 256; a reserve of 4 more serves /health only (server.c) */
     int max_connections_per_client; /* connections one client address may hold; 0: a quarter of max_connections,
                                        so one client cannot take them all (and /health answers the others) */
     int idle_timeout_s;       /* a connection with no byte from its client for this long (an idle keep-alive, a

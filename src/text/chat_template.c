@@ -18,87 +18,129 @@ struct at_chat_template {
  * The same texts are in tests/data/templates/builtin/NAME.jinja, which the
  * goldens are made from; test_chat_template checks they are identical. */
 
-static const char CHATML[] =
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% endif %}";
+#define CHATML_SRC                                                                                                  \
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}" \
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"                                        \
+    "{% endif %}"
 
 /* Llama 2 chat (the template of Llama-2-7b-chat-hf, without its default system prompt). */
-static const char LLAMA2[] =
-    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
-    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
-    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
-    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
-    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
-    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
-    "{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+#define LLAMA2_SRC                                                                                                  \
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"                                 \
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"                  \
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"                                  \
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"                                                 \
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"                  \
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"                                               \
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"                  \
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"                  \
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"           \
+    "{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
 
 /* Llama 3 instruct (the original Meta-Llama-3-8B-Instruct template). */
-static const char LLAMA3[] =
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n"
-    "\n"
-    "'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
-    "{% set content = bos_token + content %}{% endif %}{{ content }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n"
-    "\n"
-    "' }}{% endif %}";
+#define LLAMA3_SRC                                                                                                  \
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"                                           \
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n"                               \
+    "\n"                                                                                                             \
+    "'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"                                        \
+    "{% set content = bos_token + content %}{% endif %}{{ content }}"                                                \
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n"                  \
+    "\n"                                                                                                             \
+    "' }}{% endif %}"
 
 /* Mistral instruct (as Mistral-7B-Instruct-v0.2, system message folded into the first turn). */
-static const char MISTRAL[] =
-    "{%- if messages[0]['role'] == 'system' %}\n"
-    "    {%- set system_message = messages[0]['content'] %}\n"
-    "    {%- set loop_messages = messages[1:] %}\n"
-    "{%- else %}\n"
-    "    {%- set loop_messages = messages %}\n"
-    "{%- endif %}\n"
-    "\n"
-    "{{- bos_token }}\n"
-    "{%- for message in loop_messages %}\n"
-    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "\n"
-    "        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "\n"
-    "    {%- endif %}\n"
-    "    {%- if message['role'] == 'user' %}\n"
-    "        {%- if loop.first and system_message is defined %}\n"
-    "            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}"
-    "\n"
-    "        {%- else %}\n"
-    "            {{- ' [INST] ' + message['content'] + ' [/INST]' }}"
-    "\n"
-    "        {%- endif %}\n"
-    "    {%- elif message['role'] == 'assistant' %}\n"
-    "        {{- ' ' + message['content'] + eos_token }}\n"
-    "    {%- else %}\n"
-    "        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}"
-    "\n"
-    "    {%- endif %}\n"
-    "{%- endfor %}\n";
+#define MISTRAL_SRC                                                                                                 \
+    "{%- if messages[0]['role'] == 'system' %}\n"                                                                    \
+    "    {%- set system_message = messages[0]['content'] %}\n"                                                       \
+    "    {%- set loop_messages = messages[1:] %}\n"                                                                  \
+    "{%- else %}\n"                                                                                                  \
+    "    {%- set loop_messages = messages %}\n"                                                                      \
+    "{%- endif %}\n"                                                                                                 \
+    "\n"                                                                                                             \
+    "{{- bos_token }}\n"                                                                                             \
+    "{%- for message in loop_messages %}\n"                                                                          \
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"                                            \
+    "\n"                                                                                                             \
+    "        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}" \
+    "\n"                                                                                                             \
+    "    {%- endif %}\n"                                                                                             \
+    "    {%- if message['role'] == 'user' %}\n"                                                                      \
+    "        {%- if loop.first and system_message is defined %}\n"                                                  \
+    "            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}"                    \
+    "\n"                                                                                                             \
+    "        {%- else %}\n"                                                                                          \
+    "            {{- ' [INST] ' + message['content'] + ' [/INST]' }}"                                                \
+    "\n"                                                                                                             \
+    "        {%- endif %}\n"                                                                                         \
+    "    {%- elif message['role'] == 'assistant' %}\n"                                                               \
+    "        {{- ' ' + message['content'] + eos_token }}\n"                                                          \
+    "    {%- else %}\n"                                                                                              \
+    "        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}" \
+    "\n"                                                                                                             \
+    "    {%- endif %}\n"                                                                                             \
+    "{%- endfor %}\n"
+
+/* ms-swift's templates that add a default system message to a conversation
+ * without one (their TemplateMeta.default_system): the family's template
+ * behind a line that puts it first, as Qwen2.5's own template does. */
+#define WITH_DEFAULT_SYSTEM(text)                                                                                   \
+    "{%- if not messages or messages[0]['role'] != 'system' %}{%- set messages = [{\"role\": \"system\", "          \
+    "\"content\": \"" text "\"}] + messages %}{%- endif %}"
+
+/* swift/llm/template/template/utils.py DEFAULT_SYSTEM (template qwen) */
+#define SWIFT_DEFAULT_SYSTEM "You are a helpful assistant."
+/* qwen.py Qwen2_5TemplateMeta (the text Qwen2.5's own template adds) */
+#define QWEN2_5_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+/* llama.py LLAMA_DEFAULT_SYSTEM (template llama: Llama 2 chat's published default) */
+#define LLAMA2_SYSTEM                                                                                               \
+    "You are a helpful, respectful and honest assistant. Always answer as helpfully as possible, while being "      \
+    "safe. Your answers should not include any harmful, unethical, racist, sexist, toxic, dangerous, or illegal "    \
+    "content. Please ensure that your responses are socially unbiased and positive in nature.\\n\\nIf a question "   \
+    "does not make any sense, or is not factually coherent, explain why instead of answering something not "        \
+    "correct. If you don't know the answer to a question, please don't share false information."
+/* internlm.py INTERNLM_SYSTEM (template internlm2) */
+#define INTERNLM_SYSTEM                                                                                             \
+    "You are an AI assistant whose name is InternLM (书生·浦语).\\n- InternLM (书生·浦语) is a conversational "      \
+    "language model that is developed by Shanghai AI Laboratory (上海人工智能实验室). It is designed to be "        \
+    "helpful, honest, and harmless.\\n- InternLM (书生·浦语) can understand and communicate fluently in the "       \
+    "language chosen by the user such as English and 中文."
+
+/* ms-swift's llama3_2 (Llama 3.2's own rule): a system turn always, the
+ * knowledge cutoff and today's date, then the system message if any. */
+#define LLAMA3_2_SRC                                                                                                \
+    "{{- bos_token }}{%- if messages and messages[0]['role'] == 'system' %}"                                        \
+    "{%- set system_message = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"                   \
+    "{%- else %}{%- set system_message = '' %}{%- endif %}\n"                                                        \
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\nToday Date: ' + " \
+    "strftime_now('%d %b %Y') + '\\n\\n' + system_message + '<|eot_id|>' }}\n"                                       \
+    "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "      \
+    "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}\n"                                                     \
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 
 static const struct {
     const char *name;
     const char *src;
     const char *bos, *eos;
 } builtins[] = {
-    {"chatml", CHATML, NULL, "<|im_end|>"},
-    {"llama-2", LLAMA2, "<s>", "</s>"},
-    {"llama-3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>"},
-    {"mistral", MISTRAL, "<s>", "</s>"},
+    {"chatml", CHATML_SRC, NULL, "<|im_end|>"},
+    {"llama-2", LLAMA2_SRC, "<s>", "</s>"},
+    {"llama-3", LLAMA3_SRC, "<|begin_of_text|>", "<|eot_id|>"},
+    {"mistral", MISTRAL_SRC, "<s>", "</s>"},
+    /* ms-swift's template names whose text differs from ours: a default system message, a date */
+    {"qwen", WITH_DEFAULT_SYSTEM(SWIFT_DEFAULT_SYSTEM) CHATML_SRC, NULL, "<|im_end|>"},
+    {"qwen2_5", WITH_DEFAULT_SYSTEM(QWEN2_5_SYSTEM) CHATML_SRC, NULL, "<|im_end|>"},
+    {"internlm2", WITH_DEFAULT_SYSTEM(INTERNLM_SYSTEM) CHATML_SRC, NULL, "<|im_end|>"},
+    {"llama", WITH_DEFAULT_SYSTEM(LLAMA2_SYSTEM) LLAMA2_SRC, "<s>", "</s>"},
+    {"llama3_2", LLAMA3_2_SRC, "<|begin_of_text|>", "<|eot_id|>"},
 };
 
-/* ms-swift's template names (--template) for the built-ins whose text they
- * render. Qwen2.5's own template also adds a default system message when
- * there is none: the model folder's template does that, the alias does not. */
+/* ms-swift's template (or model type) names for the built-ins whose text they
+ * render as they are: no default system message (ms-swift's chatml, yi's
+ * chatml, llama3). qwen2 models use ms-swift's template qwen. */
 static const struct {
     const char *alias, *name;
 } aliases[] = {
-    {"qwen", "chatml"},     {"qwen2", "chatml"},    {"qwen2_5", "chatml"},  {"yi", "chatml"},
-    {"internlm2", "chatml"}, {"llama", "llama-2"},  {"llama2", "llama-2"},  {"llama3", "llama-3"},
-    {"llama3_1", "llama-3"}, {"llama3_2", "llama-3"}, {"llama3_3", "llama-3"},
+    {"qwen2", "qwen"},        {"yi", "chatml"},       {"llama2", "llama"},    {"llama3", "llama-3"},
+    {"llama3_1", "llama-3"},  {"llama3_3", "llama-3"},
 };
 
 const char *at_chat_template_builtin_name(const char *name)

@@ -40,15 +40,18 @@ at_status at_chat_template_from_config(const char *path, const char *which, at_c
  * DIR/tokenizer_config.json when it exists. */
 at_status at_chat_template_load(const char *dir, const char *which, const char *fallback, at_chat_template **out);
 
-/* A built-in template by name: "chatml", "llama-2", "llama-3", "mistral".
- * tokens as in at_chat_template_from_string; when NULL the family's usual
- * tokens are used. */
+/* A built-in template by name: "chatml", "llama-2", "llama-3", "mistral", and
+ * ms-swift's template names (--template qwen2_5...) with ms-swift's text:
+ * qwen, qwen2_5, internlm2 and llama put their template's default system
+ * message first when a conversation has none; llama3_2 always opens with the
+ * knowledge cutoff and today's date. tokens as in at_chat_template_from_string;
+ * when NULL the family's usual tokens are used. */
 at_status at_chat_template_builtin(const char *name, const cJSON *tokens, at_chat_template **out);
 
 /* The built-in names, with ms-swift's that map to them, for messages. */
 #define AT_CHAT_TEMPLATE_NAMES                                                                                    \
-    "chatml, llama-2, llama-3, mistral; ms-swift's qwen, qwen2, qwen2_5, yi, internlm2 (chatml), llama, llama2 "  \
-    "(llama-2), llama3, llama3_1, llama3_2, llama3_3 (llama-3)"
+    "chatml, llama-2, llama-3, mistral; ms-swift's qwen, qwen2 (qwen), qwen2_5, internlm2, llama, llama2 "       \
+    "(llama), llama3_2, yi (chatml), llama3, llama3_1, llama3_3 (llama-3)"
 
 /* The built-in template a name means (ours, or ms-swift's alias of it), or NULL. */
 const char *at_chat_template_builtin_name(const char *name);

@@ -570,3 +570,15 @@ at_status at_tokenizer_from_json(const char *json, size_t len, const char *what,
 {
     return tok_load_json_text(json, len, what ? what : "tokenizer.json", out);
 }
+
+at_status at_tokenizer_check_vocab(const at_tokenizer *t, int64_t model_vocab, const char *model)
+{
+    size_t n = at_tokenizer_vocab_size(t), m = (size_t)model_vocab;
+    int l2c = !strcmp(at_tokenizer_pre_name(t), "llama2c");
+    if (n > m || (l2c && n != m))
+        return at_error(AT_ERR_FORMAT, "the tokenizer has %zu ids but the model %s has a vocabulary of %zu%s: they do "
+                        "not belong together (give the model's own tokenizer with --tokenizer)", n, model, m,
+                        l2c && n < m ? " (a llama2.c tokenizer.bin holds exactly the model's vocabulary: this one is "
+                                       "cut short)" : "");
+    return AT_OK;
+}

@@ -116,6 +116,14 @@ int32_t at_tokenizer_unk(const at_tokenizer *t);
  * "llama2c". Owned by the tokenizer. */
 const char *at_tokenizer_pre_name(const at_tokenizer *t);
 
+/* Whether tokenizer t fits a model of vocabulary model_vocab (loaded from
+ * `model`, for the message): no id at or past the model's vocabulary (the
+ * model may have more rows than the tokenizer has ids, as Qwen's padded
+ * embeddings), and a llama2.c tokenizer.bin exactly as many as the model (it
+ * stores no count: a cut file would otherwise load). The error names both
+ * sizes. */
+at_status at_tokenizer_check_vocab(const at_tokenizer *t, int64_t model_vocab, const char *model);
+
 /* Streaming decode: feed ids one at a time; each call gives the text that is
  * complete so far (never a cut multi-byte character). */
 typedef struct at_tok_stream at_tok_stream;

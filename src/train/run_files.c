@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "base/file.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "base/manifest.h"
 
@@ -183,7 +185,90 @@ at_status at_ckpt_find_last(const char *run_dir, char **dir, int64_t *step)
     return at_error(AT_ERR_NOT_FOUND, "%s: no complete checkpoint", run_dir);
 }
 
-at_status at_ckpt_prune(const char *run_dir, int limit)
+/* The eval_loss logged at `step` in RUN/logging.jsonl (the last line of
+ * that step that has one), or NaN. lines/n: the file's (step, eval_loss)
+ * pairs, read once by the caller. */
+static double eval_at(const double (*pairs)[2], int n, int64_t step)
+{
+    double v = NAN;
+    for (int i = 0; i < n; i++)
+        if (pairs[i][0] == (double)step) v = pairs[i][1];
+    return v;
+}
+
+/* Every (step, eval_loss) of RUN/logging.jsonl; none when there is no log. */
+static at_status read_evals(const char *run_dir, double (**pairs)[2], int *n)
+{
+    *pairs = NULL;
+    *n = 0;
+    char *path = at_path_join(run_dir, "logging.jsonl"), *text = NULL;
+    size_t len = 0;
+    if (!path) return at_error(AT_ERR_NOMEM, "out of memory");
+    int exists = at_file_exists(path);
+    at_status st = exists ? at_read_file(path, &text, &len) : AT_OK;
+    free(path);
+    int cap = 0;
+    for (char *line = text; st == AT_OK && text && line < text + len;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        size_t l = nl ? (size_t)(nl - line) : (size_t)(text + len - line);
+        cJSON *j = cJSON_ParseWithLength(line, l);
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *e = cJSON_GetObjectItemCaseSensitive(j, "eval_loss");
+        if (cJSON_IsNumber(s) && cJSON_IsNumber(e)) {
+            if (*n == cap) {
+                cap = cap ? cap * 2 : 16;
+                double(*np)[2] = realloc(*pairs, (size_t)cap * sizeof *np);
+                if (!np) st = at_error(AT_ERR_NOMEM, "out of memory");
+                else *pairs = np;
+            }
+            if (st == AT_OK) {
+                (*pairs)[*n][0] = s->valuedouble;
+                (*pairs)[(*n)++][1] = e->valuedouble;
+            }
+        }
+        cJSON_Delete(j);
+        line += l + 1;
+    }
+    free(text);
+    if (st != AT_OK) {
+        free(*pairs);
+        *pairs = NULL;
+        *n = 0;
+    }
+    return st;
+}
+
+/* The best of the sealed checkpoints steps[0..n): the lowest eval_loss
+ * logged at its step (the earliest of equals, as transformers keeps the
+ * first best); -1 when none was evaluated. */
+static int best_index(const int64_t *steps, int n, const double (*pairs)[2], int np, double *value)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        double v = eval_at(pairs, np, steps[i]);
+        if (isfinite(v) && (best < 0 || v < *value)) {
+            best = i;
+            *value = v;
+        }
+    }
+    return best;
+}
+
+at_status at_run_best_checkpoint(const char *run_dir, int64_t *step, double *value)
+{
+    int64_t *steps = NULL;
+    int n = 0, np = 0;
+    double(*pairs)[2] = NULL;
+    AT_TRY(list_checkpoints(run_dir, &steps, &n));
+    at_status st = read_evals(run_dir, &pairs, &np);
+    int b = st == AT_OK ? best_index(steps, n, (const double(*)[2])pairs, np, value) : -1;
+    if (st == AT_OK && b < 0) st = at_error(AT_ERR_NOT_FOUND, "%s: no checkpoint was evaluated", run_dir);
+    if (b >= 0) *step = steps[b];
+    free(steps);
+    free(pairs);
+    return st;
+}
+
+at_status at_ckpt_prune(const char *run_dir, int limit, int keep_best)
 {
     int64_t *steps = NULL;
     int n = 0;
@@ -202,7 +287,21 @@ at_status at_ckpt_prune(const char *run_dir, int limit)
         }
         closedir(d);
     }
-    for (int i = 0; limit > 0 && i < n - limit && st == AT_OK; i++) {
+    /* transformers' _rotate_checkpoints with load_best_model_at_end: the best
+     * is never deleted; it counts among the `limit` kept, except that limit 1
+     * keeps the newest beside it */
+    int best = -1;
+    if (keep_best && st == AT_OK && limit > 0 && n > limit) {
+        double(*pairs)[2] = NULL, v = 0;
+        int np = 0;
+        st = read_evals(run_dir, &pairs, &np);
+        if (st == AT_OK) best = best_index(steps, n, (const double(*)[2])pairs, np, &v);
+        free(pairs);
+    }
+    int drop = limit > 0 && n > limit ? n - limit : 0; /* the oldest `drop` go */
+    if (best >= 0 && best < drop) drop = limit > 1 ? drop + 1 : drop;
+    for (int i = 0; i < drop && st == AT_OK; i++) {
+        if (i == best) continue;
         char *p = ckpt_name(run_dir, steps[i], "");
         st = p ? at_remove_tree(p) : at_error(AT_ERR_NOMEM, "out of memory");
         free(p);

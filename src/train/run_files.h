@@ -35,8 +35,17 @@ at_status at_ckpt_commit(const char *run_dir, int64_t step, const char *tmp_dir)
 at_status at_ckpt_find_last(const char *run_dir, char **dir, int64_t *step);
 
 /* Keeps the `limit` newest sealed checkpoints (limit <= 0: keep all), deleting
- * the others, plus any leftover *.tmp folder. */
-at_status at_ckpt_prune(const char *run_dir, int limit);
+ * the others, plus any leftover *.tmp folder. keep_best (--load_best_model_at_end):
+ * the best checkpoint (at_run_best_checkpoint) is kept too, as transformers
+ * keeps it: in place of the oldest of the `limit` (limit 1: beside the newest). */
+at_status at_ckpt_prune(const char *run_dir, int limit, int keep_best);
+
+/* The run's best checkpoint (--metric_for_best_model loss / eval_loss: lower
+ * is better): of the sealed checkpoint-N folders, the one whose step logged
+ * the lowest eval_loss in RUN/logging.jsonl (the earliest of equals). Read
+ * from the files, so a resumed run counts the evaluations of the runs before
+ * it. AT_ERR_NOT_FOUND when no checkpoint's step was evaluated. */
+at_status at_run_best_checkpoint(const char *run_dir, int64_t *step, double *value);
 
 /* One writer per run folder: an exclusive flock on RUN/.anytune.lock, which
  * holds the writer's pid. The kernel drops the lock when the process dies,

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "hub/hub.h"
+#include "model/config.h"
 
 /* A row stored in at_train_args (the library default is `def`). */
 #define AT(n, t, d, r, f, h) {.name = n, .type = t, .def = d, .range = r, .help = h, AT_OPT_AT(at_train_args, f)}
@@ -28,6 +29,7 @@ const at_opt_spec at_train_options[] = {
        "qwen2_5, llama3, ...), or a .jinja file"),
     AT("system", AT_OPT_STRING, NULL, NULL, system,
        "system message of the conversations that have none (ms-swift's --system)"),
+    {AT_MODEL_TYPE_OPTION_FIELDS, AT_OPT_AT(at_train_args, model_type)},
     AT("tokenizer", AT_OPT_STRING, NULL, NULL, tokenizer, "tokenizer folder or file (default: the model's)"),
     {.name = "train_type", .type = AT_OPT_STRING, .def = "lora", .choices = "lora|qlora|full|auto",
      .help = "lora, qlora (lora with --quant_bits 4), full, or auto (the planner: lora, or qlora when lora does "
@@ -125,8 +127,6 @@ const at_opt_spec at_train_options[] = {
            "the optimizer: AdamW with decoupled weight decay (torch's)"),
     CLI("logging_first_step", AT_OPT_BOOL, "true", NULL, "log the first step (always done)"),
     /* accepted: nothing to change here */
-    IGNORED("model_type", AT_OPT_STRING, "the family is read from config.json's model_type / architectures (llama, "
-                                         "mistral, qwen2, qwen3 and their relatives such as SmolLM and TinyLlama)"),
     IGNORED("attn_impl", AT_OPT_STRING, "attention is always the fused causal kernel (flash-attention's algorithm)"),
     IGNORED("use_flash_attn", AT_OPT_BOOL, "attention is always the fused causal kernel (flash-attention's algorithm)"),
     IGNORED("dataloader_num_workers", AT_OPT_INT, "data is encoded once before the first step, in-process"),

@@ -78,6 +78,7 @@ static at_status model_load_options(const trainer *t, at_load_options *out)
     const at_train_args *a = t->a;
     at_load_options lo = at_load_options_default();
     lo.backend = t->be;
+    lo.model_type = a->model_type;
     /* Trainable weights are f32 (DESIGN.md); frozen ones keep their format or --torch_dtype. */
     if (a->full) {
         lo.dtype = AT_F32;
@@ -113,7 +114,7 @@ static at_status load_model(trainer *t)
     bo.template_name = a->template_name;
     bo.tokenizer = a->tokenizer;
     AT_TRY(at_bundle_load_text(&bo, &t->tok, &t->tmpl));
-    AT_TRY(at_bundle_check_vocab(t->tok, &t->dec->cfg, a->model));
+    AT_TRY(at_tokenizer_check_vocab(t->tok, t->dec->cfg.vocab_size, a->model));
     if (!t->tmpl && !a->template_name)
         at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
@@ -746,6 +747,7 @@ train:;
     at_stop_signals_release(&handlers);
     if (st != AT_OK) goto done;
     if (t.rank != 0) goto done;
+    if (!res->stopped_by) AT_CHECK(at_trainer_load_best(&t, res));
     AT_CHECK(at_trainer_write_plot(&t));
     if (a->n_preview_prompts && !res->stopped_by) {
         fprintf(out, "After training:\n");

@@ -26,6 +26,7 @@ typedef struct {
     /* what */
     const char *model;              /* model folder / file */
     const char *template_name;      /* NULL: the model's; "none"; a built-in name; a .jinja file */
+    const char *model_type;         /* NULL, or --model_type: the family to read --model as (model/config.h) */
     const char *tokenizer;          /* NULL: the model's (folder files, GGUF arrays, llama2.c tokenizer.bin) */
     const char *const *datasets;
     int n_datasets;
@@ -72,7 +73,8 @@ typedef struct {
     int add_version;                /* 0: the run writes into output_dir itself, not a vN-... folder in it */
     const char *columns;            /* ms-swift's --columns: a JSON object renaming the records' keys */
     int load_best_model_at_end;     /* HF's: checkpoints must fall on evaluations (save_steps a multiple of
-                                       eval_steps); the best one is reported (at_train_result) */
+                                       eval_steps); the best one is never rotated out by save_total_limit, and
+                                       the run ends with its weights (at_train_result.best_checkpoint) */
     const char *output_dir;
     const char *resume_from_checkpoint; /* a checkpoint folder, or "last" (in output_dir's newest run) */
     int has_dtype;
@@ -109,6 +111,7 @@ typedef struct {
                                                    logging.jsonl's); NaN when nothing was logged */
     char best_checkpoint[1100]; /* the saved checkpoint with the lowest eval_loss ("" when none was evaluated) */
     double best_eval_loss;
+    int loaded_best;        /* --load_best_model_at_end: the model ends as best_checkpoint's (not the last step's) */
     double train_seconds;
     int stopped_by;         /* SIGTERM or SIGINT when a signal ended the run early (after checkpointing
                                its last step: resume with --resume_from_checkpoint last); 0: it ran to the end */

@@ -1,6 +1,8 @@
 /* Checkpoints, resume and the run folder of the trainer (trainer_impl.h).
  * What a checkpoint holds and how it is sealed: run_files.h. */
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
@@ -63,7 +65,7 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
         free(p);
     }
     if (st == AT_OK) st = at_ckpt_commit(t->run_dir, step, dir);
-    if (st == AT_OK) st = at_ckpt_prune(t->run_dir, t->a->save_total_limit);
+    if (st == AT_OK) st = at_ckpt_prune(t->run_dir, t->a->save_total_limit, t->a->load_best_model_at_end);
     free(dir);
     return st;
 }
@@ -89,6 +91,59 @@ static at_status truncate_log(const char *path, int64_t step)
     at_status st = at_write_file_atomic(path, text, keep);
     free(text);
     return st;
+}
+
+/* The trained weights of checkpoint ckpt into the model: the LoRA matrices,
+ * or (full fine-tuning) every trainable tensor. */
+static at_status load_weights(at_trainer *t, const char *ckpt)
+{
+    at_status st = AT_OK;
+    if (!t->a->full) {
+        at_adapter *ad = NULL;
+        st = at_adapter_load(ckpt, &t->dec->cfg, t->be, &ad);
+        if (st == AT_OK) {
+            at_decoder_set_adapter(t->dec, NULL);
+            for (size_t i = 0; i < (size_t)ad->n_layers * AT_MOD_COUNT; i++) {
+                if (!ad->mods[i].A || !t->adapter->mods[i].A) continue;
+                st = at_cast(t->adapter->mods[i].A, ad->mods[i].A);
+                if (st == AT_OK) st = at_cast(t->adapter->mods[i].B, ad->mods[i].B);
+                if (st != AT_OK) break;
+            }
+            at_adapter_free(ad);
+            if (st == AT_OK) st = at_decoder_set_adapter(t->dec, t->adapter);
+        }
+        return st;
+    }
+    char *p = at_path_join(ckpt, "model.safetensors");
+    at_st_model *m = NULL;
+    st = at_st_model_open(p, &m);
+    free(p);
+    for (int i = 0; st == AT_OK && i < t->opt.n; i++) {
+        at_tensor *src = NULL, *dst = t->opt.params[i].param;
+        st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
+        if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
+        at_tensor_free(src);
+    }
+    at_st_model_close(m);
+    return st;
+}
+
+at_status at_trainer_load_best(at_trainer *t, at_train_result *res)
+{
+    int64_t step = 0;
+    double v = NAN;
+    at_status st = at_run_best_checkpoint(t->run_dir, &step, &v);
+    if (st == AT_ERR_NOT_FOUND) {
+        at_clear_error();
+        return AT_OK;
+    }
+    AT_TRY(st);
+    snprintf(res->best_checkpoint, sizeof res->best_checkpoint, "%s/checkpoint-%lld", t->run_dir, (long long)step);
+    res->best_eval_loss = v;
+    if (!t->a->load_best_model_at_end || step == res->steps_done) return AT_OK;
+    AT_TRY(load_weights(t, res->best_checkpoint));
+    res->loaded_best = 1;
+    return AT_OK;
 }
 
 at_status at_trainer_resume(at_trainer *t, int64_t *start_step)
@@ -121,33 +176,7 @@ at_status at_trainer_resume(at_trainer *t, int64_t *start_step)
         st = at_error(AT_ERR_INVALID, "%s is finished: %s is step %lld of its %lld; nothing to resume (to train "
                       "on from it, start a new run with %s %s)", run_dir, ckpt, (long long)*start_step,
                       (long long)t->total_steps, t->a->full ? "--model" : "--adapters", ckpt);
-    if (st == AT_OK && !t->a->full) {
-        at_adapter *ad = NULL;
-        st = at_adapter_load(ckpt, &t->dec->cfg, t->be, &ad);
-        if (st == AT_OK) {
-            at_decoder_set_adapter(t->dec, NULL);
-            for (size_t i = 0; i < (size_t)ad->n_layers * AT_MOD_COUNT; i++) {
-                if (!ad->mods[i].A || !t->adapter->mods[i].A) continue;
-                st = at_cast(t->adapter->mods[i].A, ad->mods[i].A);
-                if (st == AT_OK) st = at_cast(t->adapter->mods[i].B, ad->mods[i].B);
-                if (st != AT_OK) break;
-            }
-            at_adapter_free(ad);
-            if (st == AT_OK) st = at_decoder_set_adapter(t->dec, t->adapter);
-        }
-    } else if (st == AT_OK) {
-        char *p = at_path_join(ckpt, "model.safetensors");
-        at_st_model *m = NULL;
-        st = at_st_model_open(p, &m);
-        free(p);
-        for (int i = 0; st == AT_OK && i < t->opt.n; i++) {
-            at_tensor *src = NULL, *dst = t->opt.params[i].param;
-            st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
-            if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
-            at_tensor_free(src);
-        }
-        at_st_model_close(m);
-    }
+    if (st == AT_OK) st = load_weights(t, ckpt);
     if (st == AT_OK && t->obj->ops->load) st = t->obj->ops->load(t->obj, ckpt);
     if (st == AT_OK) st = at_optimizer_load(&t->opt, state);
     free(state);

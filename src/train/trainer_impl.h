@@ -80,6 +80,10 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step);
  * 0), loads the weights, the optimizer state, the loss scale and the tokens
  * seen, truncates logging.jsonl to the step; t->run_dir becomes the run's. */
 at_status at_trainer_resume(at_trainer *t, int64_t *start_step);
+/* --load_best_model_at_end (transformers' rule): names in res the run's
+ * checkpoint with the lowest logged eval_loss (resumed runs' evaluations
+ * too) and, with the option, loads its weights so the run ends with them. */
+at_status at_trainer_load_best(at_trainer *t, at_train_result *res);
 /* A fresh run: rank 0 creates the run folder (or takes output_dir itself
  * with --add_version false) and its lock. */
 at_status at_trainer_open_run_dir(at_trainer *t);

@@ -11,11 +11,67 @@
 //                 "cases": [{"text": T, "ids": [..]}, ...]        encode without special tokens
 //                 "with_special": {"text": T, "ids": [..]},       optional: encode with them
 //                 "decode": true,                                 decode(ids) must give the text back
-//                 "chat": {"messages": [..], "text": T} }, ...]   optional: apply_chat_template
+//                 "chat": {"messages": [..], "text": T},          optional: apply_chat_template
+//                 "model": true }, ...]                            optional: a model folder (below)
+// "model": the folder is a whole model (a full fine-tuning checkpoint):
+// transformers.js reads its config.json (AutoConfig), and model.safetensors
+// must hold exactly the parameters transformers' model class builds from that
+// config (names and shapes as modeling_llama / modeling_qwen2 / modeling_qwen3
+// declare them; from_pretrained reports any missing or unexpected one).
 // Prints one line per folder; exits 1 on any difference.
 import { readFileSync } from "node:fs";
 import path from "node:path";
-import { AutoTokenizer, env } from "@huggingface/transformers";
+import { AutoConfig, AutoTokenizer, env } from "@huggingface/transformers";
+
+// The parameters of LlamaForCausalLM (Mistral's, Qwen2's, Qwen3's) for config c.
+function modelParameters(c) {
+  const h = c.hidden_size, nh = c.num_attention_heads, kv = c.num_key_value_heads ?? nh;
+  const hd = c.head_dim ?? h / nh, ffn = c.intermediate_size, V = c.vocab_size;
+  const qwen2 = c.model_type === "qwen2", qwen3 = c.model_type === "qwen3";
+  const bias = !qwen2 && c.attention_bias === true;
+  const p = { "model.embed_tokens.weight": [V, h], "model.norm.weight": [h] };
+  if (!c.tie_word_embeddings) p["lm_head.weight"] = [V, h];
+  for (let i = 0; i < c.num_hidden_layers; i++) {
+    const l = `model.layers.${i}.`;
+    const proj = { q: nh * hd, k: kv * hd, v: kv * hd };
+    for (const [n, out] of Object.entries(proj)) {
+      p[`${l}self_attn.${n}_proj.weight`] = [out, h];
+      if (qwen2 || bias) p[`${l}self_attn.${n}_proj.bias`] = [out];
+    }
+    p[`${l}self_attn.o_proj.weight`] = [h, nh * hd];
+    if (bias) p[`${l}self_attn.o_proj.bias`] = [h];
+    if (qwen3) {
+      p[`${l}self_attn.q_norm.weight`] = [hd];
+      p[`${l}self_attn.k_norm.weight`] = [hd];
+    }
+    p[`${l}mlp.gate_proj.weight`] = [ffn, h];
+    p[`${l}mlp.up_proj.weight`] = [ffn, h];
+    p[`${l}mlp.down_proj.weight`] = [h, ffn];
+    p[`${l}input_layernorm.weight`] = [h];
+    p[`${l}post_attention_layernorm.weight`] = [h];
+  }
+  return p;
+}
+
+// Differences between model.safetensors (its header) and what the config builds.
+async function checkModel(dir) {
+  const cfg = await AutoConfig.from_pretrained(path.basename(dir), { local_files_only: true });
+  const want = modelParameters(cfg);
+  const buf = readFileSync(path.join(dir, "model.safetensors"));
+  const n = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString("utf8"));
+  const errs = [];
+  for (const [name, t] of Object.entries(header)) {
+    if (name === "__metadata__") continue;
+    if (!(name in want)) errs.push(`unexpected ${name}`);
+    else if (JSON.stringify(t.shape) !== JSON.stringify(want[name])) errs.push(`${name}: shape [${t.shape}], the config builds [${want[name]}]`);
+    else if (!["F32", "BF16", "F16"].includes(t.dtype)) errs.push(`${name}: dtype ${t.dtype}`);
+    else if (t.data_offsets[1] - t.data_offsets[0] !== want[name].reduce((a, b) => a * b, 1) * (t.dtype === "F32" ? 4 : 2))
+      errs.push(`${name}: ${t.data_offsets[1] - t.data_offsets[0]} bytes for its shape`);
+  }
+  for (const name of Object.keys(want)) if (!(name in header)) errs.push(`missing ${name}`);
+  return { cfg, errs, count: Object.keys(want).length };
+}
 
 env.allowRemoteModels = false;
 env.allowLocalModels = true;
@@ -53,6 +109,17 @@ for (const e of expect) {
     }
   }
   let extra = "";
+  if (e.model) {
+    try {
+      const { cfg, errs, count } = await checkModel(e.dir);
+      for (const m of errs) console.error(`${e.dir}: model.safetensors: ${m}`);
+      bad += errs.length;
+      if (!errs.length) extra += `, a ${cfg.model_type} model: its ${count} parameters are the ones the config builds`;
+    } catch (err) {
+      bad++;
+      console.error(`${e.dir}: transformers.js cannot read it as a model: ${err.message}`);
+    }
+  }
   if (e.with_special) {
     const got = tok.encode(e.with_special.text, { add_special_tokens: true });
     if (!same(got, e.with_special.ids)) {
