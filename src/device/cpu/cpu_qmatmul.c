@@ -248,7 +248,9 @@ static const at_cpu_qgemv *qgemv_get(void)
     if (isa >= AT_ISA_AVX512) return at_cpu_get_features()->avx512vnni ? &at_cpu_qgemv_avx512vnni : &at_cpu_qgemv_avx512;
     if (isa >= AT_ISA_AVX2) return &at_cpu_qgemv_avx2;
 #elif defined(__aarch64__)
-    if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_cpu_qgemv_neon;
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (isa >= AT_ISA_NEON_DOTPROD) return &at_cpu_qgemv_neon_dotprod;
+    if (isa >= AT_ISA_NEON) return &at_cpu_qgemv_neon;
 #endif
     return NULL;
 }

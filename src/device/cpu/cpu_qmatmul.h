@@ -80,7 +80,13 @@ typedef struct {
 } at_cpu_qgemv;
 extern const at_cpu_qgemv at_cpu_qgemv_avx2;
 extern const at_cpu_qgemv at_cpu_qgemv_avx512;
-extern const at_cpu_qgemv at_cpu_qgemv_neon; /* aarch64: cpu_qmatmul_neon.c */
+/* aarch64: NEON (cpu_qmatmul_neon.c) and NEON with SDOT for the int8 decode
+ * (cpu_qmatmul_neon_dotprod.c, which shares the rest) */
+extern const at_cpu_qgemv at_cpu_qgemv_neon;
+extern const at_cpu_qgemv at_cpu_qgemv_neon_dotprod;
+void at_cpu_gemv_f32_neon(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out);
+void at_cpu_dotm_neon(int M, int64_t K, const float *x, const float *row, int round, float *out);
+void at_cpu_quant_x_neon(int64_t n, const float *x, int8_t *q, float *d);
 /* AVX-512 with AVX512_VNNI: its own gemv_i8 (two blocks per register). */
 extern const at_cpu_qgemv at_cpu_qgemv_avx512vnni;
 /* The int8-activation kernels of both levels without VNNI

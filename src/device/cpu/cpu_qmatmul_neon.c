@@ -2,7 +2,8 @@
  * matmul (see cpu_qmatmul.h), aarch64 only; the same contract and the same
  * arithmetic as cpu_qmatmul_avx2.c: each weight value is made with one
  * rounding, value = q · d (Q8_0 / Q4_0) or code[i] · absmax (NF4), so the
- * results are bit-identical to device/quant.c's. */
+ * dequantized rows are bit-identical to device/quant.c's; the int8 decode
+ * multiplies bytes with SMULL/SMLAL (SDOT in cpu_qmatmul_neon_dotprod.c). */
 #include "device/cpu/cpu_qmatmul.h"
 
 #include <arm_neon.h>
@@ -135,7 +136,7 @@ static inline __attribute__((always_inline)) void dotm_body(const int MM, const 
     for (int m = 0; m < MM; m++) out[m] = vaddvq_f32(vaddq_f32(acc[m][0], acc[m][1]));
 }
 
-static void gemv(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out)
+void at_cpu_gemv_f32_neon(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out)
 {
 #define G(MM)                                                                                                          \
     if (t == AT_Q8_0) round ? gemv_body(MM, AT_Q8_0, 1, K, x, blocks, out) : gemv_body(MM, AT_Q8_0, 0, K, x, blocks, out); \
@@ -144,11 +145,74 @@ static void gemv(int M, int64_t K, const float *x, at_dtype t, const uint8_t *bl
 #undef G
 }
 
-static void dotm(int M, int64_t K, const float *x, const float *row, int round, float *out)
+void at_cpu_dotm_neon(int M, int64_t K, const float *x, const float *row, int round, float *out)
 {
 #define D(MM) round ? dotm_body(MM, 1, K, x, row, out) : dotm_body(MM, 0, K, x, row, out);
     AT_QGEMV_BY_M(D)
 #undef D
 }
 
-const at_cpu_qgemv at_cpu_qgemv_neon = {.gemv = gemv, .dotm = dotm};
+/* ---- decode with int8 activations (see cpu_qmatmul.h) ---- */
+
+void at_cpu_quant_x_neon(int64_t n, const float *x, int8_t *q, float *d)
+{
+    for (int64_t b = 0; b < n / 32; b++, x += 32, q += 32) {
+        float32x4_t v[8], mx = vdupq_n_f32(0.0f);
+        for (int i = 0; i < 8; i++) {
+            v[i] = vld1q_f32(x + 4 * i);
+            mx = vmaxq_f32(mx, vabsq_f32(v[i]));
+        }
+        float amax = vmaxvq_f32(mx), db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        d[b] = db;
+        int16x8_t h[4];
+        for (int i = 0; i < 4; i++) /* rint(x / d), |x / d| <= 127 so the narrowing saturates nothing */
+            h[i] = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(v[2 * i], id))),
+                                vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(v[2 * i + 1], id))));
+        vst1q_s8(q, vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])));
+        vst1q_s8(q + 16, vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3])));
+    }
+}
+
+/* Σ x_i·w_i over a block of 32 int8 pairs, in four int32 lanes: products
+ * widened to int16 two at a time (|x| <= 127, |w| <= 128: at most 32512,
+ * below int16's limit), then pairwise into int32. */
+static inline int32x4_t dot32(int8x16_t x0, int8x16_t x1, int8x16_t w0, int8x16_t w1)
+{
+    int16x8_t p0 = vmlal_s8(vmull_s8(vget_low_s8(x0), vget_low_s8(w0)), vget_high_s8(x0), vget_high_s8(w0));
+    int16x8_t p1 = vmlal_s8(vmull_s8(vget_low_s8(x1), vget_low_s8(w1)), vget_high_s8(x1), vget_high_s8(w1));
+    return vpadalq_s16(vpaddlq_s16(p0), p1);
+}
+
+static inline __attribute__((always_inline)) void gemv_i8_body(const int MM, const int fmt, int64_t K,
+                                                               const int8_t *xq, const float *xd,
+                                                               const uint8_t *blk, float *out)
+{
+    float32x4_t acc[8];
+    for (int m = 0; m < MM; m++) acc[m] = vdupq_n_f32(0.0f);
+    const int64_t nb = K / 32;
+    const size_t bb = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
+    for (int64_t b = 0; b < nb; b++, blk += bb) {
+        int8x16_t w0, w1;
+        block_bytes(fmt, blk, &w0, &w1);
+        float dw = f16_scale(blk);
+        for (int m = 0; m < MM; m++) {
+            const int8_t *xr = xq + m * K + 32 * b;
+            int32x4_t s = dot32(vld1q_s8(xr), vld1q_s8(xr + 16), w0, w1);
+            acc[m] = vfmaq_n_f32(acc[m], vcvtq_f32_s32(s), dw * xd[m * nb + b]);
+        }
+    }
+    for (int m = 0; m < MM; m++) out[m] = vaddvq_f32(acc[m]);
+}
+
+static void gemv_i8(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
+                    float *out)
+{
+#define G(MM)                                                                                                          \
+    if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                              \
+    else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);
+    AT_QGEMV_BY_M(G)
+#undef G
+}
+
+const at_cpu_qgemv at_cpu_qgemv_neon = {
+    .gemv = at_cpu_gemv_f32_neon, .dotm = at_cpu_dotm_neon, .quant_x = at_cpu_quant_x_neon, .gemv_i8 = gemv_i8};
