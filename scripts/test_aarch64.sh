@@ -6,10 +6,9 @@
 #   (none)   the numeric suite: every op at every ISA level (conformance, the
 #            kernels, GEMM, quantization), the decoder, backward and training
 #            goldens, the tokenizer vectors, then a short `anytune sft` demo
-#   --quick  the part `make test` runs: the kernels and quantization at every
-#            ISA level, the decoder goldens, the tokenizer vectors and the demo
-#            (a few minutes; conformance and GEMM sweeps take half an hour
-#            emulated)
+#   --quick  the part `make test` runs: conformance (every op), the kernels
+#            and quantization at every ISA level, the decoder goldens, the
+#            tokenizer vectors and the demo (a few minutes on an idle machine)
 # The packages come from scripts/setup.sh --aarch64.
 set -e
 quick=0
@@ -28,10 +27,10 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
 fi
 # Tests that start the anytune binary themselves (serve, MPI, CLI scripts)
 # are left out: only ctest's own command goes through the emulator.
-# (the quick part runs each test once, at the best level; cpu_kernels and
-# quant walk the levels themselves)
+# (the quick part runs each test once, at the best level; conformance,
+# cpu_kernels and quant walk the levels themselves)
 if [ $quick = 1 ]; then
-  names="cpu_kernels quant decoder tokenizer_vectors"
+  names="conformance cpu_kernels quant decoder tokenizer_vectors"
   levels=""
 else
   levels="(@.*)?"
