@@ -400,6 +400,9 @@ static at_status config_yaml(at_options *o, const char *path)
             const char *t = (const char *)v->data.scalar.value;
             if (v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
                 (!strcmp(t, "null") || !strcmp(t, "~") || !*t)) {
+                /* null: the table's default (an option with none is unset); clearing a
+                 * defaulted one stored 0, e.g. learning_rate 0, which the check refuses */
+                if (o->specs[i].def) continue;
                 clear_value(&o->v[i]);
                 o->v[i].source = AT_SRC_CONFIG;
                 continue;
