@@ -43,6 +43,13 @@ typedef struct {
     size_t packing_length;
 } at_batch_plan;
 
+/* The sample indices of batch b from its item u0 on, where each row holds
+ * one item (no packing): preference pairs, KTO examples. Points into p. */
+static inline const size_t *at_batch_plan_items(const at_batch_plan *p, size_t b, size_t u0)
+{
+    return p->items + p->row_start[p->batch_start[b]] + u0;
+}
+
 /* Plans batches over samples of the given lengths. Free with at_batch_plan_free. */
 at_status at_batch_plan_make(const size_t *lengths, size_t n, const at_batch_options *o, at_batch_plan *out);
 void at_batch_plan_free(at_batch_plan *p);

@@ -265,19 +265,13 @@ static at_status obj_reference(at_objective *o, at_decoder *ref, int batch_items
     return AT_OK;
 }
 
-/* A plan row is one example (two rows of the batch). */
-static const size_t *plan_items(const at_batch_plan *plan, size_t b, size_t u0)
-{
-    return plan->items + plan->row_start[plan->batch_start[b]] + u0;
-}
-
 /* counts[0]: the batch's examples (the loss is their mean over the step) */
 static at_status obj_build(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
                            double *counts)
 {
     const kto_data *kd = o->impl;
     size_t n = plan->batch_start[b + 1] - plan->batch_start[b];
-    AT_TRY(at_pref_batch_build(&kd->train.ex, plan_items(plan, b, 0), n, pad, out));
+    AT_TRY(at_pref_batch_build(&kd->train.ex, at_batch_plan_items(plan, b, 0), n, pad, out));
     counts[0] = (double)n;
     return AT_OK;
 }
@@ -286,9 +280,9 @@ static at_status obj_forward_backward(at_objective *o, at_decoder *d, at_decoder
                                       at_decoder_grads *g, double *stats)
 {
     const kto_data *kd = o->impl;
-    return at_kto_forward_backward(o->pref, &kd->train, plan_items(m->plan, m->b, m->u0), m->u1 - m->u0, d, acts,
-                                   m->t->ids, m->t->pos, m->t->labels, &m->fwd, m->step_counts[0], m->scale, g,
-                                   (at_kto_stats *)stats);
+    const size_t *items = at_batch_plan_items(m->plan, m->b, m->u0);
+    return at_kto_forward_backward(o->pref, &kd->train, items, m->u1 - m->u0, d, acts, m->t->ids, m->t->pos,
+                                   m->t->labels, &m->fwd, m->step_counts[0], m->scale, g, (at_kto_stats *)stats);
 }
 
 static double obj_loss(const at_objective *o, const double *stats, const double *counts)

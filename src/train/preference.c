@@ -559,12 +559,6 @@ static at_status obj_reference(at_objective *o, at_decoder *ref, int batch_items
     return AT_OK;
 }
 
-/* A plan row is one pair: the pairs of plan batch b from its item u0 on. */
-static const size_t *plan_pairs(const at_batch_plan *plan, size_t b, size_t u0)
-{
-    return plan->items + plan->row_start[plan->batch_start[b]] + u0;
-}
-
 /* counts[0]: the batch's pairs (the loss is their mean over the step);
  * counts[1]: their chosen replies' targets (the NLL term's token mean) */
 static at_status obj_build(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
@@ -572,7 +566,7 @@ static at_status obj_build(const at_objective *o, const at_batch_plan *plan, siz
 {
     const at_pref_pairs *pp = o->impl;
     size_t n = plan->batch_start[b + 1] - plan->batch_start[b];
-    const size_t *pairs = plan_pairs(plan, b, 0);
+    const size_t *pairs = at_batch_plan_items(plan, b, 0);
     AT_TRY(at_pref_batch_build(&pp[0], pairs, n, pad, out));
     counts[0] = (double)n;
     counts[1] = 0;
@@ -584,9 +578,10 @@ static at_status obj_forward_backward(at_objective *o, at_decoder *d, at_decoder
                                       at_decoder_grads *g, double *stats)
 {
     const at_pref_pairs *pp = o->impl;
-    return at_pref_forward_backward_opts(o->pref, &pp[0], plan_pairs(m->plan, m->b, m->u0), m->u1 - m->u0, d, acts,
-                                         m->t->ids, m->t->pos, m->t->labels, &m->fwd, m->step_counts[0],
-                                         m->step_counts[1], m->scale, g, (at_pref_stats *)stats);
+    const size_t *pairs = at_batch_plan_items(m->plan, m->b, m->u0);
+    return at_pref_forward_backward_opts(o->pref, &pp[0], pairs, m->u1 - m->u0, d, acts, m->t->ids, m->t->pos,
+                                         m->t->labels, &m->fwd, m->step_counts[0], m->step_counts[1], m->scale, g,
+                                         (at_pref_stats *)stats);
 }
 
 static double obj_loss(const at_objective *o, const double *stats, const double *counts)

@@ -180,18 +180,13 @@ static at_status obj_load(at_objective *o, const char *dir)
     return st;
 }
 
-static const size_t *plan_pairs(const at_batch_plan *plan, size_t b, size_t u0)
-{
-    return plan->items + plan->row_start[plan->batch_start[b]] + u0;
-}
-
 /* counts[0]: the batch's pairs (the loss is their mean over the step) */
 static at_status obj_build(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
                            double *counts)
 {
     const rm_data *rd = o->impl;
     size_t n = plan->batch_start[b + 1] - plan->batch_start[b];
-    AT_TRY(at_pref_batch_build(&rd->train, plan_pairs(plan, b, 0), n, pad, out));
+    AT_TRY(at_pref_batch_build(&rd->train, at_batch_plan_items(plan, b, 0), n, pad, out));
     counts[0] = (double)n;
     return AT_OK;
 }

@@ -4,33 +4,20 @@
  * rounding, value = q · d (Q8_0 / Q4_0) or code[i] · absmax (NF4), so the
  * dequantized rows are bit-identical to device/quant.c's; the int8 decode
  * multiplies bytes with SMULL/SMLAL (SDOT in cpu_qmatmul_neon_dotprod.c). */
-#include "device/cpu/cpu_qmatmul.h"
-
 #include <arm_neon.h>
-#include <string.h>
 
-#include "device/quant.h"
-
-static inline float f16_scale(const uint8_t *p)
+/* Σ x_i·w_i over a block of 32 int8 pairs, in four int32 lanes: products
+ * widened to int16 two at a time (|x| <= 127, |w| <= 128: at most 32512,
+ * below int16's limit), then pairwise into int32. */
+static inline int32x4_t smull_dot32(int8x16_t x0, int8x16_t x1, int8x16_t w0, int8x16_t w1)
 {
-    __fp16 h;
-    memcpy(&h, p, 2);
-    return (float)h;
+    int16x8_t p0 = vmlal_s8(vmull_s8(vget_low_s8(x0), vget_low_s8(w0)), vget_high_s8(x0), vget_high_s8(w0));
+    int16x8_t p1 = vmlal_s8(vmull_s8(vget_low_s8(x1), vget_low_s8(w1)), vget_high_s8(x1), vget_high_s8(w1));
+    return vpadalq_s16(vpaddlq_s16(p0), p1);
 }
 
-/* The 32 values of one Q8_0 / Q4_0 block as signed bytes: Q8_0's as stored,
- * Q4_0's nibbles (low ones are values 0-15, high ones 16-31) minus 8. */
-static inline void block_bytes(const int fmt, const uint8_t *blk, int8x16_t *q0, int8x16_t *q1)
-{
-    if (fmt == AT_Q8_0) {
-        *q0 = vld1q_s8((const int8_t *)blk + 2);
-        *q1 = vld1q_s8((const int8_t *)blk + 18);
-    } else {
-        uint8x16_t q = vld1q_u8(blk + 2);
-        *q0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), vdupq_n_s8(8));
-        *q1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
-    }
-}
+#define AT_NEON_DOT32 smull_dot32
+#include "device/cpu/cpu_qmatmul_neon_inl.h"
 
 /* Values 4i..4i+3 of a block (i < 8) as f32 times d. */
 static inline void block_values(int8x16_t q0, int8x16_t q1, float32x4_t d, float32x4_t v[8])
@@ -173,46 +160,5 @@ void at_cpu_quant_x_neon(int64_t n, const float *x, int8_t *q, float *d)
     }
 }
 
-/* Σ x_i·w_i over a block of 32 int8 pairs, in four int32 lanes: products
- * widened to int16 two at a time (|x| <= 127, |w| <= 128: at most 32512,
- * below int16's limit), then pairwise into int32. */
-static inline int32x4_t dot32(int8x16_t x0, int8x16_t x1, int8x16_t w0, int8x16_t w1)
-{
-    int16x8_t p0 = vmlal_s8(vmull_s8(vget_low_s8(x0), vget_low_s8(w0)), vget_high_s8(x0), vget_high_s8(w0));
-    int16x8_t p1 = vmlal_s8(vmull_s8(vget_low_s8(x1), vget_low_s8(w1)), vget_high_s8(x1), vget_high_s8(w1));
-    return vpadalq_s16(vpaddlq_s16(p0), p1);
-}
-
-static inline __attribute__((always_inline)) void gemv_i8_body(const int MM, const int fmt, int64_t K,
-                                                               const int8_t *xq, const float *xd,
-                                                               const uint8_t *blk, float *out)
-{
-    float32x4_t acc[8];
-    for (int m = 0; m < MM; m++) acc[m] = vdupq_n_f32(0.0f);
-    const int64_t nb = K / 32;
-    const size_t bb = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
-    for (int64_t b = 0; b < nb; b++, blk += bb) {
-        int8x16_t w0, w1;
-        block_bytes(fmt, blk, &w0, &w1);
-        float dw = f16_scale(blk);
-        for (int m = 0; m < MM; m++) {
-            const int8_t *xr = xq + m * K + 32 * b;
-            int32x4_t s = dot32(vld1q_s8(xr), vld1q_s8(xr + 16), w0, w1);
-            acc[m] = vfmaq_n_f32(acc[m], vcvtq_f32_s32(s), dw * xd[m * nb + b]);
-        }
-    }
-    for (int m = 0; m < MM; m++) out[m] = vaddvq_f32(acc[m]);
-}
-
-static void gemv_i8(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
-                    float *out)
-{
-#define G(MM)                                                                                                          \
-    if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                              \
-    else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);
-    AT_QGEMV_BY_M(G)
-#undef G
-}
-
 const at_cpu_qgemv at_cpu_qgemv_neon = {
-    .gemv = at_cpu_gemv_f32_neon, .dotm = at_cpu_dotm_neon, .quant_x = at_cpu_quant_x_neon, .gemv_i8 = gemv_i8};
+    .gemv = at_cpu_gemv_f32_neon, .dotm = at_cpu_dotm_neon, .quant_x = at_cpu_quant_x_neon, .gemv_i8 = neon_gemv_i8};
