@@ -468,7 +468,7 @@ static void test_rope(void)
         float *xv = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
         memcpy(xv, x, (size_t)n * 4);
         at_tensor *tx = mk(t, 4, shp, xv), *ty = mk(AT_F32, 4, shp, NULL);
-        CHECK_OK(at_rope(ty, tx, tp, tf, 0));
+        CHECK_OK(at_rope(ty, tx, tp, tf, NULL, 0));
         get(ty, y);
         double md = 0;
         for (int64_t tk = 0; tk < ntok; tk++)
@@ -482,7 +482,7 @@ static void test_rope(void)
                 }
         CHECK_MSG(md < 1e-5, "rope %s: %g", at_dtype_name(t), md);
         /* inverse in place undoes it */
-        CHECK_OK(at_rope(ty, ty, tp, tf, 1));
+        CHECK_OK(at_rope(ty, ty, tp, tf, NULL, 1));
         get(ty, y);
         md = 0;
         for (int64_t i = 0; i < n; i++) {

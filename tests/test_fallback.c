@@ -219,7 +219,7 @@ static void test_ops_fall_back(void)
             CHECK_OK(at_matmul(T(c), T(a), T(b), 0, 0, 1.0f, 0.5f));
             CHECK_OK(at_rmsnorm_forward(T(y), T(r), T(a), T(w), 1e-5f));
             CHECK_OK(at_attention_forward(T(o), T(lse), T(q), T(k), T(v), &ap));
-            CHECK_OK(at_rope(T(q), T(q), T(pos), T(inv), 0)); /* in place: one tensor, copied once */
+            CHECK_OK(at_rope(T(q), T(q), T(pos), T(inv), NULL, 0)); /* in place: one tensor, copied once */
             CHECK_OK(at_cross_entropy(T(loss), T(y), T(y), T(lab), 0.5f)); /* dlogits == logits */
             CHECK_OK(at_add(T(y), T(y), T(w)));                           /* in place, row broadcast */
             CHECK_OK(at_sumsq(T(s), T(y)));

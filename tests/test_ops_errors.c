@@ -85,10 +85,10 @@ static void test_shapes_and_dtypes(void)
     at_tensor *pos = T(AT_I32, 1, SH(2), "pos"), *posf = T(AT_F32, 1, SH(2), "pos.f32");
     at_tensor *pos3 = T(AT_I32, 1, SH(3), "pos.three"), *inv = T(AT_F32, 1, SH(2), "inv_freq");
     at_tensor *inv3 = T(AT_F32, 1, SH(3), "inv_freq.three");
-    EXPECT_ERR(at_rope(x_odd, x_odd, pos, inv, 0), "x.odd");
-    EXPECT_ERR(at_rope(x, x, posf, inv, 0), "pos.f32");
-    EXPECT_ERR(at_rope(x, x, pos3, inv, 0), "pos.three");
-    EXPECT_ERR(at_rope(x, x, pos, inv3, 0), "inv_freq.three");
+    EXPECT_ERR(at_rope(x_odd, x_odd, pos, inv, NULL, 0), "x.odd");
+    EXPECT_ERR(at_rope(x, x, posf, inv, NULL, 0), "pos.f32");
+    EXPECT_ERR(at_rope(x, x, pos3, inv, NULL, 0), "pos.three");
+    EXPECT_ERR(at_rope(x, x, pos, inv3, NULL, 0), "inv_freq.three");
 
     /* attention */
     at_tensor *q = T(AT_F32, 4, SH(1, 4, 6, 8), "attn.q"), *k = T(AT_F32, 4, SH(1, 4, 4, 8), "attn.k4");

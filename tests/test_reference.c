@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
+#include "base/file.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/ref/ref_ops.h"
 #include "testing.h"
@@ -192,11 +194,11 @@ static void test_norm_rope_swiglu_hand(void)
     setf(xr, (float[]){1, 2, 3, 4, 1, 2, 3, 4});
     seti(pos, (int32_t[]){0, 1});
     setf(inv, (float[]){1.0f, 0.5f});
-    CHECK_OK(at_ref_rope(yr, xr, pos, inv, 0));
+    CHECK_OK(at_ref_rope(yr, xr, pos, inv, NULL, 0));
     const double want[8] = {1, 2, 3, 4, cos(1.0) - 3 * sin(1.0), 2 * cos(0.5) - 4 * sin(0.5),
                             3 * cos(1.0) + sin(1.0), 4 * cos(0.5) + 2 * sin(0.5)};
     for (int i = 0; i < 8; i++) CHECK_NEAR(F(yr)[i], want[i], 1e-6);
-    CHECK_OK(at_ref_rope(yr, yr, pos, inv, 1)); /* in place, inverse: back to x */
+    CHECK_OK(at_ref_rope(yr, yr, pos, inv, NULL, 1)); /* in place, inverse: back to x */
     for (int i = 0; i < 8; i++) CHECK_NEAR(F(yr)[i], F(xr)[i], 1e-6);
 
     /* swiglu: silu(1)·2 = 2/(1+e^-1) = 1.46211716;  silu(0)·5 = 0;  silu(-2)·1 = -2/(1+e^2) */
@@ -503,10 +505,56 @@ static void test_gelu_fd(void)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
 }
 
+/* Rotary embeddings with several position components against torch
+ * (tools/make_mrope_goldens.py: Qwen2-VL's multimodal RoPE and its vision
+ * tower's 2-D RoPE as transformers computes them). Both sides form each
+ * angle as the same f32 product; torch's f32 cos/sin and products leave
+ * ~1e-6 on values of size ~3. */
+static void test_rope_sections_golden(void)
+{
+    char *text = NULL;
+    cJSON *root = NULL;
+    CHECK_OK(at_read_file("tests/data/ops/mrope.json", &text, NULL));
+    root = text ? cJSON_Parse(text) : NULL;
+    CHECK_MSG(root != NULL, "tests/data/ops/mrope.json does not parse");
+    const cJSON *c;
+    int ncases = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases"))
+    {
+        const cJSON *secs = cJSON_GetObjectItem(c, "sections"), *inv = cJSON_GetObjectItem(c, "inv_freq"),
+                    *pos = cJSON_GetObjectItem(c, "pos"), *xs = cJSON_GetObjectItem(c, "x"), *ys = cJSON_GetObjectItem(c, "y");
+        at_rope_sections sec = {cJSON_GetArraySize(secs), {0}};
+        int64_t half = cJSON_GetArraySize(inv), D = 2 * half, ntok = cJSON_GetArraySize(pos) / sec.n;
+        int64_t H = cJSON_GetArraySize(xs) / (ntok * D), shape[3] = {ntok, H, D}, np = cJSON_GetArraySize(pos);
+        for (int k = 0; k < sec.n; k++) sec.len[k] = cJSON_GetArrayItem(secs, k)->valueint;
+        at_tensor *x = mk(AT_F32, 3, shape, "x"), *y = mk(AT_F32, 3, shape, "y"), *p = mk1(AT_I32, np, "pos"),
+                  *f = mk1(AT_F32, half, "inv_freq");
+        for (int64_t i = 0; i < np; i++) I(p)[i] = cJSON_GetArrayItem(pos, (int)i)->valueint;
+        for (int64_t i = 0; i < half; i++) F(f)[i] = (float)cJSON_GetArrayItem(inv, (int)i)->valuedouble;
+        for (int64_t i = 0; i < at_tensor_numel(x); i++) F(x)[i] = (float)cJSON_GetArrayItem(xs, (int)i)->valuedouble;
+        CHECK_OK(at_ref_rope(y, x, p, f, &sec, 0));
+        double worst = 0;
+        for (int64_t i = 0; i < at_tensor_numel(y); i++) {
+            double e = fabs(F(y)[i] - cJSON_GetArrayItem(ys, (int)i)->valuedouble);
+            if (e > worst) worst = e;
+        }
+        printf("rope sections %-24s max |ref - torch| %.2e\n", cJSON_GetObjectItem(c, "name")->valuestring, worst);
+        CHECK_MSG(worst < 1e-5, "%s: %.3g", cJSON_GetObjectItem(c, "name")->valuestring, worst);
+        CHECK_OK(at_ref_rope(y, y, p, f, &sec, 1)); /* the inverse brings x back */
+        for (int64_t i = 0; i < at_tensor_numel(y); i++) CHECK_NEAR(F(y)[i], F(x)[i], 1e-5);
+        at_tensor *ts[] = {x, y, p, f};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
+        ncases++;
+    }
+    CHECK(ncases == 4);
+    cJSON_Delete(root);
+    free(text);
+}
+
 static double loss_rope(void *c)
 {
     fd_ctx *k = c;
-    if (at_ref_rope(k->y, k->x, k->pos, k->inv, 0) != AT_OK) return NAN;
+    if (at_ref_rope(k->y, k->x, k->pos, k->inv, NULL, 0) != AT_OK) return NAN;
     return dotf(k->y, k->dy);
 }
 
@@ -521,7 +569,7 @@ static void test_rope_fd(void)
     randf(k.dy, -1, 1);
     seti(k.pos, (int32_t[]){0, 1, 2, 7, 100, 3});
     for (int i = 0; i < 3; i++) F(k.inv)[i] = (float)pow(10000.0, -2.0 * i / 6);
-    CHECK_OK(at_ref_rope(dx, k.dy, k.pos, k.inv, 1));
+    CHECK_OK(at_ref_rope(dx, k.dy, k.pos, k.inv, NULL, 1));
     double e = fd_err(F(k.x), 72, F(dx), loss_rope, &k);
     printf("fd rope inverse       dx %.2e\n", e);
     CHECK(e < FD_TOL);
@@ -654,6 +702,7 @@ int main(void)
     test_layernorm_fd();
     test_gelu_fd();
     test_rope_fd();
+    test_rope_sections_golden();
     test_embedding_fd();
     test_cross_entropy_fd();
     test_attention_fd();

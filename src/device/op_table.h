@@ -40,7 +40,8 @@
     OUT(y), OUT(mean), OUT(rstd), IN(x), IN(w), IN(b), VAL(float, eps)
 #define AT_OP_layernorm_backward(OUT, IN, VAL, ATTN) \
     OUT(dx), OUT(dw), OUT(db), IN(dy), IN(x), IN(w), IN(mean), IN(rstd)
-#define AT_OP_rope(OUT, IN, VAL, ATTN) OUT(y), IN(x), IN(pos), IN(inv_freq), VAL(int, inverse)
+#define AT_OP_rope(OUT, IN, VAL, ATTN) \
+    OUT(y), IN(x), IN(pos), IN(inv_freq), VAL(const at_rope_sections *, sections), VAL(int, inverse)
 #define AT_OP_attention_forward(OUT, IN, VAL, ATTN) OUT(out), OUT(lse), IN(q), IN(k), IN(v), ATTN(p)
 #define AT_OP_attention_backward(OUT, IN, VAL, ATTN) \
     OUT(dq), OUT(dk), OUT(dv), IN(dout), IN(q), IN(k), IN(v), IN(out), IN(lse), ATTN(p)

@@ -437,7 +437,8 @@ at_status at_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, con
     return run_layernorm_backward(be, dx, dw, db, dy, x, w, mean, rstd);
 }
 
-at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse)
+at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
+                  const at_rope_sections *sections, int inverse)
 {
     const char *op = "rope";
     AT_TRY(need(y, op, "output"));
@@ -452,14 +453,28 @@ at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const 
     char d[200];
     if (x->ndim < 3 || (x->shape[x->ndim - 1] % 2) != 0)
         return at_error(AT_ERR_INVALID, "rope: %s must be [tokens, heads, even head_dim]", desc(x, d, sizeof d));
-    int64_t hd = x->shape[x->ndim - 1] * x->shape[x->ndim - 2];
-    AT_TRY(need_numel(pos, at_tensor_numel(x) / hd, op));
+    int64_t hd = x->shape[x->ndim - 1] * x->shape[x->ndim - 2], half = x->shape[x->ndim - 1] / 2;
+    int ncomp = 1;
+    if (sections) {
+        int64_t sum = 0;
+        ncomp = sections->n;
+        if (ncomp < 1 || ncomp > AT_ROPE_MAX_SECTIONS)
+            return at_error(AT_ERR_INVALID, "rope: %d position components (1 to %d)", ncomp, AT_ROPE_MAX_SECTIONS);
+        for (int k = 0; k < ncomp; k++) {
+            if (sections->len[k] < 0) return at_error(AT_ERR_INVALID, "rope: section %d has a negative length", k);
+            sum += sections->len[k];
+        }
+        if (sum != half)
+            return at_error(AT_ERR_INVALID, "rope: the sections cover %lld frequencies, %s has %lld", (long long)sum,
+                            desc(x, d, sizeof d), (long long)half);
+    }
+    AT_TRY(need_numel(pos, at_tensor_numel(x) / hd * ncomp, op));
     AT_TRY(need_numel(inv_freq, x->shape[x->ndim - 1] / 2, op));
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
     AT_TRY(need_backend(pos, be, op));
     AT_TRY(need_backend(inv_freq, be, op));
-    return run_rope(be, y, x, pos, inv_freq, inverse);
+    return run_rope(be, y, x, pos, inv_freq, sections, inverse);
 }
 
 static at_status check_attention(const at_tensor *q, const at_tensor *k, const at_tensor *v,

@@ -78,8 +78,13 @@ at_status at_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, con
  *   y[i]       = x[i] · cos a_i − x[i + D/2] · sin a_i
  *   y[i + D/2] = x[i + D/2] · cos a_i + x[i] · sin a_i
  * inverse = 1 rotates by −a_i: that is the backward (dx = rope⁻¹(dy)).
- * y may equal x (in place). */
-at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse);
+ * y may equal x (in place).
+ * sections (NULL: one position a token) gives each token several positions,
+ * pos: i32 [N, sections->n], and a_i = pos[t, k] · inv_freq[i] for the
+ * component k of frequency i (at_rope_sections, device/backend.h: M-RoPE,
+ * 2-D RoPE). */
+at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
+                  const at_rope_sections *sections, int inverse);
 
 /* Causal attention with grouped-query heads.
  * q, out, dq, dout: [B, Tq, Hq, D]; k, v, dk, dv: [B, Tk, Hkv, D]; Hq a multiple

@@ -21,7 +21,7 @@
 
 #define AT_CUDA_API_VERSION 6 /* 2: allreduce_sum takes a list; 3: dropout counters in runs;
                                  4: add_uniform_noise; 5: softmax dropped (no caller);
-                                 6: layernorm and gelu (vision towers) */
+                                 6: layernorm and gelu (vision towers), rope sections (M-RoPE) */
 #define AT_CUDA_OPEN_SYMBOL "at_cuda_backend_open"
 
 typedef struct at_cuda_host_api {

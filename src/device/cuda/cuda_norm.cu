@@ -358,7 +358,7 @@ static __device__ __forceinline__ void rope_pairs(void *y, int ty, const void *x
 /* Block (threads along the pairs, blockDim.y tokens): each row of threads
  * takes one token, its cos/sin in its own slice of shared memory. */
 static __global__ void k_rope(void *y, int ty, const void *x, int tx, const int32_t *pos, const float *inv_freq,
-                              int64_t ntok, int64_t H, int64_t half, float sign, int vec)
+                              at_rope_sections sec, int64_t ntok, int64_t H, int64_t half, float sign, int vec)
 {
     AT_DYNAMIC_SHARED(float, shm);
     float *cs = shm + (int64_t)threadIdx.y * 2 * half, *sn = cs + half; /* cos [half], then sign·sin [half] */
@@ -366,9 +366,10 @@ static __global__ void k_rope(void *y, int ty, const void *x, int tx, const int3
         int64_t t = t0 + threadIdx.y;
         __syncthreads(); /* the previous token's pairs are done with cs/sn */
         if (t < ntok) {
-            float p = (float)pos[t];
             for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-                float a = p * inv_freq[i];
+                int k = 0; /* the position component of frequency i (at_rope_section_of) */
+                for (int64_t end = sec.len[0]; k < sec.n - 1 && i >= end; end += sec.len[++k]) {}
+                float a = (float)pos[t * sec.n + k] * inv_freq[i];
                 cs[i] = cosf(a);
                 sn[i] = sign * sinf(a);
             }
@@ -380,20 +381,23 @@ static __global__ void k_rope(void *y, int ty, const void *x, int tx, const int3
     }
 }
 
-at_status cu_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse)
+at_status cu_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
+                  const at_rope_sections *sections, int inverse)
 {
     cuda_ctx *c = cu_ctx(y);
     int64_t D = x->shape[x->ndim - 1], H = x->shape[x->ndim - 2], half = D / 2;
     int64_t ntok = H * D > 0 ? cu_numel(x) / (H * D) : 0;
     if (ntok == 0 || half == 0) return AT_OK;
     int vec = half % AT_VEC == 0 && cu_aligned16(cu_ptr(y)) && cu_aligned16(cu_ptr(x));
+    at_rope_sections sec = {1, {(int)half, 0, 0, 0}};
+    if (sections) sec = *sections;
     /* a warp or more per token along its pairs, tokens stacked up to ~256 threads a block */
     int tx = row_threads(H * half, vec ? AT_VEC : 2), tpb = tx >= 256 ? 1 : 256 / tx;
     int64_t g = (ntok + tpb - 1) / tpb;
     unsigned grid = g < 65536 ? (unsigned)g : 65536u;
     dim3 block((unsigned)tx, (unsigned)tpb);
     AT_LAUNCH(k_rope, grid, block, (size_t)tpb * (size_t)D * sizeof(float), c->stream, cu_ptr(y), (int)y->dtype,
-              cu_ptr(x), (int)x->dtype, (const int32_t *)cu_ptr(pos), (const float *)cu_ptr(inv_freq), ntok, H, half,
+              cu_ptr(x), (int)x->dtype, (const int32_t *)cu_ptr(pos), (const float *)cu_ptr(inv_freq), sec, ntok, H, half,
               inverse ? -1.0f : 1.0f, vec);
     return cu_launched(c, "rope");
 }

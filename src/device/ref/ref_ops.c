@@ -316,7 +316,7 @@ done:
 /* ---- rotary embedding (HF rotate_half), a_i = pos · inv_freq[i] as an f32 product ----
  *   y[i] = x[i] cos a − x[i+D/2] sin a,   y[i+D/2] = x[i+D/2] cos a + x[i] sin a;  inverse: a → −a */
 at_status at_ref_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
-                      int inverse)
+                      const at_rope_sections *sections, int inverse)
 {
     const char *op = "rope";
     double *X = NULL, *Y = NULL;
@@ -342,7 +342,8 @@ at_status at_ref_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, co
             const double *xr = X + (n * H + h) * D;
             double *yr = Y + (n * H + h) * D;
             for (int64_t i = 0; i < half; i++) {
-                float af = (float)P[n] * invf[i]; /* rounded to f32 like HF */
+                int ncomp = sections ? sections->n : 1;
+                float af = (float)P[n * ncomp + at_rope_section_of(sections, i)] * invf[i]; /* f32 like HF */
                 double a = inverse ? -(double)af : (double)af;
                 double c = cos(a), s = sin(a);
                 yr[i] = xr[i] * c - xr[i + half] * s;
