@@ -8,7 +8,9 @@
  *    errors that say what is needed, what is free and what would fit;
  *  - the estimate against measured peaks: real training steps in a child
  *    process (this program re-run with --measure CASE), peak RSS growth
- *    (VmHWM − VmRSS at the start) against the estimate's total;
+ *    (VmHWM − VmRSS at the start) against the estimate's total, for sft,
+ *    dpo, kto (its KL rows and reference pass) and rm (its score head and
+ *    buffers), each objective's memory from its row of plan/memory.c;
  *  - the trainer's out-of-memory retry: a run whose big allocations are made
  *    to fail (ANYTUNE_DEBUG_FAIL_ALLOC_ABOVE) halves its micro-batches and
  *    logs the same losses as a run that never failed. */
@@ -31,7 +33,9 @@
 #include "plan/profiles.h"
 #include "model/weights.h"
 #include "train/optimizer.h"
+#include "train/kto.h"
 #include "train/preference.h"
+#include "train/reward.h"
 #include "train/trainer.h"
 #include "testing.h"
 
@@ -151,7 +155,7 @@ static void test_decisions(void)
                 if (p.batch_size < 16) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
                                               p.batch_size * 2, 2048, 1, 0, d->threads, d->runtime_overhead,
-                                              0, NULL, AT_F32};
+                                              0, NULL, AT_F32, NULL, 0, 0};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -160,7 +164,7 @@ static void test_decisions(void)
                 if (p.checkpointing) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
                                               p.batch_size, 2048, 0, 0, d->threads, d->runtime_overhead,
-                                              0, NULL, AT_F32};
+                                              0, NULL, AT_F32, NULL, 0, 0};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -382,28 +386,37 @@ typedef struct {
     int rank, B, T, ckpt; /* B: rows; preference cases: pairs (2·B rows) */
     int pref;             /* 0: sft; DPO with the reference log-probs of the policy's base (PREF_BASE) or
                              of a second model, as --ref_model (PREF_REF_MODEL: random, same shape) */
+    const char *obj;      /* with pref: NULL (dpo), "kto" (B examples, each with its KL row, and the
+                             reference pass) or "rm" (B pairs, the score head; no reference pass) */
 } mcase;
 
 enum { PREF_NONE = 0, PREF_BASE, PREF_REF_MODEL };
 
 static const mcase cases[] = {
     /* tiny real models: the estimate is a few MB at most */
-    {"stories260K lora", "demo/stories260K", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_LORA, 16, 4, 256, 0, PREF_NONE},
+    {"stories260K lora", "demo/stories260K", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_LORA, 16, 4, 256, 0, PREF_NONE, NULL},
     {"qwen2 golden full", "tests/data/goldens/qwen2_bias_tied", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_FULL, 0, 2, 64, 0,
-     PREF_NONE},
+     PREF_NONE, NULL},
     /* random models of a few hundred MB */
-    {"250MB bf16 lora", NULL, 1024, 2816, 6, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_NONE},
-    {"activations lora", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 0, PREF_NONE},
-    {"activations ckpt", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 1, PREF_NONE},
-    {"200MB full f32", NULL, 512, 1376, 3, 8, 8, 8000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 64, 1, PREF_NONE},
+    {"250MB bf16 lora", NULL, 1024, 2816, 6, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_NONE, NULL},
+    {"activations lora", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 0, PREF_NONE, NULL},
+    {"activations ckpt", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 1, PREF_NONE, NULL},
+    {"200MB full f32", NULL, 512, 1376, 3, 8, 8, 8000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 64, 1, PREF_NONE, NULL},
     /* DPO (train/preference.h, as the trainer runs it): the reference pass
      * first, then steps of 2·B rows through at_pref_forward_backward */
-    {"dpo lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 384, 0, PREF_BASE},
+    {"dpo lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 384, 0, PREF_BASE, NULL},
     /* with checkpointing: the reference pass (layer inputs only) below the step */
-    {"dpo lora ckpt", NULL, 128, 344, 8, 4, 2, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 512, 1, PREF_BASE},
-    {"dpo full f32", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 1, 64, 1, PREF_BASE},
+    {"dpo lora ckpt", NULL, 128, 344, 8, 4, 2, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 512, 1, PREF_BASE, NULL},
+    {"dpo full f32", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 1, 64, 1, PREF_BASE, NULL},
     /* --ref_model: a second model of the policy's size beside it */
-    {"dpo bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL},
+    {"dpo bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL, NULL},
+    /* KTO (train/kto.h): an example and its KL row per item, the reference pass of the base or of --ref_model */
+    {"kto lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 384, 0, PREF_BASE, "kto"},
+    {"kto bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL,
+     "kto"},
+    /* a reward model (train/reward.h): pairs through the score head, no reference pass */
+    {"rm lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 384, 0, PREF_BASE, "rm"},
+    {"rm full ckpt", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 256, 1, PREF_BASE, "rm"},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -518,6 +531,9 @@ static int measure(int i)
     at_tensor *ids = NULL, *labels = NULL, *pos = NULL;
     int32_t *host = NULL;
     at_pref_pairs pairs = {0};
+    at_kto_examples kto = {0};
+    at_tensor *head[4] = {NULL, NULL, NULL, NULL};
+    int32_t *lengths = NULL;
     at_pref_config pc;
     at_batch pb = {0};
     size_t *idx = NULL;
@@ -543,10 +559,26 @@ static int measure(int i)
         if (st == AT_OK) st = at_decoder_set_adapter(d, ad);
         if (st != AT_OK) goto done;
     }
+    const char *obj = c->pref ? (c->obj ? c->obj : "dpo") : "sft";
+    int is_kto = !strcmp(obj, "kto"), is_rm = !strcmp(obj, "rm");
     if (c->pref) {
-        st = at_pref_config_init(&pc, "dpo");
+        st = at_pref_config_init(&pc, obj);
         if (st == AT_OK) st = pref_pairs_make(c->B, c->T, d->cfg.vocab_size, &pairs);
-        if (st == AT_OK) st = pref_reference(c, d, ad, &pairs);
+        /* KTO: the pairs' second rows stand for the KL rows; half the examples desirable */
+        if (st == AT_OK && is_kto && !(kto.desirable = calloc((size_t)c->B, sizeof *kto.desirable)))
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+        for (int k = 0; st == AT_OK && is_kto && k < c->B; k++) kto.desirable[k] = k % 2 == 0;
+        if (st == AT_OK && !is_rm) st = pref_reference(c, d, ad, &pairs);
+        if (st != AT_OK) goto done;
+        kto.ex = pairs;
+    }
+    if (is_rm) { /* the score head, its gradient and AdamW's moments, as the trainer holds them */
+        int64_t hs[2] = {1, d->cfg.hidden_size};
+        for (int k = 0; k < 4 && st == AT_OK; k++) st = at_tensor_zeros(be, AT_F32, 2, hs, "score.weight", &head[k]);
+        if (st == AT_OK) {
+            float *w = at_tensor_data(head[0]);
+            for (int64_t k = 0; k < hs[1]; k++) w[k] = 0.02f * (float)((k * 37) % 11 - 5);
+        }
         if (st != AT_OK) goto done;
     }
     at_adamw_config oc = {0.9, 0.999, 1e-8, 0, 1.0};
@@ -580,7 +612,23 @@ static int measure(int i)
     for (int step = 0; step < 2 && st == AT_OK; step++) {
         double norm = 0;
         float dropout = full ? 0.0f : 0.05f;
-        if (c->pref) {
+        at_fwd_opts fwd = {dropout, (uint64_t)step + 1, 0, 0, 0};
+        if (is_kto) {
+            at_kto_stats ks = {0};
+            st = at_kto_forward_backward(&pc, &kto, idx, (size_t)c->B, d, acts, ids, pos, labels, &fwd, (double)c->B,
+                                         1.0, g, &ks);
+            if (st == AT_OK && !(ks.examples == c->B && isfinite(at_kto_stats_loss(&ks))))
+                st = at_error(AT_ERR_INTERNAL, "%s: KTO step %d: %g examples", c->name, step, ks.examples);
+        } else if (is_rm) {
+            at_rm_stats rs = {0};
+            if (!lengths && (lengths = malloc((size_t)rows * sizeof *lengths)) != NULL)
+                for (int k = 0; k < rows; k++) lengths[k] = (int32_t)c->T;
+            st = lengths ? at_rm_forward_backward(&pc, (size_t)c->B, d, acts, ids, pos, lengths, &fwd, head[0], head[1],
+                                                  (double)c->B, 1.0, g, NULL, &rs)
+                         : at_error(AT_ERR_NOMEM, "out of memory");
+            if (st == AT_OK && !(rs.pairs == c->B && isfinite(at_rm_stats_loss(&rs))))
+                st = at_error(AT_ERR_INTERNAL, "%s: rm step %d: %g pairs", c->name, step, rs.pairs);
+        } else if (c->pref) {
             /* the step's loss is the mean over its pairs plus rpo_alpha (0) × the chosen NLL */
             at_pref_stats ps = {0};
             double nll_targets = 0;
@@ -604,7 +652,7 @@ static int measure(int i)
     if (c->pref == PREF_REF_MODEL) random_config(c, &ref_cfg);
     at_mem_train_request r = {&d->cfg, c->tune, full ? AT_F32 : c->dtype, AT_NF4, c->rank, mask, c->B, c->T,
                               c->ckpt, c->pref != PREF_NONE, omp_get_max_threads(), 0,
-                              0, c->pref == PREF_REF_MODEL ? &ref_cfg : NULL, c->dtype};
+                              0, c->pref == PREF_REF_MODEL ? &ref_cfg : NULL, c->dtype, obj, 0, 0};
     at_mem_estimate e;
     at_mem_estimate_train(&r, &e);
     printf("%lld %lld %lld %lld %lld %lld\n", (long long)e.total, (long long)((hwm - base) * 1024),
@@ -614,6 +662,9 @@ done:
     if (st != AT_OK) fprintf(stderr, "measure %s: %s\n", c->name, at_last_error());
     free(host);
     free(idx);
+    free(lengths);
+    free(kto.desirable);
+    for (int k = 0; k < 4; k++) at_tensor_free(head[k]);
     at_batch_free(&pb);
     at_pref_pairs_free(&pairs);
     at_tensor_free(ids);
@@ -654,7 +705,7 @@ static void test_measured(void)
                "params+grads+adam %.1f MiB",
                cases[i].name, est / 1048576.0, meas / 1048576.0, 100 * err, w / 1048576.0, a / 1048576.0,
                o / 1048576.0);
-        if (cases[i].pref) printf(", DPO reference pass above the step %.1f MiB", ref / 1048576.0);
+        if (cases[i].pref) printf(", reference pass above the step %.1f MiB", ref / 1048576.0);
         printf(")\n");
         /* ±15%, or 8 MiB for the small ones (the runtime's own pages) */
         CHECK_MSG(fabs((double)(est - meas)) <= fmax(0.15 * (double)meas, 8.0 * 1048576.0),

@@ -358,6 +358,66 @@ static void test_short_job(int port)
     cJSON_Delete(j);
 }
 
+/* rlhf_type makes the job `anytune rlhf` with its own options, checked
+ * against rlhf's option table (ranges) and the objectives of this build;
+ * a kto run goes to its end and logs KTO's fields. */
+static void test_kto_job(int port)
+{
+    /* the config lists the objectives the select offers */
+    int st;
+    cJSON *c = get_json(port, "GET", "/ui/api/config", NULL, NULL, &st);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(c, "rlhf_types");
+    int kto = 0, rm = 0, dpo = 0;
+    for (int i = 0; i < cJSON_GetArraySize(types); i++) {
+        const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(types, i));
+        kto += t && !strcmp(t, "kto");
+        rm += t && !strcmp(t, "rm");
+        dpo += t && !strcmp(t, "dpo");
+    }
+    CHECK_MSG(st == 200 && kto == 1 && rm == 1 && dpo == 1, "config rlhf_types lacks dpo, kto or rm");
+    cJSON_Delete(c);
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"beta\": 0.1}", 400, "beta");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"rlhf_type\": \"ppo\"}", 400,
+               "rlhf_type");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"rlhf_type\": \"kto\", "
+               "\"beta\": 0}", 400, "beta");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"rlhf_type\": \"kto\", "
+               "\"desirable_weight\": -1}", 400, "desirable_weight");
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"rlhf_type\": \"kto\", "
+               "\"ref_model\": \"no/such/model\"}", 400, "ref_model");
+
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"tests/data/kto/kto_en_demo_8.json\", "
+             "\"rlhf_type\": \"kto\", \"beta\": 0.25, \"desirable_weight\": 1.5, \"undesirable_weight\": 0.5, "
+             "\"per_device_train_batch_size\": 2, \"max_steps\": 2, \"logging_steps\": 1, \"max_length\": 96, "
+             "\"output_dir\": \"%s/kto\"}", tmp);
+    cJSON *j = get_json(port, "POST", "/ui/api/train", "Origin: http://localhost\r\n", body, &st);
+    CHECK_MSG(st == 200 && jnum(j, "pid") > 0, "kto start: %d %s", st, jstr(j, "error", "message"));
+    const cJSON *argv = cJSON_GetObjectItemCaseSensitive(j, "argv");
+    int found = 0;
+    static const char *const want[] = {"--rlhf_type=kto", "--beta=0.25", "--desirable_weight=1.5",
+                                       "--undesirable_weight=0.5"};
+    for (int i = 0; i < cJSON_GetArraySize(argv); i++)
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+            found += !strcmp(cJSON_GetArrayItem(argv, i)->valuestring, want[k]);
+    CHECK_MSG(cJSON_GetArraySize(argv) > 1 && !strcmp(cJSON_GetArrayItem(argv, 1)->valuestring, "rlhf") && found == 4,
+              "kto argv: %d of the rlhf options", found);
+    cJSON_Delete(j);
+    j = poll_status(port, NULL, not_running, 120);
+    const char *state = jstr(j, "state", NULL);
+    CHECK_MSG(state && !strcmp(state, "finished") && jnum(j, "exit_code") == 0, "kto state %s exit %g",
+              state ? state : "?", jnum(j, "exit_code"));
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(j, "log");
+    CHECK_MSG(cJSON_GetArraySize(rows) == 2, "kto logged %d rows", cJSON_GetArraySize(rows));
+    for (int i = 0; i < cJSON_GetArraySize(rows); i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        CHECK_MSG(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "kl")) && jnum(r, "loss") > 0,
+                  "kto row %d has no kl (not a KTO run?)", i);
+    }
+    printf("kto job: `anytune rlhf --rlhf_type kto` through POST /ui/api/train, 2 steps with kl logged\n");
+    cJSON_Delete(j);
+}
+
 static void test_long_job_stop(int port)
 {
     char body[1024];
@@ -1023,6 +1083,7 @@ int main(void)
             test_page(port);
             test_bad_requests(port);
             test_short_job(port);
+            test_kto_job(port);
             test_long_job_stop(port);
             test_child_fds(); /* while the server listens */
             at_server_stop(s, 5);

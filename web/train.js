@@ -1,4 +1,5 @@
-// The Train tab (anytune web-ui): a form of `anytune sft` options posted to
+// The Train tab (anytune web-ui): a form of `anytune sft` (or, with an
+// rlhf_type, `anytune rlhf`) options posted to
 // /ui/api/train, the job's status polled while it runs, and the loss curve
 // drawn as inline SVG from the rows of its logging.jsonl.
 'use strict';
@@ -23,7 +24,7 @@
     const body = {};
     for (const el of document.querySelectorAll('#train-form [data-opt]')) {
       const v = el.value.trim();
-      if (v === '') continue;
+      if (v === '' || (el.dataset.rlhf !== undefined && el.closest('label').hidden)) continue;
       body[el.dataset.opt] = el.dataset.type === 'number' ? Number(v) : v;
     }
     return body;
@@ -152,8 +153,26 @@
     await poll();
   }
 
+  // rlhf_type: the options of the chosen objective (data-for), none for sft
+  function showObjective() {
+    const t = $('train-rlhf-type').value;
+    $('train-rlhf').hidden = !t;
+    for (const l of document.querySelectorAll('#train-rlhf [data-for]')) {
+      l.hidden = !t || !l.dataset.for.split(' ').includes(t);
+    }
+  }
+
   AT.config.then((c) => {
     if (!c.train) return;
+    // the objectives this build trains (the server's table: grpo appears when it has it)
+    for (const t of c.rlhf_types || []) {
+      const o = document.createElement('option');
+      o.value = t;
+      o.textContent = t;
+      $('train-rlhf-type').append(o);
+    }
+    $('train-rlhf-type').addEventListener('change', showObjective);
+    showObjective();
     const d = c.defaults || {};
     for (const k of Object.keys(d)) {
       const input = document.querySelector(`#train-form [data-opt="${k}"]`);

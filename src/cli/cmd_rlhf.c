@@ -9,38 +9,8 @@
 #include "cli/cli.h"
 #include "cli/cmd_train.h"
 #include "train/preference.h"
+#include "train/train_options.h"
 
-static const at_opt_spec rlhf_specs[] = {
-    {.name = "rlhf_type", .type = AT_OPT_STRING, .def = "dpo",
-     .help = "the preference objective: dpo, simpo, cpo, orpo, kto (unpaired examples with a label), or rm (a "
-             "reward model: a score head trained on the pairs)"},
-    {.name = "beta", .type = AT_OPT_FLOAT,
-     .help = "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
-                                 "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1"},
-    {.name = "loss_type", .type = AT_OPT_STRING,
-     .help = "dpo: sigmoid, ipo or hinge; cpo: those or simpo (unset: sigmoid; simpo "
-                                       "for --rlhf_type simpo)"},
-    {.name = "label_smoothing", .type = AT_OPT_FLOAT, .def = "0",
-     .help = "conservative DPO/CPO: the share of pairs assumed mislabeled "
-                                           "(sigmoid and simpo losses)"},
-    {.name = "rpo_alpha", .type = AT_OPT_FLOAT,
-     .help = "dpo: add rpo_alpha x the chosen replies' NLL (RPO); unset: off"},
-    {.name = "cpo_alpha", .type = AT_OPT_FLOAT,
-     .help = "cpo, simpo: weight of the chosen replies' NLL (unset: 1; 0: the SimPO "
-                                      "paper's loss)"},
-    {.name = "simpo_gamma", .type = AT_OPT_FLOAT, .help = "simpo: the target reward margin gamma (unset: 1)"},
-    {.name = "desirable_weight", .type = AT_OPT_FLOAT, .def = "1",
-     .help = "kto: weight of the desirable examples' losses"},
-    {.name = "undesirable_weight", .type = AT_OPT_FLOAT, .def = "1",
-     .help = "kto: weight of the undesirable examples' losses"},
-    {.name = "center_rewards_coefficient", .type = AT_OPT_FLOAT, .def = "0",
-     .help = "rm: weight of the mean squared sum of the pair's rewards (centers them near 0; 0: off)"},
-    {.name = "ref_model", .type = AT_OPT_STRING,
-     .help = "dpo's and kto's reference model (default: the policy's base: LoRA off, or the "
-                                       "initial weights for full fine-tuning); refused by the reference-free "
-                                       "simpo, cpo and orpo"},
-};
-#define NRLHF ((int)(sizeof rlhf_specs / sizeof rlhf_specs[0]))
 
 static int fail2(void)
 {
@@ -108,8 +78,8 @@ int at_cmd_rlhf(int argc, char **argv)
               "preference alignment\n"
               "  (records: chosen/rejected pairs, or for kto conversations with a \"label\"; a micro-batch of N "
               "pairs or examples runs 2N rows)";
-    c.extra = rlhf_specs;
-    c.n_extra = NRLHF;
+    c.extra = at_rlhf_options;
+    c.n_extra = at_rlhf_n_options;
     c.resolve = resolve;
     c.ctx = &cfg;
     c.plan_command = "dpo";

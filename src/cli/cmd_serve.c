@@ -160,6 +160,7 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
 
     int rc = 1;
     at_bundle *b = NULL;
+    at_reward_model *rm = NULL;
     at_server *srv = NULL;
     char token[49] = {0}, *query = NULL;
     if (at_opt_int(o, "max_body_bytes") < 1024 || at_opt_int(o, "max_batch_size") < 1) {
@@ -167,7 +168,12 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
         goto fail;
     }
     if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
+    /* a reward model (a score head) answers /v1/score instead of generating */
+    at_status rst = at_reward_model_attach(b, at_opt_str(o, "model"), (int)at_opt_int(o, "max_batch_size"), &rm);
+    if (rst == AT_ERR_NOT_FOUND) at_clear_error();
+    else if (rst != AT_OK) goto fail;
     at_server_opts so = {0};
+    so.reward_model = rm;
     so.host = at_opt_str(o, "host");
     so.port = (int)at_opt_int(o, "port");
     so.max_batch_size = (int)at_opt_int(o, "max_batch_size");
@@ -196,7 +202,7 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     so.served_model_name = at_opt_str(o, "served_model_name");
     so.default_model = at_opt_str(o, "default_model");
     /* with adapters: a request must say which model it means (the chat page too: /v1/models says so) */
-    so.model_required = b->n_adapters > 0;
+    so.model_required = b->n_adapters > 0 && !rm; /* a reward model's adapter is part of it */
     const char *served = so.served_model_name ? so.served_model_name : b->name;
     if (so.default_model && strcmp(so.default_model, served) != 0 && !at_bundle_adapter_get(b, so.default_model)) {
         at_error(AT_ERR_INVALID, "--default_model %s: neither the served name (%s) nor an adapter's", so.default_model,
@@ -206,8 +212,9 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     so.webui_train = c->webui_train;
     if (at_server_start(b, &so, &srv) != AT_OK) goto fail;
     const char *host = so.host ? so.host : "127.0.0.1";
-    fprintf(stderr, "anytune %s: %s%s on http://%s:%d/v1 (batch %d, context %d tokens, %d adapter%s)\n", c->command,
-            so.served_model_name ? so.served_model_name : b->name, b->tmpl ? "" : " (no chat template)", host,
+    fprintf(stderr, "anytune %s: %s%s%s on http://%s:%d/v1 (batch %d, context %d tokens, %d adapter%s)\n",
+            c->command, so.served_model_name ? so.served_model_name : b->name, rm ? " (a reward model: POST /v1/score)" : "",
+            b->tmpl ? "" : " (no chat template)", host,
             at_server_port(srv), so.max_batch_size, at_bundle_context(b, so.max_model_len), b->n_adapters,
             b->n_adapters == 1 ? "" : "s");
     fprintf(stderr, "anytune %s: %s: open http://%s:%d/%s in a browser\n", c->command,
@@ -238,6 +245,7 @@ fail:
 done:
     free(query);
     memset(token, 0, sizeof token);
+    at_reward_model_free(rm);
     at_bundle_free(b);
     at_options_free(o);
     return rc;

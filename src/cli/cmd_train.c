@@ -50,6 +50,7 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
     rq.model = a->model;
     rq.command = c->plan_command ? c->plan_command : c->command;
     rq.preference = c->preference;
+    rq.objective = a->pref ? a->pref->name : c->command; /* its memory: plan/memory.h's objective table */
     /* DPO's reference pass (plan/memory.h): none for the reference-free
      * objectives; --ref_model's config, not its weights, for its size and
      * the format it is stored in (what a full fine-tuning loads it as) */

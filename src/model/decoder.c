@@ -160,6 +160,9 @@ const at_layer_lora *at_decoder_layer_lora(const at_decoder *d, int l, float p, 
 
 at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *hidden)
 {
+    if (!d->w->lm_head)
+        return at_error(AT_ERR_UNSUPPORTED, "the model is a reward model (a score head, no LM head): it scores "
+                        "sequences, it does not predict tokens");
     return at_matmul(logits, hidden, d->w->lm_head, 0, 1, 1.0f, 0.0f);
 }
 

@@ -430,7 +430,10 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
      * view of the embedding, which stays dequantized for the lookup */
     at_dtype head = keep_quantized(src, cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
                                    mat, &o);
-    if (!cfg.tie_word_embeddings) GET(w->lm_head, "lm_head.weight", head, 0);
+    /* a Hugging Face *ForSequenceClassification folder (a reward model): its
+     * score head, and no LM head unless tied */
+    if (src->kind == SRC_HF) GET(w->score, "score.weight", AT_F32, 1);
+    if (!cfg.tie_word_embeddings) GET(w->lm_head, "lm_head.weight", head, w->score != NULL);
     else if (head != mat) GET(w->lm_head, "model.embed_tokens.weight", head, 0);
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         at_layer_weights *L = &w->layers[l];
@@ -479,6 +482,7 @@ at_status at_decoder_weights_load(const char *path, const at_load_options *opt, 
     AT_CHECK(place(be, o.writable, &w->embed));
     AT_CHECK(place(be, o.writable, &w->final_norm));
     AT_CHECK(place(be, o.writable, &w->lm_head));
+    AT_CHECK(place(be, o.writable, &w->score));
     if (cfg.tie_word_embeddings && !w->lm_head) w->lm_head = w->embed;
     st = at_decoder_weights_check(w);
     if (st != AT_OK) at_error_wrap(st, "%s", path);

@@ -41,6 +41,7 @@ void at_decoder_weights_free(at_decoder_weights *w)
     if (w->lm_head != w->embed) at_tensor_free(w->lm_head);
     at_tensor_free(w->embed);
     at_tensor_free(w->final_norm);
+    at_tensor_free(w->score);
     if (w->source_close) w->source_close(w->source);
     free(w);
 }
@@ -85,7 +86,9 @@ at_status at_decoder_weights_check(const at_decoder_weights *w)
     int64_t qd = (int64_t)c->num_attention_heads * D, kd = (int64_t)c->num_key_value_heads * D;
     AT_TRY(check_one(w, w->embed, "model.embed_tokens.weight", 2, V, hd, 0));
     AT_TRY(check_one(w, w->final_norm, "model.norm.weight", 1, hd, 0, 0));
-    AT_TRY(check_one(w, w->lm_head, "lm_head.weight", 2, V, hd, 1));
+    /* a sequence-classification folder has its score head instead of the LM head */
+    if (w->score) AT_TRY(check_one(w, w->score, "score.weight", 2, w->score->shape[0], hd, 0));
+    if (!w->score || w->lm_head) AT_TRY(check_one(w, w->lm_head, "lm_head.weight", 2, V, hd, 1));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const at_layer_weights *L = &w->layers[l];
         char n[128];

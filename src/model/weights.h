@@ -34,7 +34,11 @@ typedef struct at_decoder_weights {
     at_tensor *embed;      /* model.embed_tokens.weight [V, hidden] */
     at_tensor *final_norm; /* model.norm.weight [hidden] */
     at_tensor *lm_head;    /* lm_head.weight [V, hidden]; == embed when tied (not freed twice), or, tied
-                              and loaded from a quantized GGUF for inference, a quantized view of it */
+                              and loaded from a quantized GGUF for inference, a quantized view of it; NULL
+                              in a reward model's folder that has none (score below) */
+    at_tensor *score;      /* score.weight [num_labels, hidden] f32: the head of a Hugging Face
+                              *ForSequenceClassification folder (a reward model, train/reward.h); NULL
+                              otherwise */
     at_layer_weights *layers; /* [num_hidden_layers] */
     /* What zero-copy tensors point into (mapped files), released by
      * at_decoder_weights_free after the tensors. */

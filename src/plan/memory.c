@@ -137,7 +137,7 @@ static int64_t workspace_bytes(const at_model_config *c, int64_t N, int threads,
 static void total(at_mem_estimate *e)
 {
     e->total = e->weights + e->trainable + e->gradients + e->optimizer + e->activations + e->attention + e->logits +
-               e->workspace + e->kv_cache + e->reference;
+               e->workspace + e->kv_cache + e->reference + e->objective;
 }
 
 /* Peak of DPO's reference pass (train/preference.c at_pref_reference, run by
@@ -168,8 +168,35 @@ static int64_t reference_peak(const at_mem_train_request *r, const at_mem_estima
            attention_bytes(rc, B, T, r->threads, 0) + workspace_bytes(rc, N, r->threads, r->runtime_overhead);
 }
 
+/* A reward model (train/reward.c): the score head [1, hidden] f32 with its
+ * gradient and AdamW's two moments (the objective's trainable tensor), and
+ * what at_rm_forward_backward holds on the host during the step: the head's
+ * copy and its gradient's [hidden] each, the last tokens' hidden states
+ * [rows, hidden], the rewards and their derivatives (doubles), and dL/d
+ * final_norm [rows·T, hidden] f32, uploaded into the activations. */
+static int64_t rm_extra(const at_mem_train_request *r, const at_mem_estimate *e)
+{
+    (void)e;
+    int64_t H = r->cfg->hidden_size, rows = 2 * (int64_t)r->batch, T = r->seq_len;
+    return 4 * tensor_bytes(AT_F32, H) + 4 * (2 * H + rows * H + rows * T * H) + 16 * rows;
+}
+
+static const at_mem_objective OBJECTIVES[] = {
+    {"sft", 1, 0, NULL},   {"pt", 1, 0, NULL},    {"dpo", 2, 1, NULL}, {"cpo", 2, 0, NULL},
+    {"simpo", 2, 0, NULL}, {"orpo", 2, 0, NULL},  {"kto", 2, 1, NULL}, {"rm", 2, 0, rm_extra},
+};
+
+const at_mem_objective *at_mem_objective_find(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof OBJECTIVES / sizeof OBJECTIVES[0]; i++)
+        if (!strcmp(OBJECTIVES[i].name, name)) return &OBJECTIVES[i];
+    return NULL;
+}
+
 void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
 {
+    const at_mem_objective *ob = at_mem_objective_find(r->objective);
+    if (!ob) ob = at_mem_objective_find(r->preference ? (r->reference_free ? "cpo" : "dpo") : "sft");
     const at_model_config *c = r->cfg;
     memset(e, 0, sizeof *e);
     e->n_params = at_mem_param_count(c);
@@ -188,7 +215,7 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
         e->gradients = e->trainable;
         e->optimizer = 2 * e->trainable;
     }
-    int B = r->batch * (r->preference ? 2 : 1), T = r->seq_len;
+    int B = r->batch * ob->rows_per_item, T = r->seq_len;
     int64_t N = (int64_t)B * T;
     unsigned flags = AT_ACTS_TRAIN | (r->checkpointing ? AT_ACTS_CHECKPOINT : 0);
     size_t all = at_decoder_acts_elems_ex(c, B, T, flags, rank, mask);
@@ -200,8 +227,9 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
     e->activations = 4 * (int64_t)(all - loss) + 4 * N + 16 * N;
     e->attention = attention_bytes(c, B, T, r->threads, 1);
     e->workspace = workspace_bytes(c, N, r->threads, r->runtime_overhead);
+    if (ob->extra) e->objective = ob->extra(r, e);
     total(e);
-    if (r->preference && !r->reference_free) {
+    if (ob->reference && !r->reference_free) {
         int64_t ref = reference_peak(r, e, B, T);
         if (ref > e->total) {
             e->reference = ref - e->total;

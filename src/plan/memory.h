@@ -26,8 +26,11 @@
  *   workspace    GEMM packing buffers (per thread on the CPU), library
  *                workspaces, and the device runtime's own overhead (a CUDA
  *                context, ...) from the device profile;
- *   reference    DPO: the reference pass's peak above the step's, if any
- *                (at_mem_train_request.reference_free).
+ *   reference    DPO, KTO: the reference pass's peak above the step's, if
+ *                any (at_mem_train_request.reference_free);
+ *   objective    what the objective holds beside the decoder's parts (a
+ *                reward model's score head and its buffers; GRPO's
+ *                generation), from its row of the objective table below.
  * Inference: weights + KV cache (per token: 2 · layers · kv_heads ·
  * head_dim · bytes of the cache format) + the decoder's prefill scratch and
  * logits. */
@@ -43,7 +46,31 @@ typedef enum { AT_TUNE_LORA = 0, AT_TUNE_QLORA, AT_TUNE_FULL } at_tune_kind;
 /* "lora", "qlora", "full" */
 const char *at_tune_kind_name(at_tune_kind k);
 
-typedef struct at_mem_train_request {
+typedef struct at_mem_train_request at_mem_train_request;
+typedef struct at_mem_estimate at_mem_estimate;
+
+/* What an objective changes in a training step's memory: one row per
+ * objective (memory.c), found by the objective's name (train/objective.c's
+ * names: sft, pt, dpo, cpo, simpo, orpo, kto, rm; a new objective adds its
+ * row). */
+typedef struct at_mem_objective {
+    const char *name;
+    int rows_per_item;  /* rows one item runs at once: 1; 2 for a preference pair (chosen and rejected, DPO
+                           family and rm) and for a KTO example (the example and its KL row, the KL batch) */
+    int reference;      /* a reference pass before training (dpo, kto; see reference_free below) */
+    /* NULL: nothing else. Else the bytes the objective holds at the step's
+     * peak beside the decoder's parts, given those parts in e: rm's score
+     * head (f32, its gradient and AdamW moments) and its per-step host
+     * buffers (train/reward.c); GRPO's generation KV cache and its group of
+     * num_generations completions per prompt (the request's grpo fields)
+     * go here. */
+    int64_t (*extra)(const at_mem_train_request *r, const at_mem_estimate *e);
+} at_mem_objective;
+
+/* The row of objective `name`; NULL when there is none. */
+const at_mem_objective *at_mem_objective_find(const char *name);
+
+struct at_mem_train_request {
     const at_model_config *cfg;
     at_tune_kind tune;
     at_dtype weight_dtype;   /* format of the frozen tensors (bf16, f16, f32); ignored for full (f32) */
@@ -67,18 +94,23 @@ typedef struct at_mem_train_request {
     const at_model_config *ref_cfg; /* --ref_model's config; NULL: the policy's base is the reference */
     at_dtype ref_dtype;      /* full fine-tuning with ref_cfg: the format --ref_model is loaded in (the
                                 file's); LoRA and QLoRA load it as the policy (weight_dtype, quant_dtype) */
-} at_mem_train_request;
+    const char *objective;   /* its at_mem_objective row; NULL: "dpo" with preference (cpo without a
+                                reference pass), else "sft" */
+    /* GRPO (its row's extra): completions per prompt and their longest length */
+    int num_generations, max_completion_length;
+};
 
-typedef struct at_mem_estimate {
+struct at_mem_estimate {
     int64_t weights, trainable, gradients, optimizer, activations, attention, logits, workspace;
-    int64_t reference;       /* DPO: how much more the reference pass needs than the training step
+    int64_t reference;       /* DPO, KTO: how much more the reference pass needs than the training step
                                 (0 when it needs less); part of total, which is the larger peak */
+    int64_t objective;       /* the objective's own (at_mem_objective.extra) */
     int64_t kv_cache;        /* inference */
     int64_t kv_per_token;    /* inference: bytes of cache per token of one sequence */
     int64_t total;           /* sum of the parts */
     int64_t n_params;        /* parameters of the model (the tied head once) */
     int64_t n_trainable;     /* values trained */
-} at_mem_estimate;
+};
 
 /* Parameters of the model the config describes (as at_decoder_weights_count). */
 int64_t at_mem_param_count(const at_model_config *cfg);

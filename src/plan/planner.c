@@ -186,6 +186,7 @@ static void estimate(const at_plan_request *rq, const at_device_profile *dev, co
     r.checkpointing = c->ckpt;
     r.preference = rq->preference;
     r.reference_free = rq->reference_free;
+    r.objective = rq->objective;
     r.ref_cfg = rq->ref_cfg;
     /* full fine-tuning loads --ref_model in its file's format (trainer.c
      * dpo_reference), f32 with --torch_dtype; unknown: f32, the most */
@@ -595,12 +596,13 @@ char *at_plan_to_text(const at_plan *p)
         {"logits+loss", m->logits, p->train ? "one chunk of rows" : "last token"},
         {"kv cache", m->kv_cache, ""},
         {"workspace", m->workspace, "GEMM buffers, runtime"},
-        {"reference", m->reference, "DPO reference pass above the step (--ref_model, before gradients)"},
+        {"reference", m->reference, "DPO reference pass above the step (and KTO's; --ref_model, before gradients)"},
+        {"objective", m->objective, "the objective's own (rm: score head, its gradient, moments and buffers)"},
     };
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (!p->train && (i == 2 || i == 3 || (i == 1 && parts[i].v == 0))) continue;
         if (p->train && i == 7) continue;
-        if (i == 9 && parts[i].v == 0) continue;
+        if (i >= 9 && parts[i].v == 0) continue;
         put(&b, "    %-13s %11s   %s\n", parts[i].name, fmt_bytes(parts[i].v, x, sizeof x), parts[i].what);
     }
     put(&b, "    %-13s %11s   of a %s budget (%.0f%%)\n", "total", fmt_bytes(m->total, x, sizeof x),
@@ -668,6 +670,7 @@ cJSON *at_plan_to_json(const at_plan *p)
         cJSON_AddNumberToObject(m, "kv_cache", (double)e->kv_cache);
         cJSON_AddNumberToObject(m, "workspace", (double)e->workspace);
         if (p->train) cJSON_AddNumberToObject(m, "reference", (double)e->reference);
+        if (p->train) cJSON_AddNumberToObject(m, "objective", (double)e->objective);
         cJSON_AddNumberToObject(m, "total", (double)e->total);
     }
     cJSON *r = cJSON_AddObjectToObject(j, "reasons");

@@ -53,6 +53,8 @@ typedef struct at_plan_request {
     int preference;               /* dpo: chosen and rejected rows */
     int reference_free;           /* with preference: cpo, simpo, orpo (no DPO reference pass) */
     const at_model_config *ref_cfg; /* DPO --ref_model's config (NULL: the policy's base is the reference) */
+    const char *objective;        /* the objective's name (plan/memory.h at_mem_objective); NULL: from
+                                     preference and reference_free */
     int64_t max_memory;           /* --max_memory bytes; 0: 90% of the free memory */
     /* inference */
     int infer_batch;              /* sequences at once (default 1) */

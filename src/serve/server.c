@@ -16,6 +16,7 @@
 #include "serve/engine.h"
 #include "serve/request.h"
 #include "serve/response.h"
+#include "serve/score_request.h"
 #include "serve/webui.h"
 
 /* How often a waiting handler looks whether its client is still there. */
@@ -422,6 +423,81 @@ done:
     return ret;
 }
 
+/* ---- scores (a reward model) ------------------------------------------------------------ */
+
+static enum MHD_Result scores(at_server *s, struct MHD_Connection *c, conn_ctx *cc)
+{
+    at_score_request req;
+    int32_t **seqs = NULL;
+    size_t *lens = NULL;
+    double *out = NULL;
+    enum MHD_Result ret;
+    char msg[400];
+    at_status st = at_score_request_parse(cc->body ? cc->body : "", cc->len, (size_t)s->o.max_score_pairs, &req);
+    if (st != AT_OK) {
+        ret = st == AT_ERR_NOMEM ? reply_error(c, 500, "out of memory", "server_error", NULL, NULL)
+                                 : reply_error(c, 400, at_last_error(), "invalid_request_error", req.param, NULL);
+        goto done;
+    }
+    if (req.model && req.model[0] && strcmp(req.model, s->name)) {
+        snprintf(msg, sizeof msg, "The model `%.200s` does not exist.", req.model);
+        ret = reply_error(c, 404, msg, "invalid_request_error", "model", "model_not_found");
+        goto done;
+    }
+    seqs = calloc(req.n, sizeof *seqs);
+    lens = calloc(req.n, sizeof *lens);
+    out = calloc(req.n, sizeof *out);
+    if (!seqs || !lens || !out) {
+        ret = reply_error(c, 500, "out of memory", "server_error", NULL, NULL);
+        goto done;
+    }
+    long long tokens = 0;
+    int context = at_reward_model_context(s->o.reward_model);
+    for (size_t i = 0; i < req.n; i++) {
+        cJSON *prompt = cJSON_CreateString(req.prompts[i]);
+        pthread_mutex_lock(&s->render_mu);
+        st = prompt ? at_reward_model_encode(s->o.reward_model, prompt, req.replies[i], &seqs[i], &lens[i])
+                    : at_error(AT_ERR_NOMEM, "out of memory");
+        pthread_mutex_unlock(&s->render_mu);
+        cJSON_Delete(prompt);
+        if (st == AT_ERR_NOMEM) {
+            ret = reply_error(c, 500, "out of memory", "server_error", NULL, NULL);
+            goto done;
+        }
+        if (st != AT_OK) {
+            snprintf(msg, sizeof msg, "pair %zu: %.300s", i, at_last_error());
+            ret = reply_error(c, 400, msg, "invalid_request_error", "text_2", NULL);
+            goto done;
+        }
+        if (lens[i] > (size_t)context) {
+            snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, pair %zu has %zu "
+                     "tokens.", context, i, lens[i]);
+            ret = reply_error(c, 400, msg, "invalid_request_error", "text_2", "context_length_exceeded");
+            goto done;
+        }
+        tokens += (long long)lens[i];
+    }
+    atomic_fetch_add(&s->in_flight, 1);
+    cc->counted = 1;
+    st = at_reward_model_score_ids(s->o.reward_model, (const int32_t *const *)seqs, lens, req.n, out);
+    if (st != AT_OK) {
+        ret = reply_error(c, 500, at_last_error(), "server_error", NULL, NULL);
+        goto done;
+    }
+    char id[64];
+    unsigned long long k = atomic_fetch_add(&s->counter, 1);
+    snprintf(id, sizeof id, "score-%llx%06llx", (unsigned long long)time(NULL), k & 0xffffffull);
+    ret = reply(c, 200, at_resp_score(id, unix_now(), req.model && req.model[0] ? req.model : s->name, out, req.n,
+                                      tokens));
+done:
+    for (size_t i = 0; seqs && i < req.n; i++) free(seqs[i]);
+    free(seqs);
+    free(lens);
+    free(out);
+    at_score_request_free(&req);
+    return ret;
+}
+
 /* ---- routing ------------------------------------------------------------------------ */
 
 static int authorized(at_server *s, struct MHD_Connection *c);
@@ -548,8 +624,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (at_webui_owns(url)) return web_ui(s, c, cc, url, method);
     int is_models = !strcmp(url, "/v1/models"), is_chat = !strcmp(url, "/v1/chat/completions"),
-        is_cmpl = !strcmp(url, "/v1/completions");
-    if (!is_models && !is_chat && !is_cmpl) {
+        is_cmpl = !strcmp(url, "/v1/completions"), is_score = !strcmp(url, "/v1/score") || !strcmp(url, "/score");
+    if (!is_models && !is_chat && !is_cmpl && !is_score) {
         char msg[300];
         snprintf(msg, sizeof msg, "no such endpoint: %.200s %.60s", method, url);
         return reply_error(c, 404, msg, "invalid_request_error", NULL, "not_found");
@@ -573,6 +649,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (atomic_load(&s->stopping))
         return reply_error(c, 503, "the server is shutting down", "server_error", NULL, NULL);
+    if (is_score != (s->o.reward_model != NULL)) {
+        char msg[400];
+        if (is_score)
+            snprintf(msg, sizeof msg, "The model `%.200s` does not support the Score API: it is a generative model "
+                     "(serve a reward model: a sequence-classification folder or an rm checkpoint).", s->name);
+        else
+            snprintf(msg, sizeof msg, "The model `%.200s` is a reward model: it scores (prompt, reply) pairs at "
+                     "POST /v1/score and does not generate text.", s->name);
+        return reply_error(c, 400, msg, "invalid_request_error", "model", "model_not_supported");
+    }
+    if (is_score) return scores(s, c, cc);
     return completions(s, c, cc, is_chat ? AT_REQ_CHAT : AT_REQ_COMPLETION);
 }
 
@@ -616,6 +703,7 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
     if (s->o.default_max_tokens <= 0) s->o.default_max_tokens = 16;
     if (!s->o.max_body_bytes) s->o.max_body_bytes = 1 << 20;
     if (s->o.max_queue <= 0) s->o.max_queue = 64;
+    if (s->o.max_score_pairs <= 0) s->o.max_score_pairs = 256;
     if (s->o.max_connections <= 0) s->o.max_connections = 256;
     if (s->o.max_connections_per_client <= 0)
         s->o.max_connections_per_client = s->o.max_connections >= 4 ? s->o.max_connections / 4 : 1;

@@ -3,6 +3,10 @@
  *   POST /v1/chat/completions   messages through the chat template
  *   POST /v1/completions        raw prompt continuation
  *   GET  /v1/models             the base model and each adapter by name
+ *   POST /v1/score (and /score) a reward model's scores of (prompt, reply)
+ *                               pairs, vLLM's Score API (serve/score_request.h);
+ *                               the two above refuse a reward model, this one a
+ *                               generative model (400, code model_not_supported)
  *   GET  /health                {"status": "ok", running/waiting counts}
  *   GET  /, /ui/...             the web UI: a chat page; with webui_train also
  *                               the Train tab and its endpoints (serve/webui.h)
@@ -25,6 +29,7 @@
 #include <stddef.h>
 #include "base/status.h"
 #include "infer/bundle.h"
+#include "train/reward_model.h"
 
 typedef struct at_server_opts {
     const char *host;         /* numeric IPv4 address; NULL: 127.0.0.1 */
@@ -46,6 +51,8 @@ typedef struct at_server_opts {
                                    the base */
     int model_required;         /* a request that names no model (and no default_model) is refused, listing
                                    the names (serve with adapters: which one is meant is not guessed) */
+    at_reward_model *reward_model; /* the bundle's reward model (borrowed; NULL: a generative model) */
+    int max_score_pairs;      /* pairs one /v1/score request may hold; 0: 256 */
     int webui_train;          /* `anytune web-ui`: the Train tab starts `anytune sft` jobs */
     const char *webui_train_program; /* what those jobs run; NULL: this program (/proc/self/exe) */
 } at_server_opts;

@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "serve/response.h"
 #include "serve/webui_train.h"
+#include "train/objective.h"
 
 struct at_webui {
     at_webui_opts o;
@@ -83,6 +84,17 @@ static int config_reply(at_webui *ui, at_webui_reply *r)
     if (d && at_file_exists("demo/stories260K")) cJSON_AddStringToObject(d, "model", "demo/stories260K");
     if (d && at_file_exists("demo/identity.json")) cJSON_AddStringToObject(d, "dataset", "demo/identity.json");
     if (d) cJSON_AddStringToObject(d, "output_dir", "output");
+    /* the Train tab's objectives beyond sft: rlhf_type's choices in this build */
+    char types[256];
+    at_objective_rlhf_names(types, sizeof types);
+    cJSON *rt = cJSON_AddArrayToObject(o, "rlhf_types");
+    for (char *p = types; rt && *p;) {
+        size_t len = strcspn(p, "|");
+        int more = p[len] == '|';
+        p[len] = 0;
+        cJSON_AddItemToArray(rt, cJSON_CreateString(p));
+        p += len + more;
+    }
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return json_reply(r, 200, s);

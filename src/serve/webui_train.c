@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 #include "base/file.h"
 #include "device/registry.h"
+#include "train/objective.h"
 #include "train/train_options.h"
 
 /* ---- the allow-list ------------------------------------------------------------------ */
@@ -36,46 +37,61 @@ typedef struct {
     const char *name;
     vkind kind;
     const char *choices; /* V_ENUM: "a|b|c" when narrower than the option table's */
+    int rlhf;            /* `anytune rlhf`'s (at_rlhf_options): given only with rlhf_type */
 } field;
 
-/* `anytune sft` options the Train tab may set. Their types, ranges and
- * choices are the option table's (train/train_options.c), checked by its
- * own function; this list says which options and what kind of path.
+/* `anytune sft` and `anytune rlhf` options the Train tab may set. Their
+ * types, ranges and choices are the option tables' (train/train_options.c),
+ * checked by their own function; this list says which options and what kind
+ * of path.
  * Left out on purpose: config (reads any file as options), adapters and
  * resume_from_checkpoint (paths into other runs), dry_run, simulate_device. */
 static const field fields[] = {
-    {"model", V_PATH_IN, NULL},
-    {"dataset", V_DATASET, NULL},
-    {"val_dataset", V_DATASET, NULL},
-    {"split_dataset_ratio", V_NUM, NULL},
-    {"template", V_ENUM, "chatml|llama-2|llama-3|mistral"},
-    {"train_type", V_ENUM, NULL},
-    {"quant_bits", V_ENUM, "0|4|8"},
-    {"lora_rank", V_INT, NULL},
-    {"lora_alpha", V_NUM, NULL},
-    {"lora_dropout", V_NUM, NULL},
-    {"neftune_noise_alpha", V_NUM, NULL},
-    {"learning_rate", V_NUM, NULL},
-    {"num_train_epochs", V_NUM, NULL},
-    {"max_steps", V_INT, NULL},
-    {"per_device_train_batch_size", V_INT, NULL},
-    {"gradient_accumulation_steps", V_INT, NULL},
-    {"max_length", V_INT, NULL},
-    {"packing", V_BOOL, NULL},
-    {"gradient_checkpointing", V_BOOL, NULL},
-    {"lr_scheduler_type", V_ENUM, NULL},
-    {"warmup_ratio", V_NUM, NULL},
-    {"weight_decay", V_NUM, NULL},
-    {"max_grad_norm", V_NUM, NULL},
-    {"logging_steps", V_INT, NULL},
-    {"save_steps", V_INT, NULL},
-    {"save_total_limit", V_INT, NULL},
-    {"output_dir", V_PATH_OUT, NULL},
-    {"torch_dtype", V_ENUM, NULL},
-    {"seed", V_INT, NULL},
-    {"device", V_DEVICE, NULL},
-    {"model_name", V_TEXT, NULL},
-    {"model_author", V_TEXT, NULL},
+    {"model", V_PATH_IN, NULL, 0},
+    {"dataset", V_DATASET, NULL, 0},
+    {"val_dataset", V_DATASET, NULL, 0},
+    {"split_dataset_ratio", V_NUM, NULL, 0},
+    {"template", V_ENUM, "chatml|llama-2|llama-3|mistral", 0},
+    {"train_type", V_ENUM, NULL, 0},
+    {"quant_bits", V_ENUM, "0|4|8", 0},
+    {"lora_rank", V_INT, NULL, 0},
+    {"lora_alpha", V_NUM, NULL, 0},
+    {"lora_dropout", V_NUM, NULL, 0},
+    {"neftune_noise_alpha", V_NUM, NULL, 0},
+    {"learning_rate", V_NUM, NULL, 0},
+    {"num_train_epochs", V_NUM, NULL, 0},
+    {"max_steps", V_INT, NULL, 0},
+    {"per_device_train_batch_size", V_INT, NULL, 0},
+    {"gradient_accumulation_steps", V_INT, NULL, 0},
+    {"max_length", V_INT, NULL, 0},
+    {"packing", V_BOOL, NULL, 0},
+    {"gradient_checkpointing", V_BOOL, NULL, 0},
+    {"lr_scheduler_type", V_ENUM, NULL, 0},
+    {"warmup_ratio", V_NUM, NULL, 0},
+    {"weight_decay", V_NUM, NULL, 0},
+    {"max_grad_norm", V_NUM, NULL, 0},
+    {"logging_steps", V_INT, NULL, 0},
+    {"save_steps", V_INT, NULL, 0},
+    {"save_total_limit", V_INT, NULL, 0},
+    {"output_dir", V_PATH_OUT, NULL, 0},
+    {"torch_dtype", V_ENUM, NULL, 0},
+    {"seed", V_INT, NULL, 0},
+    {"device", V_DEVICE, NULL, 0},
+    {"model_name", V_TEXT, NULL, 0},
+    {"model_author", V_TEXT, NULL, 0},
+    /* rlhf_type makes the job `anytune rlhf` (its choices: the objectives of
+     * this build, train/objective.c), with its own options */
+    {"rlhf_type", V_ENUM, NULL, 1},
+    {"beta", V_NUM, NULL, 1},
+    {"loss_type", V_ENUM, "sigmoid|ipo|hinge|simpo", 1},
+    {"label_smoothing", V_NUM, NULL, 1},
+    {"rpo_alpha", V_NUM, NULL, 1},
+    {"cpo_alpha", V_NUM, NULL, 1},
+    {"simpo_gamma", V_NUM, NULL, 1},
+    {"desirable_weight", V_NUM, NULL, 1},
+    {"undesirable_weight", V_NUM, NULL, 1},
+    {"center_rewards_coefficient", V_NUM, NULL, 1},
+    {"ref_model", V_PATH_IN, NULL, 1},
 };
 #define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
 #define MAX_PATH_LEN 4096
@@ -169,10 +185,15 @@ static at_status push_arg(at_train_argv *a, const char *name, const char *value)
 /* Checks one option's value and appends its argument(s). */
 static at_status add_field(at_train_argv *a, const field *f, const cJSON *v)
 {
-    char buf[64];
-    const at_opt_spec *row = at_opt_find(at_train_options, at_train_n_options, f->name);
+    char buf[64], types[256];
+    const at_opt_spec *row = f->rlhf ? at_opt_find(at_rlhf_options, at_rlhf_n_options, f->name)
+                                     : at_opt_find(at_train_options, at_train_n_options, f->name);
     if (!row) return at_error(AT_ERR_INTERNAL, "%s: not in the option table", f->name);
     const char *choices = f->choices ? f->choices : row->choices ? row->choices : "";
+    if (!strcmp(f->name, "rlhf_type")) {
+        at_objective_rlhf_names(types, sizeof types);
+        choices = types;
+    }
     switch (f->kind) {
     case V_PATH_IN:
     case V_PATH_OUT:
@@ -265,12 +286,16 @@ at_status at_train_argv_build(const char *body, size_t len, const char *program,
     at_status st = AT_OK;
     cJSON *j = cJSON_ParseWithLength(body ? body : "", body ? len : 0);
     if (!j || !cJSON_IsObject(j)) {
-        st = at_error(AT_ERR_FORMAT, "the body must be a JSON object of `anytune sft` options, e.g. "
+        st = at_error(AT_ERR_FORMAT, "the body must be a JSON object of `anytune sft` (with rlhf_type: rlhf) "
+                                     "options, e.g. "
                                      "{\"model\": \"demo/stories260K\", \"dataset\": \"demo/identity.json\"}");
         goto done;
     }
+    /* rlhf_type: an `anytune rlhf` job (its own options allowed) */
+    const cJSON *rt = cJSON_GetObjectItemCaseSensitive(j, "rlhf_type");
+    int rlhf = rt && !cJSON_IsNull(rt);
     AT_CHECK(push_arg(a, "", program));
-    AT_CHECK(push_arg(a, "", "sft"));
+    AT_CHECK(push_arg(a, "", rlhf ? "rlhf" : "sft"));
     const cJSON *v;
     int have_model = 0, have_data = 0;
     cJSON_ArrayForEach(v, j)
@@ -295,6 +320,11 @@ at_status at_train_argv_build(const char *body, size_t len, const char *program,
                 goto done;
             }
         if (cJSON_IsNull(v)) continue; /* unset: the trainer's default */
+        if (f->rlhf && !rlhf) {
+            set_param(param, cap, name);
+            st = at_error(AT_ERR_INVALID, "%s: an option of `anytune rlhf`: set rlhf_type too", name);
+            goto done;
+        }
         st = add_field(a, f, v);
         if (st != AT_OK) {
             set_param(param, cap, name);

@@ -18,8 +18,9 @@
 #include <stddef.h>
 #include "base/status.h"
 
-/* The argv of a job: argv[0] is the program, argv[1] "sft", then one
- * "--name=value" per option given; NULL-terminated. */
+/* The argv of a job: argv[0] is the program, argv[1] "sft" ("rlhf" when the
+ * body sets rlhf_type, which allows rlhf's options), then one "--name=value"
+ * per option given; NULL-terminated. */
 typedef struct at_train_argv {
     char **argv;
     int argc;

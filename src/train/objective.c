@@ -1,5 +1,6 @@
 #include "train/objective.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,19 @@ at_status at_objective_open(const char *name, const at_pref_config *pref, at_obj
         return AT_OK;
     }
     return at_error(AT_ERR_INVALID, "no training objective named %s", name ? name : "(none)");
+}
+
+size_t at_objective_rlhf_names(char *buf, size_t cap)
+{
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (size_t i = 0; i < sizeof OBJECTIVES / sizeof OBJECTIVES[0]; i++) {
+        const char *name = OBJECTIVES[i].name;
+        if (!strcmp(name, "sft") || !strcmp(name, "pt")) continue;
+        int k = snprintf(buf + (n < cap ? n : cap), n < cap ? cap - n : 0, "%s%s", n ? "|" : "", name);
+        n += k > 0 ? (size_t)k : 0;
+    }
+    return n;
 }
 
 void at_objective_free(at_objective *o)

@@ -134,6 +134,11 @@ struct at_objective {
 at_status at_objective_open(const char *name, const at_pref_config *pref, at_objective **out);
 void at_objective_free(at_objective *o); /* NULL ok */
 
+/* The objectives `anytune rlhf --rlhf_type` runs in this build (every row of
+ * the name table but sft and pt), "|"-separated into buf (cut to cap, NUL
+ * ended; the web UI's choices). Returns the length the whole list needs. */
+size_t at_objective_rlhf_names(char *buf, size_t cap);
+
 /* The objectives' tables (one file each). */
 extern const at_objective_ops at_objective_sft, at_objective_pt, at_objective_preference, at_objective_kto,
     at_objective_rm;

@@ -22,6 +22,24 @@ void at_rm_pair(double coef, double r_c, double r_r, double *loss, double *d_c, 
     *d_r = sigmoid(-delta) + 2 * coef * s;
 }
 
+at_status at_rm_read_rewards(const at_decoder_acts *acts, const int32_t *lengths, const float *w, float *h,
+                             double *rewards)
+{
+    size_t B = (size_t)acts->B, T = (size_t)acts->T, H = (size_t)at_tensor_cols(&acts->final_norm);
+    /* h_b: the final hidden state of row b's last token; r_b = w · h_b */
+    for (size_t b = 0; b < B; b++) {
+        size_t last = lengths[b] > 0 ? (size_t)lengths[b] - 1 : 0;
+        at_tensor row;
+        int64_t shape[2] = {1, (int64_t)H};
+        at_tensor_view_inplace(&row, &acts->final_norm, (b * T + last) * H, 2, shape);
+        AT_TRY(at_tensor_download(&row, h + b * H, H * sizeof *h));
+        double s = 0;
+        for (size_t k = 0; k < H; k++) s += (double)w[k] * (double)h[b * H + k];
+        rewards[b] = s;
+    }
+    return AT_OK;
+}
+
 at_status at_rm_forward_backward(const at_pref_config *c, size_t n, at_decoder *d, at_decoder_acts *acts,
                                  const at_tensor *ids, const at_tensor *pos, const int32_t *lengths,
                                  const at_fwd_opts *fwd, const at_tensor *score, at_tensor *score_grad,
@@ -40,18 +58,8 @@ at_status at_rm_forward_backward(const at_pref_config *c, size_t n, at_decoder *
     }
     AT_CHECK(at_decoder_forward_train_opts(d, acts, ids, pos, NULL, fwd));
     AT_CHECK(at_tensor_download(score, w, H * sizeof *w));
-    /* h_b: the final hidden state of row b's last token; r_b = w · h_b */
-    for (size_t b = 0; b < B; b++) {
-        size_t last = lengths[b] > 0 ? (size_t)lengths[b] - 1 : 0;
-        at_tensor row;
-        int64_t shape[2] = {1, (int64_t)H};
-        at_tensor_view_inplace(&row, &acts->final_norm, (b * T + last) * H, 2, shape);
-        AT_CHECK(at_tensor_download(&row, h + b * H, H * sizeof *h));
-        double s = 0;
-        for (size_t k = 0; k < H; k++) s += (double)w[k] * (double)h[b * H + k];
-        r[b] = s;
-        if (rewards) rewards[b] = s;
-    }
+    AT_CHECK(at_rm_read_rewards(acts, lengths, w, h, r));
+    if (rewards) memcpy(rewards, r, B * sizeof *r);
     double coef = c->center_rewards_coefficient;
     for (size_t i = 0; i < n; i++) {
         double rc = r[2 * i], rr = r[2 * i + 1], loss, dc, drr;

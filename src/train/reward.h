@@ -43,6 +43,13 @@ at_status at_rm_forward_backward(const at_pref_config *c, size_t n, at_decoder *
                                  double step_pairs, double scale, at_decoder_grads *g, double *rewards,
                                  at_rm_stats *stats);
 
+/* After a forward over acts' B rows (row b's tokens: lengths[b], right-padded):
+ * rewards[b] = w · h_b, h_b the final-normed hidden state of row b's last
+ * token, copied into h[B·hidden] (host scratch the caller gives); w: the
+ * score head on the host [hidden]. */
+at_status at_rm_read_rewards(const at_decoder_acts *acts, const int32_t *lengths, const float *w, float *h,
+                             double *rewards);
+
 double at_rm_stats_loss(const at_rm_stats *s); /* Σ L / pairs (NaN without any) */
 void at_rm_stats_log(const at_rm_stats *s, cJSON *line);
 

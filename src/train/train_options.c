@@ -150,6 +150,41 @@ const at_opt_spec at_train_options[] = {
 };
 const int at_train_n_options = (int)(sizeof at_train_options / sizeof at_train_options[0]);
 
+/* `anytune rlhf`'s own options (ms-swift's names), beside the table above:
+ * cli/cmd_rlhf.c parses them and the web UI's Train tab checks its rlhf
+ * fields against them. The ranges are train/preference.c's checks. */
+const at_opt_spec at_rlhf_options[] = {
+    {.name = "rlhf_type", .type = AT_OPT_STRING, .def = "dpo",
+     .help = "the preference objective: dpo, simpo, cpo, orpo, kto (unpaired examples with a label), or rm (a "
+             "reward model: a score head trained on the pairs)"},
+    {.name = "beta", .type = AT_OPT_FLOAT, .range = "(0, inf)",
+     .help = "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
+                                 "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1"},
+    {.name = "loss_type", .type = AT_OPT_STRING,
+     .help = "dpo: sigmoid, ipo or hinge; cpo: those or simpo (unset: sigmoid; simpo "
+                                       "for --rlhf_type simpo)"},
+    {.name = "label_smoothing", .type = AT_OPT_FLOAT, .def = "0", .range = "[0, 0.5)",
+     .help = "conservative DPO/CPO: the share of pairs assumed mislabeled "
+                                           "(sigmoid and simpo losses)"},
+    {.name = "rpo_alpha", .type = AT_OPT_FLOAT,
+     .help = "dpo: add rpo_alpha x the chosen replies' NLL (RPO); unset: off"},
+    {.name = "cpo_alpha", .type = AT_OPT_FLOAT,
+     .help = "cpo, simpo: weight of the chosen replies' NLL (unset: 1; 0: the SimPO "
+                                      "paper's loss)"},
+    {.name = "simpo_gamma", .type = AT_OPT_FLOAT, .help = "simpo: the target reward margin gamma (unset: 1)"},
+    {.name = "desirable_weight", .type = AT_OPT_FLOAT, .def = "1", .range = "[0, inf)",
+     .help = "kto: weight of the desirable examples' losses"},
+    {.name = "undesirable_weight", .type = AT_OPT_FLOAT, .def = "1", .range = "[0, inf)",
+     .help = "kto: weight of the undesirable examples' losses"},
+    {.name = "center_rewards_coefficient", .type = AT_OPT_FLOAT, .def = "0", .range = "[0, inf)",
+     .help = "rm: weight of the mean squared sum of the pair's rewards (centers them near 0; 0: off)"},
+    {.name = "ref_model", .type = AT_OPT_STRING,
+     .help = "dpo's and kto's reference model (default: the policy's base: LoRA off, or the "
+                                       "initial weights for full fine-tuning); refused by the reference-free "
+                                       "simpo, cpo and orpo"},
+};
+const int at_rlhf_n_options = (int)(sizeof at_rlhf_options / sizeof at_rlhf_options[0]);
+
 at_status at_train_args_check(const at_train_args *a)
 {
     for (int i = 0; i < at_train_n_options; i++) {

@@ -20,6 +20,9 @@
 
 extern const at_opt_spec at_train_options[];
 extern const int at_train_n_options;
+/* `anytune rlhf`'s options beyond those (rlhf_type, beta, ...). */
+extern const at_opt_spec at_rlhf_options[];
+extern const int at_rlhf_n_options;
 
 /* Checks every stored field of *a against its row's range (the library's
  * callers get the command line's checks). Rows without a default (e.g.

@@ -265,6 +265,35 @@ try {
   check(await page.locator('#loss-chart polyline.loss').count() === 1, 'no loss line');
   console.log(`webui_check: Train tab ran 3 steps into ${runDir}; ${points.length} loss points drawn`);
 
+  // 7. a KTO run from the same form: rlhf_type lists this build's objectives and shows kto's options
+  const types = await page.$$eval('#train-rlhf-type option', (os) => os.map((o) => o.value));
+  check(['', 'dpo', 'kto', 'rm'].every((t) => types.includes(t)), 'rlhf_type choices ' + JSON.stringify(types));
+  check(await page.isHidden('[data-opt="desirable_weight"]'), 'kto options shown for sft');
+  await page.selectOption('#train-rlhf-type', 'kto');
+  check(await page.isVisible('[data-opt="desirable_weight"]') && await page.isHidden('[data-opt="center_rewards_coefficient"]'),
+        'kto shows desirable_weight and hides rm\'s center_rewards_coefficient');
+  await page.fill('[data-opt="dataset"]', 'tests/data/kto/kto_en_demo_8.json');
+  await page.fill('[data-opt="output_dir"]', tmpdir + '/ui-kto');
+  await page.fill('[data-opt="max_steps"]', '2');
+  await page.fill('[data-opt="per_device_train_batch_size"]', '2');
+  await page.fill('[data-opt="max_length"]', '96');
+  await page.fill('[data-opt="desirable_weight"]', '1.5');
+  await page.click('#train-start');
+  await page.waitForFunction((dir) => document.getElementById('train-run-dir').textContent.startsWith(dir),
+                             tmpdir + '/ui-kto/v', { timeout: 60000 });
+  await page.waitForFunction(() => {
+    const s = document.getElementById('train-state').dataset.state;
+    return s && s !== 'running' && s !== 'starting' && s !== 'idle';
+  }, null, { timeout: 120000 });
+  const ktoState = await page.getAttribute('#train-state', 'data-state');
+  const ktoDir = await page.textContent('#train-run-dir');
+  check(ktoState === 'finished', 'kto state ' + ktoState + ': ' + await page.textContent('#train-output'));
+  const ktoRows = readFileSync(ktoDir + '/logging.jsonl', 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const ktoArgs = JSON.parse(readFileSync(ktoDir + '/args.json', 'utf8'));
+  check(ktoRows.length === 2 && ktoRows.every((r) => typeof r.kl === 'number'), 'kto rows ' + JSON.stringify(ktoRows));
+  check(ktoArgs.rlhf_type === 'kto' && ktoArgs.desirable_weight === 1.5, 'kto args ' + JSON.stringify(ktoArgs).slice(0, 300));
+  console.log(`webui_check: Train tab ran kto (2 steps, kl logged) into ${ktoDir}`);
+
   // the one error answer expected: the bad lora_rank (400)
   const unexpected = errors.filter((e) => !e.includes('status of 400'));
   check(unexpected.length === 0, 'page errors: ' + unexpected.join(' | '));
