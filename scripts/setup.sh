@@ -25,6 +25,7 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
 libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
+libjpeg62-turbo-dev libpng-dev libwebp-dev \
 libopenblas-dev libdnnl-dev openmpi-bin"
 if [ $test_deps = 1 ]; then
   # protoc and python3-protobuf: tests/cli_tensorboard.sh reads the event files with TensorBoard's own protos
@@ -40,10 +41,11 @@ if [ $arm_deps = 1 ]; then
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then $SUDO dpkg --add-architecture arm64; fi
   PKGS="$PKGS gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user-static libgomp1:arm64 \
 libcjson-dev:arm64 libyaml-dev:arm64 libpcre2-dev:arm64 libutf8proc-dev:arm64 libmicrohttpd-dev:arm64 \
-libcurl4-openssl-dev:arm64 libsnappy-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm64 libopenblas-dev:arm64"
+libcurl4-openssl-dev:arm64 libsnappy-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm64 libopenblas-dev:arm64 \
+libjpeg62-turbo-dev:arm64 libpng-dev:arm64 libwebp-dev:arm64"
 fi
 if [ $dev_deps = 1 ]; then
-  PKGS="$PKGS python3-torch python3-jinja2 python3-numpy libopenblas0-openmp"
+  PKGS="$PKGS python3-torch python3-jinja2 python3-numpy python3-pil libopenblas0-openmp"
 fi
 missing=""
 for p in $PKGS; do

@@ -506,7 +506,7 @@ static void test_gelu_fd(void)
 }
 
 /* Rotary embeddings with several position components against torch
- * (tools/make_mrope_goldens.py: Qwen2-VL's multimodal RoPE and its vision
+ * (tools/make_rope_sections_goldens.py: Qwen2-VL's multimodal RoPE and its vision
  * tower's 2-D RoPE as transformers computes them). Both sides form each
  * angle as the same f32 product; torch's f32 cos/sin and products leave
  * ~1e-6 on values of size ~3. */
@@ -514,9 +514,9 @@ static void test_rope_sections_golden(void)
 {
     char *text = NULL;
     cJSON *root = NULL;
-    CHECK_OK(at_read_file("tests/data/ops/mrope.json", &text, NULL));
+    CHECK_OK(at_read_file("tests/data/ops/rope_sections.json", &text, NULL));
     root = text ? cJSON_Parse(text) : NULL;
-    CHECK_MSG(root != NULL, "tests/data/ops/mrope.json does not parse");
+    CHECK_MSG(root != NULL, "tests/data/ops/rope_sections.json does not parse");
     const cJSON *c;
     int ncases = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases"))

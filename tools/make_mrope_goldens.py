@@ -1,85 +1,161 @@
 #!/usr/bin/python3
-"""Writes tests/data/ops/mrope.json: rotary embeddings with several position
-components, computed with torch as transformers (4.46) computes them for
-Qwen2-VL, written from its definitions:
+"""Writes the M-RoPE and vision-config test files (tests/test_vision_config.c):
 
-- the language model's multimodal RoPE: Qwen2VLRotaryEmbedding (inv_freq of
-  head_dim, position_ids [3, batch, T] for t, h, w) and
-  apply_multimodal_rotary_pos_emb (mrope_section doubled, section j of
-  cos/sin taken from component j % 3);
-- the vision tower's 2-D RoPE: VisionRotaryEmbedding(head_dim // 2) indexed by
-  each patch's (row, column) and flattened, then apply_rotary_pos_emb_vision
-  (cos/sin repeated twice along the last dimension).
-
-The C side expresses both as at_rope with at_rope_sections: the language
-model with n = 3 and len = mrope_section over the model's inv_freq; the
-vision tower with n = 2 and len = [D/4, D/4] over its inv_freq written twice.
+  tests/data/models/mrope_goldens.json   position ids of token sequences with
+      images, from get_rope_index below: transformers' Qwen2VLModel.get_rope_index
+      (the image path; Qwen2.5-VL's differs for videos only) for one sequence
+      without padding, written again with numpy, statement by statement
+  tests/data/models/tiny-qwen2-vl/, tiny-qwen2_5-vl/   config.json with a
+      vision_config, and model.safetensors holding the vision tower's tensors
+      (random values; names and shapes as transformers' checkpoints have them)
 
 Run from the repository root:  /usr/bin/python3 tools/make_mrope_goldens.py
 """
 import json
 import os
+import struct
 
-import torch
+import numpy as np
 
-
-def rotate_half(x):
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
+IMAGE, VIDEO, VSTART, VEND = 151655, 151656, 151652, 151653
 
 
-def mrope_case(gen, T, H, D, theta, mrope_section):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
-    pos = torch.randint(0, 40, (3, 1, T), generator=gen)
-    x = torch.randn(1, H, T, D, generator=gen)  # [batch, heads, T, D] as the attention holds q
-    inv_exp = inv_freq[None, None, :, None].float().expand(3, 1, -1, 1)
-    freqs = (inv_exp @ pos[:, :, None, :].float()).transpose(2, 3)  # [3, batch, T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
-    sec = mrope_section * 2
-    cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sec, dim=-1))], dim=-1).unsqueeze(1)
-    sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sec, dim=-1))], dim=-1).unsqueeze(1)
-    y = x * cos + rotate_half(x) * sin
-    return dict(name=f"mrope T{T} H{H} D{D}", sections=mrope_section, inv_freq=inv_freq.tolist(),
-                pos=pos[:, 0, :].T.reshape(-1).tolist(),  # [T, 3]
-                x=x[0].transpose(0, 1).reshape(-1).tolist(),  # [T, H, D]
-                y=y[0].transpose(0, 1).reshape(-1).tolist())
+def get_rope_index(input_ids, image_grid_thw, spatial_merge_size=2):
+    """transformers' get_rope_index for one row, attention mask all ones."""
+    input_tokens = list(input_ids)
+    ids = np.array(input_ids)
+    vision_start_indices = np.argwhere(ids == VSTART).squeeze(1)
+    vision_tokens = ids[vision_start_indices + 1]
+    image_nums = int((vision_tokens == IMAGE).sum())
+    llm_pos_ids_list = []
+    st = 0
+    image_index = 0
+    remain_images = image_nums
+    for _ in range(image_nums):
+        if IMAGE in input_tokens and remain_images > 0:
+            ed_image = input_tokens.index(IMAGE, st)
+        else:
+            ed_image = len(input_tokens) + 1
+        t, h, w = image_grid_thw[image_index]
+        image_index += 1
+        remain_images -= 1
+        ed = ed_image
+        llm_grid_t, llm_grid_h, llm_grid_w = t, h // spatial_merge_size, w // spatial_merge_size
+        text_len = ed - st
+        st_idx = llm_pos_ids_list[-1].max() + 1 if len(llm_pos_ids_list) > 0 else 0
+        llm_pos_ids_list.append(np.broadcast_to(np.arange(text_len).reshape(1, -1), (3, text_len)) + st_idx)
+        t_index = np.broadcast_to(np.arange(llm_grid_t).reshape(-1, 1), (llm_grid_t, llm_grid_h * llm_grid_w)).flatten()
+        h_index = np.broadcast_to(np.arange(llm_grid_h).reshape(1, -1, 1),
+                                  (llm_grid_t, llm_grid_h, llm_grid_w)).flatten()
+        w_index = np.broadcast_to(np.arange(llm_grid_w).reshape(1, 1, -1),
+                                  (llm_grid_t, llm_grid_h, llm_grid_w)).flatten()
+        llm_pos_ids_list.append(np.stack([t_index, h_index, w_index]) + text_len + st_idx)
+        st = ed + llm_grid_t * llm_grid_h * llm_grid_w
+    if st < len(input_tokens):
+        st_idx = llm_pos_ids_list[-1].max() + 1 if len(llm_pos_ids_list) > 0 else 0
+        text_len = len(input_tokens) - st
+        llm_pos_ids_list.append(np.broadcast_to(np.arange(text_len).reshape(1, -1), (3, text_len)) + st_idx)
+    llm_positions = np.concatenate(llm_pos_ids_list, axis=1).reshape(3, -1)
+    delta = int(llm_positions.max()) + 1 - len(input_ids)
+    return llm_positions, delta
 
 
-def vision_case(gen, grid_h, grid_w, H, D, theta, merge=2):
-    dim = D // 2
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))  # [D/4]
-    # Qwen2VisionTransformer.rot_pos_emb: positions in the 2x2-merge order
-    hpos = torch.arange(grid_h).unsqueeze(1).expand(-1, grid_w)
-    hpos = hpos.reshape(grid_h // merge, merge, grid_w // merge, merge).permute(0, 2, 1, 3).flatten()
-    wpos = torch.arange(grid_w).unsqueeze(0).expand(grid_h, -1)
-    wpos = wpos.reshape(grid_h // merge, merge, grid_w // merge, merge).permute(0, 2, 1, 3).flatten()
-    pos_ids = torch.stack([hpos, wpos], dim=-1)  # [N, 2]
-    seq = torch.arange(max(grid_h, grid_w), dtype=inv.dtype)
-    freqs_full = torch.outer(seq, inv)
-    freqs = freqs_full[pos_ids].flatten(1)  # [N, D/2]
-    N = pos_ids.shape[0]
-    x = torch.randn(N, H, D, generator=gen)
-    cos = freqs.cos().unsqueeze(1).repeat(1, 1, 2)
-    sin = freqs.sin().unsqueeze(1).repeat(1, 1, 2)
-    y = x * cos + rotate_half(x) * sin
-    return dict(name=f"vision {grid_h}x{grid_w} H{H} D{D}", sections=[D // 4, D // 4],
-                inv_freq=torch.cat([inv, inv]).tolist(), pos=pos_ids.reshape(-1).tolist(),
-                x=x.reshape(-1).tolist(), y=y.reshape(-1).tolist())
+def sequence(rs, parts):
+    """parts: ints (that many text tokens) and (t, h, w) image grids."""
+    ids, grids = [], []
+    for p in parts:
+        if isinstance(p, int):
+            ids += [int(x) for x in rs.randint(100, 5000, p)]
+        else:
+            grids.append(list(p))
+            ids += [VSTART] + [IMAGE] * (p[0] * p[1] * p[2] // 4) + [VEND]
+    return ids, grids
+
+
+def mrope_cases():
+    rs = np.random.RandomState(0)
+    shapes = [[5, (1, 4, 4), 7],             # one image in text
+              [(1, 4, 6), 3],                 # image first
+              [4, (1, 8, 4)],                 # image last (only its end token after it)
+              [3, (1, 4, 4), 2, (1, 6, 10), 5],  # two images of other grids
+              [2, (1, 16, 2), 1, (1, 2, 2), 1, (1, 4, 8), 9],  # three, one tall and thin
+              [12]]                           # no image
+    cases = []
+    for parts in shapes:
+        ids, grids = sequence(rs, parts)
+        pos, delta = get_rope_index(ids, grids)
+        cases.append({"ids": ids, "grid_thw": grids, "position_ids": pos.tolist(), "delta": delta})
+    return cases
+
+
+def write_safetensors(path, tensors, metadata=None):
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, arr in tensors:
+        b = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def tiny_model(kind):
+    rs = np.random.RandomState(1)
+    w, heads, depth, out, m2, tp, p = 16, 2, 2, 24, 4, 2, 14
+    q25 = kind == "qwen2_5_vl"
+    f = 40 if q25 else 4 * w
+    vcfg = {"depth": depth, "num_heads": heads, "in_chans": 3, "patch_size": p, "spatial_merge_size": 2,
+            "temporal_patch_size": tp}
+    if q25:
+        vcfg.update({"hidden_act": "silu", "hidden_size": w, "intermediate_size": f, "out_hidden_size": out,
+                     "window_size": 112, "fullatt_block_indexes": [1], "tokens_per_second": 2})
+    else:
+        vcfg.update({"embed_dim": w, "mlp_ratio": 4, "hidden_size": out})
+    cfg = {"architectures": ["Qwen2_5_VLForConditionalGeneration" if q25 else "Qwen2VLForConditionalGeneration"],
+           "model_type": kind, "hidden_size": out, "intermediate_size": 48, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+           "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+           "image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": VSTART,
+           "vision_end_token_id": VEND, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]},
+           "vision_config": vcfg, "torch_dtype": "float32"}
+    t = [("visual.patch_embed.proj.weight", rs.randn(w, 3, tp, p, p))]
+    for i in range(depth):
+        b = "visual.blocks.%d." % i
+        t += [(b + "norm1.weight", rs.randn(w))] + ([] if q25 else [(b + "norm1.bias", rs.randn(w))])
+        t += [(b + "norm2.weight", rs.randn(w))] + ([] if q25 else [(b + "norm2.bias", rs.randn(w))])
+        t += [(b + "attn.qkv.weight", rs.randn(3 * w, w)), (b + "attn.qkv.bias", rs.randn(3 * w)),
+              (b + "attn.proj.weight", rs.randn(w, w)), (b + "attn.proj.bias", rs.randn(w))]
+        if q25:
+            for n_, shp in (("gate_proj", (f, w)), ("up_proj", (f, w)), ("down_proj", (w, f))):
+                t += [(b + "mlp.%s.weight" % n_, rs.randn(*shp)), (b + "mlp.%s.bias" % n_, rs.randn(shp[0]))]
+        else:
+            t += [(b + "mlp.fc1.weight", rs.randn(f, w)), (b + "mlp.fc1.bias", rs.randn(f)),
+                  (b + "mlp.fc2.weight", rs.randn(w, f)), (b + "mlp.fc2.bias", rs.randn(w))]
+    t += [("visual.merger.ln_q.weight", rs.randn(w))] + ([] if q25 else [("visual.merger.ln_q.bias", rs.randn(w))])
+    t += [("visual.merger.mlp.0.weight", rs.randn(w * m2, w * m2)), ("visual.merger.mlp.0.bias", rs.randn(w * m2)),
+          ("visual.merger.mlp.2.weight", rs.randn(out, w * m2)), ("visual.merger.mlp.2.bias", rs.randn(out))]
+    d = "tests/data/models/tiny-%s" % kind.replace("_vl", "-vl")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=1)
+    write_safetensors(os.path.join(d, "model.safetensors"), t, {"format": "pt"})
+    return d, len(t)
 
 
 def main():
-    gen = torch.Generator().manual_seed(7)
-    cases = [mrope_case(gen, 5, 2, 16, 1e6, [2, 3, 3]),        # Qwen2-VL's [16, 24, 24] scaled to D 16
-             mrope_case(gen, 3, 1, 128, 1e6, [16, 24, 24]),    # Qwen2-VL's own
-             vision_case(gen, 4, 6, 2, 16, 10000.0),
-             vision_case(gen, 2, 2, 1, 80, 10000.0)]           # Qwen2-VL's vision head_dim 80
-    out = os.path.join("tests", "data", "ops", "mrope.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(dict(source="tools/make_mrope_goldens.py", cases=cases), f)
-    print("wrote", out, len(cases), "cases")
+    cases = mrope_cases()
+    with open("tests/data/models/mrope_goldens.json", "w") as fh:
+        json.dump({"generator": "tools/make_mrope_goldens.py (numpy %s)" % np.__version__, "spatial_merge_size": 2,
+                   "image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": VSTART,
+                   "cases": cases}, fh)
+    for kind in ("qwen2_vl", "qwen2_5_vl"):
+        d, n = tiny_model(kind)
+        print("wrote %s (%d vision tensors)" % (d, n))
+    print("wrote %d M-RoPE cases" % len(cases))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 #include "data/dataset.h"
+#include "data/media.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -177,12 +178,18 @@ static at_status load_file(at_dataset *ds, const char *spec, size_t file_index, 
     size_t *idx = NULL, *perm = NULL;
     size_t want = 0;
     file_ctx fc = {0};
+    char *base_dir = NULL;
     AT_CHECK(at_dataset_parse_spec(spec, &path, &want));
     fc.ds = ds;
     fc.opt = opt;
     size_t unfilled = 0;
     fc.nz = (at_normalizer){&ds->arena, opt->model_name, opt->model_author, opt->model_name_en, opt->model_author_en,
-                            &unfilled};
+                            &unfilled, NULL};
+    fc.nz.base_dir = base_dir = at_media_base_dir(path);
+    if (!base_dir) {
+        st = at_error(AT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     fc.fmt = opt->format;
     fc.path = at_arena_strndup(&ds->arena, path, strlen(path));
     if (!fc.path) {
@@ -252,6 +259,7 @@ static at_status load_file(at_dataset *ds, const char *spec, size_t file_index, 
     at_log_debug("%s: %zu records (%s), %zu samples, %zu held out", path, n, at_data_format_name(fc.fmt), m, n_val);
 done:
     free(path);
+    free(base_dir);
     free(idx);
     free(perm);
     free(fc.list);

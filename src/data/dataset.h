@@ -82,6 +82,10 @@ typedef struct {
     const int32_t *input_ids, *labels; /* token samples; labels NULL when absent */
     size_t n_tokens;
     int label;            /* KTO-style desirability: -1 none, else 0 or 1 */
+    /* conversations: the images its "<image>" tags stand for, in order, as
+     * data/media.h keeps references (a path, a data URL or base64) */
+    const char *const *images;
+    size_t n_images;
 } at_sample;
 
 typedef enum {
@@ -163,6 +167,7 @@ typedef struct {
     const char *model_name, *model_author;
     const char *model_name_en, *model_author_en; /* see at_dataset_options; NULL: as above */
     size_t *unfilled;  /* may be NULL: counts strings left with a {{name}} / {{author}} placeholder */
+    const char *base_dir; /* the dataset file's folder: relative image paths start there (NULL: as written) */
 } at_normalizer;
 at_data_format at_data_format_detect(const cJSON *rec);
 at_status at_normalize_record(const at_normalizer *nz, const cJSON *rec, at_data_format fmt, at_sample *out,

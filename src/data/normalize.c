@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/media.h"
+
 static const char *const k_message_keys[] = {"messages", "conversations", "conversation", NULL};
 static const char *const k_query_keys[] = {"query", "prompt", "input", "instruction", "question", "problem", NULL};
 static const char *const k_response_keys[] = {"response", "answer", "output", "targets", "target",
@@ -165,6 +167,7 @@ static const char *copy_str(const at_normalizer *nz, const char *s)
 typedef struct {
     at_message *m;
     size_t n, cap;
+    at_media_list *imgs; /* images of content lists go here; NULL: none allowed */
 } msgbuf;
 
 static int mb_init(const at_normalizer *nz, msgbuf *mb, size_t cap)
@@ -314,10 +317,19 @@ static at_status parse_message(const at_normalizer *nz, const cJSON *m, const ch
     const char *text = "";
     if (content && cJSON_IsString(content)) {
         text = content->valuestring;
+    } else if (cJSON_IsArray(content)) { /* an OpenAI content list (text and image parts) */
+        char w[96];
+        snprintf(w, sizeof w, "%s.content", where);
+        at_status st = at_media_content_text(nz->arena, nz->base_dir, content, w, &text, mb->imgs);
+        if (st != AT_OK) {
+            *kind = st == AT_ERR_NOMEM ? AT_ISSUE_VALUE : AT_ISSUE_TYPE;
+            return st;
+        }
     } else if (!content || cJSON_IsNull(content)) {
         if (!calls) return fail(kind, AT_ISSUE_MISSING, "%s has no content", where);
     } else {
-        return fail(kind, AT_ISSUE_TYPE, "%s: the content must be a string, not %s", where, type_name(content));
+        return fail(kind, AT_ISSUE_TYPE, "%s: the content must be a string or a list of parts, not %s", where,
+                    type_name(content));
     }
     int loss;
     AT_TRY(parse_loss(m, where, &loss, kind));
@@ -509,10 +521,65 @@ static void kto_label(const cJSON *rec, at_sample *out)
     else if (cJSON_IsNumber(l) && (l->valuedouble == 0 || l->valuedouble == 1)) out->label = (int)l->valuedouble;
 }
 
+/* The record's images: those of content lists (already in imgs) or those of
+ * its "images" (ms-swift) / "image" (LLaVA) key, never both; then the tags
+ * checked against them (see data/media.h). */
+static at_status record_images(const at_normalizer *nz, const cJSON *rec, msgbuf *mb, at_sample *out,
+                               at_issue_kind *kind)
+{
+    at_media_list *imgs = mb->imgs;
+    const char *which = NULL;
+    static const char *const image_keys[] = {"images", "image", NULL};
+    const cJSON *v = get_any(rec, image_keys, &which);
+    if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
+        if (imgs->n) return fail(kind, AT_ISSUE_VALUE, "images both in content lists and in \"%s\"", which);
+        at_status st = AT_OK;
+        if (cJSON_IsArray(v)) {
+            size_t i = 0;
+            const cJSON *e;
+            cJSON_ArrayForEach(e, v) {
+                char w[64];
+                snprintf(w, sizeof w, "%s[%zu]", which, i++);
+                st = at_media_add_ref(nz->arena, nz->base_dir, e, w, imgs);
+                if (st != AT_OK) break;
+            }
+        } else {
+            st = at_media_add_ref(nz->arena, nz->base_dir, v, which, imgs);
+        }
+        if (st != AT_OK) {
+            *kind = AT_ISSUE_VALUE;
+            return st;
+        }
+    }
+    at_messages m = {mb->m, mb->n};
+    size_t tags = at_media_count_tags(&m);
+    if (tags == 0 && imgs->n) {
+        /* ms-swift: images without tags go before the first user message's text */
+        for (size_t i = 0; i < mb->n; i++) {
+            if (mb->m[i].role != AT_ROLE_USER) continue;
+            size_t tl = strlen(AT_IMAGE_TAG), cl = strlen(mb->m[i].content);
+            char *c = at_arena_alloc(nz->arena, imgs->n * tl + cl + 1);
+            if (!c) return nomem(kind);
+            for (size_t k = 0; k < imgs->n; k++) memcpy(c + k * tl, AT_IMAGE_TAG, tl);
+            memcpy(c + imgs->n * tl, mb->m[i].content, cl + 1);
+            mb->m[i].content = c;
+            tags = imgs->n;
+            break;
+        }
+    }
+    if (tags != imgs->n)
+        return fail(kind, AT_ISSUE_VALUE, "%zu <image> tag%s for %zu image%s", tags, tags == 1 ? "" : "s", imgs->n,
+                    imgs->n == 1 ? "" : "s");
+    out->images = imgs->items;
+    out->n_images = imgs->n;
+    return AT_OK;
+}
+
 static at_status norm_conversation(const at_normalizer *nz, const cJSON *rec, at_data_format fmt, at_sample *out,
                                    at_issue_kind *kind)
 {
-    msgbuf mb;
+    at_media_list imgs = {0};
+    msgbuf mb = {.imgs = &imgs};
     out->kind = AT_SAMPLE_CONVERSATION;
     if (fmt == AT_FORMAT_ALPACA || fmt == AT_FORMAT_RESPONSE) {
         const char *resp = NULL;
@@ -527,6 +594,7 @@ static at_status norm_conversation(const at_normalizer *nz, const cJSON *rec, at
         AT_TRY(opt_string(rec, k_system_keys, &system, kind));
         AT_TRY(parse_message_list(nz, arr, which, system, 0, &mb, kind));
     }
+    AT_TRY(record_images(nz, rec, &mb, out, kind));
     set_messages(&out->messages, &mb);
     AT_TRY(tools_of(nz, rec, &out->tools, kind));
     kto_label(rec, out);

@@ -1,4 +1,5 @@
 #include "model/loader.h"
+#include "model/vision_config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -338,7 +339,9 @@ static at_status open_source(const char *path, const char *model_type, source *s
             else if (folder) strcpy(folder, ".");
         }
         if (!folder) return at_error(AT_ERR_NOMEM, "loader: out of memory");
-        at_status st = at_model_config_load_as(folder, model_type, cfg);
+        /* vision-language folders are refused (clearly) until their forward exists */
+        at_status st = model_type ? AT_OK : at_vision_gate(folder, path);
+        if (st == AT_OK) st = at_model_config_load_as(folder, model_type, cfg);
         free(folder);
         AT_TRY(st);
         return at_st_model_open(path, &s->st);
