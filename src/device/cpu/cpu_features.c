@@ -265,9 +265,5 @@ const char *at_cpu_isa_name(at_cpu_isa level)
 
 int at_cpu_fast_bf16(void)
 {
-#if defined(__aarch64__)
-    return 0; /* no BFMMLA GEMM kernel yet: bf16 products run through f32 */
-#else
-    return at_cpu_isa_level() >= AT_ISA_TOP;
-#endif
+    return at_cpu_isa_level() >= AT_ISA_TOP; /* AVX512_BF16, or BFMMLA (gemm_neon_bf16.c) */
 }

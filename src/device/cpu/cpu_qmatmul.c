@@ -123,7 +123,7 @@ static size_t esize(at_dtype t) { return t == AT_F32 ? 4 : 2; }
 static void pack_b(const qproblem *p, int64_t jc, int64_t nb, int64_t pc, int64_t kb, char *bbuf, float *tmp)
 {
     const at_gemm_blocked *e = p->e;
-    size_t pe = e->kp == 2 ? 2 : 4;
+    size_t pe = at_gemm_panel_esize(e);
     size_t bpanel = (size_t)((kb + e->kp - 1) / e->kp * e->kp * e->nr) * pe;
     if (p->tb) {
         for (int64_t x0 = 0; x0 < nb; x0 += e->nr) {
@@ -145,7 +145,7 @@ static void run_range(const qproblem *p, int64_t m0, int64_t m1, int64_t n0, int
                       float *tmp)
 {
     const at_gemm_blocked *e = p->e;
-    size_t ae = esize(p->at), ce = esize(p->ct), pe = e->kp == 2 ? 2 : 4;
+    size_t ae = esize(p->at), ce = esize(p->ct), pe = at_gemm_panel_esize(e);
     int64_t a_sx = p->ta ? 1 : p->lda, a_sk = p->ta ? p->lda : 1;
     for (int64_t jc = n0; jc < n1; jc += e->nc) {
         int64_t nb = n1 - jc < e->nc ? n1 - jc : e->nc;
@@ -201,7 +201,7 @@ static at_status run_blocked(const qproblem *p)
      * there are fewer column units than threads */
     int tn = units < nt ? (int)units : nt, tm = nt / tn;
     if (tm > tiles_m) tm = (int)tiles_m;
-    size_t pe = e->kp == 2 ? 2 : 4;
+    size_t pe = at_gemm_panel_esize(e);
     int64_t kcb = p->K < e->kc ? p->K : e->kc;
     kcb = (kcb + e->kp - 1) / e->kp * e->kp;
     int failed = 0;
@@ -424,7 +424,7 @@ static const at_gemm_blocked *engine(int bf16)
     if (isa >= AT_ISA_AVX512) return &at_gemm_f32_avx512;
     if (isa >= AT_ISA_AVX2) return &at_gemm_f32_avx2;
 #elif defined(__aarch64__)
-    (void)bf16;
+    if (bf16 && at_cpu_isa_level() >= AT_ISA_NEON_BF16) return &at_gemm_bf16_neon_bf16;
     if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_gemm_f32_neon;
 #else
     (void)bf16;
@@ -455,7 +455,7 @@ at_status at_cpu_qmatmul(at_tensor *c, const at_tensor *a, const at_tensor *b, i
         .e = engine(bf16), .w = &w, .ta = !!trans_a, .tb = !!trans_b,
         .M = trans_a ? ac : ar, .N = trans_b ? w.rows : w.cols, .K = trans_a ? ar : ac,
         .alpha = alpha, .beta = beta, .at = a->dtype, .lda = ac, .ct = c->dtype,
-        .round = bf16 && !(engine(bf16) && engine(bf16)->kp == 2),
+        .round = bf16 && !(engine(bf16) && engine(bf16)->kp > 1),
     };
     p.ldc = p.N;
     if (!trans_a) { /* the batch of A stacked into rows: one weight for all */

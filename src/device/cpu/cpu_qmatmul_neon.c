@@ -18,6 +18,7 @@ static inline int32x4_t smull_dot32(int8x16_t x0, int8x16_t x1, int8x16_t w0, in
 
 #define AT_NEON_DOT32 smull_dot32
 #include "device/cpu/cpu_qmatmul_neon_inl.h"
+#include "device/cpu/gemm_neon_inl.h"
 
 /* Values 4i..4i+3 of a block (i < 8) as f32 times d. */
 static inline void block_values(int8x16_t q0, int8x16_t q1, float32x4_t d, float32x4_t v[8])
@@ -60,16 +61,6 @@ static void nf4(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
 }
 
 const at_cpu_qdeq at_cpu_qdeq_neon = {.name = "neon", .q8_0 = q8_0, .q4_0 = q4_0, .nf4 = nf4};
-
-/* Rounds f32 lanes to the nearest bf16 value (ties to even), NaN kept quiet. */
-static inline float32x4_t round_bf16(float32x4_t v)
-{
-    uint32x4_t u = vreinterpretq_u32_f32(v);
-    uint32x4_t odd = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
-    uint32x4_t r = vaddq_u32(u, vaddq_u32(vdupq_n_u32(0x7fff), odd));
-    r = vbslq_u32(vceqq_f32(v, v), r, vorrq_u32(u, vdupq_n_u32(0x00400000)));
-    return vreinterpretq_f32_u32(vandq_u32(r, vdupq_n_u32(0xffff0000u)));
-}
 
 /* ---- decode: M (<= 8) rows of x against one row of W, W streamed once ----
  * A block of 32 is eight vectors: even ones accumulate in acc[m][0], odd in [1]. */

@@ -158,7 +158,7 @@ static const at_gemm_blocked *blocked_engine(int bf16)
     if (isa >= AT_ISA_AVX512) return &at_gemm_f32_avx512;
     if (isa >= AT_ISA_AVX2) return &at_gemm_f32_avx2;
 #elif defined(__aarch64__)
-    (void)bf16;
+    if (bf16 && at_cpu_isa_level() >= AT_ISA_NEON_BF16) return &at_gemm_bf16_neon_bf16;
     if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_gemm_f32_neon;
 #else
     (void)bf16;
@@ -173,6 +173,8 @@ static const at_gemm_small *small_engine(void)
     if (isa >= AT_ISA_AVX512_BF16) return &at_gemm_small_avx512bf16;
     if (isa >= AT_ISA_AVX512) return &at_gemm_small_avx512;
     if (isa >= AT_ISA_AVX2) return &at_gemm_small_avx2;
+#elif defined(__aarch64__)
+    if (at_cpu_isa_level() >= AT_ISA_NEON) return &at_gemm_small_neon;
 #endif
     return &gemm_small_portable;
 }
@@ -268,6 +270,7 @@ static const char *ours_name(int bf16)
     if (e == &at_gemm_f32_avx512) return "anytune avx512";
     if (e == &at_gemm_f32_avx2) return "anytune avx2+fma";
 #elif defined(__aarch64__)
+    if (e == &at_gemm_bf16_neon_bf16) return "anytune neon+bf16";
     if (e == &at_gemm_f32_neon) return "anytune neon";
 #endif
     (void)e;
@@ -477,7 +480,7 @@ static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0
 
 static size_t panel_bytes(const at_gemm_blocked *e, int w, int64_t kb)
 {
-    return (size_t)((kb + e->kp - 1) / e->kp * e->kp * w) * (e->kp == 2 ? 2 : 4);
+    return (size_t)((kb + e->kp - 1) / e->kp * e->kp * w) * at_gemm_panel_esize(e);
 }
 
 /* Packs lanes [x0, x0 + n) x k [pc, pc + kb) of op(A) (or op(B)) into panels at dst. */

@@ -7,8 +7,10 @@
  * both with unit stride:
  *   kp == 1 (f32 panels):  panel[k*w + x]                      (f32)
  *   kp == 2 (bf16 pairs):  panel[(k/2)*2w + 2x + (k%2)]         (bf16)
- * i.e. for bf16 each 32-bit lane holds the pair (k, k+1) that one
- * vdpbf16ps multiplies and adds. Lanes past the valid count and the odd k
+ *   kp == 4 (bf16 quads):  panel[(k/4)*4w + 4x + (k%4)]         (bf16)
+ * i.e. for bf16 pairs each 32-bit lane holds the pair (k, k+1) that one
+ * vdpbf16ps multiplies and adds; quads are the 2x4 / 4x2 blocks of BFMMLA
+ * (gemm_neon_bf16.c). Lanes past the valid count and the odd k
  * past kc are zero, so edge tiles need no special case in the inner loop.
  *
  * Small path: when M or N is tiny (decode with M = 1, LoRA rank 8) packing the
@@ -22,6 +24,7 @@
 #ifndef AT_DEVICE_CPU_GEMM_KERNELS_H
 #define AT_DEVICE_CPU_GEMM_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "device/dtype.h"
 
@@ -57,6 +60,9 @@ typedef struct {
     at_gemm_axpy_fn axpy;
 } at_gemm_small;
 
+/* Bytes per value of e's panels: bf16 (kp > 1) or f32. */
+static inline size_t at_gemm_panel_esize(const at_gemm_blocked *e) { return e->kp > 1 ? 2 : 4; }
+
 /* Portable pieces in gemm.c that the ISA files reuse: the packing routine
  * (f32 panels) and the write-back of an f32 tile acc[m][ld] into C. */
 void at_gemm_pack_portable(void *dst, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n,
@@ -73,6 +79,8 @@ extern const at_gemm_small at_gemm_small_avx512;
 extern const at_gemm_small at_gemm_small_avx512bf16; /* dot on bf16 rows with vdpbf16ps */
 /* aarch64 (gemm_neon.c) */
 extern const at_gemm_blocked at_gemm_f32_neon;
+extern const at_gemm_small at_gemm_small_neon;
+extern const at_gemm_blocked at_gemm_bf16_neon_bf16; /* gemm_neon_bf16.c: BFMMLA, kp = 4 */
 /* Frees the calling thread's scratch of at_gemm_small_avx512bf16. */
 void at_gemm_bf16_release(void);
 
