@@ -129,7 +129,8 @@ void at_gemm_bf16_release(void)
 }
 
 /* RR (<= 4) bf16 rows of y against SS (<= 8) bf16 rows of xb (ldxb, a
- * multiple of 32, zero past K), dot products along k. */
+ * multiple of 32, zero past K), dot products along k; the next RR rows are
+ * prefetched (gemm_avx512.c's dot_tile says why). */
 static inline __attribute__((always_inline)) void dotb_tile(const int RR, const int SS, int64_t K,
                                                             const uint16_t *xb, int64_t ldxb, const uint16_t *y,
                                                             int64_t ldy, float *out, int64_t ors, int64_t oss, int sv)
@@ -141,7 +142,10 @@ static inline __attribute__((always_inline)) void dotb_tile(const int RR, const 
         __mmask32 km = mask32(K - k);
         __m512i y0 = _mm512_setzero_si512(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(r)                                                                                                          \
-    if (RR > r) y##r = _mm512_maskz_loadu_epi16(km, y + r * ldy + k);
+    if (RR > r) {                                                                                                      \
+        y##r = _mm512_maskz_loadu_epi16(km, y + r * ldy + k);                                                          \
+        _mm_prefetch((const char *)(y + (RR + r) * ldy + k), _MM_HINT_T0);                                             \
+    }
         AT_R4(LY)
 #undef LY
 #define DP(r, s)                                                                                                       \
