@@ -183,6 +183,10 @@ static void sweep_large(int full)
         {0, 0, 40, 50, 700, AT_F16, AT_F32, AT_BF16, 1.0f, 0.0f, 0, 1},
         {0, 1, 20, 4200, 40, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 1, 1},   /* a slice of N past NC */
         {1, 0, 1000, 2100, 10, AT_BF16, AT_BF16, AT_F32, 1.0f, 0.5f, 0, 0}, /* many n blocks, several m blocks */
+        /* the small path's axpy form over several lane chunks and k passes
+         * (AT_GEMM_AXPY_LC, at_gemm_axpy_kb): decode, and 8 + 1 rows of x */
+        {0, 0, 1, 2100, 70, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 0, 1},
+        {1, 0, 9, 1100, 100, AT_F16, AT_BF16, AT_F32, 1.0f, 0.5f, 1, 0},
     };
     size_t n = sizeof big / sizeof big[0];
     for (size_t i = 0; i < n; i++)

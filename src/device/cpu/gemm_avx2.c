@@ -165,7 +165,7 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
 }
 
 const at_gemm_blocked at_gemm_f32_avx2 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kp = 1, .mc = 24 * MR, .kc = 256, .nc = 128 * NR,
+    .name = "avx2", .mr = MR, .nr = NR, .kp = 1, .mc = 24 * MR, .kc = 512, .nc = 128 * NR,
     .pack = pack_f32, .kernel = kernel_f32,
 };
 
@@ -179,7 +179,8 @@ const at_gemm_blocked at_gemm_f32_avx2 = {
 
 /* RR (<= 4) rows of y against SS (<= 8) rows of x (RR·SS <= 8), dot products
  * along k; only the first sv of the SS results per row are stored. x rows
- * are zero-padded to a multiple of 16, so they are read whole. */
+ * are zero-padded to a multiple of 16, so they are read whole. The next RR
+ * rows are prefetched (gemm_avx512.c's dot_tile says why). */
 static inline __attribute__((always_inline)) void dot_tile(const int RR, const int SS, int64_t K, const float *x,
                                                            int64_t ldx, const char *y, const at_dtype yt,
                                                            int64_t ldy, const int round, float *out, int64_t ors,
@@ -192,7 +193,10 @@ static inline __attribute__((always_inline)) void dot_tile(const int RR, const i
     for (int64_t k = 0; k < K; k += 8) {
         __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(r)                                                                                                          \
-    if (RR > r) y##r = load8(y + (size_t)(r * ldy + k) * es, yt, K - k, round);
+    if (RR > r) {                                                                                                      \
+        y##r = load8(y + (size_t)(r * ldy + k) * es, yt, K - k, round);                                                \
+        if (!(k & 15)) _mm_prefetch(y + (size_t)((RR + r) * ldy + k) * es, _MM_HINT_T0);                               \
+    }
         R4(LY)
 #undef LY
 #define FM(r, s)                                                                                                       \
@@ -229,9 +233,8 @@ static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, con
     }
 }
 
-#define AXPY_KB 64
-
-/* out[s][0..lv) (+)= sum over kb (<= AXPY_KB) rows k of x[s][k] * y[k][..]
+/* The same lanes of the next kb rows are prefetched, as in gemm_avx512.c.
+ * out[s][0..lv) (+)= sum over kb rows k of x[s][k] * y[k][..]
  * for SS (<= 8) rows of x and NV (<= 4) vectors of 8 lanes (SS·NV <= 8); the
  * first k block starts from zero, later ones add to out. */
 static inline __attribute__((always_inline)) void axpy_tile(const int SS, const int NV, int kb, const float *x,
@@ -250,7 +253,10 @@ static inline __attribute__((always_inline)) void axpy_tile(const int SS, const 
         const char *yk = y + (size_t)(kk * ldy) * es;
         __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(v)                                                                                                          \
-    if (NV > v) y##v = load8(yk + 8 * v * es, yt, lv - 8 * v, round);
+    if (NV > v) {                                                                                                      \
+        y##v = load8(yk + 8 * v * es, yt, lv - 8 * v, round);                                                          \
+        if (!(v & 1)) _mm_prefetch(yk + (size_t)(kb * ldy + 8 * v) * es, _MM_HINT_T0);                                 \
+    }
         R4(LY)
 #undef LY
 #define FM(v, s)                                                                                                       \
@@ -264,6 +270,7 @@ static inline __attribute__((always_inline)) void axpy_tile(const int SS, const 
 #undef ST
 }
 
+/* Lanes and rows of y cut as in gemm_avx512.c (at_gemm_axpy_kb, gemm_kernels.h). */
 static inline __attribute__((always_inline)) void axpy_body(int S, int64_t K, const float *x, int64_t ldx, int64_t L,
                                                             const void *y_, const at_dtype yt, int64_t ldy,
                                                             const int round, float *out, int64_t lds)
@@ -274,16 +281,21 @@ static inline __attribute__((always_inline)) void axpy_body(int S, int64_t K, co
         int sv = S - s0 < 8 ? S - s0 : 8;
         const float *xs = x + s0 * ldx;
         float *os = out + s0 * lds;
-        for (int64_t k0 = 0; k0 < K; k0 += AXPY_KB) {
-            int kb = K - k0 < AXPY_KB ? (int)(K - k0) : AXPY_KB;
-            const char *yk = y + (size_t)(k0 * ldy) * es;
+        int kbmax = at_gemm_axpy_kb(sv);
+        for (int64_t l0 = 0; l0 < L; l0 += AT_GEMM_AXPY_LC) {
+            int64_t lc = L - l0 < AT_GEMM_AXPY_LC ? L - l0 : AT_GEMM_AXPY_LC;
+            for (int64_t k0 = 0; k0 < K; k0 += kbmax) {
+                int kb = K - k0 < kbmax ? (int)(K - k0) : kbmax;
+                const char *yk = y + (size_t)(k0 * ldy + l0) * es;
 #define RUN(SS, NV)                                                                                                    \
-    for (int64_t l = 0; l < L; l += 8 * NV)                                                                            \
-        axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l, lds, k0 == 0, sv, L - l);
-            if (sv <= 2) { RUN(2, 4) }
-            else if (sv <= 4) { RUN(4, 2) }
-            else { RUN(8, 1) }
+    for (int64_t l = 0; l < lc; l += 8 * NV)                                                                           \
+        axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l0 + l, lds, k0 == 0, sv, lc - l);
+                if (sv <= 1) { RUN(1, 4) }
+                else if (sv <= 2) { RUN(2, 4) }
+                else if (sv <= 4) { RUN(4, 2) }
+                else { RUN(8, 1) }
 #undef RUN
+            }
         }
     }
 }

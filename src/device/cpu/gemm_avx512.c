@@ -85,7 +85,9 @@ const at_gemm_blocked at_gemm_f32_avx512 = {
  * AT_R4S8 in gemm_avx512_inl.h). */
 
 /* RR (<= 4) rows of y against SS (<= 8) rows of x, dot products along k;
- * only the first sv of the SS results per row are stored. */
+ * only the first sv of the SS results per row are stored. The next RR rows
+ * are prefetched as these are read: each row is a short stream (a few KB)
+ * that the hardware prefetchers would only pick up halfway. */
 static inline __attribute__((always_inline)) void dot_tile(const int RR, const int SS, int64_t K, const float *x,
                                                            int64_t ldx, const char *y, at_dtype yt, int64_t ldy,
                                                            int round, float *out, int64_t ors, int64_t oss, int sv)
@@ -98,7 +100,10 @@ static inline __attribute__((always_inline)) void dot_tile(const int RR, const i
         __mmask16 km = mask16(K - k);
         __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(r)                                                                                                          \
-    if (RR > r) y##r = load16r(y + (size_t)(r * ldy + k) * es, yt, km, round);
+    if (RR > r) {                                                                                                      \
+        y##r = load16r(y + (size_t)(r * ldy + k) * es, yt, km, round);                                                 \
+        _mm_prefetch(y + (size_t)((RR + r) * ldy + k) * es, _MM_HINT_T0);                                              \
+    }
         AT_R4(LY)
 #undef LY
 #define FM(r, s)                                                                                                       \
@@ -135,12 +140,10 @@ static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, con
     }
 }
 
-#define AXPY_KB 64
-
-/* out[s][0..lv) (+)= sum over kb (<= AXPY_KB) rows k of x[s][k] * y[k][..]
- * for SS (<= 8) rows of x and NV (<= 4) vectors of 16 lanes; the first k
- * block starts from zero, later ones add to out. Reading AXPY_KB rows of y
- * side by side, left to right, keeps every access sequential. */
+/* out[s][0..lv) (+)= sum over kb rows k of x[s][k] * y[k][..] for SS (<= 8)
+ * rows of x and NV (<= 4) vectors of 16 lanes; the first k block starts
+ * from zero, later ones add to out. axpy_body says how kb and the lanes are
+ * cut. The same lanes of the next kb rows (the next pass) are prefetched. */
 static inline __attribute__((always_inline)) void axpy_tile(const int SS, const int NV, int kb, const float *x,
                                                             int64_t ldx, const char *y, at_dtype yt, int64_t ldy,
                                                             int round, float *out, int64_t lds, int first, int sv,
@@ -161,7 +164,10 @@ static inline __attribute__((always_inline)) void axpy_tile(const int SS, const 
         const char *yk = y + (size_t)(kk * ldy) * es;
         __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(v)                                                                                                          \
-    if (NV > v) y##v = load16r(yk + 16 * v * es, yt, m##v, round);
+    if (NV > v) {                                                                                                      \
+        y##v = load16r(yk + 16 * v * es, yt, m##v, round);                                                             \
+        _mm_prefetch(yk + (size_t)(kb * ldy + 16 * v) * es, _MM_HINT_T0);                                              \
+    }
         AT_R4(LY)
 #undef LY
 #define FM(s)                                                                                                          \
@@ -193,16 +199,21 @@ static inline __attribute__((always_inline)) void axpy_body(int S, int64_t K, co
         int sv = S - s0 < 8 ? S - s0 : 8;
         const float *xs = x + s0 * ldx;
         float *os = out + s0 * lds;
-        for (int64_t k0 = 0; k0 < K; k0 += AXPY_KB) {
-            int kb = K - k0 < AXPY_KB ? (int)(K - k0) : AXPY_KB;
-            const char *yk = y + (size_t)(k0 * ldy) * es;
+        int kbmax = at_gemm_axpy_kb(sv);
+        for (int64_t l0 = 0; l0 < L; l0 += AT_GEMM_AXPY_LC) {
+            int64_t lc = L - l0 < AT_GEMM_AXPY_LC ? L - l0 : AT_GEMM_AXPY_LC;
+            for (int64_t k0 = 0; k0 < K; k0 += kbmax) {
+                int kb = K - k0 < kbmax ? (int)(K - k0) : kbmax;
+                const char *yk = y + (size_t)(k0 * ldy + l0) * es;
 #define RUN(SS, NV)                                                                                                    \
-    for (int64_t l = 0; l < L; l += 16 * NV)                                                                           \
-        axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l, lds, k0 == 0, sv, L - l);
-            if (sv <= 2) { RUN(2, 4) }
-            else if (sv <= 4) { RUN(4, 4) }
-            else { RUN(8, 3) }
+    for (int64_t l = 0; l < lc; l += 16 * NV)                                                                          \
+        axpy_tile(SS, NV, kb, xs + k0, ldx, yk + l * es, yt, ldy, round, os + l0 + l, lds, k0 == 0, sv, lc - l);
+                if (sv <= 1) { RUN(1, 4) }
+                else if (sv <= 2) { RUN(2, 4) }
+                else if (sv <= 4) { RUN(4, 4) }
+                else { RUN(8, 3) }
 #undef RUN
+            }
         }
     }
 }

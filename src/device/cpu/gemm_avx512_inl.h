@@ -142,9 +142,15 @@ static inline __attribute__((always_inline)) void pack_transposed(float *dst, co
             for (int64_t u0 = 0; u0 < nu; u0 += 16) {
                 int64_t k0 = upk * u0;
                 __m512 r[16];
-                for (int i = 0; i < 16; i++)
-                    r[i] = x0 + g + i < n ? load(src + (size_t)((x0 + g + i) * sx + k0) * es, t, kc - k0, round)
-                                          : _mm512_setzero_ps();
+                for (int i = 0; i < 16; i++) {
+                    const char *row = src + (size_t)((x0 + g + i) * sx + k0) * es;
+                    r[i] = x0 + g + i < n ? load(row, t, kc - k0, round) : _mm512_setzero_ps();
+                    /* 16 rows read side by side are 16 short streams that
+                     * the hardware prefetchers miss (a frozen weight comes
+                     * from memory: the packing of a Qwen-0.5B step stalled
+                     * on these loads): ask for each 8 lines ahead */
+                    if (x0 + g + i < n) _mm_prefetch(row + 512, _MM_HINT_T0);
+                }
                 transpose16(r);
                 int ul = nu - u0 < 16 ? (int)(nu - u0) : 16;
                 for (int i = 0; i < ul; i++) _mm512_mask_storeu_ps(dst + (u0 + i) * w + g, wm, r[i]);

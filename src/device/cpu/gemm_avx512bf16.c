@@ -69,6 +69,11 @@ static void pack_bf16(void *dst_, const void *src_, at_dtype t, int64_t sx, int6
                 for (int64_t p = p0; p < p1; p++) {
                     const char *r0 = src + (size_t)(2 * p * sk) * es;
                     const char *r1 = 2 * p + 1 < kc ? r0 + (size_t)sk * es : NULL;
+                    if (pi + 2 < np) /* the rows come from memory: two panels ahead */
+                        for (int g = 0; g < w * (int)es; g += 64) {
+                            _mm_prefetch(r0 + (size_t)(x0 + 2 * w) * es + g, _MM_HINT_T0);
+                            if (r1) _mm_prefetch(r1 + (size_t)(x0 + 2 * w) * es + g, _MM_HINT_T0);
+                        }
                     for (int g = 0; g < w; g += 16) {
                         size_t off = (size_t)(x0 + g) * es;
                         __m512i v = pair16(r0 + off, r1 ? r1 + off : NULL, t, mask16(n - x0 - g));
@@ -129,7 +134,8 @@ void at_gemm_bf16_release(void)
 }
 
 /* RR (<= 4) bf16 rows of y against SS (<= 8) bf16 rows of xb (ldxb, a
- * multiple of 32, zero past K), dot products along k. */
+ * multiple of 32, zero past K), dot products along k; the next RR rows are
+ * prefetched (gemm_avx512.c's dot_tile says why). */
 static inline __attribute__((always_inline)) void dotb_tile(const int RR, const int SS, int64_t K,
                                                             const uint16_t *xb, int64_t ldxb, const uint16_t *y,
                                                             int64_t ldy, float *out, int64_t ors, int64_t oss, int sv)
@@ -141,7 +147,10 @@ static inline __attribute__((always_inline)) void dotb_tile(const int RR, const 
         __mmask32 km = mask32(K - k);
         __m512i y0 = _mm512_setzero_si512(), y1 = y0, y2 = y0, y3 = y0;
 #define LY(r)                                                                                                          \
-    if (RR > r) y##r = _mm512_maskz_loadu_epi16(km, y + r * ldy + k);
+    if (RR > r) {                                                                                                      \
+        y##r = _mm512_maskz_loadu_epi16(km, y + r * ldy + k);                                                          \
+        _mm_prefetch((const char *)(y + (RR + r) * ldy + k), _MM_HINT_T0);                                             \
+    }
         AT_R4(LY)
 #undef LY
 #define DP(r, s)                                                                                                       \

@@ -30,6 +30,17 @@
 
 #define AT_GEMM_SMALL_PAD 8
 
+/* How the axpy primitive walks y: lanes in chunks of AT_GEMM_AXPY_LC (the
+ * chunk of out, S rows x LC f32 values, stays in L1/L2 while all of K
+ * passes), and within a chunk at_gemm_axpy_kb(S) rows of y side by side.
+ * Few rows for a small S: the step is bound by reading y, and each row read
+ * at once is one more stream for the hardware prefetchers to follow (64 of
+ * them left it waiting on memory: decode ran at 0.06x oneDNN); reloading
+ * the out chunk from L1 between passes is cheap. More rows for a larger S,
+ * where the FMAs bound the step and each reload of out is paid per row of x. */
+#define AT_GEMM_AXPY_LC 1024
+static inline int at_gemm_axpy_kb(int S) { return S <= 2 ? 8 : 64; }
+
 /* Packs n lanes by kc values into ceil(n / w) consecutive panels of w lanes
  * (each kc rounded up to kp, times w values); source element (x, k) is
  * src[x*sx + k*sk] of type t (f32, bf16 or f16); lanes past n are zero.
