@@ -1,12 +1,14 @@
 /* Arbitrary bytes read as a JSON array, as JSON Lines, as CSV and as text
  * lines; every record is normalized under every format and converted back
  * to OpenAI-style JSON. Nothing may crash, leak or read out of bounds, and
- * every record must come with a positive line number. */
+ * every record must come with a positive line number. A conversation's
+ * images must match its <image> tags one for one. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
 #include "data/dataset.h"
+#include "data/media.h"
 
 typedef struct {
     at_arena arena;
@@ -28,7 +30,8 @@ static at_status on_record(void *ctx, const at_record *rec)
     if (rec->line < 1) abort();
     fc->records++;
     at_normalizer nz = {.arena = &fc->arena, .model_name = (fc->records & 1) ? "N" : NULL, .model_author = "A",
-                        .model_name_en = (fc->records & 2) ? "E" : NULL};
+                        .model_name_en = (fc->records & 2) ? "E" : NULL,
+                        .base_dir = (fc->records & 4) ? "data" : NULL};
     at_sample s;
     if (!rec->json) {
         if (at_normalize_text(&nz, rec->text, rec->text_len, &s) == AT_OK && !s.text) abort();
@@ -42,6 +45,7 @@ static at_status on_record(void *ctx, const at_record *rec)
             continue;
         }
         check_messages(&s.messages);
+        if (s.n_images && at_media_count_tags(&s.messages) != s.n_images) abort();
         if (s.kind == AT_SAMPLE_PREFERENCE) {
             if (s.chosen.n == 0 || s.rejected.n == 0) abort();
             check_messages(&s.chosen);

@@ -52,8 +52,6 @@ static void test_bad_records(void) {
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"<image><image>x\"}, {\"role\": \"assistant\", "
          "\"content\": \"y\"}], \"images\": [\"a.png\"]}", "2 <image> tags for 1 image"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"<image>x\"}, {\"role\": \"assistant\", "
-         "\"content\": \"y\"}]}", "1 <image> tag for 0 images"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"<image>x\"}, {\"role\": \"assistant\", "
          "\"content\": \"y\"}], \"images\": [\"https://example.com/a.jpg\"]}", "never downloaded"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": \"v.mp4\"}]}, "
          "{\"role\": \"assistant\", \"content\": \"y\"}]}", "\"video\""},
@@ -75,6 +73,22 @@ static void test_bad_records(void) {
         cJSON_Delete(rec);
         at_arena_free(&arena);
     }
+}
+
+/* Without images, "<image>" is text like any other. */
+static void test_text_only_tag(void) {
+    static const char *json = "{\"messages\": [{\"role\": \"user\", \"content\": \"say <image>\"}, "
+                              "{\"role\": \"assistant\", \"content\": \"<image>\"}]}";
+    at_arena arena = {0};
+    at_normalizer nz = {&arena, NULL, NULL, NULL, NULL, NULL, NULL};
+    cJSON *rec = NULL;
+    CHECK_OK(at_json_parse(json, strlen(json), "rec", &rec));
+    at_sample s;
+    at_issue_kind kind;
+    CHECK_OK(at_normalize_record(&nz, rec, AT_FORMAT_AUTO, &s, &kind));
+    CHECK(s.n_images == 0 && s.messages.n == 2 && !strcmp(s.messages.items[0].content, "say <image>"));
+    cJSON_Delete(rec);
+    at_arena_free(&arena);
 }
 
 static void test_base64(void) {
@@ -189,6 +203,7 @@ int main(void) {
         at_dataset_free(ds);
     }
     test_bad_records();
+    test_text_only_tag();
     test_base64();
     return at_test_result("media");
 }

@@ -180,6 +180,7 @@ def check_against_transformers(img, min_pixels, max_pixels, flat, grid):
 
 
 def write_safetensors(path, tensors, metadata):
+    """tensors: (name, numpy array of uint8, float32 or int32) pairs, in file order."""
     header, blobs, off = {"__metadata__": metadata}, [], 0
     for name, arr in tensors:
         dt = {np.uint8: "U8", np.float32: "F32", np.int32: "I32"}[arr.dtype.type]

@@ -13,9 +13,12 @@ Run from the repository root:  /usr/bin/python3 tools/make_mrope_goldens.py
 """
 import json
 import os
-import struct
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_image_goldens import write_safetensors  # noqa: E402  (one safetensors writer for the tools)
 
 IMAGE, VIDEO, VSTART, VEND = 151655, 151656, 151652, 151653
 
@@ -88,21 +91,6 @@ def mrope_cases():
     return cases
 
 
-def write_safetensors(path, tensors, metadata=None):
-    header, blobs, off = {}, [], 0
-    if metadata:
-        header["__metadata__"] = metadata
-    for name, arr in tensors:
-        b = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
 def tiny_model(kind):
     rs = np.random.RandomState(1)
     w, heads, depth, out, m2, tp, p = 16, 2, 2, 24, 4, 2, 14
@@ -142,7 +130,8 @@ def tiny_model(kind):
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=1)
-    write_safetensors(os.path.join(d, "model.safetensors"), t, {"format": "pt"})
+    write_safetensors(os.path.join(d, "model.safetensors"), [(n_, a.astype(np.float32)) for n_, a in t],
+                      {"format": "pt"})
     return d, len(t)
 
 

@@ -155,7 +155,10 @@ static inline int muldiv255(int a, int b) {
     return ((t >> 8) + t) >> 8;
 }
 
-static at_status decode_jpeg(const uint8_t *data, size_t len, const char *name, uint64_t max_pixels, at_image *out) {
+/* Each decoder fills *out and says the EXIF orientation (1 when none);
+ * at_image_decode applies it. */
+static at_status decode_jpeg(const uint8_t *data, size_t len, const char *name, uint64_t max_pixels, at_image *out,
+                             int *orientation_out) {
     struct jpeg_decompress_struct ci;
     struct jpeg_progress_mgr prog;
     jpeg_err je;
@@ -229,8 +232,7 @@ static at_status decode_jpeg(const uint8_t *data, size_t len, const char *name, 
         st = at_error(AT_ERR_FORMAT, "%s: truncated JPEG", name);
         goto fail;
     }
-    st = at_image_orient(out, orientation);
-    if (st != AT_OK) goto fail;
+    *orientation_out = orientation;
     goto done;
 fail:
     at_image_free(out);
@@ -266,7 +268,8 @@ static void png_warn(png_structp p, png_const_charp msg) {
     (void)msg; /* damaged ancillary chunks: skipped, as Pillow does */
 }
 
-static at_status decode_png(const uint8_t *data, size_t len, const char *name, uint64_t max_pixels, at_image *out) {
+static at_status decode_png(const uint8_t *data, size_t len, const char *name, uint64_t max_pixels, at_image *out,
+                            int *orientation) {
     png_src src = {data, len, 0, {0}};
     png_structp p = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_fail, png_warn);
     png_infop info = p ? png_create_info_struct(p) : NULL;
@@ -313,10 +316,7 @@ static at_status decode_png(const uint8_t *data, size_t len, const char *name, u
     png_read_end(p, info); /* an eXIf chunk may follow the pixels */
     png_uint_32 n_exif = 0;
     png_bytep exif = NULL;
-    int orientation = 1;
-    if (png_get_eXIf_1(p, info, &n_exif, &exif) && exif) orientation = at_exif_orientation(exif, n_exif);
-    st = at_image_orient(out, orientation);
-    if (st != AT_OK) goto fail;
+    if (png_get_eXIf_1(p, info, &n_exif, &exif) && exif) *orientation = at_exif_orientation(exif, n_exif);
     goto done;
 fail:
     at_image_free(out);
@@ -328,7 +328,8 @@ done:
 
 /* ---- WebP ---------------------------------------------------------------- */
 
-static at_status decode_webp(const uint8_t *data, size_t len, const char *name, uint64_t max_pixels, at_image *out) {
+static at_status decode_webp(const uint8_t *data, size_t len, const char *name, uint64_t max_pixels, at_image *out,
+                             int *orientation) {
     WebPBitstreamFeatures f;
     VP8StatusCode vs = WebPGetFeatures(data, len, &f);
     if (vs == VP8_STATUS_NOT_ENOUGH_DATA) return at_error(AT_ERR_FORMAT, "%s: truncated WebP header", name);
@@ -340,20 +341,17 @@ static at_status decode_webp(const uint8_t *data, size_t len, const char *name, 
         at_image_free(out);
         return at_error(AT_ERR_FORMAT, "%s: corrupt or truncated WebP", name);
     }
-    int orientation = 1;
     WebPData wd = {data, len};
     WebPDemuxer *dm = WebPDemux(&wd);
     if (dm) {
         WebPChunkIterator it;
         if (WebPDemuxGetChunk(dm, "EXIF", 1, &it)) {
-            orientation = at_exif_orientation(it.chunk.bytes, it.chunk.size);
+            *orientation = at_exif_orientation(it.chunk.bytes, it.chunk.size);
             WebPDemuxReleaseChunkIterator(&it);
         }
         WebPDemuxDelete(dm);
     }
-    at_status st = at_image_orient(out, orientation);
-    if (st != AT_OK) at_image_free(out);
-    return st;
+    return AT_OK;
 }
 
 /* ---- entry points -------------------------------------------------------- */
@@ -363,15 +361,20 @@ at_status at_image_decode(const void *data, size_t len, const char *name, uint64
     if (!name) name = "image";
     if (max_pixels == 0) max_pixels = AT_IMAGE_MAX_PIXELS_DEFAULT;
     if (!data || len == 0) return at_error(AT_ERR_FORMAT, "%s: empty file, not an image", name);
-    switch (at_image_sniff(data, len)) {
-    case AT_IMAGE_JPEG: return decode_jpeg(data, len, name, max_pixels, out);
-    case AT_IMAGE_PNG: return decode_png(data, len, name, max_pixels, out);
-    case AT_IMAGE_WEBP: return decode_webp(data, len, name, max_pixels, out);
-    default: break;
+    at_image_type type = at_image_sniff(data, len);
+    if (type == AT_IMAGE_UNKNOWN) {
+        const char *other = other_image_type(data, len);
+        if (other)
+            return at_error(AT_ERR_UNSUPPORTED, "%s: %s images are not supported (JPEG, PNG and WebP are)", name, other);
+        return at_error(AT_ERR_FORMAT, "%s: not a JPEG, PNG or WebP image", name);
     }
-    const char *other = other_image_type(data, len);
-    if (other) return at_error(AT_ERR_UNSUPPORTED, "%s: %s images are not supported (JPEG, PNG and WebP are)", name, other);
-    return at_error(AT_ERR_FORMAT, "%s: not a JPEG, PNG or WebP image", name);
+    int orientation = 1;
+    at_status st = type == AT_IMAGE_JPEG ? decode_jpeg(data, len, name, max_pixels, out, &orientation)
+                   : type == AT_IMAGE_PNG ? decode_png(data, len, name, max_pixels, out, &orientation)
+                                          : decode_webp(data, len, name, max_pixels, out, &orientation);
+    if (st == AT_OK) st = at_image_orient(out, orientation);
+    if (st != AT_OK) at_image_free(out);
+    return st;
 }
 
 at_status at_image_load(const char *path, uint64_t max_pixels, at_image *out) {

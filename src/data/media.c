@@ -262,7 +262,8 @@ at_status at_media_encode(const at_encoder *enc, const at_sample *s, int32_t pad
     e.max_length = 0; /* applied below, to the expanded sequence */
     *dropped = 0;
     memset(out, 0, sizeof *out);
-    at_status st = at_media_replace_tags(&tmp, &s->messages, AT_QWEN2VL_IMAGE_TEXT, &c.messages);
+    /* (without images "<image>" is plain text: see media.h) */
+    at_status st = s->n_images ? at_media_replace_tags(&tmp, &s->messages, AT_QWEN2VL_IMAGE_TEXT, &c.messages) : AT_OK;
     if (st == AT_OK) st = at_encode_sample(&e, &c, out, dropped);
     if (st == AT_OK && !*dropped) st = at_media_expand_pads(out, pad_id, counts, s->n_images);
     if (st == AT_OK && enc->max_length && out->n > enc->max_length) {

@@ -12,7 +12,8 @@
  * Each "<image>" tag stands for the next image of the record, in order. A
  * record with images and no tag gets them all at the start of its first user
  * message (ms-swift's default); any other mismatch of tags and images is an
- * error of the record.
+ * error of the record. In a record without images the text "<image>" is
+ * left as it is (text-only datasets may contain it).
  *
  * A reference is kept as: "data:...;base64,..." (a data URL), raw base64
  * (a string over 200 bytes that is not a data URL: ms-swift's rule), or a

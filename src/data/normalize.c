@@ -567,7 +567,8 @@ static at_status record_images(const at_normalizer *nz, const cJSON *rec, msgbuf
             break;
         }
     }
-    if (tags != imgs->n)
+    /* without images "<image>" is plain text (a text-only dataset may say it) */
+    if (imgs->n && tags != imgs->n)
         return fail(kind, AT_ISSUE_VALUE, "%zu <image> tag%s for %zu image%s", tags, tags == 1 ? "" : "s", imgs->n,
                     imgs->n == 1 ? "" : "s");
     out->images = imgs->items;
