@@ -82,6 +82,7 @@ typedef struct {
     const int32_t *input_ids, *labels; /* token samples; labels NULL when absent */
     size_t n_tokens;
     int label;            /* KTO-style desirability: -1 none, else 0 or 1 */
+    const char *solution; /* the record's "solution" (GRPO's accuracy reward), or NULL */
 } at_sample;
 
 typedef enum {
