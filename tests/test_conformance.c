@@ -655,6 +655,85 @@ static void test_rmsnorm(void)
     }
 }
 
+/* ---- layernorm ---- */
+
+static void test_layernorm(void)
+{
+    static const at_dtype combos[][3] = {/* x, w (and b), y */ {F32, F32, F32},
+                                         {BF16, BF16, BF16},
+                                         {F16, F16, F16},
+                                         {BF16, F32, F32},
+                                         {F32, F32, BF16}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        at_dtype tx = combos[c][0], tw = combos[c][1], ty = combos[c][2];
+        char dt[48], desc[64];
+        snprintf(dt, sizeof dt, "%s.%s->%s", dn(tx), dn(tw), dn(ty));
+        for (int pass = 0; pass < 2; pass++) {
+            begin(pass ? "layernorm_backward" : "layernorm_forward", dt);
+            for (size_t s = 0; s < sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]; s++) {
+                const int64_t *sh = NORM_SHAPES[s];
+                int64_t D = sh[2], rows = sh[0] * sh[1];
+                /* D = 1: x − μ = 0, every output is the bias / every dx is 0: no test of the math */
+                if (D == 1) continue;
+                int nd = sh[0] > 1 ? 3 : 2;
+                const int64_t *shp = nd == 3 ? sh : sh + 1;
+                snprintf(desc, sizeof desc, "rows %lld D %lld", (long long)rows, (long long)D);
+                /* rows far from zero (x in [2, 8)): a variance taken as E[x²] − μ² would lose digits */
+                tp X = in_rand(tx, nd, shp, "x", 2, 8);
+                tp W = in_rand(tw, 1, &D, "w", 0.5f, 1.5f), B = in_rand(tw, 1, &D, "b", -1, 1);
+                int with_b = s != 3; /* no bias: b NULL */
+                if (!pass) {
+                    tp Y = out_new(ty, nd, shp, "y", POISON, 0, 0);
+                    tp M = out_new(F32, 1, &rows, "mean", POISON, 0, 0), R = out_new(F32, 1, &rows, "rstd", POISON, 0, 0);
+                    int with_stats = s != 1; /* mean/rstd may be NULL */
+                    CHECK_OK(at_ref_layernorm_forward(Y.h, with_stats ? M.h : NULL, with_stats ? R.h : NULL, X.h, W.h,
+                                                      with_b ? B.h : NULL, 1e-5f));
+                    if (called(at_layernorm_forward(Y.d, with_stats ? M.d : NULL, with_stats ? R.d : NULL, X.d, W.d,
+                                                    with_b ? B.d : NULL, 1e-5f),
+                               desc)) {
+                        compare(&Y, desc, "y");
+                        if (with_stats) {
+                            compare(&M, desc, "mean");
+                            compare(&R, desc, "rstd");
+                        }
+                    }
+                    tp_free(&Y);
+                    tp_free(&M);
+                    tp_free(&R);
+                } else {
+                    /* mean and rstd from the reference forward, the same for both */
+                    tp M = {host_new(F32, 1, &rows, "mean"), NULL}, R = {host_new(F32, 1, &rows, "rstd"), NULL};
+                    at_tensor *y = host_new(F32, nd, shp, "y");
+                    CHECK_OK(at_ref_layernorm_forward(y, M.h, R.h, X.h, W.h, B.h, 1e-5f));
+                    at_tensor_free(y);
+                    M.d = dev_copy(M.h);
+                    R.d = dev_copy(R.h);
+                    tp DY = in_rand(ty, nd, shp, "dy", -1, 1);
+                    tp DX = out_new(tx, nd, shp, "dx", POISON, 0, 0);
+                    tp DW = out_new(tw, 1, &D, "dw", RANDOM, -1, 1); /* accumulated into */
+                    tp DB = out_new(tw, 1, &D, "db", RANDOM, -1, 1);
+                    int with_dw = s != 2, with_db = s != 4; /* frozen weight or bias: NULL */
+                    CHECK_OK(at_ref_layernorm_backward(DX.h, with_dw ? DW.h : NULL, with_db ? DB.h : NULL, DY.h, X.h,
+                                                       W.h, M.h, R.h));
+                    if (called(at_layernorm_backward(DX.d, with_dw ? DW.d : NULL, with_db ? DB.d : NULL, DY.d, X.d, W.d,
+                                                     M.d, R.d),
+                               desc)) {
+                        compare(&DX, desc, "dx");
+                        compare(&DW, desc, "dw");
+                        compare(&DB, desc, "db");
+                    }
+                    tp *all[] = {&M, &R, &DY, &DX, &DW, &DB};
+                    for (int j = 0; j < 6; j++) tp_free(all[j]);
+                }
+                tp_free(&X);
+                tp_free(&W);
+                tp_free(&B);
+            }
+            end();
+        }
+    }
+}
+
 /* ---- rope ---- */
 
 static void test_rope(void)
@@ -861,6 +940,47 @@ static void test_swiglu(void)
             for (int j = 0; j < 5; j++) tp_free(all[j]);
         }
         end();
+    }
+}
+
+/* ---- gelu ---- */
+
+static void test_gelu(void)
+{
+    static const at_dtype combos[][2] = {{F32, F32}, {BF16, BF16}, {F16, F16}, {BF16, F32}};
+    /* No single-element case: gelu' has a root (x ≈ −0.75 for erf), where its f32 value is the
+     * cancellation of two terms ≈ 0.23 (an absolute error ~1e-8); over one element that is the
+     * whole of max |reference|, so the relative error means nothing there. */
+    static const int64_t shapes[][2] = {{1, 7}, {3, 17}, {63, 65}, {5, 1000}};
+    static const char *kinds[] = {"erf", "tanh", "quick"};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        at_dtype ti = combos[c][0], to = combos[c][1];
+        for (int kind = AT_GELU_ERF; kind <= AT_GELU_QUICK; kind++) {
+            char dt[48], desc[64];
+            snprintf(dt, sizeof dt, "%s %s->%s", kinds[kind], dn(ti), dn(to));
+            for (int pass = 0; pass < 2; pass++) {
+                begin(pass ? "gelu_backward" : "gelu_forward", dt);
+                for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                    tp X = in_rand(ti, 2, shapes[s], "x", -6, 6);
+                    snprintf(desc, sizeof desc, "%lldx%lld", (long long)shapes[s][0], (long long)shapes[s][1]);
+                    if (!pass) {
+                        tp Y = out_new(to, 2, shapes[s], "y", POISON, 0, 0);
+                        CHECK_OK(at_ref_gelu_forward(Y.h, X.h, kind));
+                        if (called(at_gelu_forward(Y.d, X.d, kind), desc)) compare(&Y, desc, "y");
+                        tp_free(&Y);
+                    } else {
+                        tp DY = in_rand(to, 2, shapes[s], "dy", -1, 1);
+                        tp DX = out_new(to, 2, shapes[s], "dx", POISON, 0, 0);
+                        CHECK_OK(at_ref_gelu_backward(DX.h, DY.h, X.h, kind));
+                        if (called(at_gelu_backward(DX.d, DY.d, X.d, kind), desc)) compare(&DX, desc, "dx");
+                        tp_free(&DY);
+                        tp_free(&DX);
+                    }
+                    tp_free(&X);
+                }
+                end();
+            }
+        }
     }
 }
 
@@ -1328,9 +1448,11 @@ static int run_backend(at_backend *be)
     test_elementwise();
     test_cast_fill();
     test_rmsnorm();
+    test_layernorm();
     test_rope();
     test_attention();
     test_swiglu();
+    test_gelu();
     test_embedding();
     test_cross_entropy();
     test_adamw_sumsq();

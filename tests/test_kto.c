@@ -255,31 +255,6 @@ static void test_options(void)
     CHECK_FAILS(at_pref_config_check(&c), AT_ERR_INVALID); /* kto's option */
 }
 
-/* Runs argv with stdout to /dev/null and stderr into err_path; the wait status. */
-static int run_cli(char *const argv[], const char *err_path)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(126);
-        if (!freopen(err_path, "w", stderr)) _exit(126);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return status;
-}
-
-static int file_has(const char *path, const char *text)
-{
-    char *s = NULL;
-    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
-    free(s);
-    return r;
-}
-
 static void test_cli(const char *root)
 {
     const char *bin = getenv("ANYTUNE_BIN");
@@ -295,10 +270,10 @@ static void test_cli(const char *root)
                     "0", "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32",
                     "--gradient_checkpointing", "false", "--max_length", "128", "--truncation_strategy", "right",
                     "--add_version", "false", "--output_dir", out, NULL};
-    int status = run_cli(argv, err);
+    int status = at_test_run(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf --rlhf_type kto failed (status %d)", status);
-    CHECK(file_has(err, "8 KTO examples encoded, 4 desirable and 4 undesirable"));
-    CHECK(file_has(err, "reference log-probs")); /* KTO compares with the reference, as DPO */
+    CHECK(at_test_file_has(err, "8 KTO examples encoded, 4 desirable and 4 undesirable"));
+    CHECK(at_test_file_has(err, "reference log-probs")); /* KTO compares with the reference, as DPO */
     snprintf(run, sizeof run, "%s/logging.jsonl", out);
     char *text = NULL;
     CHECK_OK(at_read_file(run, &text, NULL));
@@ -347,9 +322,9 @@ static void test_cli(const char *root)
                    "tests/data/kto/kto_tag.jsonl", "--per_device_train_batch_size", "2", "--max_steps", "1",
                    "--val_dataset", "tests/data/kto/kto_tag.jsonl", "--add_version", "false", "--output_dir", out,
                    NULL};
-    status = run_cli(tag, err);
+    status = at_test_run(tag, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    CHECK(file_has(err, "2 KTO examples encoded, 1 desirable and 1 undesirable"));
+    CHECK(at_test_file_has(err, "2 KTO examples encoded, 1 desirable and 1 undesirable"));
     /* the evaluation (the same two examples): a KTO loss, each term in [0, weight] */
     snprintf(run, sizeof run, "%s/logging.jsonl", out);
     text = NULL;
@@ -363,14 +338,14 @@ static void test_cli(const char *root)
     char *nolabel[] = {(char *)bin, "rlhf", "--rlhf_type", "kto", "--model", "demo/stories260K", "--dataset",
                        "tests/data/kto/no_label.jsonl", "--strict", "true", "--per_device_train_batch_size", "2",
                        "--output_dir", out, NULL};
-    status = run_cli(nolabel, err);
+    status = at_test_run(nolabel, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "no_label.jsonl:2: not a KTO example"));
+    CHECK(at_test_file_has(err, "no_label.jsonl:2: not a KTO example"));
     char *one[] = {(char *)bin, "rlhf", "--rlhf_type", "kto", "--model", "demo/stories260K", "--dataset",
                    "tests/data/kto/kto_tag.jsonl", "--per_device_train_batch_size", "1", "--output_dir", out, NULL};
-    status = run_cli(one, err);
+    status = at_test_run(one, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "--per_device_train_batch_size must be at least 2"));
+    CHECK(at_test_file_has(err, "--per_device_train_batch_size must be at least 2"));
 }
 
 int main(void)

@@ -630,33 +630,6 @@ static const char *PAIRS = "tests/data/dpo/dpo_en_demo_8.json";
  * reply tokens each and the CLI runs stay short under ASan. */
 #define CLI_MAX_LENGTH "128"
 
-/* Runs argv with stdout to /dev/null and stderr into err_path (NULL:
- * /dev/null); the wait status. */
-static int run_cli(char *const argv[], const char *err_path)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(126);
-        if (!freopen(err_path ? err_path : "/dev/null", "w", stderr)) _exit(126);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return status;
-}
-
-/* Whether the file at path contains text. */
-static int file_has(const char *path, const char *text)
-{
-    char *s = NULL;
-    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
-    free(s);
-    return r;
-}
-
 /* The newest run folder under out (caller frees); NULL when none. */
 static char *run_dir_of(const char *out)
 {
@@ -731,9 +704,9 @@ static void test_cli(const char *root)
     argv[k] = NULL;
     char err[512];
     snprintf(err, sizeof err, "%s/stderr.txt", root);
-    int status = run_cli(argv, err);
+    int status = at_test_run(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf failed (status %d)", status);
-    CHECK(file_has(err, "reference log-probs")); /* DPO's reference pass (the others have none) */
+    CHECK(at_test_file_has(err, "reference log-probs")); /* DPO's reference pass (the others have none) */
     char *run = run_dir_of(out_a);
     CHECK(run != NULL);
     if (run) {
@@ -766,13 +739,13 @@ static void test_cli(const char *root)
     /* killed after step 3 (checkpoint-2 the last), resumed: the same log */
     argv[k - 1] = out_b;
     setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "3", 1);
-    status = run_cli(argv, NULL);
+    status = at_test_run(argv, NULL);
     unsetenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
     CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "the run was not killed (status %d)", status);
     argv[k++] = "--resume_from_checkpoint";
     argv[k++] = "last";
     argv[k] = NULL;
-    status = run_cli(argv, NULL);
+    status = at_test_run(argv, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     char *run_b = run_dir_of(out_b);
     if (run && run_b) {
@@ -789,11 +762,11 @@ static void test_cli(const char *root)
 
     /* usage errors */
     char *bad_type[] = {(char *)bin, "rlhf", "--rlhf_type", "ppo", "--model", (char *)MODEL, "--dataset", ds, NULL};
-    status = run_cli(bad_type, NULL);
+    status = at_test_run(bad_type, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 2);
     char *bad_data[] = {(char *)bin, "rlhf", "--model", (char *)MODEL, "--dataset", "tests/data/dpo/not_pairs.jsonl",
                         "--strict", "true", "--output_dir", out_a, NULL};
-    status = run_cli(bad_data, NULL);
+    status = at_test_run(bad_data, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1);
 }
 
@@ -837,11 +810,11 @@ static void test_cli_objectives(const char *root)
                         "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32",
                         "--gradient_checkpointing", "false", "--max_length", CLI_MAX_LENGTH, "--truncation_strategy",
                         "right", "--output_dir", out, NULL};
-        int status = run_cli(argv, err);
+        int status = at_test_run(argv, err);
         CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf --rlhf_type %s failed (status %d)",
                   runs[r].type, status);
         /* reference-free: no reference pass */
-        CHECK_MSG(!file_has(err, "reference log-probs"), "%s ran a reference pass", runs[r].type);
+        CHECK_MSG(!at_test_file_has(err, "reference log-probs"), "%s ran a reference pass", runs[r].type);
         char *run = run_dir_of(out);
         CHECK(run != NULL);
         if (!run) continue;
@@ -899,10 +872,10 @@ static void test_cli_objectives(const char *root)
             argv[k++] = (char *)bad[i].val;
         }
         argv[k] = NULL;
-        int status = run_cli(argv, err);
+        int status = at_test_run(argv, err);
         CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 2, "--rlhf_type %s %s: status %d", bad[i].type,
                   bad[i].opt ? bad[i].opt : "", status);
-        CHECK_MSG(file_has(err, bad[i].msg), "--rlhf_type %s %s: the message lacks \"%s\"", bad[i].type,
+        CHECK_MSG(at_test_file_has(err, bad[i].msg), "--rlhf_type %s %s: the message lacks \"%s\"", bad[i].type,
                   bad[i].opt ? bad[i].opt : "", bad[i].msg);
         CHECK(!at_file_exists(out)); /* refused before anything was written */
     }

@@ -211,6 +211,43 @@ static void test_norm_rope_swiglu_hand(void)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
 }
 
+/* LayerNorm of x = [1, 2, 3, 6], w = [1, 2, 1, 1], b = [0.5, 0, 0, −1], eps = 0:
+ * μ = 3, var = (4 + 1 + 0 + 9)/4 = 3.5, r = 1/√3.5 = 0.53452248, x̂ = [−2r, −r, 0, 3r].
+ * GELU at 1, −0.5, 2 (Python's math.erf / math.tanh / math.exp of the formulas):
+ *   erf   0.841344746  −0.154268769  1.954499736
+ *   tanh  0.841191991  −0.154285990  1.954597694
+ *   quick 0.845795766  −0.149611563  1.935658623 */
+static void test_layernorm_gelu_hand(void)
+{
+    int64_t s14[2] = {1, 4};
+    at_tensor *x = mk(AT_F32, 2, s14, "x"), *w = mk1(AT_F32, 4, "w"), *b = mk1(AT_F32, 4, "b"),
+              *y = mk(AT_F32, 2, s14, "y"), *m = mk1(AT_F32, 1, "mean"), *r = mk1(AT_F32, 1, "rstd");
+    setf(x, (float[]){1, 2, 3, 6});
+    setf(w, (float[]){1, 2, 1, 1});
+    setf(b, (float[]){0.5f, 0, 0, -1});
+    CHECK_OK(at_ref_layernorm_forward(y, m, r, x, w, b, 0.0f));
+    double rs = 1 / sqrt(3.5);
+    CHECK_NEAR(F(m)[0], 3.0, 1e-7);
+    CHECK_NEAR(F(r)[0], rs, 1e-7);
+    const double want[4] = {-2 * rs + 0.5, -2 * rs, 0, 3 * rs - 1};
+    for (int i = 0; i < 4; i++) CHECK_NEAR(F(y)[i], want[i], 1e-6);
+    CHECK_OK(at_ref_layernorm_forward(y, NULL, NULL, x, w, NULL, 0.0f)); /* no bias */
+    CHECK_NEAR(F(y)[0], -2 * rs, 1e-6);
+
+    at_tensor *gx = mk1(AT_F32, 3, "x"), *gy = mk1(AT_F32, 3, "y");
+    setf(gx, (float[]){1, -0.5f, 2});
+    static const double gw[3][3] = {{0.841344746, -0.154268769, 1.954499736},
+                                    {0.841191991, -0.154285990, 1.954597694},
+                                    {0.845795766, -0.149611563, 1.935658623}};
+    const int kinds[3] = {AT_GELU_ERF, AT_GELU_TANH, AT_GELU_QUICK};
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(at_ref_gelu_forward(gy, gx, kinds[k]));
+        for (int i = 0; i < 3; i++) CHECK_NEAR(F(gy)[i], gw[k][i], 1e-7);
+    }
+    at_tensor *ts[] = {x, w, b, y, m, r, gx, gy};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
+}
+
 /* One head, head_dim 1, scale 1: q = [1, 1], k = [0, ln 3], v = [1, 3].
  * Query 0 sees key 0: out 1, lse 0. Query 1 sees both: p = [1/4, 3/4], out 2.5, lse ln 4. */
 static void test_attention_hand(void)
@@ -405,6 +442,67 @@ static void test_swiglu_fd(void)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
 }
 
+static double loss_layernorm(void *c)
+{
+    fd_ctx *k = c;
+    if (at_ref_layernorm_forward(k->y, NULL, NULL, k->x, k->w, k->u, 1e-5f) != AT_OK) return NAN;
+    return dotf(k->y, k->dy);
+}
+
+/* The bias rides in fd_ctx's u. */
+static void test_layernorm_fd(void)
+{
+    int64_t s[3] = {2, 3, 7};
+    fd_ctx k = {.y = mk(AT_F32, 3, s, "y"), .x = mk(AT_F32, 3, s, "x"), .w = mk1(AT_F32, 7, "w"),
+                .u = mk1(AT_F32, 7, "b"), .dy = mk(AT_F32, 3, s, "dy")};
+    at_tensor *m = mk1(AT_F32, 6, "mean"), *r = mk1(AT_F32, 6, "rstd"), *dx = mk(AT_F32, 3, s, "dx"),
+              *dw = mk1(AT_F32, 7, "dw"), *db = mk1(AT_F32, 7, "db");
+    randf(k.x, -2, 3);
+    randf(k.w, 0.5f, 1.5f);
+    randf(k.u, -1, 1);
+    randf(k.dy, -1, 1);
+    for (int i = 0; i < 7; i++) F(dw)[i] = F(db)[i] = 0.5f; /* accumulated into */
+    CHECK_OK(at_ref_layernorm_forward(k.y, m, r, k.x, k.w, k.u, 1e-5f));
+    CHECK_OK(at_ref_layernorm_backward(dx, dw, db, k.dy, k.x, k.w, m, r));
+    for (int i = 0; i < 7; i++) F(dw)[i] -= 0.5f, F(db)[i] -= 0.5f;
+    double ex = fd_err(F(k.x), 42, F(dx), loss_layernorm, &k), ew = fd_err(F(k.w), 7, F(dw), loss_layernorm, &k),
+           eb = fd_err(F(k.u), 7, F(db), loss_layernorm, &k);
+    printf("fd layernorm_backward dx %.2e  dw %.2e  db %.2e\n", ex, ew, eb);
+    CHECK(ex < FD_TOL);
+    CHECK(ew < FD_TOL);
+    CHECK(eb < FD_TOL);
+    CHECK_OK(at_ref_layernorm_backward(dx, NULL, NULL, k.dy, k.x, k.w, m, r)); /* frozen */
+    at_tensor *ts[] = {k.y, k.x, k.w, k.u, k.dy, m, r, dx, dw, db};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
+}
+
+static int g_gelu_kind;
+static double loss_gelu(void *c)
+{
+    fd_ctx *k = c;
+    if (at_ref_gelu_forward(k->y, k->x, g_gelu_kind) != AT_OK) return NAN;
+    return dotf(k->y, k->dy);
+}
+
+static void test_gelu_fd(void)
+{
+    int64_t n = 17;
+    fd_ctx k = {.y = mk1(AT_F32, n, "y"), .x = mk1(AT_F32, n, "x"), .dy = mk1(AT_F32, n, "dy")};
+    at_tensor *dx = mk1(AT_F32, n, "dx");
+    randf(k.x, -4, 4);
+    randf(k.dy, -1, 1);
+    static const char *names[] = {"erf", "tanh", "quick"};
+    for (int kind = AT_GELU_ERF; kind <= AT_GELU_QUICK; kind++) {
+        g_gelu_kind = kind;
+        CHECK_OK(at_ref_gelu_backward(dx, k.dy, k.x, kind));
+        double e = fd_err(F(k.x), n, F(dx), loss_gelu, &k);
+        printf("fd gelu_backward %-5s dx %.2e\n", names[kind], e);
+        CHECK(e < FD_TOL);
+    }
+    at_tensor *ts[] = {k.y, k.x, k.dy, dx};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) at_tensor_free(ts[i]);
+}
+
 static double loss_rope(void *c)
 {
     fd_ctx *k = c;
@@ -547,11 +645,14 @@ int main(void)
     test_elementwise_hand();
     test_rounding();
     test_norm_rope_swiglu_hand();
+    test_layernorm_gelu_hand();
     test_attention_hand();
     test_embedding_ce_hand();
     test_adamw_hand();
     test_rmsnorm_fd();
     test_swiglu_fd();
+    test_layernorm_fd();
+    test_gelu_fd();
     test_rope_fd();
     test_embedding_fd();
     test_cross_entropy_fd();

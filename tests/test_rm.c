@@ -169,31 +169,6 @@ static void test_golden(void)
     tc_free(&c);
 }
 
-/* Runs argv with stdout to /dev/null and stderr into err_path; the wait status. */
-static int run_cli(char *const argv[], const char *err_path)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(126);
-        if (!freopen(err_path, "w", stderr)) _exit(126);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return status;
-}
-
-static int file_has_text(const char *path, const char *text)
-{
-    char *s = NULL;
-    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
-    free(s);
-    return r;
-}
-
 /* The lines of RUN/logging.jsonl (caller frees with cJSON_Delete). */
 static cJSON *read_log(const char *run)
 {
@@ -223,7 +198,7 @@ static void test_cli(const char *root)
                     "0", "--lr_scheduler_type", "constant", "--seed", "3", "--torch_dtype", "float32",
                     "--gradient_checkpointing", "false", "--max_length", "128", "--truncation_strategy", "right",
                     "--center_rewards_coefficient", "0.01", "--add_version", "false", "--output_dir", whole, NULL};
-    int status = run_cli(argv, err);
+    int status = at_test_run(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "anytune rlhf --rlhf_type rm failed (status %d)", status);
     cJSON *a = read_log(whole);
     int n = cJSON_GetArraySize(a);
@@ -252,7 +227,7 @@ static void test_cli(const char *root)
     snprintf(gg, sizeof gg, "%s/exported-gguf", root);
     char *exp[] = {(char *)bin, "export", "--model", "demo/stories260K", "--adapters", ck, "--merge_lora", "true",
                    "--to", "hf", "--output_dir", ex, NULL};
-    status = run_cli(exp, err);
+    status = at_test_run(exp, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "export of the reward model failed (status %d)", status);
     snprintf(p, sizeof p, "%s/config.json", ex);
     cJSON *cfg = NULL;
@@ -294,9 +269,9 @@ static void test_cli(const char *root)
     }
     char *exg[] = {(char *)bin, "export", "--model", "demo/stories260K", "--adapters", ck, "--merge_lora", "true",
                    "--to", "gguf", "--output_dir", gg, NULL};
-    status = run_cli(exg, err);
+    status = at_test_run(exg, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has_text(err, "sequence-classification"));
+    CHECK(at_test_file_has(err, "sequence-classification"));
     /* the evaluation: every pair's loss, no gradients */
     char ev_out[600];
     snprintf(ev_out, sizeof ev_out, "%s/eval", root);
@@ -304,7 +279,7 @@ static void test_cli(const char *root)
                       "tests/data/dpo/dpo_en_demo_8.json#2", "--val_dataset", "tests/data/dpo/dpo_en_demo_8.json#2",
                       "--max_steps", "1", "--per_device_train_batch_size", "2", "--max_length", "128",
                       "--truncation_strategy", "right", "--add_version", "false", "--output_dir", ev_out, NULL};
-    status = run_cli(evargs, err);
+    status = at_test_run(evargs, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     cJSON *el = read_log(ev_out);
     double eval_loss = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(el, 0), "eval_loss"));
@@ -314,7 +289,7 @@ static void test_cli(const char *root)
     /* killed after step 5, resumed from checkpoint-4 (the score head comes back from it): the same log */
     argv[sizeof argv / sizeof argv[0] - 2] = killed;
     setenv("ANYTUNE_DEBUG_KILL_AFTER_STEP", "5", 1);
-    status = run_cli(argv, err);
+    status = at_test_run(argv, err);
     unsetenv("ANYTUNE_DEBUG_KILL_AFTER_STEP");
     CHECK(WIFSIGNALED(status));
     char *resume[sizeof argv / sizeof argv[0] + 2];
@@ -323,7 +298,7 @@ static void test_cli(const char *root)
     resume[k++] = "--resume_from_checkpoint";
     resume[k++] = "last";
     resume[k] = NULL;
-    status = run_cli(resume, err);
+    status = at_test_run(resume, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "resume failed (status %d)", status);
     cJSON *b = read_log(killed);
     CHECK(cJSON_GetArraySize(b) == n);

@@ -1,8 +1,11 @@
 #include "testing.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
 #include "device/cpu/cpu_features.h"
@@ -144,4 +147,29 @@ void at_test_train_args(at_train_args *a, const char *model, const char *dataset
     a->weight_decay = 0;
     a->adam_beta2 = 0.999;
     a->eval_steps = 0;
+}
+
+int at_test_run(char *const argv[], const char *err_path)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout)) _exit(126);
+        if (!freopen(err_path ? err_path : "/dev/null", "w", stderr)) _exit(126);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    return status;
+}
+
+int at_test_file_has(const char *path, const char *text)
+{
+    char *s = NULL;
+    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
+    free(s);
+    return r;
 }

@@ -60,4 +60,11 @@ void at_test_js_check(const char *dir, const struct cJSON *expect, const char *p
  * checkpoint before step 1000, max_length 256; the rest the defaults. */
 void at_test_train_args(at_train_args *a, const char *model, const char *dataset, const char *out);
 
+/* Runs argv (argv[0] a program path, no shell) with stdout to /dev/null and
+ * stderr into err_path (NULL: /dev/null); returns the wait status. */
+int at_test_run(char *const argv[], const char *err_path);
+
+/* Whether the file at path exists and contains text. */
+int at_test_file_has(const char *path, const char *text);
+
 #endif

@@ -28,6 +28,12 @@ typedef struct {
                                   masked (packed samples); NULL means one segment */
 } at_attn_params;
 
+/* The GELU variants (at_gelu_forward's kind), as transformers' ACT2FN names them:
+ *   AT_GELU_ERF   "gelu":               x·Φ(x) = x/2·(1 + erf(x/√2))
+ *   AT_GELU_TANH  "gelu_pytorch_tanh":  x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+ *   AT_GELU_QUICK "quick_gelu":         x·σ(1.702·x) (CLIP; Qwen2-VL's vision blocks) */
+typedef enum { AT_GELU_ERF = 0, AT_GELU_TANH = 1, AT_GELU_QUICK = 2 } at_gelu_kind;
+
 /* Parameters of one AdamW step (decoupled weight decay, bias-corrected). */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;

@@ -36,12 +36,18 @@
 #define AT_OP_sum_rows(OUT, IN, VAL, ATTN) OUT(y), IN(x), VAL(float, beta)
 #define AT_OP_rmsnorm_forward(OUT, IN, VAL, ATTN) OUT(y), OUT(rstd), IN(x), IN(w), VAL(float, eps)
 #define AT_OP_rmsnorm_backward(OUT, IN, VAL, ATTN) OUT(dx), OUT(dw), IN(dy), IN(x), IN(w), IN(rstd)
+#define AT_OP_layernorm_forward(OUT, IN, VAL, ATTN) \
+    OUT(y), OUT(mean), OUT(rstd), IN(x), IN(w), IN(b), VAL(float, eps)
+#define AT_OP_layernorm_backward(OUT, IN, VAL, ATTN) \
+    OUT(dx), OUT(dw), OUT(db), IN(dy), IN(x), IN(w), IN(mean), IN(rstd)
 #define AT_OP_rope(OUT, IN, VAL, ATTN) OUT(y), IN(x), IN(pos), IN(inv_freq), VAL(int, inverse)
 #define AT_OP_attention_forward(OUT, IN, VAL, ATTN) OUT(out), OUT(lse), IN(q), IN(k), IN(v), ATTN(p)
 #define AT_OP_attention_backward(OUT, IN, VAL, ATTN) \
     OUT(dq), OUT(dk), OUT(dv), IN(dout), IN(q), IN(k), IN(v), IN(out), IN(lse), ATTN(p)
 #define AT_OP_swiglu_forward(OUT, IN, VAL, ATTN) OUT(y), IN(gate), IN(up)
 #define AT_OP_swiglu_backward(OUT, IN, VAL, ATTN) OUT(dgate), OUT(dup), IN(dy), IN(gate), IN(up)
+#define AT_OP_gelu_forward(OUT, IN, VAL, ATTN) OUT(y), IN(x), VAL(int, kind)
+#define AT_OP_gelu_backward(OUT, IN, VAL, ATTN) OUT(dx), IN(dy), IN(x), VAL(int, kind)
 #define AT_OP_embedding_forward(OUT, IN, VAL, ATTN) OUT(y), IN(ids), IN(table)
 #define AT_OP_embedding_backward(OUT, IN, VAL, ATTN) OUT(dtable), IN(dy), IN(ids)
 #define AT_OP_cross_entropy(OUT, IN, VAL, ATTN) \
@@ -55,9 +61,9 @@
 
 #define AT_BACKEND_OPS(X)                                                                                  \
     X(matmul) X(add) X(scale) X(axpy) X(fill) X(cast) X(sum_rows) X(rmsnorm_forward) X(rmsnorm_backward) \
-    X(rope) X(attention_forward) X(attention_backward) X(swiglu_forward) X(swiglu_backward)               \
-    X(embedding_forward) X(embedding_backward) X(cross_entropy) X(adamw) X(sumsq) X(dropout)              \
-    X(add_uniform_noise)
+    X(layernorm_forward) X(layernorm_backward) X(rope) X(attention_forward) X(attention_backward)          \
+    X(swiglu_forward) X(swiglu_backward) X(gelu_forward) X(gelu_backward) X(embedding_forward)            \
+    X(embedding_backward) X(cross_entropy) X(adamw) X(sumsq) X(dropout) X(add_uniform_noise)
 
 /* ---- reading an operation's list ---- */
 

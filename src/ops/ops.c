@@ -374,6 +374,69 @@ at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy,
     return run_rmsnorm_backward(be, dx, dw, dy, x, w, rstd);
 }
 
+/* The per-row statistics of a norm: f32 [rows]. */
+static at_status need_row_stat(const at_tensor *t, const at_tensor *x, const at_backend *be, const char *op)
+{
+    AT_TRY(need_dtype(t, AT_F32, op));
+    AT_TRY(need_numel(t, at_tensor_rows(x), op));
+    return need_backend(t, be, op);
+}
+
+/* A per-column vector of a norm (weight, bias, their gradients): float [D]. */
+static at_status need_col_vec(const at_tensor *t, const at_tensor *x, const at_backend *be, const char *op)
+{
+    AT_TRY(need_float(t, op));
+    AT_TRY(need_numel(t, at_tensor_cols(x), op));
+    return need_backend(t, be, op);
+}
+
+at_status at_layernorm_forward(at_tensor *y, at_tensor *mean, at_tensor *rstd, const at_tensor *x,
+                               const at_tensor *w, const at_tensor *b, float eps)
+{
+    const char *op = "layernorm_forward";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need(w, op, "weight"));
+    if (!mean != !rstd) return at_error(AT_ERR_INVALID, "%s: mean and rstd are saved together (both or neither)", op);
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    AT_TRY(need_col_vec(w, x, be, op));
+    if (b) AT_TRY(need_col_vec(b, x, be, op));
+    if (mean) {
+        AT_TRY(need_row_stat(mean, x, be, op));
+        AT_TRY(need_row_stat(rstd, x, be, op));
+    }
+    return run_layernorm_forward(be, y, mean, rstd, x, w, b, eps);
+}
+
+at_status at_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, const at_tensor *dy, const at_tensor *x,
+                                const at_tensor *w, const at_tensor *mean, const at_tensor *rstd)
+{
+    const char *op = "layernorm_backward";
+    AT_TRY(need(dx, op, "dx"));
+    AT_TRY(need(dy, op, "dy"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need(w, op, "weight"));
+    AT_TRY(need(mean, op, "mean"));
+    AT_TRY(need(rstd, op, "rstd"));
+    at_backend *be = dx->buf->backend;
+    const at_tensor *rows[] = {dx, dy, x};
+    for (int i = 0; i < 3; i++) {
+        AT_TRY(need_float(rows[i], op));
+        AT_TRY(need_numel(rows[i], at_tensor_numel(x), op));
+        AT_TRY(need_backend(rows[i], be, op));
+    }
+    AT_TRY(need_col_vec(w, x, be, op));
+    if (dw) AT_TRY(need_col_vec(dw, x, be, op));
+    if (db) AT_TRY(need_col_vec(db, x, be, op));
+    AT_TRY(need_row_stat(mean, x, be, op));
+    AT_TRY(need_row_stat(rstd, x, be, op));
+    return run_layernorm_backward(be, dx, dw, db, dy, x, w, mean, rstd);
+}
+
 at_status at_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq, int inverse)
 {
     const char *op = "rope";
@@ -516,6 +579,43 @@ at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
         AT_TRY(need_backend(all[i], be, op));
     }
     return run_swiglu_backward(be, dgate, dup, dy, gate, up);
+}
+
+static at_status need_gelu_kind(int kind, const char *op)
+{
+    if (kind == AT_GELU_ERF || kind == AT_GELU_TANH || kind == AT_GELU_QUICK) return AT_OK;
+    return at_error(AT_ERR_INVALID, "%s: unknown GELU kind %d", op, kind);
+}
+
+at_status at_gelu_forward(at_tensor *y, const at_tensor *x, int kind)
+{
+    const char *op = "gelu_forward";
+    AT_TRY(need(y, op, "output"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_gelu_kind(kind, op));
+    AT_TRY(need_float(y, op));
+    AT_TRY(need_float(x, op));
+    AT_TRY(need_numel(y, at_tensor_numel(x), op));
+    at_backend *be = y->buf->backend;
+    AT_TRY(need_backend(x, be, op));
+    return run_gelu_forward(be, y, x, kind);
+}
+
+at_status at_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *x, int kind)
+{
+    const char *op = "gelu_backward";
+    AT_TRY(need(dx, op, "dx"));
+    AT_TRY(need(dy, op, "dy"));
+    AT_TRY(need(x, op, "x"));
+    AT_TRY(need_gelu_kind(kind, op));
+    const at_tensor *all[] = {dx, dy, x};
+    at_backend *be = dx->buf->backend;
+    for (int i = 0; i < 3; i++) {
+        AT_TRY(need_float(all[i], op));
+        AT_TRY(need_numel(all[i], at_tensor_numel(x), op));
+        AT_TRY(need_backend(all[i], be, op));
+    }
+    return run_gelu_backward(be, dx, dy, x, kind);
 }
 
 at_status at_embedding_forward(at_tensor *y, const at_tensor *ids, const at_tensor *table)

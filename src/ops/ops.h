@@ -59,6 +59,19 @@ at_status at_rmsnorm_forward(at_tensor *y, at_tensor *rstd, const at_tensor *x, 
 at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy, const at_tensor *x,
                               const at_tensor *w, const at_tensor *rstd);
 
+/* LayerNorm over the last dimension D (torch.nn.LayerNorm: biased variance).
+ *   forward:  μ = mean(x),  r = 1/sqrt(mean((x − μ)²) + eps),  x̂ = (x − μ)·r,  y = x̂·w + b
+ *   backward: with g = dy·w,
+ *             dx = r·(g − mean(g) − x̂·mean(g·x̂)),  dw += Σ_rows dy·x̂,  db += Σ_rows dy
+ * x, y, dy, dx: [rows, D] (any leading shape); w, b, dw, db: [D]; mean, rstd:
+ * f32 [rows] saved by the forward (both or neither; NULL when not training).
+ * b may be NULL (no bias); dx is overwritten; dw and db are accumulated into
+ * and may be NULL (frozen). */
+at_status at_layernorm_forward(at_tensor *y, at_tensor *mean, at_tensor *rstd, const at_tensor *x,
+                               const at_tensor *w, const at_tensor *b, float eps);
+at_status at_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, const at_tensor *dy, const at_tensor *x,
+                                const at_tensor *w, const at_tensor *mean, const at_tensor *rstd);
+
 /* Rotary embedding, Hugging Face rotate_half layout. x, y: [N, H, D] or
  * [B, T, H, D] (N = B·T tokens); pos: i32 [N] (or [B, T]) position of each
  * token; inv_freq: f32 [D/2]. With a_i = pos · inv_freq[i], for i < D/2:
@@ -91,6 +104,16 @@ at_status at_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv, con
 at_status at_swiglu_forward(at_tensor *y, const at_tensor *gate, const at_tensor *up);
 at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *dy, const at_tensor *gate,
                              const at_tensor *up);
+
+/* GELU, elementwise; kind is an at_gelu_kind (device/backend.h gives each formula).
+ *   backward: dx = dy·gelu'(x), with
+ *     erf:   gelu'(x) = Φ(x) + x·φ(x),  φ(x) = e^(−x²/2)/√(2π)
+ *     tanh:  with u = √(2/π)·(x + 0.044715·x³), t = tanh(u):
+ *            gelu'(x) = (1 + t)/2 + x/2·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)
+ *     quick: with s = σ(1.702·x):  gelu'(x) = s·(1 + 1.702·x·(1 − s))
+ * x, y, dy, dx: the same number of elements; y may be x, dx may be dy or x. */
+at_status at_gelu_forward(at_tensor *y, const at_tensor *x, int kind);
+at_status at_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *x, int kind);
 
 /* Embedding lookup: y[n, :] = table[ids[n], :]. ids: i32 [N] (any shape with N
  * elements); table: [V, D]; y: [N, D]. An id outside [0, V) is an error

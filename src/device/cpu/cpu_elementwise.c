@@ -1,9 +1,10 @@
 /* CPU kernels of the elementwise operations: add, scale, axpy, fill, cast,
- * sum_rows and SwiGLU (see ops/ops.h for the math; arguments are checked by
+ * sum_rows, SwiGLU and GELU (see ops/ops.h for the math; arguments are checked by
  * the dispatcher). f32/bf16/f16 are converted to f32 in chunks on load and
  * rounded to nearest even on store. */
 #include "device/cpu/cpu_kernels.h"
 
+#include <math.h>
 #include <string.h>
 #include "device/cpu/cpu_simd.h"
 
@@ -178,6 +179,65 @@ at_status at_cpu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tens
         v->swiglu_bwd(bdg, bdu, d, g, u, len);
         v->store(at_cpu_elem(pdg, dgate->dtype, off), dgate->dtype, bdg, len);
         v->store(at_cpu_elem(pdu, dup->dtype, off), dup->dtype, bdu, len);
+    }
+    return AT_OK;
+}
+
+/* GELU of `kind` (at_gelu_kind; formulas in device/backend.h and ops/ops.h),
+ * in f32 with libm's erff/tanhf/expf; the derivative into *dydx when asked. */
+static inline float gelu_f32(float x, int kind, float *dydx)
+{
+    if (kind == AT_GELU_TANH) {
+        const float c = 0.7978845608f, a = 0.044715f; /* √(2/π) */
+        float t = tanhf(c * (x + a * x * x * x));
+        if (dydx) *dydx = 0.5f * (1 + t) + 0.5f * x * (1 - t * t) * c * (1 + 3 * a * x * x);
+        return 0.5f * x * (1 + t);
+    }
+    if (kind == AT_GELU_QUICK) {
+        float s = 1.0f / (1.0f + expf(-1.702f * x));
+        if (dydx) *dydx = s * (1 + 1.702f * x * (1 - s));
+        return x * s;
+    }
+    float cdf = 0.5f * (1 + erff(x * 0.70710678f));
+    if (dydx) *dydx = cdf + x * expf(-0.5f * x * x) * 0.39894228f; /* 1/√(2π) */
+    return x * cdf;
+}
+
+at_status at_cpu_gelu_forward(at_tensor *y, const at_tensor *x, int kind)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    int64_t n = at_tensor_numel(x), nc = nchunks(n);
+    const void *px = at_tensor_data(x);
+    void *py = at_tensor_data(y);
+#pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
+    for (int64_t c = 0; c < nc; c++) {
+        float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
+        int64_t off = c * AT_CPU_CHUNK, len = n - off < AT_CPU_CHUNK ? n - off : AT_CPU_CHUNK;
+        const float *xs = at_cpu_in(v, bx, px, x->dtype, off, len);
+        for (int64_t i = 0; i < len; i++) by[i] = gelu_f32(xs[i], kind, NULL);
+        v->store(at_cpu_elem(py, y->dtype, off), y->dtype, by, len);
+    }
+    return AT_OK;
+}
+
+at_status at_cpu_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *x, int kind)
+{
+    const at_cpu_simd *v = at_cpu_simd_get();
+    int64_t n = at_tensor_numel(x), nc = nchunks(n);
+    const void *pdy = at_tensor_data(dy), *px = at_tensor_data(x);
+    void *pdx = at_tensor_data(dx);
+#pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
+    for (int64_t c = 0; c < nc; c++) {
+        float bdy[AT_CPU_CHUNK], bx[AT_CPU_CHUNK], bdx[AT_CPU_CHUNK];
+        int64_t off = c * AT_CPU_CHUNK, len = n - off < AT_CPU_CHUNK ? n - off : AT_CPU_CHUNK;
+        const float *d = at_cpu_in(v, bdy, pdy, dy->dtype, off, len);
+        const float *xs = at_cpu_in(v, bx, px, x->dtype, off, len);
+        for (int64_t i = 0; i < len; i++) {
+            float g;
+            gelu_f32(xs[i], kind, &g);
+            bdx[i] = d[i] * g; /* through scratch: dx may alias dy or x */
+        }
+        v->store(at_cpu_elem(pdx, dx->dtype, off), dx->dtype, bdx, len);
     }
     return AT_OK;
 }

@@ -19,8 +19,9 @@
 #include "base/status.h"
 #include "device/backend.h"
 
-#define AT_CUDA_API_VERSION 5 /* 2: allreduce_sum takes a list; 3: dropout counters in runs;
-                                 4: add_uniform_noise; 5: softmax dropped (no caller) */
+#define AT_CUDA_API_VERSION 6 /* 2: allreduce_sum takes a list; 3: dropout counters in runs;
+                                 4: add_uniform_noise; 5: softmax dropped (no caller);
+                                 6: layernorm and gelu (vision towers) */
 #define AT_CUDA_OPEN_SYMBOL "at_cuda_backend_open"
 
 typedef struct at_cuda_host_api {

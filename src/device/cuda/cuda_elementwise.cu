@@ -1,5 +1,5 @@
 /* Elementwise kernels of the CUDA backend: add, scale, axpy, fill, cast,
- * sum_rows, SwiGLU forward/backward, dropout.
+ * sum_rows, SwiGLU and GELU forward/backward, dropout.
  *
  * Every kernel reads its inputs by a dtype code (f32/bf16/f16) that is
  * uniform over the launch, so the branch costs nothing next to the memory
@@ -319,6 +319,75 @@ at_status cu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
               (int)dgate->dtype, cu_ptr(dup), (int)dup->dtype, cu_ptr(dy), (int)dy->dtype, cu_ptr(gate),
               (int)gate->dtype, cu_ptr(up), (int)up->dtype, n, vec);
     return cu_launched(c, "swiglu_backward");
+}
+
+/* ---- GELU (the kinds of at_gelu_kind; the CPU kernel's f32 formulas) ---- */
+
+static __device__ __forceinline__ float gelu_f(float x, int kind, float *dydx)
+{
+    if (kind == AT_GELU_TANH) {
+        const float c = 0.7978845608f, a = 0.044715f; /* √(2/π) */
+        float t = tanhf(c * (x + a * x * x * x));
+        if (dydx) *dydx = 0.5f * (1 + t) + 0.5f * x * (1 - t * t) * c * (1 + 3 * a * x * x);
+        return 0.5f * x * (1 + t);
+    }
+    if (kind == AT_GELU_QUICK) {
+        float s = sigmoidf(1.702f * x);
+        if (dydx) *dydx = s * (1 + 1.702f * x * (1 - s));
+        return x * s;
+    }
+    float cdf = 0.5f * (1 + erff(x * 0.70710678f));
+    if (dydx) *dydx = cdf + x * expf(-0.5f * x * x) * 0.39894228f; /* 1/√(2π) */
+    return x * cdf;
+}
+
+static __global__ void k_gelu_fwd(void *y, int ty, const void *x, int tx, int kind, int64_t n, int vec)
+{
+    at_cu_for_each(n, vec, [&](int64_t i, int w) {
+        float v[AT_VEC];
+        at_cu_loadw(x, tx, i, v, w);
+        for (int k = 0; k < w; k++) v[k] = gelu_f(v[k], kind, (float *)0);
+        at_cu_storew(y, ty, i, v, w);
+    });
+}
+
+at_status cu_gelu_forward(at_tensor *y, const at_tensor *x, int kind)
+{
+    cuda_ctx *c = cu_ctx(y);
+    int64_t n = cu_numel(x);
+    if (n == 0) return AT_OK;
+    int vec = vec_ok(cu_ptr(y), cu_ptr(x));
+    AT_LAUNCH(k_gelu_fwd, ew_grid(c, n / (vec ? AT_VEC : 1)), EW_THREADS, 0, c->stream, cu_ptr(y), (int)y->dtype,
+              cu_ptr(x), (int)x->dtype, kind, n, vec);
+    return cu_launched(c, "gelu_forward");
+}
+
+/* Both inputs are read before dx is written: dx may alias dy or x. */
+static __global__ void k_gelu_bwd(void *dx, int tdx, const void *dy, int tdy, const void *x, int tx, int kind,
+                                  int64_t n, int vec)
+{
+    at_cu_for_each(n, vec, [&](int64_t i, int w) {
+        float d[AT_VEC], v[AT_VEC];
+        at_cu_loadw(dy, tdy, i, d, w);
+        at_cu_loadw(x, tx, i, v, w);
+        for (int k = 0; k < w; k++) {
+            float g;
+            gelu_f(v[k], kind, &g);
+            d[k] *= g;
+        }
+        at_cu_storew(dx, tdx, i, d, w);
+    });
+}
+
+at_status cu_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *x, int kind)
+{
+    cuda_ctx *c = cu_ctx(dx);
+    int64_t n = cu_numel(x);
+    if (n == 0) return AT_OK;
+    int vec = vec_ok(cu_ptr(dx), cu_ptr(dy), cu_ptr(x));
+    AT_LAUNCH(k_gelu_bwd, ew_grid(c, n / (vec ? AT_VEC : 1)), EW_THREADS, 0, c->stream, cu_ptr(dx), (int)dx->dtype,
+              cu_ptr(dy), (int)dy->dtype, cu_ptr(x), (int)x->dtype, kind, n, vec);
+    return cu_launched(c, "gelu_backward");
 }
 
 /* ---- dropout ----

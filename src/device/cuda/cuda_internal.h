@@ -159,8 +159,8 @@ static __device__ __forceinline__ void cu_record_bad(unsigned long long *slot, i
  * cu_<op> for each operation of device/op_table.h, with the signature listed
  * there, defined in the file of its family: cuda_matmul.cu (cuBLAS for
  * f32/bf16/f16, dequantizing tiles for q8_0, q4_0, nf4), cuda_elementwise.cu
- * (add ... cast, sum_rows, swiglu, dropout, uniform noise), cuda_norm.cu
- * (rmsnorm, rope), cuda_attention.cu (tiled, online softmax: FlashAttention's
+ * (add ... cast, sum_rows, swiglu, gelu, dropout, uniform noise), cuda_norm.cu
+ * (rmsnorm, layernorm, rope), cuda_attention.cu (tiled, online softmax: FlashAttention's
  * scheme), cuda_embedding.cu, cuda_loss.cu (cross-entropy fused with the
  * softmax over the vocabulary), cuda_optim.cu (adamw, sumsq). */
 #define CU_KERNEL_DECLARE_(name) at_status cu_##name(AT_OP_PARAMS(name));

@@ -1,4 +1,5 @@
-/* RMSNorm (forward, backward) and rotary embedding kernels of the CUDA backend.
+/* RMSNorm and LayerNorm (forward, backward) and rotary embedding kernels of
+ * the CUDA backend.
  *
  * RMSNorm over the last dimension D, one block per row (rows spread over the
  * grid), f32 accumulation:
@@ -10,6 +11,12 @@
  * or, for very wide rows, in the block's own scratch row), writes that
  * partial row to scratch, and a second kernel adds the partial rows in block
  * order to dw. The block count depends only on the row count and the device.
+ *
+ * LayerNorm (biased variance) the same way, with the mean and the variance
+ * around it as two block sums, and db beside dw:
+ *   forward:  μ = mean(x),  r = 1/sqrt(mean((x − μ)²) + eps),  x̂ = (x − μ)·r,  y = x̂·w + b
+ *   backward: with g = dy·w,
+ *             dx = r·(g − mean(g) − x̂·mean(g·x̂)),  dw += Σ_rows dy·x̂,  db += Σ_rows dy
  *
  * RoPE (Hugging Face rotate_half), with a_i = pos · inv_freq[i] (an f32
  * product, as HF forms it), for i < D/2:
@@ -172,6 +179,156 @@ at_status cu_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy,
     AT_LAUNCH(k_rmsnorm_dw, cu_blocks(D, 256), 256, 0, c->stream, cu_ptr(dw), (int)dw->dtype, (const float *)part,
               (int64_t)grid, D);
     return cu_launched(c, "rmsnorm_backward (dw)");
+}
+
+/* ---- LayerNorm ---- */
+
+static __global__ void k_layernorm_fwd(void *y, int ty, float *mean, float *rstd, const void *x, int tx,
+                                       const void *w, int tw, const void *b, int tb, int64_t rows, int64_t D,
+                                       float eps, int vec)
+{
+    __shared__ float red[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t off = r * D;
+        float s = 0.0f;
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            float v[AT_VEC];
+            at_cu_loadw(x, tx, off + i, v, n);
+            for (int k = 0; k < n; k++) s += v[k];
+        });
+        float mu = at_cu_block_sum(s, red) / (float)D;
+        float ss = 0.0f;
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            float v[AT_VEC];
+            at_cu_loadw(x, tx, off + i, v, n);
+            for (int k = 0; k < n; k++) ss += (v[k] - mu) * (v[k] - mu);
+        });
+        float rs = 1.0f / sqrtf(at_cu_block_sum(ss, red) / (float)D + eps);
+        if (mean && threadIdx.x == 0) {
+            mean[r] = mu;
+            rstd[r] = rs;
+        }
+        /* y may alias x: element i is read and written by the same thread */
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            float v[AT_VEC], wv[AT_VEC], bv[AT_VEC];
+            at_cu_loadw(x, tx, off + i, v, n);
+            at_cu_loadw(w, tw, i, wv, n);
+            if (b) at_cu_loadw(b, tb, i, bv, n);
+            for (int k = 0; k < n; k++) v[k] = (v[k] - mu) * rs * wv[k] + (b ? bv[k] : 0.0f);
+            at_cu_storew(y, ty, off + i, v, n);
+        });
+    }
+}
+
+at_status cu_layernorm_forward(at_tensor *y, at_tensor *mean, at_tensor *rstd, const at_tensor *x,
+                               const at_tensor *w, const at_tensor *b, float eps)
+{
+    cuda_ctx *c = cu_ctx(y);
+    int64_t rows = cu_rows(x), D = cu_cols(x);
+    if (rows == 0 || D == 0) return AT_OK;
+    int vec = D % AT_VEC == 0 && cu_aligned16(cu_ptr(y)) && cu_aligned16(cu_ptr(x)) && cu_aligned16(cu_ptr(w)) &&
+              (!b || cu_aligned16(cu_ptr(b)));
+    AT_LAUNCH(k_layernorm_fwd, row_grid(c, rows, 16), row_threads(D, vec ? 2 * AT_VEC : 4), 0, c->stream,
+              cu_ptr(y), (int)y->dtype, mean ? (float *)cu_ptr(mean) : (float *)NULL,
+              rstd ? (float *)cu_ptr(rstd) : (float *)NULL, cu_ptr(x), (int)x->dtype, cu_ptr(w), (int)w->dtype,
+              b ? cu_ptr(b) : (const void *)NULL, b ? (int)b->dtype : 0, rows, D, eps, vec);
+    return cu_launched(c, "layernorm_forward");
+}
+
+/* part: [gridDim.x, 2, D] f32 partial dw and db rows (NULL when neither is
+ * wanted); acc: shared (use_shared) or the block's own scratch rows. */
+static __global__ void k_layernorm_bwd(void *dx, int tdx, float *part, int use_shared, const void *dy, int tdy,
+                                       const void *x, int tx, const void *w, int tw, const float *mean,
+                                       const float *rstd, int64_t rows, int64_t D, int vec)
+{
+    AT_DYNAMIC_SHARED(float, shm);
+    __shared__ float red[32];
+    /* acc[i], acc[D + i]: only touched by the thread at_cu_for_row gives i to */
+    float *acc = part ? (use_shared ? shm : part + (int64_t)blockIdx.x * 2 * D) : (float *)0;
+    if (acc)
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            for (int k = 0; k < n; k++) acc[i + k] = acc[D + i + k] = 0.0f;
+        });
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t off = r * D;
+        float mu = mean[r], rs = rstd[r], sg = 0.0f, sgx = 0.0f;
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            float d[AT_VEC], wv[AT_VEC], xv[AT_VEC];
+            at_cu_loadw(dy, tdy, off + i, d, n);
+            at_cu_loadw(w, tw, i, wv, n);
+            at_cu_loadw(x, tx, off + i, xv, n);
+            for (int k = 0; k < n; k++) {
+                sg += d[k] * wv[k];
+                sgx += d[k] * wv[k] * (xv[k] - mu) * rs;
+            }
+        });
+        float mg = at_cu_block_sum(sg, red) / (float)D;
+        float mgx = at_cu_block_sum(sgx, red) / (float)D; /* its trailing barrier: reads precede writes */
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            float d[AT_VEC], wv[AT_VEC], xv[AT_VEC];
+            at_cu_loadw(dy, tdy, off + i, d, n);
+            at_cu_loadw(w, tw, i, wv, n);
+            at_cu_loadw(x, tx, off + i, xv, n);
+            for (int k = 0; k < n; k++) {
+                float xh = (xv[k] - mu) * rs;
+                if (acc) {
+                    acc[i + k] += d[k] * xh;
+                    acc[D + i + k] += d[k];
+                }
+                d[k] = rs * (d[k] * wv[k] - mg - xh * mgx);
+            }
+            at_cu_storew(dx, tdx, off + i, d, n);
+        });
+    }
+    if (acc && use_shared)
+        at_cu_for_row(D, vec, [&](int64_t i, int n) {
+            for (int k = 0; k < n; k++) {
+                part[(int64_t)blockIdx.x * 2 * D + i + k] = acc[i + k];
+                part[(int64_t)blockIdx.x * 2 * D + D + i + k] = acc[D + i + k];
+            }
+        });
+}
+
+/* g[j] += Σ_b part[b, which, j], blocks in order (which 0: dw, 1: db). */
+static __global__ void k_layernorm_grad(void *g, int tg, const float *part, int which, int64_t nparts, int64_t D)
+{
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < D; j += (int64_t)blockDim.x * gridDim.x) {
+        float a = at_cu_load(g, tg, j);
+        for (int64_t b = 0; b < nparts; b++) a += part[(b * 2 + which) * D + j];
+        at_cu_store(g, tg, j, a);
+    }
+}
+
+at_status cu_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, const at_tensor *dy, const at_tensor *x,
+                                const at_tensor *w, const at_tensor *mean, const at_tensor *rstd)
+{
+    cuda_ctx *c = cu_ctx(dx);
+    int64_t rows = cu_rows(x), D = cu_cols(x);
+    if (rows == 0 || D == 0) return AT_OK;
+    unsigned grid = row_grid(c, rows, 8);
+    int vec = D % AT_VEC == 0 && cu_aligned16(cu_ptr(dx)) && cu_aligned16(cu_ptr(dy)) && cu_aligned16(cu_ptr(x)) &&
+              cu_aligned16(cu_ptr(w));
+    int threads = row_threads(D, vec ? 2 * AT_VEC : 4);
+    float *part = NULL;
+    int use_shared = 2 * D <= NORM_SHARED_MAX_D;
+    if (dw || db) {
+        void *p = NULL;
+        CU_TRY(cu_scratch(c, (size_t)grid * 2 * (size_t)D * sizeof(float), &p));
+        part = (float *)p;
+    }
+    size_t shmem = part && use_shared ? 2 * (size_t)D * sizeof(float) : 0;
+    AT_LAUNCH(k_layernorm_bwd, grid, threads, shmem, c->stream, cu_ptr(dx), (int)dx->dtype, part, use_shared,
+              cu_ptr(dy), (int)dy->dtype, cu_ptr(x), (int)x->dtype, cu_ptr(w), (int)w->dtype,
+              (const float *)cu_ptr(mean), (const float *)cu_ptr(rstd), rows, D, vec);
+    CU_TRY(cu_launched(c, "layernorm_backward"));
+    at_tensor *grads[2] = {dw, db};
+    for (int k = 0; k < 2; k++) {
+        if (!grads[k]) continue;
+        AT_LAUNCH(k_layernorm_grad, cu_blocks(D, 256), 256, 0, c->stream, cu_ptr(grads[k]), (int)grads[k]->dtype,
+                  (const float *)part, k, (int64_t)grid, D);
+        CU_TRY(cu_launched(c, k ? "layernorm_backward (db)" : "layernorm_backward (dw)"));
+    }
+    return AT_OK;
 }
 
 /* ---- rope ---- */

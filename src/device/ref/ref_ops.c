@@ -229,6 +229,90 @@ done:
     return st;
 }
 
+/* ---- LayerNorm (biased variance) ----
+ *   forward:  μ = mean(x), r = 1/sqrt(mean((x − μ)²) + eps), x̂ = (x − μ)·r, y = x̂·w + b
+ *   backward: g = dy·w,  dx = r·(g − mean(g) − x̂·mean(g·x̂)),  dw += Σ_rows dy·x̂,  db += Σ_rows dy
+ * The variance is taken around the mean (two passes), not as E[x²] − μ². */
+at_status at_ref_layernorm_forward(at_tensor *y, at_tensor *mean, at_tensor *rstd, const at_tensor *x,
+                                   const at_tensor *w, const at_tensor *b, float eps)
+{
+    const char *op = "layernorm_forward";
+    double *X = NULL, *W = NULL, *B = NULL, *M = NULL, *R = NULL;
+    at_status st = AT_OK;
+    int64_t rows = at_tensor_rows(x), D = at_tensor_cols(x);
+    AT_CHECK(at_ref_load(x, op, &X));
+    AT_CHECK(at_ref_load(w, op, &W));
+    AT_CHECK(at_ref_load(b, op, &B));
+    AT_CHECK(at_ref_zeros(rows, &M));
+    AT_CHECK(at_ref_zeros(rows, &R));
+    for (int64_t r = 0; r < rows; r++) {
+        double *xr = X + r * D, mu = 0, var = 0;
+        for (int64_t i = 0; i < D; i++) mu += xr[i];
+        mu /= (double)D;
+        for (int64_t i = 0; i < D; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        M[r] = mu;
+        R[r] = 1.0 / sqrt(var / (double)D + (double)eps);
+        for (int64_t i = 0; i < D; i++) xr[i] = (xr[i] - mu) * R[r] * W[i] + (B ? B[i] : 0.0);
+    }
+    AT_CHECK(at_ref_store(y, X, op));
+    if (mean) AT_CHECK(at_ref_store(mean, M, op));
+    if (rstd) AT_CHECK(at_ref_store(rstd, R, op));
+done:
+    free(X);
+    free(W);
+    free(B);
+    free(M);
+    free(R);
+    return st;
+}
+
+at_status at_ref_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, const at_tensor *dy,
+                                    const at_tensor *x, const at_tensor *w, const at_tensor *mean,
+                                    const at_tensor *rstd)
+{
+    const char *op = "layernorm_backward";
+    double *DY = NULL, *X = NULL, *W = NULL, *M = NULL, *R = NULL, *DW = NULL, *DB = NULL;
+    at_status st = AT_OK;
+    int64_t rows = at_tensor_rows(x), D = at_tensor_cols(x);
+    AT_CHECK(at_ref_load(dy, op, &DY));
+    AT_CHECK(at_ref_load(x, op, &X));
+    AT_CHECK(at_ref_load(w, op, &W));
+    AT_CHECK(at_ref_load(mean, op, &M));
+    AT_CHECK(at_ref_load(rstd, op, &R));
+    AT_CHECK(at_ref_load(dw, op, &DW)); /* accumulated into */
+    AT_CHECK(at_ref_load(db, op, &DB));
+    for (int64_t r = 0; r < rows; r++) {
+        double *xr = X + r * D; /* becomes dx */
+        const double *dyr = DY + r * D;
+        double mg = 0, mgx = 0;
+        for (int64_t i = 0; i < D; i++) {
+            double xh = (xr[i] - M[r]) * R[r];
+            mg += dyr[i] * W[i];
+            mgx += dyr[i] * W[i] * xh;
+        }
+        mg /= (double)D;
+        mgx /= (double)D;
+        for (int64_t i = 0; i < D; i++) {
+            double xh = (xr[i] - M[r]) * R[r];
+            if (DW) DW[i] += dyr[i] * xh;
+            if (DB) DB[i] += dyr[i];
+            xr[i] = R[r] * (dyr[i] * W[i] - mg - xh * mgx);
+        }
+    }
+    AT_CHECK(at_ref_store(dx, X, op));
+    if (dw) AT_CHECK(at_ref_store(dw, DW, op));
+    if (db) AT_CHECK(at_ref_store(db, DB, op));
+done:
+    free(DY);
+    free(X);
+    free(W);
+    free(M);
+    free(R);
+    free(DW);
+    free(DB);
+    return st;
+}
+
 /* ---- rotary embedding (HF rotate_half), a_i = pos · inv_freq[i] as an f32 product ----
  *   y[i] = x[i] cos a − x[i+D/2] sin a,   y[i+D/2] = x[i+D/2] cos a + x[i] sin a;  inverse: a → −a */
 at_status at_ref_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const at_tensor *inv_freq,
@@ -310,6 +394,61 @@ at_status at_ref_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tens
 done:
     free(G);
     free(U);
+    free(DY);
+    return st;
+}
+
+/* ---- GELU (the three kinds of at_gelu_kind, formulas in ops/ops.h) ---- */
+
+#define GELU_TANH_C 0.7978845608028654 /* √(2/π) */
+#define GELU_TANH_A 0.044715
+#define GELU_QUICK_K 1.702
+
+/* gelu(x) of `kind`, and its derivative into *dydx. */
+static double gelu(double x, int kind, double *dydx)
+{
+    if (kind == AT_GELU_TANH) {
+        double t = tanh(GELU_TANH_C * (x + GELU_TANH_A * x * x * x));
+        *dydx = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_TANH_C * (1 + 3 * GELU_TANH_A * x * x);
+        return 0.5 * x * (1 + t);
+    }
+    if (kind == AT_GELU_QUICK) {
+        double s = sigmoid(GELU_QUICK_K * x);
+        *dydx = s * (1 + GELU_QUICK_K * x * (1 - s));
+        return x * s;
+    }
+    double cdf = 0.5 * (1 + erf(x / sqrt(2.0)));
+    *dydx = cdf + x * exp(-0.5 * x * x) / sqrt(2 * M_PI);
+    return x * cdf;
+}
+
+at_status at_ref_gelu_forward(at_tensor *y, const at_tensor *x, int kind)
+{
+    const char *op = "gelu_forward";
+    double *X = NULL, d;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, op, &X));
+    for (int64_t i = 0; i < at_tensor_numel(x); i++) X[i] = gelu(X[i], kind, &d);
+    AT_CHECK(at_ref_store(y, X, op));
+done:
+    free(X);
+    return st;
+}
+
+at_status at_ref_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *x, int kind)
+{
+    const char *op = "gelu_backward";
+    double *X = NULL, *DY = NULL, d;
+    at_status st = AT_OK;
+    AT_CHECK(at_ref_load(x, op, &X));
+    AT_CHECK(at_ref_load(dy, op, &DY));
+    for (int64_t i = 0; i < at_tensor_numel(x); i++) {
+        gelu(X[i], kind, &d);
+        X[i] = DY[i] * d;
+    }
+    AT_CHECK(at_ref_store(dx, X, op));
+done:
+    free(X);
     free(DY);
     return st;
 }
