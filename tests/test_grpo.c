@@ -320,31 +320,6 @@ static void test_rewards(void)
     CHECK(strstr(at_last_error(), "status 127") != NULL);
 }
 
-/* Runs argv with stdout to /dev/null and stderr into err_path; the wait status. */
-static int run_cli(char *const argv[], const char *err_path)
-{
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(126);
-        if (!freopen(err_path, "w", stderr)) _exit(126);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return status;
-}
-
-static int file_has(const char *path, const char *text)
-{
-    char *s = NULL;
-    int r = at_read_file(path, &s, NULL) == AT_OK && s && strstr(s, text);
-    free(s);
-    return r;
-}
-
 #define DEMO_STEPS 40 /* the demo's own number of steps */
 
 static void test_cli(const char *root)
@@ -357,11 +332,11 @@ static void test_cli(const char *root)
     snprintf(out, sizeof out, "%s/demo", root);
     char *argv[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--logging_steps", "1",
                     "--log_completions", "true", "--add_version", "false", "--output_dir", out, NULL};
-    int status = run_cli(argv, err);
+    int status = at_test_run(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the grpo demo failed (status %d)", status);
-    CHECK(file_has(err, "the GRPO demo"));
-    CHECK(file_has(err, "16 GRPO prompts"));
-    CHECK(file_has(err, "generation"));
+    CHECK(at_test_file_has(err, "the GRPO demo"));
+    CHECK(at_test_file_has(err, "16 GRPO prompts"));
+    CHECK(at_test_file_has(err, "generation"));
     snprintf(path, sizeof path, "%s/logging.jsonl", out);
     char *text = NULL;
     CHECK_OK(at_read_file(path, &text, NULL));
@@ -426,7 +401,7 @@ static void test_cli(const char *root)
     char *mu[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--max_steps", "4", "--logging_steps", "1",
                   "--num_iterations", "2", "--beta", "0.04", "--dynamic_sample", "true", "--overlong_filter", "true",
                   "--log_completions", "true", "--add_version", "false", "--output_dir", out, NULL};
-    status = run_cli(mu, err);
+    status = at_test_run(mu, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "grpo with --num_iterations 2 failed (status %d)", status);
     snprintf(path, sizeof path, "%s/logging.jsonl", out);
     text = NULL;
@@ -463,31 +438,31 @@ static void test_cli(const char *root)
     snprintf(out, sizeof out, "%s/bad", root);
     char *none[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
                     "demo/grpo_prompts.jsonl", "--output_dir", out, NULL};
-    status = run_cli(none, err);
+    status = at_test_run(none, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "grpo needs a reward"));
+    CHECK(at_test_file_has(err, "grpo needs a reward"));
     char *rm[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
                   "demo/grpo_prompts.jsonl", "--reward_model", "somewhere", "--output_dir", out, NULL};
-    status = run_cli(rm, err);
+    status = at_test_run(rm, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "--reward_model somewhere: not in this build"));
+    CHECK(at_test_file_has(err, "--reward_model somewhere: not in this build"));
     char *full[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
                     "demo/grpo_prompts.jsonl", "--reward_funcs", "repetition", "--train_type", "full",
                     "--max_completion_length", "40",
                     "--output_dir", out, NULL};
-    status = run_cli(full, err);
+    status = at_test_run(full, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "--beta 0.04 with --train_type full"));
+    CHECK(at_test_file_has(err, "--beta 0.04 with --train_type full"));
     char *lt[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--loss_type", "sigmoid", "--output_dir", out, NULL};
-    status = run_cli(lt, err);
+    status = at_test_run(lt, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "grpo takes grpo, bnpo or dr_grpo"));
+    CHECK(at_test_file_has(err, "grpo takes grpo, bnpo or dr_grpo"));
     /* prompt + budget over the model's context */
     char *ctx[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
                    "demo/grpo_prompts.jsonl", "--reward_funcs", "repetition", "--output_dir", out, NULL};
-    status = run_cli(ctx, err);
+    status = at_test_run(ctx, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(file_has(err, "lower --max_completion_length (512)"));
+    CHECK(at_test_file_has(err, "lower --max_completion_length (512)"));
 }
 
 int main(void)
