@@ -515,10 +515,10 @@ static void test_pair_math(void)
     CHECK_FAILS(at_pref_loss_type_parse("kto_pair", &lt), AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "sigmoid") != NULL);
     CHECK_FAILS(at_pref_config_init(&c, "ppo"), AT_ERR_UNSUPPORTED);
-    CHECK_MSG(strstr(at_last_error(), "not in this build") && strstr(at_last_error(), "dpo, simpo, cpo, orpo, kto and rm"),
+    CHECK_MSG(strstr(at_last_error(), "not in this build") && strstr(at_last_error(), "dpo, simpo, cpo, orpo, kto, rm and grpo"),
               "message: %s", at_last_error());
     CHECK_FAILS(at_pref_config_init(&c, "dpoo"), AT_ERR_INVALID);
-    CHECK_MSG(strstr(at_last_error(), "unknown") && strstr(at_last_error(), "dpo, simpo, cpo, orpo, kto and rm"), "message: %s",
+    CHECK_MSG(strstr(at_last_error(), "unknown") && strstr(at_last_error(), "dpo, simpo, cpo, orpo, kto, rm and grpo"), "message: %s",
               at_last_error());
     static const struct {
         const char *type, *what, *msg;
@@ -849,7 +849,7 @@ static void test_cli_objectives(const char *root)
         const char *type, *opt, *val, *msg;
     } bad[] = {{"orpo", "--ref_model", "demo/stories260K", "reference-free"},
                {"ppo", NULL, NULL, "not in this build"},
-               {"dpoo", NULL, NULL, "this build has dpo, simpo, cpo, orpo, kto and rm"},
+               {"dpoo", NULL, NULL, "this build has dpo, simpo, cpo, orpo, kto, rm and grpo"},
                {"orpo", "--loss_type", "ipo", "does not apply to --rlhf_type orpo"},
                {"dpo", "--simpo_gamma", "0.5", "--simpo_gamma"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_goldens import (CONFIGS, LORA_ALPHA, LORA_R, hf_forward, lora_dict,  # noqa: E402
+from make_goldens import (CONFIGS, LORA_ALPHA, LORA_R, hf_forward, lora_dict, pad_rows,  # noqa: E402
                           read_safetensors, write_safetensors)
 
 NAME = "qwen2_bias_tied"
@@ -75,15 +75,7 @@ def make_batch(V, gen):
             ids = torch.cat([prompt, reply])
             labels = torch.cat([torch.full((prompt_len,), -100), reply])
             rows.append((ids, labels))
-    T = max(len(r[0]) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.int64)
-    labels = torch.full((len(rows), T), -100, dtype=torch.int64)
-    lengths = []
-    for b, (i, l) in enumerate(rows):
-        ids[b, :len(i)] = i
-        labels[b, :len(l)] = l
-        lengths.append(len(i))
-    return ids, labels, lengths
+    return pad_rows(rows)
 
 
 def row_logps(cfg, W, ids, labels, lengths, lora=None):

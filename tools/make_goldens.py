@@ -412,6 +412,19 @@ def batch_forward(forward, lengths, ids_all, V):
     return ids, logits
 
 
+def pad_rows(rows):
+    """(ids, labels) rows right-padded into [B, T] tensors (ids 0, labels -100), and each row's length."""
+    T = max(len(r[0]) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.int64)
+    labels = torch.full((len(rows), T), -100, dtype=torch.int64)
+    lengths = []
+    for b, (i, lab) in enumerate(rows):
+        ids[b, :len(i)] = i
+        labels[b, :len(lab)] = lab
+        lengths.append(len(i))
+    return ids, labels, lengths
+
+
 def make_config(root, name, spec):
     cfg = spec["cfg"]
     gen = torch.Generator().manual_seed(spec["seed"])

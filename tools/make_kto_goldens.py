@@ -45,7 +45,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_goldens import (CONFIGS, LORA_ALPHA, LORA_R, hf_forward, lora_dict,  # noqa: E402
+from make_goldens import (CONFIGS, LORA_ALPHA, LORA_R, hf_forward, lora_dict, pad_rows,  # noqa: E402
                           read_safetensors, write_safetensors)
 
 NAME = "qwen2_bias_tied"
@@ -68,15 +68,7 @@ def make_batch(V, gen):
     for (prompt, completion), klc in zip(ex, kl_completion):
         for c in (completion, klc):
             rows.append((torch.cat([prompt, c]), torch.cat([torch.full((len(prompt),), -100), c])))
-    T = max(len(r[0]) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.int64)
-    labels = torch.full((len(rows), T), -100, dtype=torch.int64)
-    lengths = []
-    for b, (i, lab) in enumerate(rows):
-        ids[b, :len(i)] = i
-        labels[b, :len(lab)] = lab
-        lengths.append(len(i))
-    return ids, labels, lengths
+    return pad_rows(rows)
 
 
 def row_logps(cfg, W, ids, labels, lengths, lora=None):

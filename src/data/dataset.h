@@ -86,6 +86,7 @@ typedef struct {
      * data/media.h keeps references (a path, a data URL or base64) */
     const char *const *images;
     size_t n_images;
+    const char *solution; /* the record's "solution" (GRPO's accuracy reward), or NULL */
 } at_sample;
 
 typedef enum {

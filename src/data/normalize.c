@@ -599,6 +599,15 @@ static at_status norm_conversation(const at_normalizer *nz, const cJSON *rec, at
     set_messages(&out->messages, &mb);
     AT_TRY(tools_of(nz, rec, &out->tools, kind));
     kto_label(rec, out);
+    /* GRPO's accuracy reward compares completions with the record's "solution" (a string or a number) */
+    const cJSON *sol = get(rec, "solution");
+    char num[64];
+    const char *sv = cJSON_IsString(sol) ? sol->valuestring : NULL;
+    if (cJSON_IsNumber(sol)) {
+        snprintf(num, sizeof num, "%.17g", sol->valuedouble);
+        sv = num;
+    }
+    if (sv && !(out->solution = at_arena_strndup(nz->arena, sv, strlen(sv)))) return nomem(kind);
     return AT_OK;
 }
 

@@ -215,16 +215,17 @@ static cJSON *token_vars(const at_tokenizer *t)
     return o;
 }
 
-static void add_stop(at_bundle *b, int32_t id)
+static void add_stop(int32_t *ids, int *n, int cap, int vocab, int32_t id)
 {
-    if (id < 0 || id >= b->decoder->cfg.vocab_size) return;
-    for (int i = 0; i < b->n_stop_ids; i++)
-        if (b->stop_ids[i] == id) return;
-    if (b->n_stop_ids < AT_BUNDLE_MAX_STOP_IDS) b->stop_ids[b->n_stop_ids++] = id;
+    if (id < 0 || id >= vocab) return;
+    for (int i = 0; i < *n; i++)
+        if (ids[i] == id) return;
+    if (*n < cap) ids[(*n)++] = id;
 }
 
 /* eos_token_id of generation_config.json (a number or a list), when the folder has one. */
 static void generation_config_stops(at_bundle *b, const char *dir)
+#define add_stop(b, id) add_stop((b)->stop_ids, &(b)->n_stop_ids, AT_BUNDLE_MAX_STOP_IDS, (b)->decoder->cfg.vocab_size, id)
 {
     char *p = at_path_join(dir, "generation_config.json");
     cJSON *j = NULL;
@@ -240,25 +241,32 @@ static void generation_config_stops(at_bundle *b, const char *dir)
     free(p);
 }
 
-/* The stop tokens: the config's and the tokenizer's EOS, BOS (a model that
- * writes BOS has begun a new document; llama2.c's run stops there too), the
- * template's eos_token and the usual end-of-turn tokens the vocabulary has. */
-static void collect_stops(at_bundle *b)
+#undef add_stop
+
+int at_stop_tokens(const at_model_config *c, const at_tokenizer *tok, const at_chat_template *tmpl, int32_t *ids,
+                   int n, int cap)
 {
-    const at_model_config *c = &b->decoder->cfg;
-    for (int i = 0; i < c->n_eos; i++) add_stop(b, c->eos_token_ids[i]);
-    add_stop(b, at_tokenizer_eos(b->tokenizer));
-    add_stop(b, at_tokenizer_bos(b->tokenizer));
-    if (b->tmpl) {
-        const char *eos = at_chat_template_token(b->tmpl, "eos_token");
-        if (eos) add_stop(b, at_tokenizer_token_to_id(b->tokenizer, eos));
+    int V = c->vocab_size;
+    for (int i = 0; i < c->n_eos; i++) add_stop(ids, &n, cap, V, c->eos_token_ids[i]);
+    add_stop(ids, &n, cap, V, at_tokenizer_eos(tok));
+    add_stop(ids, &n, cap, V, at_tokenizer_bos(tok));
+    if (tmpl) {
+        const char *eos = at_chat_template_token(tmpl, "eos_token");
+        if (eos) add_stop(ids, &n, cap, V, at_tokenizer_token_to_id(tok, eos));
     }
     static const char *const eot[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
                                       "<|endoftext|>", "<|end_of_text|>"};
     for (size_t i = 0; i < sizeof eot / sizeof eot[0]; i++) {
-        int32_t id = at_tokenizer_special_id(b->tokenizer, eot[i]);
-        if (id >= 0) add_stop(b, id);
+        int32_t id = at_tokenizer_special_id(tok, eot[i]);
+        if (id >= 0) add_stop(ids, &n, cap, V, id);
     }
+    return n;
+}
+
+static void collect_stops(at_bundle *b)
+{
+    b->n_stop_ids = at_stop_tokens(&b->decoder->cfg, b->tokenizer, b->tmpl, b->stop_ids, b->n_stop_ids,
+                                   AT_BUNDLE_MAX_STOP_IDS);
 }
 
 static at_status load_template(const at_tokenizer *tok, const at_bundle_opts *o, source_kind kind,

@@ -55,6 +55,14 @@ typedef struct at_bundle_opts {
     const char *model_type;   /* NULL, or --model_type: the family to read the folder as (model/config.h) */
 } at_bundle_opts;
 
+/* The stop tokens of a model: the config's and the tokenizer's EOS, BOS (a
+ * model that writes BOS has begun a new document; llama2.c's run stops there
+ * too), the template's eos_token (tmpl may be NULL) and the usual end-of-turn
+ * tokens the vocabulary has; added to ids[0..n) (no duplicates, at most cap
+ * in all). Returns the new count. */
+int at_stop_tokens(const at_model_config *c, const at_tokenizer *tok, const at_chat_template *tmpl, int32_t *ids,
+                   int n, int cap);
+
 /* Loads everything. Caller frees *out with at_bundle_free. Errors name the
  * file concerned. */
 at_status at_bundle_load(const at_bundle_opts *opts, at_bundle **out);

@@ -251,6 +251,10 @@ typedef struct at_loss_stats {
     const float *row_grad_scale; /* in: NULL or host [B]: row b's gradient is that of its loss sum times
                               grad_scale · row_grad_scale[b] (any sign; 0 gives the row none). For
                               objectives weighting whole sequences (DPO); NULL: grad_scale everywhere */
+    const float *token_grad_scale; /* in: NULL or host [B·T]: the gradient of the target predicted at
+                              position (b, t) is that of its −log p times token_grad_scale[b·T + t]
+                              (with row_grad_scale, both apply). For objectives weighting each token
+                              (GRPO's clipped ratios); NULL: 1 everywhere */
 } at_loss_stats;
 
 /* Causal-LM loss of the batch of the last forward on acts.

@@ -573,6 +573,15 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
         AT_CHECK(at_decoder_logits(d, &lg, &hid));
         AT_CHECK(at_cross_entropy(&cl, g ? &lg : NULL, &lg, &tt, scale));
         any_chunk = 1;
+        /* per-token weights: row i of dlogits is that target's gradient, linear in its weight */
+        for (int64_t i = r0; g && stats->token_grad_scale && i < r0 + rows; i++) {
+            float w = stats->token_grad_scale[i];
+            if (tg[i] < 0 || w == 1.0f) continue;
+            at_tensor lr;
+            int64_t s1[2] = {1, V};
+            at_tensor_view_inplace(&lr, &a->logits_chunk, (size_t)((i - r0) * V), 2, s1);
+            AT_CHECK(at_scale(&lr, &lr, w));
+        }
         if (g) {
             /* dh = dlogits·W_head;  dW_head += dlogitsᵀ·h */
             AT_CHECK(at_matmul(&dfin, &lg, d->w->lm_head, 0, 0, 1.0f, 0.0f));

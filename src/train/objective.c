@@ -17,6 +17,7 @@ static const struct {
     {"orpo", &at_objective_preference},
     {"kto", &at_objective_kto},
     {"rm", &at_objective_rm},
+    {"grpo", &at_objective_grpo},
 };
 
 at_status at_objective_open(const char *name, const at_pref_config *pref, at_objective **out)
@@ -28,6 +29,8 @@ at_status at_objective_open(const char *name, const at_pref_config *pref, at_obj
         if (!o) return at_error(AT_ERR_NOMEM, "out of memory");
         o->ops = OBJECTIVES[i].ops;
         o->pref = pref;
+        o->rows_per_item = o->ops->rows_per_item;
+        o->step_repeats = 1;
         *out = o;
         return AT_OK;
     }

@@ -46,6 +46,8 @@ typedef struct {
     int32_t bos, eos;      /* the tokenizer's (-1: none): pt frames its documents */
     int max_length;        /* for the summary line */
     int batch_size;        /* --per_device_train_batch_size (kto's KL pairs are made within batches) */
+    const struct at_tokenizer *tok; /* the tokenizer (grpo generates and decodes) */
+    const struct at_chat_template *tmpl; /* the chat template, or NULL (grpo's stop tokens) */
 } at_obj_data_env;
 
 /* One micro-batch, or rows [u0·unit, u1·unit) of it after out-of-memory
@@ -74,8 +76,9 @@ typedef struct {
 
 typedef struct {
     const char *name;      /* "sft", "pt", "preference", ... */
-    size_t rows_per_item;  /* rows one item fills (2: a pair's chosen and rejected rows); out-of-memory
-                              halving cuts micro-batches between items */
+    size_t rows_per_item;  /* rows one item fills (2: a pair's chosen and rejected rows; 0: set by prepare
+                              in the objective's rows_per_item); out-of-memory halving cuts micro-batches
+                              between items */
     int n_counts, n_stats; /* sizes of the arrays below (<= AT_OBJ_MAX_COUNTS, AT_OBJ_MAX_STATS) */
     int packs;             /* --packing applies (items of one row may be several samples) */
     int plain_text;        /* trains on plain text (--dataset read as documents) */
@@ -125,6 +128,11 @@ struct at_objective {
     size_t n_train, n_val;
     const size_t *train_len;     /* [n_train] each item's length, for the batch plan (owned by impl) */
     const size_t *val_len;
+    size_t rows_per_item;        /* ops->rows_per_item, or what prepare set (grpo: G completions a prompt) */
+    int step_repeats;            /* each plan step runs this many optimizer steps (grpo's --num_iterations);
+                                    prepare may set it (else 1) */
+    const char *run_dir;         /* the run's folder on the rank that writes files (set before the first
+                                    step), else NULL */
 };
 
 /* The objective of a run: "sft", "pt", or rlhf's pref->name (dpo, cpo, simpo,
@@ -141,6 +149,6 @@ size_t at_objective_rlhf_names(char *buf, size_t cap);
 
 /* The objectives' tables (one file each). */
 extern const at_objective_ops at_objective_sft, at_objective_pt, at_objective_preference, at_objective_kto,
-    at_objective_rm;
+    at_objective_rm, at_objective_grpo;
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
+#include "train/grpo.h"
 #include "train/objective.h"
 
 _Static_assert(sizeof(at_pref_stats) == AT_PREF_STATS_N * sizeof(double), "at_pref_stats is summed as an array");
@@ -26,7 +27,7 @@ at_status at_pref_loss_type_parse(const char *name, at_pref_loss_type *out)
                     name ? name : "(none)");
 }
 
-#define BUILD_HAS "this build has dpo, simpo, cpo, orpo, kto and rm"
+#define BUILD_HAS "this build has dpo, simpo, cpo, orpo, kto, rm and grpo"
 
 at_status at_pref_config_init(at_pref_config *c, const char *name)
 {
@@ -57,12 +58,16 @@ at_status at_pref_config_init(at_pref_config *c, const char *name)
     } else if (name && !strcmp(name, "rm")) {
         c->objective = AT_PREF_RM;
         c->name = "rm";
+    } else if (name && !strcmp(name, "grpo")) { /* ms-swift's beta 0.04 (TRL's is 0: no reference pass) */
+        c->objective = AT_PREF_GRPO;
+        c->name = "grpo";
+        c->beta = 0.04;
     } else {
-        static const char *const others[] = {"ppo", "grpo", "gkd"};
+        static const char *const others[] = {"ppo", "gkd"};
         for (size_t i = 0; name && i < sizeof others / sizeof others[0]; i++)
             if (!strcmp(name, others[i]))
                 return at_error(AT_ERR_UNSUPPORTED, "--rlhf_type %s: not in this build (%s)", name, BUILD_HAS);
-        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has ppo, grpo, gkd)",
+        return at_error(AT_ERR_INVALID, "--rlhf_type %s: unknown; %s (ms-swift also has ppo, gkd)",
                         name ? name : "(none)", BUILD_HAS);
     }
     return AT_OK;
@@ -83,12 +88,17 @@ double at_pref_nll_alpha(const at_pref_config *c)
 at_status at_pref_config_check(const at_pref_config *c)
 {
     const char *n = c->name ? c->name : "dpo";
-    if (!(c->beta > 0) || !isfinite(c->beta)) return at_error(AT_ERR_INVALID, "--beta %g must be > 0", c->beta);
-    if ((unsigned)c->objective > AT_PREF_RM || (unsigned)c->loss_type > AT_PREF_SIMPO)
+    if (c->objective == AT_PREF_GRPO) {
+        /* β 0: no KL term and no reference pass */
+        if (!(c->beta >= 0) || !isfinite(c->beta)) return at_error(AT_ERR_INVALID, "--beta %g must be >= 0", c->beta);
+    } else if (!(c->beta > 0) || !isfinite(c->beta)) {
+        return at_error(AT_ERR_INVALID, "--beta %g must be > 0", c->beta);
+    }
+    if ((unsigned)c->objective > AT_PREF_GRPO || (unsigned)c->loss_type > AT_PREF_SIMPO)
         return at_error(AT_ERR_INVALID, "preference objective %d / loss_type %d: out of range", (int)c->objective,
                         (int)c->loss_type);
-    if ((c->objective == AT_PREF_ORPO || c->objective == AT_PREF_KTO || c->objective == AT_PREF_RM) &&
-        c->loss_type != AT_PREF_SIGMOID)
+    if ((c->objective == AT_PREF_ORPO || c->objective == AT_PREF_KTO || c->objective == AT_PREF_RM ||
+         c->objective == AT_PREF_GRPO) && c->loss_type != AT_PREF_SIGMOID)
         return at_error(AT_ERR_INVALID, "--loss_type %s does not apply to --rlhf_type %s (it has one loss)",
                         at_pref_loss_type_name(c->loss_type), n);
     if (!(c->desirable_weight >= 0 && isfinite(c->desirable_weight)) ||
@@ -126,6 +136,13 @@ at_status at_pref_config_check(const at_pref_config *c)
     if (c->simpo_gamma != 0 && c->loss_type != AT_PREF_SIMPO)
         return at_error(AT_ERR_INVALID, "--simpo_gamma applies to simpo (--loss_type simpo) only (not %s with "
                         "loss_type %s)", n, at_pref_loss_type_name(c->loss_type));
+    if (c->objective == AT_PREF_GRPO) {
+        if (c->ref_model)
+            return at_error(AT_ERR_UNSUPPORTED, "--ref_model with grpo: not in this build; the KL's reference is the "
+                            "policy's base (LoRA off)");
+        if (!c->grpo) return at_error(AT_ERR_INVALID, "grpo: its options are missing");
+        AT_TRY(at_grpo_config_check(c->grpo));
+    }
     if (c->ref_model && !at_pref_needs_reference(c))
         return at_error(AT_ERR_INVALID, "--ref_model %s: %s is reference-free (it compares the policy's own chosen and "
                         "rejected log-probs); drop --ref_model", c->ref_model, n);

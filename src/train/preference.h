@@ -47,7 +47,7 @@
 #include "model/decoder.h"
 #include "train/batch_upload.h"
 
-typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO, AT_PREF_KTO, AT_PREF_RM } at_pref_objective;
+typedef enum { AT_PREF_DPO = 0, AT_PREF_CPO, AT_PREF_ORPO, AT_PREF_KTO, AT_PREF_RM, AT_PREF_GRPO } at_pref_objective;
 typedef enum { AT_PREF_SIGMOID = 0, AT_PREF_IPO, AT_PREF_HINGE, AT_PREF_SIMPO } at_pref_loss_type;
 
 /* "sigmoid", "ipo", "hinge", "simpo". */
@@ -73,12 +73,14 @@ typedef struct {
     double desirable_weight;    /* kto: --desirable_weight (1), the weight of desirable examples' losses */
     double undesirable_weight;  /* kto: --undesirable_weight (1) */
     double center_rewards_coefficient; /* rm: --center_rewards_coefficient (0: off; train/reward.h) */
+    const struct at_grpo_config *grpo; /* grpo's own options (train/grpo.h; borrowed); NULL otherwise */
 } at_pref_config;
 
 /* The defaults of --rlhf_type name, as ms-swift's: dpo (β 0.1, sigmoid),
  * simpo (cpo with loss_type simpo, β 2, γ 1, cpo_alpha 1), cpo (β 0.1,
  * sigmoid, cpo_alpha 1), orpo (β 0.1), kto (β 0.1, weights 1; train/kto.h),
- * rm (train/reward.h). Another of ms-swift's types (ppo, grpo, gkd) is AT_ERR_UNSUPPORTED,
+ * rm (train/reward.h), grpo (β 0.04; its options in c->grpo, train/grpo.h, set by the
+ * caller). Another of ms-swift's types (ppo, gkd) is AT_ERR_UNSUPPORTED,
  * anything else AT_ERR_INVALID; both messages list what this build has. */
 at_status at_pref_config_init(at_pref_config *c, const char *name);
 /* AT_ERR_INVALID naming the option when a value is out of range or does not

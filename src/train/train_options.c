@@ -155,14 +155,14 @@ const int at_train_n_options = (int)(sizeof at_train_options / sizeof at_train_o
  * fields against them. The ranges are train/preference.c's checks. */
 const at_opt_spec at_rlhf_options[] = {
     {.name = "rlhf_type", .type = AT_OPT_STRING, .def = "dpo",
-     .help = "the preference objective: dpo, simpo, cpo, orpo, kto (unpaired examples with a label), or rm (a "
-             "reward model: a score head trained on the pairs)"},
-    {.name = "beta", .type = AT_OPT_FLOAT, .range = "(0, inf)",
+     .help = "the objective: dpo, simpo, cpo, orpo, kto (unpaired examples with a label), rm (a reward model: a "
+             "score head trained on the pairs), or grpo (completions generated in the loop, scored by rewards)"},
+    {.name = "beta", .type = AT_OPT_FLOAT, .range = "[0, inf)",
      .help = "dpo: how far the policy may move from the reference; simpo/cpo: the reward "
                                  "scale; orpo: the odds-ratio weight (lambda). Unset: 2 for simpo, else 0.1"},
     {.name = "loss_type", .type = AT_OPT_STRING,
      .help = "dpo: sigmoid, ipo or hinge; cpo: those or simpo (unset: sigmoid; simpo "
-                                       "for --rlhf_type simpo)"},
+                                       "for --rlhf_type simpo); grpo: grpo, bnpo or dr_grpo (unset: grpo)"},
     {.name = "label_smoothing", .type = AT_OPT_FLOAT, .def = "0", .range = "[0, 0.5)",
      .help = "conservative DPO/CPO: the share of pairs assumed mislabeled "
                                            "(sigmoid and simpo losses)"},
@@ -182,6 +182,56 @@ const at_opt_spec at_rlhf_options[] = {
      .help = "dpo's and kto's reference model (default: the policy's base: LoRA off, or the "
                                        "initial weights for full fine-tuning); refused by the reference-free "
                                        "simpo, cpo and orpo"},
+    /* grpo (train/grpo.h, train/grpo_reward.h; ms-swift's names and defaults) */
+    {.name = "num_generations", .type = AT_OPT_INT, .def = "8", .range = "[2, 65536]",
+     .help = "grpo: completions generated per prompt (G); a micro-batch of N prompts runs N·G rows"},
+    {.name = "max_completion_length", .type = AT_OPT_INT, .def = "512", .range = "[1, 16777216]",
+     .help = "grpo: the longest completion in tokens"},
+    {.name = "temperature", .type = AT_OPT_FLOAT, .def = "0.9", .range = "[0, inf)", .help = "grpo: sampling temperature"},
+    {.name = "top_p", .type = AT_OPT_FLOAT, .def = "1.0", .range = "(0, 1]", .help = "grpo: nucleus sampling (1: off)"},
+    {.name = "top_k", .type = AT_OPT_INT, .def = "0", .range = "[-1, inf)", .help = "grpo: top-k sampling (0 or -1: off)"},
+    {.name = "stop_words", .type = AT_OPT_LIST,
+     .help = "grpo: strings that end a completion besides the model's end tokens (at most 8)"},
+    {.name = "epsilon", .type = AT_OPT_FLOAT, .def = "0.2", .range = "[0, 1)",
+     .help = "grpo: the ratio's clip range below and above 1"},
+    {.name = "epsilon_high", .type = AT_OPT_FLOAT, .range = "[0, inf)",
+     .help = "grpo: the clip range above 1 (DAPO's clip-higher; unset: --epsilon)"},
+    {.name = "num_iterations", .type = AT_OPT_INT, .def = "1", .range = "[1, 1024]",
+     .help = "grpo: optimizer steps per generated batch (μ; the old policy's log-probs are kept)"},
+    {.name = "scale_rewards", .type = AT_OPT_STRING, .def = "group", .choices = "group|batch|none|true|false",
+     .help = "grpo: divide the advantages by the group's reward std, the batch's, or not at all"},
+    {.name = "dynamic_sample", .type = AT_OPT_BOOL, .def = "false",
+     .help = "grpo: regenerate groups whose rewards are all equal (DAPO), up to --max_resample_times"},
+    {.name = "max_resample_times", .type = AT_OPT_INT, .def = "3", .range = "[0, 1024]",
+     .help = "grpo: tries of --dynamic_sample"},
+    {.name = "overlong_filter", .type = AT_OPT_BOOL, .def = "false",
+     .help = "grpo: completions cut by --max_completion_length get no loss (DAPO)"},
+    {.name = "reward_funcs", .type = AT_OPT_LIST,
+     .help = "grpo: built-in rewards: accuracy, format, cosine, repetition, soft_overlong"},
+    {.name = "reward_weights", .type = AT_OPT_LIST,
+     .help = "grpo: one weight per reward: --reward_funcs in order, then --reward_model, then --reward_command "
+             "(unset: 1 each)"},
+    {.name = "reward_model", .type = AT_OPT_STRING, .help = "grpo: a reward model folder (not in this build yet)"},
+    {.name = "reward_command", .type = AT_OPT_STRING,
+     .help = "grpo: a program (split at spaces, no shell) reading JSON lines {prompt, completion, solution} on "
+             "stdin and writing one reward per line"},
+    {.name = "reward_timeout", .type = AT_OPT_FLOAT, .def = "60", .range = "(0, inf)",
+     .help = "grpo: seconds --reward_command may take per batch"},
+    {.name = "log_completions", .type = AT_OPT_BOOL, .def = "false",
+     .help = "grpo: write every completion with its rewards to RUN/completions.jsonl"},
+    {.name = "cosine_min_len_value_wrong", .type = AT_OPT_FLOAT, .def = "-0.5", .help = "grpo cosine: a short wrong answer's reward"},
+    {.name = "cosine_max_len_value_wrong", .type = AT_OPT_FLOAT, .def = "0.0", .help = "grpo cosine: a long wrong answer's reward"},
+    {.name = "cosine_min_len_value_correct", .type = AT_OPT_FLOAT, .def = "1.0", .help = "grpo cosine: a short right answer's reward"},
+    {.name = "cosine_max_len_value_correct", .type = AT_OPT_FLOAT, .def = "0.5", .help = "grpo cosine: a long right answer's reward"},
+    {.name = "cosine_max_len", .type = AT_OPT_INT, .range = "[1, inf)",
+     .help = "grpo cosine: the length scale (unset: --max_completion_length)"},
+    {.name = "repetition_n_grams", .type = AT_OPT_INT, .def = "3", .range = "[1, 1024]",
+     .help = "grpo repetition: the n of the n-grams"},
+    {.name = "repetition_max_penalty", .type = AT_OPT_FLOAT, .def = "-1.0", .help = "grpo repetition: the penalty of a text that is all repeats"},
+    {.name = "soft_max_length", .type = AT_OPT_INT, .range = "[1, inf)",
+     .help = "grpo soft_overlong: the length where the penalty reaches -1 (unset: --max_completion_length)"},
+    {.name = "soft_cache_length", .type = AT_OPT_INT, .range = "[1, inf)",
+     .help = "grpo soft_overlong: the penalty grows over this many tokens before soft_max_length"},
 };
 const int at_rlhf_n_options = (int)(sizeof at_rlhf_options / sizeof at_rlhf_options[0]);
 

@@ -168,7 +168,7 @@ static at_status load_data(trainer *t)
     enc.max_length = (size_t)t->max_length;
     enc.truncation = a->truncation;
     at_obj_data_env env = {&enc, a->strict, at_tokenizer_bos(t->tok), at_tokenizer_eos(t->tok), t->max_length,
-                           a->batch_size};
+                           a->batch_size, t->tok, t->tmpl};
     return t->obj->ops->prepare(t->obj, &env, &t->ds->train, vl);
 }
 
@@ -266,7 +266,9 @@ typedef struct {
 static void split_over_ranks(const trainer *t, int64_t step, step_batches *sb)
 {
     const at_train_args *a = t->a;
-    sb->step_first = (step % t->steps_per_epoch) * a->grad_accum * t->world;
+    /* an objective whose plan steps repeat (grpo's μ) runs plan step k as steps kμ .. kμ + μ − 1 */
+    int64_t rep = t->obj->step_repeats > 1 ? t->obj->step_repeats : 1;
+    sb->step_first = ((step % t->steps_per_epoch) / rep) * a->grad_accum * t->world;
     sb->step_last = sb->step_first + (int64_t)a->grad_accum * t->world;
     if (sb->step_last > (int64_t)t->plan.n_batches) sb->step_last = (int64_t)t->plan.n_batches;
     sb->first = sb->step_first + (int64_t)t->rank * a->grad_accum;
@@ -383,7 +385,7 @@ static at_status run_micro_batches(trainer *t, const step_batches *sb, int64_t s
     at_objective *o = t->obj;
     at_status st = AT_OK;
     memset(t->step_stats, 0, sizeof t->step_stats);
-    size_t unit = o->ops->rows_per_item; /* pieces are cut between items */
+    size_t unit = o->rows_per_item; /* pieces are cut between items */
     for (int m = 0; m < sb->n && st == AT_OK && t->step_counts[0] > 0; m++) {
         size_t units = sb->batches[m].rows / unit, np = (size_t)1 << t->oom_halvings;
         if (np > units) np = units;
@@ -705,6 +707,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     int64_t per_step = (int64_t)a->grad_accum * t.world; /* micro-batches per step, all ranks together */
     t.steps_per_epoch = (t.n_batches + per_step - 1) / per_step;
     if (t.steps_per_epoch < 1) t.steps_per_epoch = 1;
+    if (t.obj->step_repeats > 1) t.steps_per_epoch *= t.obj->step_repeats;
     t.total_steps = a->max_steps > 0 ? a->max_steps : (int64_t)ceil(a->num_train_epochs * (double)t.steps_per_epoch);
     if (t.total_steps < 1) t.total_steps = 1;
     at_loss_scaler_init(&t.scaler, a->loss_scaling, a->loss_scale_init);
@@ -722,6 +725,7 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         if (st != AT_OK) goto done;
     }
     AT_CHECK(at_trainer_log_open(&t));
+    t.obj->run_dir = t.run_dir;
     snprintf(res->run_dir, sizeof res->run_dir, "%s", t.run_dir);
     int64_t trainable = 0;
     for (int i = 0; i < t.opt.n; i++) trainable += at_tensor_numel(t.opt.params[i].param);

@@ -100,6 +100,11 @@ at_status at_trainer_log_step(at_trainer *t, cJSON *line, at_progress *bar, int6
     if (cJSON_IsNumber(acc) && cJSON_IsNumber(mar) && k > 0 && (size_t)k < sizeof note)
         snprintf(note + k, sizeof note - (size_t)k, "  rewards/accuracies %.3f  rewards/margins %.4f",
                  acc->valuedouble, mar->valuedouble);
+    /* grpo: the mean reward, and generation's share of the wall time */
+    const cJSON *rw = cJSON_GetObjectItem(line, "reward"), *gs = cJSON_GetObjectItem(line, "generation_share");
+    if (cJSON_IsNumber(rw) && cJSON_IsNumber(gs) && k > 0 && (size_t)k < sizeof note)
+        snprintf(note + k, sizeof note - (size_t)k, "  reward %.4f  generation %.0f%% of the time", rw->valuedouble,
+                 100 * gs->valuedouble);
     at_progress_note(bar, note);
     iv->loss = 0;
     iv->steps = 0;
