@@ -181,6 +181,7 @@ static _Thread_local size_t tl_cap;
 static void *thread_buffer(size_t bytes)
 {
     if (bytes > tl_cap) {
+        at_cpu_thread_buffers_held();
         free(tl_buf);
         tl_buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
         tl_cap = tl_buf ? bytes : 0;
@@ -310,6 +311,7 @@ static at_status small_rows(const qproblem *p, const at_cpu_qgemv *kq, small_a *
     int i8 = kq && kq->gemv_i8 && (p->w->t == AT_Q8_0 || p->w->t == AT_Q4_0);
     size_t bytes = (size_t)n * sizeof(float) + (i8 ? (size_t)n + (size_t)(n / 32) * sizeof(float) : 0);
     if (bytes > tl_a_cap) {
+        at_cpu_thread_buffers_held();
         free(tl_a);
         tl_a = aligned_alloc(64, round64(bytes));
         tl_a_cap = tl_a ? bytes : 0;
@@ -474,4 +476,14 @@ at_status at_cpu_qmatmul(at_tensor *c, const at_tensor *a, const at_tensor *b, i
         else AT_TRY(run_panels(&p));
     }
     return AT_OK;
+}
+
+void at_cpu_qmatmul_release_buffers(void)
+{
+    free(tl_buf);
+    tl_buf = NULL;
+    tl_cap = 0;
+    free(tl_a);
+    tl_a = NULL;
+    tl_a_cap = 0;
 }

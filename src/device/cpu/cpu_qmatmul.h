@@ -114,4 +114,8 @@ int at_cpu_qmatmul_int8_decode(void);
     default: call(8); break;                                                                                           \
     }
 
+/* Frees the calling thread's work buffers of the quantized matmuls (see
+ * at_cpu_gemm_release_buffers, which calls this). */
+void at_cpu_qmatmul_release_buffers(void);
+
 #endif

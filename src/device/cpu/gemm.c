@@ -28,12 +28,14 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cpu/cpu_qmatmul.h"
 #include "device/cpu/gemm_kernels.h"
 #include "device/cpu/gemm_tune.h"
 
@@ -309,11 +311,31 @@ static void *thread_buffer(int slot, size_t bytes)
 {
     bytes = (bytes + 63) / 64 * 64;
     if (bytes > tl_cap[slot]) {
+        at_cpu_thread_buffers_held();
         free(tl_buf[slot]);
         tl_buf[slot] = aligned_alloc(64, bytes);
         tl_cap[slot] = tl_buf[slot] ? bytes : 0;
     }
     return tl_buf[slot];
+}
+
+static pthread_key_t exit_key;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static int exit_key_ok;
+
+static void on_thread_exit(void *unused)
+{
+    (void)unused;
+    at_cpu_gemm_release_buffers();
+}
+
+static void exit_key_init(void) { exit_key_ok = pthread_key_create(&exit_key, on_thread_exit) == 0; }
+
+void at_cpu_thread_buffers_held(void)
+{
+    pthread_once(&exit_once, exit_key_init);
+    /* a key's destructor runs only for a non-NULL value */
+    if (exit_key_ok && !pthread_getspecific(exit_key)) pthread_setspecific(exit_key, &exit_key);
 }
 
 void at_cpu_gemm_release_buffers(void)
@@ -323,6 +345,7 @@ void at_cpu_gemm_release_buffers(void)
         tl_buf[i] = NULL;
         tl_cap[i] = 0;
     }
+    at_cpu_qmatmul_release_buffers();
 #if defined(__x86_64__)
     if (at_cpu_get_features()->avx512bf16) at_gemm_bf16_release(); /* plain C, safe on any CPU */
 #endif

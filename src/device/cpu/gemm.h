@@ -37,9 +37,17 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
                               float beta, void *C, at_dtype c_type, int64_t ldc);
 
 /* The engine keeps its packing buffers per thread between calls (a few MB
- * at most per thread). This frees the calling thread's; the next call
+ * at most per thread), and so do the quantized matmuls (cpu_qmatmul.c) and
+ * the bf16 kernels. This frees the calling thread's; the next call
  * allocates again. */
 void at_cpu_gemm_release_buffers(void);
+
+/* Marks the calling thread as holding such buffers, so they are freed when
+ * it ends (a pthread key's destructor calls at_cpu_gemm_release_buffers in
+ * the ending thread). Threads come and go under the CPU kernels: a server's
+ * connection thread that runs a forward starts its own OpenMP team, whose
+ * workers end with it. Every allocation of a per-thread buffer calls this. */
+void at_cpu_thread_buffers_held(void);
 
 /* Name of the engine in use for f32 and for bf16 ("anytune avx512", "oneDNN",
  * "measured per shape class (...)"; static storage). */

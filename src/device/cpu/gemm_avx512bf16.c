@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #include <stdlib.h>
 
+#include "device/cpu/gemm.h"
 #include "device/cpu/gemm_avx512_inl.h"
 
 #define MR 14
@@ -171,6 +172,7 @@ static void dot_bf16(int S, int64_t K, const float *x, int64_t ldx, int64_t R, c
     int64_t spad = (S + AT_GEMM_SMALL_PAD - 1) / AT_GEMM_SMALL_PAD * AT_GEMM_SMALL_PAD, ldxb = (K + 31) / 32 * 32;
     size_t need = (size_t)(spad * ldxb) * 2;
     if (yt == AT_BF16 && need > xb_cap) {
+        at_cpu_thread_buffers_held();
         free(xb_buf);
         xb_buf = aligned_alloc(64, (need + 63) / 64 * 64);
         xb_cap = xb_buf ? need : 0;
