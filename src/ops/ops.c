@@ -374,6 +374,19 @@ at_status at_rmsnorm_backward(at_tensor *dx, at_tensor *dw, const at_tensor *dy,
     return run_rmsnorm_backward(be, dx, dw, dy, x, w, rstd);
 }
 
+/* Each of the n tensors: float, numel elements, on backend be (an op's
+ * same-sized operands, e.g. a backward's dy, x and dx). */
+static at_status need_floats_like(const at_tensor *const *ts, int n, int64_t numel, const at_backend *be,
+                                  const char *op)
+{
+    for (int i = 0; i < n; i++) {
+        AT_TRY(need_float(ts[i], op));
+        AT_TRY(need_numel(ts[i], numel, op));
+        AT_TRY(need_backend(ts[i], be, op));
+    }
+    return AT_OK;
+}
+
 /* The per-row statistics of a norm: f32 [rows]. */
 static at_status need_row_stat(const at_tensor *t, const at_tensor *x, const at_backend *be, const char *op)
 {
@@ -424,11 +437,7 @@ at_status at_layernorm_backward(at_tensor *dx, at_tensor *dw, at_tensor *db, con
     AT_TRY(need(rstd, op, "rstd"));
     at_backend *be = dx->buf->backend;
     const at_tensor *rows[] = {dx, dy, x};
-    for (int i = 0; i < 3; i++) {
-        AT_TRY(need_float(rows[i], op));
-        AT_TRY(need_numel(rows[i], at_tensor_numel(x), op));
-        AT_TRY(need_backend(rows[i], be, op));
-    }
+    AT_TRY(need_floats_like(rows, 3, at_tensor_numel(x), be, op));
     AT_TRY(need_col_vec(w, x, be, op));
     if (dw) AT_TRY(need_col_vec(dw, x, be, op));
     if (db) AT_TRY(need_col_vec(db, x, be, op));
@@ -588,11 +597,7 @@ at_status at_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tensor *
     AT_TRY(need(up, op, "up"));
     const at_tensor *all[] = {dgate, dup, dy, gate, up};
     at_backend *be = dgate->buf->backend;
-    for (int i = 0; i < 5; i++) {
-        AT_TRY(need_float(all[i], op));
-        AT_TRY(need_numel(all[i], at_tensor_numel(gate), op));
-        AT_TRY(need_backend(all[i], be, op));
-    }
+    AT_TRY(need_floats_like(all, 5, at_tensor_numel(gate), be, op));
     return run_swiglu_backward(be, dgate, dup, dy, gate, up);
 }
 
@@ -625,11 +630,7 @@ at_status at_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *
     AT_TRY(need_gelu_kind(kind, op));
     const at_tensor *all[] = {dx, dy, x};
     at_backend *be = dx->buf->backend;
-    for (int i = 0; i < 3; i++) {
-        AT_TRY(need_float(all[i], op));
-        AT_TRY(need_numel(all[i], at_tensor_numel(x), op));
-        AT_TRY(need_backend(all[i], be, op));
-    }
+    AT_TRY(need_floats_like(all, 3, at_tensor_numel(x), be, op));
     return run_gelu_backward(be, dx, dy, x, kind);
 }
 
