@@ -15,9 +15,11 @@
  *                         waiting would count, so single thread only)
  *   bench_gemm -b         report the best run instead of the median (on a
  *                         busy machine the best is the steadier estimate)
+ *   bench_gemm -e         leave the libraries' ISA variables as they are
+ *                         (see libraries_at_our_level)
  *
- * Each measurement warms up once, then reports the median GFLOP/s of the
- * repetitions; ratio = ours / best library on that row. */
+ * Each row warms every engine up, then runs them in turn (measure_all) and
+ * reports each one's median GFLOP/s; ratio = ours / best library on that row. */
 #include "bench_util.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/gemm.h"
@@ -91,6 +93,49 @@ typedef void (*sbgemm_fn)(int, int, int, int, int, int, float, const uint16_t *,
                           float, float *, int);
 static sbgemm_fn sbgemm;
 static int bench_best;
+
+/* The libraries run at the ISA level our kernels run at, so that a ratio
+ * compares like with like: ANYTUNE_CPU_ISA=avx2 on an AVX-512 CPU lowers
+ * our kernels only, and oneDNN and OpenBLAS would still run their AVX-512
+ * code (oneDNN ignores the cap; a machine's OPENBLAS_CORETYPE=Haswell, on the
+ * other hand, holds OpenBLAS below an AVX-512 CPU's best). Both libraries
+ * read their variable when they load, so the bench runs itself again with
+ * them set: at the AVX2 level ONEDNN_MAX_CPU_ISA=AVX2 and
+ * OPENBLAS_CORETYPE=Haswell; at the host's own AVX-512 level neither (each
+ * library picks its best). Returns only when nothing had to change. */
+static void libraries_at_our_level(char **argv)
+{
+    if (getenv("AT_BENCH_LIBS_SET")) return;
+    const at_cpu_features *f = at_cpu_get_features();
+    at_cpu_isa isa = at_cpu_isa_level();
+    int changed = 0;
+#if defined(__x86_64__)
+    if (isa >= AT_ISA_AVX512 && f->avx512f) {
+        changed = getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") || getenv("ONEDNN_MAX_CPU_ISA");
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("OPENBLAS_L2_SIZE");
+        unsetenv("ONEDNN_MAX_CPU_ISA");
+        unsetenv("DNNL_MAX_CPU_ISA");
+    } else if (isa == AT_ISA_AVX2 && f->avx512f) {
+        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+        setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
+        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+        changed = 1;
+    }
+#else
+    (void)f, (void)isa;
+#endif
+    if (!changed) return;
+    setenv("AT_BENCH_LIBS_SET", "1", 1);
+    fflush(stdout);
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
+    fprintf(stderr, "bench_gemm: could not run itself again with the libraries' ISA set; measuring as is\n");
+}
 
 static int64_t lda_of(const shape *s) { return s->ta ? s->M : s->K; }
 static int64_t ldb_of(const shape *s) { return s->tb ? s->K : s->N; }
@@ -176,32 +221,46 @@ static void dnnl_teardown(ctx *c)
 }
 #endif
 
-/* Median GFLOP/s over reps runs (after a warm-up), or -1 if unsupported. */
-static double measure(ctx *c, engine e, int reps)
+/* GFLOP/s of each engine (-1: unsupported or skipped), median (or best)
+ * of reps runs after two warm-ups. The engines take turns run by run, so
+ * that a change in the machine's other load between them (the helpers'
+ * builds come and go within seconds) shifts all of them alike and the
+ * ratio keeps its meaning. */
+static void measure_all(ctx *c, const int use[ENG_COUNT], int reps, double g[ENG_COUNT])
 {
     const shape *s = c->s;
-    double flops = 2.0 * s->M * s->N * s->K;
-    if (!run_once(c, e)) return -1;
-    double t0 = now();
-    run_once(c, e); /* second warm-up, also sizes the repetition count */
-    double t1 = now() - t0;
+    double flops = 2.0 * s->M * s->N * s->K, slowest = 0;
+    int on[ENG_COUNT];
+    for (int e = 0; e < ENG_COUNT; e++) {
+        g[e] = -1;
+        on[e] = use[e] && run_once(c, (engine)e);
+        if (!on[e]) continue;
+        double t0 = now();
+        run_once(c, (engine)e);
+        double t1 = now() - t0;
+        if (t1 > slowest) slowest = t1;
+    }
     int n = reps;
-    if (n <= 0) { /* about 0.4 s per measurement, between 3 and 25 runs */
-        n = t1 > 0 ? (int)(0.4 / t1) : 25;
-        if (n < 3) n = 3;
-        if (n > 25) n = 25;
+    if (n <= 0) { /* about 0.4 s per engine, between 5 and 41 runs */
+        n = slowest > 0 ? (int)(0.4 / slowest) : 41;
+        if (n < 5) n = 5;
+        if (n > 41) n = 41;
     }
-    double *g = malloc(sizeof(double) * n);
-    if (!g) return -1;
-    for (int i = 0; i < n; i++) {
-        double a = now();
-        run_once(c, e);
-        g[i] = flops / (now() - a) / 1e9;
+    double *t = malloc(sizeof(double) * n * ENG_COUNT);
+    if (!t) return;
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < ENG_COUNT; e++) {
+            if (!on[e]) continue;
+            double a = now();
+            run_once(c, (engine)e);
+            t[e * n + i] = flops / (now() - a) / 1e9;
+        }
+    for (int e = 0; e < ENG_COUNT; e++) {
+        if (!on[e]) continue;
+        qsort(t + e * n, n, sizeof(double), bench_cmp_double);
+        g[e] = bench_best ? t[e * n + n - 1] : t[e * n + n / 2];
     }
-    qsort(g, n, sizeof(double), bench_cmp_double);
-    double med = bench_best ? g[n - 1] : g[n / 2];
-    free(g);
-    return med;
+    free(t);
 }
 
 static void fill(void *p, at_dtype dt, size_t n, unsigned seed)
@@ -216,21 +275,23 @@ static void fill(void *p, at_dtype dt, size_t n, unsigned seed)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reps = 0, libs_only = 0;
+    int quick = 0, reps = 0, libs_only = 0, keep_env = 0;
     const char *filter = NULL, *only_dt = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-q")) quick = 1;
         else if (!strcmp(argv[i], "-l")) libs_only = 1;
         else if (!strcmp(argv[i], "-b")) bench_best = 1;
         else if (!strcmp(argv[i], "-c")) cpu_clock = 1;
+        else if (!strcmp(argv[i], "-e")) keep_env = 1;
         else if (!strcmp(argv[i], "-f") && i + 1 < argc) filter = argv[++i];
         else if (!strcmp(argv[i], "-d") && i + 1 < argc) only_dt = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [-q] [-l] [-b] [-c] [-f NAME] [-d f32|bf16] [-r REPS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-q] [-l] [-b] [-c] [-e] [-f NAME] [-d f32|bf16] [-r REPS]\n", argv[0]);
             return 2;
         }
     }
+    if (!keep_env) libraries_at_our_level(argv);
 #ifdef AT_HAVE_OPENBLAS
     sbgemm = (sbgemm_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "cblas_sbgemm");
 #endif
@@ -240,10 +301,10 @@ int main(int argc, char **argv)
         if (fscanf(f, "%lf", &load[0]) != 1) load[0] = -1;
         fclose(f);
     }
-    const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("cpu: %s, isa %s, %d OpenMP threads, load average %.2f, OPENBLAS_CORETYPE=%s%s%s\n",
+    const char *ct = getenv("OPENBLAS_CORETYPE"), *dn = getenv("ONEDNN_MAX_CPU_ISA");
+    printf("cpu: %s, isa %s, %d OpenMP threads, load average %.2f, OPENBLAS_CORETYPE=%s, ONEDNN_MAX_CPU_ISA=%s%s%s\n",
            at_cpu_get_features()->model, at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), load[0],
-           ct ? ct : "(unset)", cpu_clock ? ", timed by CPU time" : "", bench_best ? ", best of runs" : ", median of runs");
+           ct ? ct : "(unset)", dn ? dn : "(unset)", cpu_clock ? ", timed by CPU time" : "", bench_best ? ", best of runs" : ", median of runs");
     printf("engines in use: f32 %s, bf16 %s; OpenBLAS bf16 (cblas_sbgemm) %s\n", at_cpu_gemm_engine(AT_F32),
            at_cpu_gemm_engine(AT_BF16), sbgemm ? "exported" : "not exported");
     printf("%-30s %-5s %9s %9s %9s %7s\n", "shape (M,N,K)", "dtype", "anytune", "OpenBLAS", "oneDNN", "ratio");
@@ -273,7 +334,9 @@ int main(int argc, char **argv)
             if (dt == AT_BF16) dnnl_setup(&c);
 #endif
             double g[ENG_COUNT];
-            for (int e = 0; e < ENG_COUNT; e++) g[e] = e == ENG_OURS && libs_only ? -1 : measure(&c, (engine)e, reps);
+            int use[ENG_COUNT];
+            for (int e = 0; e < ENG_COUNT; e++) use[e] = !(e == ENG_OURS && libs_only);
+            measure_all(&c, use, reps, g);
             double best = -1;
             for (int e = 1; e < ENG_COUNT; e++)
                 if (g[e] > best) best = g[e];

@@ -6,6 +6,8 @@
  *  - small: M or N tiny (decode, LoRA rank r; see small_side). The tiny
  *    operand is converted once to f32 and the big one streamed in place,
  *    threads splitting the big one; nothing is packed.
+ *  - outer: K tiny (LoRA's rank-r update, <= AT_GEMM_OUTER_K) and M, N not.
+ *    Both operands converted once to f32, each tile of C written once.
  *  - blocked (GotoBLAS): for each NC block of columns and KC block of k, pack
  *    op(B) into NR-wide panels; for each MC block of rows pack op(A) into
  *    MR-high panels; the MRxNR microkernel walks the panels. Blocks are cut
@@ -150,7 +152,22 @@ static void axpy_portable(int S, int64_t K, const float *x, int64_t ldx, int64_t
     }
 }
 
-static const at_gemm_small gemm_small_portable = {.dot = dot_portable, .axpy = axpy_portable};
+static void outer_portable(int64_t R, int64_t L, int K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           void *c, at_dtype ct, int64_t ldc, float alpha, float beta)
+{
+    for (int64_t i = 0; i < R; i++) {
+        for (int64_t j = 0; j < L; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += a[i * lda + k] * b[k * ldb + j];
+            float v = alpha * acc;
+            if (beta != 0.0f) v += beta * load_f32(c, ct, i * ldc + j);
+            store_c(c, ct, i * ldc + j, v);
+        }
+    }
+}
+
+static const at_gemm_small gemm_small_portable = {.dot = dot_portable, .axpy = axpy_portable,
+                                                  .outer = outer_portable};
 
 /* ---- choice of kernels ---- */
 
@@ -550,6 +567,63 @@ static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t 
     }
 }
 
+/* ---- outer-product path (K <= AT_GEMM_OUTER_K; gemm_kernels.h) ---- */
+
+#define OUTER_MB 192 /* rows of op(A) converted at a time: at most 192 x 64 f32, 48 KiB */
+
+/* C's rows [m0, m1) x columns [n0, n1) on one thread: op(B)'s columns as
+ * b[k][j] once, op(A) OUTER_MB rows at a time as a[i][k], then the
+ * primitive over chunks of lanes whose K rows of b fit in 32 KiB. */
+static void outer_range(const at_gemm_small *e, const problem *p, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+{
+    const at_gemm_pack_fn pack = blocked_engine(0)->pack;
+    int K = (int)p->K;
+    int64_t nb = n1 - n0, ldb = (nb + AT_GEMM_OUTER_PAD - 1) / AT_GEMM_OUTER_PAD * AT_GEMM_OUTER_PAD;
+    int64_t mb = m1 - m0 < OUTER_MB ? m1 - m0 : OUTER_MB;
+    int64_t lc = 8192 / K / AT_GEMM_OUTER_PAD * AT_GEMM_OUTER_PAD;
+    if (lc < AT_GEMM_OUTER_PAD) lc = AT_GEMM_OUTER_PAD;
+    size_t bbytes = (size_t)(K * ldb) * sizeof(float), ce = esize(p->ct);
+    char *buf = thread_buffer(BUF_SMALL, bbytes + (size_t)(mb * K) * sizeof(float));
+    if (!buf) {
+        reference_range(p, m0, m1, n0, n1);
+        return;
+    }
+    float *b = (float *)buf, *a = (float *)(buf + bbytes);
+    /* element (x, k) of a panel: b's lanes are op(B)'s columns, a's lanes op(A)'s k */
+    pack(b, p->B + (size_t)(n0 * B_SX(p)) * esize(p->bt), p->bt, B_SX(p), B_SK(p), (int)ldb, nb, K, p->round_b);
+    for (int64_t ic = m0; ic < m1; ic += mb) {
+        int64_t rows = m1 - ic < mb ? m1 - ic : mb;
+        pack(a, p->A + (size_t)(ic * A_SX(p)) * esize(p->at), p->at, A_SK(p), A_SX(p), K, K, rows, p->round_a);
+        for (int64_t l0 = 0; l0 < nb; l0 += lc)
+            e->outer(rows, nb - l0 < lc ? nb - l0 : lc, K, a, K, b + l0, ldb,
+                     p->C + (size_t)(ic * p->ldc + n0 + l0) * ce, p->ct, p->ldc, p->alpha, p->beta);
+    }
+}
+
+/* Each tile of C is written once, with all of K. Threads split the columns
+ * when there are more of them than rows (each converts its columns of op(B)
+ * and all of op(A), the smaller), else the rows; no barrier inside. */
+static void gemm_outer(const at_gemm_small *e, const problem *p)
+{
+    int nt = threads_for(2.0 * p->M * p->N * p->K);
+    int by_cols = p->N >= p->M && p->N >= (int64_t)AT_GEMM_OUTER_PAD * nt;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        int64_t m0 = 0, m1 = p->M, n0 = 0, n1 = p->N;
+        if (by_cols) {
+            int64_t units = (p->N + AT_GEMM_OUTER_PAD - 1) / AT_GEMM_OUTER_PAD;
+            n0 = units * t / n * AT_GEMM_OUTER_PAD;
+            n1 = units * (t + 1) / n * AT_GEMM_OUTER_PAD;
+            if (n1 > p->N) n1 = p->N;
+        } else {
+            m0 = p->M * t / n;
+            m1 = p->M * (t + 1) / n;
+        }
+        if (m1 > m0 && n1 > n0) outer_range(e, p, m0, m1, n0, n1);
+    }
+}
+
 /* The rows [m0, m1) x columns [n0, n1) of C, on one thread, with its own
  * packing buffers. */
 static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0, int64_t m1, int64_t n0,
@@ -628,6 +702,11 @@ static void run_ours(problem *pp)
     p.round_b = bf16 && p.bt != AT_BF16;
 
     if (small_side(&p) && gemm_small(&p)) return;
+    const at_gemm_small *se = small_engine();
+    if (K <= AT_GEMM_OUTER_K && se->outer) {
+        gemm_outer(se, &p);
+        return;
+    }
 
     const at_gemm_blocked *e = blocked_engine(bf16);
     if (p.ct == AT_BF16 && K > e->kc) {

@@ -325,4 +325,79 @@ static void axpy_avx2(int S, int64_t K, const float *x, int64_t ldx, int64_t L, 
     BY_TYPE(AXPY, S, K, x, ldx, L, y);
 }
 
-const at_gemm_small at_gemm_small_avx2 = {.dot = dot_avx2, .axpy = axpy_avx2};
+/* ---- outer-product path (gemm_kernels.h) ----
+ * A tile is RR (<= 6) rows of C by 16 lanes, as the 6x16 microkernel: 12
+ * accumulators, per k two loads of b and RR broadcasts of a. A full f32 tile
+ * is written in place; edges and bf16 C go through at_gemm_store_tile. */
+#define R6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+static inline __attribute__((always_inline)) void outer_tile(const int RR, int K, const float *a, int64_t lda,
+                                                             const float *b, int64_t ldb, char *c, at_dtype ct,
+                                                             int64_t ldc, float alpha, float beta, int64_t lv)
+{
+#define DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = c##r##0;
+    R6(DECL)
+#undef DECL
+    for (int k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
+#define FM(r)                                                                                                          \
+    if (RR > r) {                                                                                                      \
+        __m256 ab = _mm256_broadcast_ss(a + r * lda + k);                                                              \
+        c##r##0 = _mm256_fmadd_ps(ab, b0, c##r##0);                                                                    \
+        c##r##1 = _mm256_fmadd_ps(ab, b1, c##r##1);                                                                    \
+    }
+        R6(FM)
+#undef FM
+    }
+    if (ct == AT_F32 && lv >= 16) { /* c = alpha*acc (+ beta*c) */
+        __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#define ST1(r, v)                                                                                                      \
+    {                                                                                                                  \
+        float *p = (float *)c + r * ldc + 8 * v;                                                                       \
+        __m256 t = beta == 0.0f   ? (alpha == 1.0f ? c##r##v : _mm256_mul_ps(va, c##r##v))                             \
+                   : beta == 1.0f ? _mm256_fmadd_ps(va, c##r##v, _mm256_loadu_ps(p))                                   \
+                                  : _mm256_fmadd_ps(va, c##r##v, _mm256_mul_ps(vb, _mm256_loadu_ps(p)));               \
+        _mm256_storeu_ps(p, t);                                                                                        \
+    }
+#define ST(r)                                                                                                          \
+    if (RR > r) {                                                                                                      \
+        ST1(r, 0) ST1(r, 1)                                                                                            \
+    }
+        R6(ST)
+#undef ST1
+#undef ST
+        return;
+    }
+    float t[6 * 16];
+#define T(r)                                                                                                           \
+    if (RR > r) {                                                                                                      \
+        _mm256_storeu_ps(t + r * 16, c##r##0);                                                                         \
+        _mm256_storeu_ps(t + r * 16 + 8, c##r##1);                                                                     \
+    }
+    R6(T)
+#undef T
+    at_gemm_store_tile(t, 16, c, ct, ldc, RR, lv < 16 ? (int)lv : 16, alpha, beta);
+}
+
+static void outer_avx2(int64_t R, int64_t L, int K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                       void *c_, at_dtype ct, int64_t ldc, float alpha, float beta)
+{
+    char *c = c_;
+    size_t es = ct == AT_F32 ? 4 : 2;
+    int64_t i = 0;
+#define RUN(RR)                                                                                                        \
+    for (int64_t l = 0; l < L; l += 16)                                                                                \
+        outer_tile(RR, K, a + i * lda, lda, b + l, ldb, c + (size_t)(i * ldc + l) * es, ct, ldc, alpha, beta, L - l);
+    for (; i + 6 <= R; i += 6) { RUN(6) }
+    switch (R - i) {
+    case 5: RUN(5) break;
+    case 4: RUN(4) break;
+    case 3: RUN(3) break;
+    case 2: RUN(2) break;
+    case 1: RUN(1) break;
+    default: break;
+    }
+#undef RUN
+}
+#undef R6
+
+const at_gemm_small at_gemm_small_avx2 = {.dot = dot_avx2, .axpy = axpy_avx2, .outer = outer_avx2};

@@ -246,4 +246,86 @@ static void axpy_avx512(int S, int64_t K, const float *x, int64_t ldx, int64_t L
 #undef AXPY
 #undef AT_BY_TYPE
 
-const at_gemm_small at_gemm_small_avx512 = {.dot = dot_avx512, .axpy = axpy_avx512};
+/* ---- outer-product path (gemm_kernels.h) ----
+ * A tile is RR (<= 6) rows of C by 64 lanes: 24 zmm accumulators, per k
+ * four loads of b and RR broadcasts of a. C is written (and, with beta,
+ * read) once, a row's 256 bytes at a time, so each of the RR rows is a
+ * sequential stream along the lanes. */
+#define AT_R6(M) M(0) M(1) M(2) M(3) M(4) M(5)
+static inline __attribute__((always_inline)) void outer_tile(const int RR, int K, const float *a, int64_t lda,
+                                                             const float *b, int64_t ldb, char *c, at_dtype ct,
+                                                             int64_t ldc, float alpha, float beta, int64_t lv)
+{
+    size_t es = ct == AT_F32 ? 4 : 2;
+#define DECL(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
+    AT_R6(DECL)
+#undef DECL
+    for (int k = 0; k < K; k++) {
+        const float *bk = b + k * ldb;
+        __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16), b2 = _mm512_loadu_ps(bk + 32),
+               b3 = _mm512_loadu_ps(bk + 48);
+#define FM(r)                                                                                                          \
+    if (RR > r) {                                                                                                      \
+        __m512 ab = _mm512_set1_ps(a[r * lda + k]);                                                                    \
+        c##r##0 = _mm512_fmadd_ps(ab, b0, c##r##0);                                                                    \
+        c##r##1 = _mm512_fmadd_ps(ab, b1, c##r##1);                                                                    \
+        c##r##2 = _mm512_fmadd_ps(ab, b2, c##r##2);                                                                    \
+        c##r##3 = _mm512_fmadd_ps(ab, b3, c##r##3);                                                                    \
+    }
+        AT_R6(FM)
+#undef FM
+    }
+    __m512 va = _mm512_set1_ps(alpha);
+    if (ct == AT_F32 && lv >= 64) { /* a full f32 tile: plain stores, c = alpha*acc (+ beta*c) */
+        __m512 vb = _mm512_set1_ps(beta);
+#define FULL1(r, v)                                                                                                    \
+    {                                                                                                                  \
+        float *p = (float *)c + r * ldc + 16 * v;                                                                      \
+        __m512 t = beta == 0.0f   ? (alpha == 1.0f ? c##r##v : _mm512_mul_ps(va, c##r##v))                             \
+                   : beta == 1.0f ? _mm512_fmadd_ps(va, c##r##v, _mm512_loadu_ps(p))                                   \
+                                  : _mm512_fmadd_ps(va, c##r##v, _mm512_mul_ps(vb, _mm512_loadu_ps(p)));               \
+        _mm512_storeu_ps(p, t);                                                                                        \
+    }
+#define FULL(r)                                                                                                        \
+    if (RR > r) {                                                                                                      \
+        FULL1(r, 0) FULL1(r, 1) FULL1(r, 2) FULL1(r, 3)                                                                \
+    }
+        AT_R6(FULL)
+#undef FULL1
+#undef FULL
+        return;
+    }
+    __mmask16 m0 = mask16(lv), m1 = mask16(lv - 16), m2 = mask16(lv - 32), m3 = mask16(lv - 48);
+#define ST(r)                                                                                                          \
+    if (RR > r) {                                                                                                      \
+        char *cr = c + (size_t)(r * ldc) * es;                                                                         \
+        store_row(cr, ct, c##r##0, c##r##1, m0, m1, va, beta);                                                         \
+        if (lv > 32) store_row(cr + 32 * es, ct, c##r##2, c##r##3, m2, m3, va, beta);                                  \
+   }
+    AT_R6(ST)
+#undef ST
+}
+
+void at_gemm_outer_avx512(int64_t R, int64_t L, int K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          void *c_, at_dtype ct, int64_t ldc, float alpha, float beta)
+{
+    char *c = c_;
+    size_t es = ct == AT_F32 ? 4 : 2;
+    int64_t i = 0;
+#define RUN(RR)                                                                                                        \
+    for (int64_t l = 0; l < L; l += 64)                                                                                \
+        outer_tile(RR, K, a + i * lda, lda, b + l, ldb, c + (size_t)(i * ldc + l) * es, ct, ldc, alpha, beta, L - l);
+    for (; i + 6 <= R; i += 6) { RUN(6) }
+    switch (R - i) {
+    case 5: RUN(5) break;
+    case 4: RUN(4) break;
+    case 3: RUN(3) break;
+    case 2: RUN(2) break;
+    case 1: RUN(1) break;
+    default: break;
+    }
+#undef RUN
+}
+#undef AT_R6
+
+const at_gemm_small at_gemm_small_avx512 = {.dot = dot_avx512, .axpy = axpy_avx512, .outer = at_gemm_outer_avx512};

@@ -210,4 +210,6 @@ static void axpy_bf16(int S, int64_t K, const float *x, int64_t ldx, int64_t L, 
     at_gemm_small_avx512.axpy(S, K, x, ldx, L, y, yt, ldy, round, out, lds);
 }
 
-const at_gemm_small at_gemm_small_avx512bf16 = {.dot = dot_bf16, .axpy = axpy_bf16};
+/* K is tiny on this path: f32 FMAs on the bf16-rounded operands give the
+ * products vdpbf16ps would (a product of two bf16 values is exact in f32). */
+const at_gemm_small at_gemm_small_avx512bf16 = {.dot = dot_bf16, .axpy = axpy_bf16, .outer = at_gemm_outer_avx512};

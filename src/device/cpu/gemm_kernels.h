@@ -20,7 +20,16 @@
  * 16, zero past K) and one of two primitives runs:
  *   dot:   out[r*ors + s*oss] = sum_k x[s][k] * y[r*ldy + k]     (y rows along k)
  *   axpy:  out[s*lds + l]     = sum_k x[s][k] * y[k*ldy + l]     (y rows along l)
- * where y is the big operand in its own dtype. */
+ * where y is the big operand in its own dtype.
+ *
+ * Outer-product path: when K is tiny and M, N are not (LoRA's rank-r update
+ * (x·Aᵀ)·Bᵀ, its backward du·A), C is the big thing: packing panels and
+ * cutting k into blocks only add passes over C. Both operands are converted
+ * to f32 once (a[i][k], b[k][j], b's rows zero-padded to a multiple of
+ * AT_GEMM_OUTER_PAD lanes) and one primitive writes each tile of C once:
+ *   outer: C[i*ldc + j] = alpha * sum_k a[i*lda + k] * b[k*ldb + j] + beta * C[..]
+ * for i < R, j < L, K <= AT_GEMM_OUTER_K, C f32 or bf16 (beta 0 does not
+ * read C). The driver hands it chunks of L whose K rows of b fit in L1. */
 #ifndef AT_DEVICE_CPU_GEMM_KERNELS_H
 #define AT_DEVICE_CPU_GEMM_KERNELS_H
 
@@ -66,9 +75,16 @@ typedef struct {
     at_gemm_kernel_fn kernel;
 } at_gemm_blocked;
 
+typedef void (*at_gemm_outer_fn)(int64_t R, int64_t L, int K, const float *a, int64_t lda, const float *b,
+                                 int64_t ldb, void *c, at_dtype ct, int64_t ldc, float alpha, float beta);
+
+#define AT_GEMM_OUTER_K 64
+#define AT_GEMM_OUTER_PAD 64
+
 typedef struct {
     at_gemm_dot_fn dot;
     at_gemm_axpy_fn axpy;
+    at_gemm_outer_fn outer;
 } at_gemm_small;
 
 /* Bytes per value of e's panels: bf16 (kp > 1) or f32. */
@@ -88,6 +104,8 @@ extern const at_gemm_blocked at_gemm_bf16_avx512bf16;
 extern const at_gemm_small at_gemm_small_avx2;
 extern const at_gemm_small at_gemm_small_avx512;
 extern const at_gemm_small at_gemm_small_avx512bf16; /* dot on bf16 rows with vdpbf16ps */
+void at_gemm_outer_avx512(int64_t R, int64_t L, int K, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          void *c, at_dtype ct, int64_t ldc, float alpha, float beta); /* its outer, shared */
 /* aarch64 (gemm_neon.c) */
 extern const at_gemm_blocked at_gemm_f32_neon;
 extern const at_gemm_small at_gemm_small_neon;

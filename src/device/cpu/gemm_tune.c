@@ -100,8 +100,10 @@ static void make_key(char *key, size_t len)
             if (*p == '\n' || *p == '\r' || *p == '|') *p = ' ';
         libs[0] = libs[0] ? libs[0] : '?';
     }
-    snprintf(key, len, "%s|%s|threads %d|%s", at_cpu_get_features()->model, at_cpu_isa_name(at_cpu_isa_level()),
-             omp_get_max_threads(), libs);
+    /* the libraries' own ISA caps change what they measure (bench_gemm sets them) */
+    const char *ct = getenv("OPENBLAS_CORETYPE"), *dn = getenv("ONEDNN_MAX_CPU_ISA");
+    snprintf(key, len, "%s|%s|threads %d|%s|coretype %s|onednn isa %s", at_cpu_get_features()->model,
+             at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), libs, ct ? ct : "-", dn ? dn : "-");
 }
 
 static uint64_t fnv1a(const char *s)
