@@ -53,6 +53,7 @@ void at_gemm_tune_class_shape(int cls, int *trans_a, int *trans_b, int64_t *M, i
     *trans_a = layout == 2;
     *trans_b = layout == 1;
     *M = dims[kind][0];
+    if (kind == 0 && layout == 2) *M = 8; /* rows-tn: LoRA's dA = duᵀ·x at rank 8 (a transposed GEMV is rare) */
     *N = dims[kind][1];
     *K = dims[kind][2];
 }
