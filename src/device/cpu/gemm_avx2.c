@@ -356,14 +356,14 @@ static inline __attribute__((always_inline)) void outer_tile(const int RR, int K
         R6(FM)
 #undef FM
     }
-    if (ct == AT_F32 && lv >= 16) { /* c = alpha*acc (+ beta*c) */
+    if (ct == AT_F32 && lv >= 16) { /* at_gemm_store_tile's values, bit for bit (gemm_avx512.c says why) */
         __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
 #define ST1(r, v)                                                                                                      \
     {                                                                                                                  \
         float *p = (float *)c + r * ldc + 8 * v;                                                                       \
-        __m256 t = beta == 0.0f   ? (alpha == 1.0f ? c##r##v : _mm256_mul_ps(va, c##r##v))                             \
-                   : beta == 1.0f ? _mm256_fmadd_ps(va, c##r##v, _mm256_loadu_ps(p))                                   \
-                                  : _mm256_fmadd_ps(va, c##r##v, _mm256_mul_ps(vb, _mm256_loadu_ps(p)));               \
+        __m256 t = alpha == 1.0f ? c##r##v : _mm256_mul_ps(va, c##r##v);                                               \
+        if (beta == 1.0f) t = _mm256_add_ps(t, _mm256_loadu_ps(p));                                                    \
+        else if (beta != 0.0f) t = _mm256_add_ps(t, _mm256_mul_ps(vb, _mm256_loadu_ps(p)));                            \
         _mm256_storeu_ps(p, t);                                                                                        \
     }
 #define ST(r)                                                                                                          \

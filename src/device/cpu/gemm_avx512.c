@@ -281,14 +281,18 @@ static inline __attribute__((always_inline)) void outer_tile(const int RR, int K
 #undef FM
     }
     __m512 va = _mm512_set1_ps(alpha);
-    if (ct == AT_F32 && lv >= 64) { /* a full f32 tile: plain stores, c = alpha*acc (+ beta*c) */
+    if (ct == AT_F32 && lv >= 64) {
+        /* a full f32 tile: plain stores of the values store_row gives the
+         * edges, bit for bit (an element must not depend on where the
+         * tiles fall: a batch of other rows changes that, and training on
+         * 2 ranks must match 1, test_mpi); only exact steps skipped */
         __m512 vb = _mm512_set1_ps(beta);
 #define FULL1(r, v)                                                                                                    \
     {                                                                                                                  \
         float *p = (float *)c + r * ldc + 16 * v;                                                                      \
-        __m512 t = beta == 0.0f   ? (alpha == 1.0f ? c##r##v : _mm512_mul_ps(va, c##r##v))                             \
-                   : beta == 1.0f ? _mm512_fmadd_ps(va, c##r##v, _mm512_loadu_ps(p))                                   \
-                                  : _mm512_fmadd_ps(va, c##r##v, _mm512_mul_ps(vb, _mm512_loadu_ps(p)));               \
+        __m512 t = alpha == 1.0f ? c##r##v : _mm512_mul_ps(va, c##r##v);                                               \
+        if (beta == 1.0f) t = _mm512_add_ps(t, _mm512_loadu_ps(p));                                                    \
+        else if (beta != 0.0f) t = _mm512_fmadd_ps(vb, _mm512_loadu_ps(p), t);                                         \
         _mm512_storeu_ps(p, t);                                                                                        \
     }
 #define FULL(r)                                                                                                        \
