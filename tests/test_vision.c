@@ -7,6 +7,8 @@
  *  - the inference forward equal to the training one;
  *  - freeze_vit (only the merger's gradients, the same values) and a frozen
  *    aligner (only the tower's);
+ *  - LoRA on the blocks' linears (B non-zero): the features and the
+ *    gradients of every A, B and merger weight;
  *  - on the CPU backend, the reference kernels, the CUDA backend under the
  *    emulator and a real GPU when there is one;
  *  - errors: a missing tensor, a tensor of another shape, bad grids, a
@@ -81,11 +83,11 @@ static double rel_err(const at_tensor *t, const float *want) {
     return e;
 }
 
-static double grad_err(const vgold *g, const at_tensor *grad, const char *name) {
+static double grad_err(const at_st_file *f, const at_tensor *grad, const char *name) {
     char key[160];
     float *want = NULL;
     snprintf(key, sizeof key, "grad.%s", name);
-    if (golden_array(g->f, key, AT_F32, (void **)&want, NULL, NULL) != AT_OK) return INFINITY;
+    if (golden_array(f, key, AT_F32, (void **)&want, NULL, NULL) != AT_OK) return INFINITY;
     double e = rel_err(grad, want);
     free(want);
     return e;
@@ -97,28 +99,66 @@ static at_status features_new(at_backend *be, const vgold *g, at_tensor **out) {
 }
 
 /* One forward + backward with (vit, aligner) trainable; checks the features
- * and every gradient that exists, and that the frozen parts have none. */
-static void check_run(at_vision *v, const vgold *g, at_tensor *feat, at_tensor *dfeat, int vit, int aligner,
-                      const char *what) {
+ * and every gradient that exists against gf's (the tower's goldens, or the
+ * LoRA run's), and that the frozen parts have none (with LoRA: the tower's
+ * own weights). */
+static void check_run(at_vision *v, const vgold *g, const at_st_file *gf, const float *features, at_tensor *feat,
+                      at_tensor *dfeat, int vit, int aligner, const char *what) {
     const int32_t(*grid)[3] = (const int32_t(*)[3])g->grid;
     CHECK_OK(at_vision_set_trainable(v, vit, aligner));
     CHECK_OK(at_vision_zero_grads(v));
     CHECK_OK(at_vision_forward(v, feat, g->pixels, g->n_patches, grid, g->n_images, 1));
-    double e = rel_err(feat, g->features);
+    double e = rel_err(feat, features);
     CHECK_MSG(e <= TOL, "%s: features differ by %.3g", what, e);
     CHECK_OK(at_vision_backward(v, dfeat));
     double worst = 0;
     const char *wname = "";
+    const int lora = at_vision_param_is_lora(v, at_vision_param_count(v) - 1); /* the pairs come last */
     for (size_t i = 0; i < at_vision_param_count(v); i++) {
         const at_tensor *p = at_vision_param(v, i), *gr = at_vision_grad(v, i);
         int want = at_vision_param_is_aligner(v, i) ? aligner : vit;
+        if (lora && !at_vision_param_is_aligner(v, i)) want = vit && at_vision_param_is_lora(v, i);
         CHECK_MSG(want == (gr != NULL), "%s: %s has %s gradient", what, p->name, gr ? "a" : "no");
         if (!gr) continue;
-        double ge = grad_err(g, gr, p->name);
+        double ge = grad_err(gf, gr, p->name);
         CHECK_MSG(ge <= TOL, "%s: the gradient of %s differs by %.3g", what, p->name, ge);
         if (ge > worst) worst = ge, wname = p->name;
     }
     printf("  %s: features %.2g, worst gradient %.2g (%s)\n", what, e, worst, wname);
+}
+
+/* LoRA on the blocks' linears: fresh pairs (B zero) leave the features as
+ * they were; with the reference's A and B (B non-zero) the features and the
+ * gradients of every A, B and merger weight match lora.safetensors, and the
+ * tower's own weights get none. */
+static void test_lora(at_vision *v, const vgold *g, const char *dir, at_tensor *feat, at_tensor *dfeat,
+                      at_backend *be) {
+    char path[256], what[192];
+    at_st_file *lf = NULL;
+    float *lfeat = NULL;
+    snprintf(path, sizeof path, "tests/data/vision/%s/lora.safetensors", dir);
+    CHECK_OK(at_st_open(path, &lf));
+    if (!lf) return;
+    CHECK_OK(golden_array(lf, "features", AT_F32, (void **)&lfeat, NULL, NULL));
+    size_t n0 = at_vision_param_count(v);
+    CHECK_OK(at_vision_lora_add(v, 2, 4.0, 0, 7));
+    CHECK_FAILS(at_vision_lora_add(v, 2, 4.0, 0, 7), AT_ERR_INVALID);
+    const size_t per_block = strstr(dir, "2_5") ? 5 : 4; /* linears a block; an A and a B each */
+    CHECK(at_vision_param_count(v) == n0 + 2 * per_block * (size_t)at_vision_get_config(v)->depth);
+    CHECK_OK(at_vision_forward(v, feat, g->pixels, g->n_patches, (const int32_t(*)[3])g->grid, g->n_images, 0));
+    CHECK_MSG(rel_err(feat, g->features) <= TOL, "%s: fresh LoRA changed the features", dir);
+    for (size_t i = n0; i < at_vision_param_count(v); i++) {
+        at_tensor *p = at_vision_param(v, i);
+        float *val = NULL;
+        CHECK(at_vision_param_is_lora(v, i) && !at_vision_param_is_aligner(v, i));
+        CHECK_OK(golden_array(lf, p->name, AT_F32, (void **)&val, NULL, NULL));
+        if (val) CHECK_OK(at_tensor_upload(p, val, at_tensor_nbytes(p)));
+        free(val);
+    }
+    snprintf(what, sizeof what, "%s on %s, LoRA", dir, be->name);
+    if (lfeat) check_run(v, g, lf, lfeat, feat, dfeat, 1, 1, what);
+    free(lfeat);
+    at_st_close(lf);
 }
 
 static void test_case(const char *dir, at_backend *be) {
@@ -134,15 +174,16 @@ static void test_case(const char *dir, at_backend *be) {
     CHECK_OK(features_new(be, &g, &dfeat));
     CHECK_OK(at_tensor_upload(dfeat, g.dfeat, (size_t)(g.n_tok * g.out) * sizeof(float)));
     snprintf(what, sizeof what, "%s on %s", dir, be->name);
-    check_run(v, &g, feat, dfeat, 1, 1, what);
+    check_run(v, &g, g.f, g.features, feat, dfeat, 1, 1, what);
     /* the inference forward keeps nothing and gives the same features */
     CHECK_OK(at_vision_forward(v, feat, g.pixels, g.n_patches, (const int32_t(*)[3])g.grid, g.n_images, 0));
     CHECK_MSG(rel_err(feat, g.features) <= TOL, "%s: inference features differ", what);
     CHECK_FAILS(at_vision_backward(v, dfeat), AT_ERR_INVALID);
     snprintf(what, sizeof what, "%s on %s, freeze_vit", dir, be->name);
-    check_run(v, &g, feat, dfeat, 0, 1, what);
+    check_run(v, &g, g.f, g.features, feat, dfeat, 0, 1, what);
     snprintf(what, sizeof what, "%s on %s, frozen aligner", dir, be->name);
-    check_run(v, &g, feat, dfeat, 1, 0, what);
+    check_run(v, &g, g.f, g.features, feat, dfeat, 1, 0, what);
+    test_lora(v, &g, dir, feat, dfeat, be);
 done:
     at_tensor_free(feat);
     at_tensor_free(dfeat);
