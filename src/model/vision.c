@@ -112,6 +112,8 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
     *out = NULL;
     if (vc->kind != AT_VISION_QWEN2_VL && vc->kind != AT_VISION_QWEN2_5_VL)
         return at_error(AT_ERR_INVALID, "vision tower: the config is not Qwen2-VL or Qwen2.5-VL");
+    const int D = vc->width / vc->num_heads;
+    if (D % 4) return at_error(AT_ERR_FORMAT, "vision tower: head size %d is not a multiple of 4 (2-D rotary)", D);
     at_vision_tensor *tab = NULL;
     size_t n = 0;
     float *host = NULL;
@@ -158,7 +160,6 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
             if (!strcmp(t->name, merger_name[r])) v->merger[r] = (int)i;
     }
     /* HF's VisionRotaryEmbedding(D/2): inv_freq[j] = 1/θ^(2j/(D/2)), j < D/4, in f32 as torch computes it */
-    const int D = vc->width / vc->num_heads, half = D / 2;
     int64_t sh = D / 2;
     float *f = realloc(host, (size_t)sh * sizeof *f);
     if (!f) {
@@ -167,12 +168,8 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
     }
     host = f;
     for (int j = 0; j < D / 4; j++) {
-        float e = (float)(2 * j) / (float)half;
+        float e = (float)(2 * j) / (float)(D / 2);
         host[j] = host[j + D / 4] = 1.0f / powf(ROPE_THETA, e);
-    }
-    if (D % 4) {
-        st = at_error(AT_ERR_FORMAT, "vision tower: head size %d is not a multiple of 4 (2-D rotary)", D);
-        goto done;
     }
     AT_CHECK(at_tensor_new(be, AT_F32, 1, &sh, "vision.inv_freq", &v->inv_freq));
     AT_CHECK(at_tensor_upload(v->inv_freq, host, (size_t)sh * sizeof *host));
