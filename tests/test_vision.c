@@ -7,6 +7,7 @@
  *  - the inference forward equal to the training one;
  *  - freeze_vit (only the merger's gradients, the same values) and a frozen
  *    aligner (only the tower's);
+ *  - the weights named model.visual.* as newer transformers save them;
  *  - LoRA on the blocks' linears (B non-zero): the features and the
  *    gradients of every A, B and merger weight;
  *  - on the CPU backend, the reference kernels, the CUDA backend under the
@@ -184,6 +185,13 @@ static void test_case(const char *dir, at_backend *be) {
     snprintf(what, sizeof what, "%s on %s, frozen aligner", dir, be->name);
     check_run(v, &g, g.f, g.features, feat, dfeat, 1, 0, what);
     test_lora(v, &g, dir, feat, dfeat, be);
+    if (!strcmp(dir, "qwen2_vl")) { /* the weights named model.visual.* (transformers 4.52+) */
+        at_vision_free(v);
+        v = NULL;
+        CHECK_OK(at_vision_load(cfgdir, "tests/data/vision/qwen2_vl/prefixed.safetensors", be, &v));
+        snprintf(what, sizeof what, "%s on %s, model.visual.* names", dir, be->name);
+        if (v) check_run(v, &g, g.f, g.features, feat, dfeat, 1, 1, what);
+    }
 done:
     at_tensor_free(feat);
     at_tensor_free(dfeat);

@@ -31,7 +31,8 @@ windows are cut at the images' edges). The loss is sum(features * G) for a
 fixed random G, so the gradients are those of a random upstream gradient.
 Also two bad copies of Qwen2-VL's weights: bad_missing.safetensors (no
 visual.blocks.1.attn.qkv.bias) and bad_shape.safetensors
-(visual.blocks.1.mlp.fc2.bias stored as [2, 8]).
+(visual.blocks.1.mlp.fc2.bias stored as [2, 8]); and prefixed.safetensors,
+the same weights named model.visual.* as transformers 4.52+ saves them.
 The same again with LoRA (rank 2, alpha 4, B non-zero) on every linear of
 the blocks: lora.safetensors. Qwen2-VL's weights are stored as bf16 (the loader converts them), Qwen2.5-VL's
 as f32; the reference uses the stored values.
@@ -273,6 +274,8 @@ def make_case(name, cfg, grid, store_bf16, seed):
         bad = dict(stored)
         bad["visual.blocks.1.mlp.fc2.bias"] = (dt, (2, shape[0] // 2), data)
         write_safetensors(os.path.join(out, "bad_shape.safetensors"), bad)
+        # the same weights under transformers' newer names (model.visual.*)
+        write_safetensors(os.path.join(out, "prefixed.safetensors"), {"model." + k: v for k, v in stored.items()})
     print(f"{name}: {n} patches, features {tuple(feats.shape)}, |features| max {feats.abs().max():.3g}")
 
     # LoRA (rank 2, alpha 4: scale 2) on every linear of the blocks, B non-zero; the tower's own

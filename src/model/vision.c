@@ -186,7 +186,7 @@ done:
 static at_status fill_from_file(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx) {
     (void)i;
     const at_st_model *m = ctx;
-    const at_st_info *info = at_st_model_find(m, t->name);
+    const at_st_info *info = at_vision_find(m, t->name);
     if (!info) return at_error(AT_ERR_NOT_FOUND, "the vision tower's tensor %s is missing", t->name);
     if (!info->has_dtype || info->dtype == AT_I32)
         return at_error(AT_ERR_UNSUPPORTED, "%s is stored as %s (F32, BF16 or F16 are read)", t->name,
