@@ -12,6 +12,7 @@
  *    gradients of every A, B and merger weight;
  *  - on the CPU backend, the reference kernels, the CUDA backend under the
  *    emulator and a real GPU when there is one;
+ *  - the bundled tiny Qwen2-VL / Qwen2.5-VL folders load and run;
  *  - errors: a missing tensor, a tensor of another shape, bad grids, a
  *    features tensor of the wrong shape, a backward without a forward.
  *
@@ -199,6 +200,40 @@ done:
     vgold_free(&g);
 }
 
+/* The bundled tiny model folders (language model and tower in one
+ * model.safetensors): the tower loads from the folder and gives finite,
+ * non-zero features for an image whose grid is not a multiple of the window. */
+static void test_folders(void) {
+    static const char *const dirs[] = {"tests/data/models/tiny-qwen2-vl", "tests/data/models/tiny-qwen2_5-vl"};
+    for (int d = 0; d < 2; d++) {
+        at_vision *v = NULL;
+        at_tensor *feat = NULL;
+        CHECK_OK(at_vision_load(dirs[d], dirs[d], at_cpu_backend(), &v));
+        if (!v) continue;
+        const at_vision_config *vc = at_vision_get_config(v);
+        const int32_t grid[1][3] = {{1, 10, 6}};
+        const int64_t n = 60, k = (int64_t)vc->in_chans * vc->temporal_patch_size * vc->patch_size * vc->patch_size;
+        int64_t n_tok = 0, s[2] = {15, vc->out_hidden_size};
+        CHECK_OK(at_vision_tokens(vc, grid, 1, n, &n_tok));
+        CHECK(n_tok == 15);
+        float *pix = malloc((size_t)(n * k) * sizeof *pix), *out = malloc((size_t)(15 * s[1]) * sizeof *out);
+        for (int64_t i = 0; pix && i < n * k; i++) pix[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+        CHECK_OK(at_tensor_new(at_cpu_backend(), AT_F32, 2, s, "features", &feat));
+        if (pix && out && feat) {
+            CHECK_OK(at_vision_forward(v, feat, pix, n, grid, 1, 0));
+            CHECK_OK(at_tensor_download(feat, out, (size_t)(15 * s[1]) * sizeof *out));
+            double sum = 0;
+            int finite = 1;
+            for (int64_t i = 0; i < 15 * s[1]; i++) finite &= isfinite(out[i]) != 0, sum += fabs(out[i]);
+            CHECK_MSG(finite && sum > 0, "%s: features finite %d, sum of |x| %g", dirs[d], finite, sum);
+        }
+        free(pix);
+        free(out);
+        at_tensor_free(feat);
+        at_vision_free(v);
+    }
+}
+
 static int msg_has(const char *s) { return strstr(at_last_error(), s) != NULL; }
 
 static void test_errors(void) {
@@ -221,6 +256,8 @@ static void test_errors(void) {
     CHECK_OK(features_new(at_cpu_backend(), &g, &feat));
     CHECK_OK(at_vision_set_trainable(v, 1, 1));
     CHECK_FAILS(at_vision_backward(v, feat), AT_ERR_INVALID); /* no forward yet */
+    CHECK_FAILS(at_vision_lora_add(v, 0, 16.0, 0, 1), AT_ERR_INVALID);
+    CHECK_MSG(msg_has("rank 0"), "%s", at_last_error());
     const int32_t odd[2][3] = {{1, 6, 9}, {2, 4, 2}};         /* 9 is not a multiple of the merge */
     CHECK_FAILS(at_vision_forward(v, feat, g.pixels, g.n_patches, odd, 2, 1), AT_ERR_INVALID);
     CHECK_MSG(msg_has("image 0") && msg_has("w=9"), "%s", at_last_error());
@@ -252,6 +289,7 @@ int main(void) {
         for (int b = 0; b < 2; b++)
             if (cuda[b]) test_case(cases[i], cuda[b]);
     }
+    test_folders();
     test_errors();
     return at_test_result("vision");
 }
