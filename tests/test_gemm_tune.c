@@ -10,7 +10,10 @@
  *  - the choice is written to the cache file and read back by a fresh start
  *    (from_cache, same figures), a cache file that does not parse or has
  *    another key is ignored and measured again, then rewritten;
- *  - ANYTUNE_GEMM_TUNE=0 or a pinned engine measure nothing. */
+ *  - ANYTUNE_GEMM_TUNE=0 or a pinned engine measure nothing;
+ *  - ANYTUNE_GEMM_TUNE=tiny times problems of the same classes under a cache
+ *    key of its own. Under a CPU emulator (testing.h: ~0.1 GFLOP/s, the
+ *    full problems took 750 s) the checks above run with it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,12 +64,37 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
+#define TUNE_ON (AT_TEST_UNDER_EMULATOR ? "tiny" : "1")
+
 int main(void)
 {
     char dir[] = "/tmp/anytune-gemm-tune-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     setenv("XDG_CACHE_HOME", dir, 1);
+
+    /* tiny: every class's problem stays in its class, 16-64 times fewer
+     * multiply-adds, and its own cache file */
     setenv("ANYTUNE_GEMM_TUNE", "1", 1);
+    char full_path[1100];
+    snprintf(full_path, sizeof full_path, "%s", at_gemm_tune_cache_path());
+    int64_t full_work[AT_GEMM_CLASSES];
+    for (int c = 0; c < AT_GEMM_CLASSES; c++) {
+        int ta, tb;
+        int64_t M, N, K;
+        at_gemm_tune_class_shape(c, &ta, &tb, &M, &N, &K);
+        full_work[c] = M * N * K;
+    }
+    setenv("ANYTUNE_GEMM_TUNE", "tiny", 1);
+    CHECK(at_gemm_tune_enabled() && at_gemm_tune_tiny());
+    CHECK(strcmp(full_path, at_gemm_tune_cache_path()) != 0);
+    for (int c = 0; c < AT_GEMM_CLASSES; c++) {
+        int ta, tb;
+        int64_t M, N, K;
+        at_gemm_tune_class_shape(c, &ta, &tb, &M, &N, &K);
+        CHECK_MSG(at_gemm_tune_class(ta, tb, M, N, K) == c, "tiny %s", at_gemm_tune_class_name(c));
+        CHECK(M * N * K * 16 <= full_work[c] && M * N * K * 64 >= full_work[c]);
+    }
+    setenv("ANYTUNE_GEMM_TUNE", TUNE_ON, 1);
     CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "auto"));
     for (int i = 0; i < 64 * 256; i++) A[i] = (float)((i * 37) % 101 - 50) / 50.0f;
     for (int i = 0; i < 256 * 96; i++) B[i] = (float)((i * 53) % 97 - 48) / 48.0f;
@@ -166,11 +194,12 @@ int main(void)
     /* measuring off, or an engine pinned: nothing measured */
     remove(path);
     setenv("ANYTUNE_GEMM_TUNE", "0", 1);
+    CHECK(!at_gemm_tune_tiny());
     at_gemm_tune_forget();
     run_and_check();
     CHECK(!at_gemm_tune_result_of(cls).known && access(path, F_OK) != 0);
     CHECK(strstr(at_cpu_gemm_engine(AT_F32), "anytune") != NULL);
-    setenv("ANYTUNE_GEMM_TUNE", "1", 1);
+    setenv("ANYTUNE_GEMM_TUNE", TUNE_ON, 1);
     CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "anytune"));
     run_and_check();
     CHECK(!at_gemm_tune_result_of(cls).known && access(path, F_OK) != 0);

@@ -67,4 +67,15 @@ int at_test_run(char *const argv[], const char *err_path);
 /* Whether the file at path exists and contains text. */
 int at_test_file_has(const char *path, const char *text);
 
+/* 1 when the test programs run under a CPU emulator (a cross build whose
+ * CMAKE_CROSSCOMPILING_EMULATOR is set, e.g. the aarch64 suite under qemu,
+ * where a float operation costs ~100 times what it costs natively): a test
+ * may then take a smaller case that asserts the same things. 0 in every
+ * native build, which keeps the full case. */
+#ifdef AT_TEST_EMULATED
+#define AT_TEST_UNDER_EMULATOR 1
+#else
+#define AT_TEST_UNDER_EMULATOR 0
+#endif
+
 #endif

@@ -6,7 +6,10 @@ judged by what their inner loops execute: for each innermost loop (a backward
 branch whose body holds no other backward branch) of the named functions, the
 instructions, the loads, and the multiply-adds they do (FMLA .4s: 4, BFMMLA:
 16, SDOT .4s: 16, SMLAL .8h: 8, BFDOT .4s: 8 ...; in a loop with integer
-products only those count: its FMLAs apply the block scales).
+products only those count: its FMLAs apply the block scales). A loop without
+multiply-adds that stores whole q registers (an element-wise kernel: RMSNorm's
+scaling, RoPE, SwiGLU, AdamW's tail...) is counted per f32 element written
+instead: 4 per q register stored (STR q, STP q: 8).
 
 Usage: tools/neon_loop_counts.py OBJECT FUNCTION... (objdump from binutils-
 aarch64-linux-gnu: aarch64-linux-gnu-objdump). Prints one line per loop that
@@ -92,10 +95,17 @@ def main():
                 mix[mn] = mix.get(mn, 0) + 1
             mix = " ".join(f"{k}:{v}" for k, v in sorted(mix.items(), key=lambda kv: -kv[1]))
             if mac:
-                rows.append((mac, n, fma_ins, loads, stores, body[0][0], mix))
-        for mac, n, fma_ins, loads, stores, a, mix in sorted(rows, reverse=True):
+                rows.append((mac, n, fma_ins, loads, stores, body[0][0], mix, "multiply-adds", "FMA"))
+                continue
+            # f32 elements written: 4 per q register stored
+            elems = sum((8 if mn == "stp" else 4) for _, mn, ops in body
+                        if mn in ("str", "stp", "stur") and re.match(r"q\d+", ops))
+            elems += sum(4 * len(re.findall(r"v\d+\.4s", ops.split("[")[0])) for _, mn, ops in body if mn == "st1")
+            if elems:
+                rows.append((elems, n, 0, loads, stores, body[0][0], mix, "elements", "element"))
+        for mac, n, fma_ins, loads, stores, a, mix, unit, per in sorted(rows, reverse=True):
             print(f"{name:24s} loop@{a:#06x}: {n:3d} instructions ({fma_ins} multiply-add, {loads} load, {stores} "
-                  f"store) for {mac:4d} multiply-adds: {n / mac:.3f} instructions per FMA  [{mix}]")
+                  f"store) for {mac:4d} {unit}: {n / mac:.3f} instructions per {per}  [{mix}]")
     return 0
 
 

@@ -86,6 +86,7 @@ const char *const at_cpu_isa_env_names[] = {"scalar", "avx2", "avx512", "avx512b
  * spelled here so an older libc's headers do not matter. */
 #define HWCAP_ASIMD_BIT (1ul << 1)
 #define HWCAP_ASIMDHP_BIT (1ul << 10)
+#define HWCAP_CPUID_BIT (1ul << 11)
 #define HWCAP_ASIMDDP_BIT (1ul << 20)
 #define HWCAP_SVE_BIT (1ul << 22)
 #define HWCAP2_I8MM_BIT (1ul << 13)
@@ -101,15 +102,17 @@ static const struct {
     {0xd44, "Cortex-X1"},    {0xd46, "Cortex-A510"},  {0xd47, "Cortex-A710"},  {0xd48, "Cortex-X2"},
 };
 
-/* The model from /proc/cpuinfo's "CPU implementer" and "CPU part" lines. */
-static void read_model(at_cpu_features *f)
+/* The model from /proc/cpuinfo's "CPU implementer" and "CPU part" lines;
+ * where the file has none (qemu's user mode shows the host's file; some
+ * containers hide it) from MIDR_EL1 itself, whose reads from user space the
+ * kernel (or qemu) emulates when HWCAP_CPUID says so. */
+static void read_model(at_cpu_features *f, unsigned long hw)
 {
     FILE *fp = fopen("/proc/cpuinfo", "r");
-    if (!fp) return;
     char line[256];
     unsigned impl = 0, part = 0;
     int have = 0;
-    while (fgets(line, sizeof line, fp) && have != 3) {
+    while (fp && fgets(line, sizeof line, fp) && have != 3) {
         if (!strncmp(line, "CPU implementer", 15) && strchr(line, ':')) {
             impl = (unsigned)strtoul(strchr(line, ':') + 1, NULL, 0);
             have |= 1;
@@ -118,7 +121,14 @@ static void read_model(at_cpu_features *f)
             have |= 2;
         }
     }
-    fclose(fp);
+    if (fp) fclose(fp);
+    if (have != 3 && (hw & HWCAP_CPUID_BIT)) {
+        uint64_t midr;
+        __asm__ volatile("mrs %0, MIDR_EL1" : "=r"(midr));
+        impl = (unsigned)(midr >> 24) & 0xff;
+        part = (unsigned)(midr >> 4) & 0xfff;
+        have = 3;
+    }
     if (have != 3) return;
     for (size_t i = 0; impl == 0x41 && i < sizeof arm_parts / sizeof arm_parts[0]; i++)
         if (arm_parts[i].part == part) {
@@ -137,7 +147,7 @@ static void detect(at_cpu_features *f)
     f->sve = (hw & HWCAP_SVE_BIT) != 0;
     f->i8mm = (hw2 & HWCAP2_I8MM_BIT) != 0;
     f->bf16 = (hw2 & HWCAP2_BF16_BIT) != 0;
-    read_model(f);
+    read_model(f, hw);
 }
 #elif defined(__APPLE__)
 static int sysctl_flag(const char *name)

@@ -46,16 +46,38 @@ static inline void dequant_blocks(const int fmt, float *y, const uint8_t *blk, i
 static void q8_0(float *y, const uint8_t *blk, int64_t nblk) { dequant_blocks(AT_Q8_0, y, blk, nblk); }
 static void q4_0(float *y, const uint8_t *blk, int64_t nblk) { dequant_blocks(AT_Q4_0, y, blk, nblk); }
 
-/* NF4: byte i holds value 2i (high nibble) and 2i+1 (low nibble); the code
- * book lookup is left to the compiler (TBL on 16 floats gains little here:
- * NF4 rows are dequantized once per GEMM panel, not per token). */
+/* NF4: byte i holds value 2i (high nibble) and 2i+1 (low nibble). The code
+ * book lookup is four TBLs, one per byte of the 16 f32 codes (byte planes),
+ * whose results are zipped back into floats: ~1.4 instructions a value
+ * against ~5 for the compiler's lane-by-lane loads. In decode every NF4 row
+ * is dequantized once per token, so this is on the hot path. */
+static inline void nf4_16(float *y, uint8x16_t idx, const uint8x16_t pl[4], float s)
+{
+    uint8x16_t b0 = vqtbl1q_u8(pl[0], idx), b1 = vqtbl1q_u8(pl[1], idx);
+    uint8x16_t b2 = vqtbl1q_u8(pl[2], idx), b3 = vqtbl1q_u8(pl[3], idx);
+    uint16x8_t l0 = vreinterpretq_u16_u8(vzip1q_u8(b0, b1)), l1 = vreinterpretq_u16_u8(vzip2q_u8(b0, b1));
+    uint16x8_t h0 = vreinterpretq_u16_u8(vzip1q_u8(b2, b3)), h1 = vreinterpretq_u16_u8(vzip2q_u8(b2, b3));
+    vst1q_f32(y, vmulq_n_f32(vreinterpretq_f32_u16(vzip1q_u16(l0, h0)), s));
+    vst1q_f32(y + 4, vmulq_n_f32(vreinterpretq_f32_u16(vzip2q_u16(l0, h0)), s));
+    vst1q_f32(y + 8, vmulq_n_f32(vreinterpretq_f32_u16(vzip1q_u16(l1, h1)), s));
+    vst1q_f32(y + 12, vmulq_n_f32(vreinterpretq_f32_u16(vzip2q_u16(l1, h1)), s));
+}
+
 static void nf4(float *y, const uint8_t *nib, const float *absmax, int64_t nblk)
 {
+    uint8_t planes[4][16];
+    for (int i = 0; i < 16; i++) {
+        uint32_t u;
+        memcpy(&u, &at_nf4_code[i], 4);
+        for (int j = 0; j < 4; j++) planes[j][i] = (uint8_t)(u >> 8 * j); /* little-endian bytes */
+    }
+    const uint8x16_t pl[4] = {vld1q_u8(planes[0]), vld1q_u8(planes[1]), vld1q_u8(planes[2]), vld1q_u8(planes[3])};
     for (int64_t b = 0; b < nblk; b++, nib += AT_NF4_BLOCK / 2, y += AT_NF4_BLOCK) {
         float s = absmax[b];
-        for (int i = 0; i < AT_NF4_BLOCK / 2; i++) {
-            y[2 * i] = at_nf4_code[nib[i] >> 4] * s;
-            y[2 * i + 1] = at_nf4_code[nib[i] & 15] * s;
+        for (int i = 0; i < AT_NF4_BLOCK / 2; i += 16) {
+            uint8x16_t v = vld1q_u8(nib + i), hi = vshrq_n_u8(v, 4), lo = vandq_u8(v, vdupq_n_u8(15));
+            nf4_16(y + 2 * i, vzip1q_u8(hi, lo), pl, s); /* values 2i .. 2i+15 */
+            nf4_16(y + 2 * i + 16, vzip2q_u8(hi, lo), pl, s);
         }
     }
 }

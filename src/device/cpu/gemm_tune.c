@@ -50,12 +50,14 @@ void at_gemm_tune_class_shape(int cls, int *trans_a, int *trans_b, int64_t *M, i
 {
     static const int64_t dims[4][3] = {{1, 4096, 1024}, {512, 16, 1024}, {512, 1024, 16}, {256, 1024, 512}};
     int kind = cls / 3, layout = cls % 3;
+    /* tiny: the sizes above 16 divided by 4, which keeps each problem in its class */
+    int64_t div = at_gemm_tune_tiny() ? 4 : 1;
     *trans_a = layout == 2;
     *trans_b = layout == 1;
-    *M = dims[kind][0];
+    *M = dims[kind][0] > 16 ? dims[kind][0] / div : dims[kind][0];
     if (kind == 0 && layout == 2) *M = 8; /* rows-tn: LoRA's dA = duᵀ·x at rank 8 (a transposed GEMV is rare) */
-    *N = dims[kind][1];
-    *K = dims[kind][2];
+    *N = dims[kind][1] > 16 ? dims[kind][1] / div : dims[kind][1];
+    *K = dims[kind][2] > 16 ? dims[kind][2] / div : dims[kind][2];
 }
 
 const char *at_gemm_engine_name(at_gemm_engine_id e)
@@ -81,6 +83,12 @@ int at_gemm_tune_enabled(void)
     return !(v && !strcmp(v, "0"));
 }
 
+int at_gemm_tune_tiny(void)
+{
+    const char *v = getenv("ANYTUNE_GEMM_TUNE");
+    return v && !strcmp(v, "tiny");
+}
+
 /* ---- state ---- */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -103,8 +111,9 @@ static void make_key(char *key, size_t len)
     }
     /* the libraries' own ISA caps change what they measure (bench_gemm sets them) */
     const char *ct = getenv("OPENBLAS_CORETYPE"), *dn = getenv("ONEDNN_MAX_CPU_ISA");
-    snprintf(key, len, "%s|%s|threads %d|%s|coretype %s|onednn isa %s", at_cpu_get_features()->model,
-             at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), libs, ct ? ct : "-", dn ? dn : "-");
+    snprintf(key, len, "%s|%s|threads %d|%s|coretype %s|onednn isa %s%s", at_cpu_get_features()->model,
+             at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), libs, ct ? ct : "-", dn ? dn : "-",
+             at_gemm_tune_tiny() ? "|tiny" : "");
 }
 
 static uint64_t fnv1a(const char *s)

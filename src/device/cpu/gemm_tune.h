@@ -16,8 +16,9 @@
  *
  * Environment: ANYTUNE_GEMM_TUNE=0 measures nothing (our kernels, unless
  * ANYTUNE_GEMM_F32 names an engine; the test suite sets it so that results
- * do not depend on timings); ANYTUNE_GEMM_F32=anytune|openblas|onednn pins
- * every class (gemm.h). */
+ * do not depend on timings); ANYTUNE_GEMM_TUNE=tiny times tiny problems
+ * (at_gemm_tune_tiny); ANYTUNE_GEMM_F32=anytune|openblas|onednn pins every
+ * class (gemm.h). */
 #ifndef AT_DEVICE_CPU_GEMM_TUNE_H
 #define AT_DEVICE_CPU_GEMM_TUNE_H
 
@@ -62,5 +63,10 @@ const char *at_gemm_tune_cache_path(void);
 void at_gemm_tune_forget(void);
 /* ANYTUNE_GEMM_TUNE is not "0" (read at each call). */
 int at_gemm_tune_enabled(void);
+/* ANYTUNE_GEMM_TUNE=tiny: each class timed on a problem 16-64 times smaller
+ * (its sizes above 16 divided by 4), cached under a key of its own. For
+ * checking the calibration's path where timing is slow and meaningless (the
+ * aarch64 suite under qemu); the choices are not a machine's real ones. */
+int at_gemm_tune_tiny(void);
 
 #endif
