@@ -31,8 +31,10 @@ windows are cut at the images' edges). The loss is sum(features * G) for a
 fixed random G, so the gradients are those of a random upstream gradient.
 Also two bad copies of Qwen2-VL's weights: bad_missing.safetensors (no
 visual.blocks.1.attn.qkv.bias) and bad_shape.safetensors
-(visual.blocks.1.mlp.fc2.bias stored as [2, 8]).
-Qwen2-VL's weights are stored as bf16 (the loader converts them), Qwen2.5-VL's
+(visual.blocks.1.mlp.fc2.bias stored as [2, 8]); and prefixed.safetensors,
+the same weights named model.visual.* as transformers 4.52+ saves them.
+The same again with LoRA (rank 2, alpha 4, B non-zero) on every linear of
+the blocks: lora.safetensors. Qwen2-VL's weights are stored as bf16 (the loader converts them), Qwen2.5-VL's
 as f32; the reference uses the stored values.
 
 Run from the repository root:  /usr/bin/python3 tools/make_vision_goldens.py
@@ -83,12 +85,12 @@ def block_mask(cu, n):
 def attention(p, pre, x, freqs, mask, heads):
     n, w = x.shape
     d = w // heads
-    qkv = (x @ p[pre + "attn.qkv.weight"].T + p[pre + "attn.qkv.bias"]).reshape(n, 3, heads, d).permute(1, 0, 2, 3)
+    qkv = lin(p, pre + "attn.qkv", x).reshape(n, 3, heads, d).permute(1, 0, 2, 3)
     q, k, v = qkv.unbind(0)
     q, k = apply_rope(q, freqs), apply_rope(k, freqs)
     s = torch.einsum("ihd,jhd->hij", q, k) * d ** -0.5 + mask
     o = torch.einsum("hij,jhd->ihd", s.softmax(-1), v).reshape(n, w)
-    return o @ p[pre + "attn.proj.weight"].T + p[pre + "attn.proj.bias"]
+    return lin(p, pre + "attn.proj", o)
 
 
 def layernorm(x, w, b):
@@ -99,8 +101,15 @@ def rmsnorm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
+LORA = {}  # module name -> (A, B, scale): peft's lora.Linear (no dropout) on that linear
+
+
 def lin(p, name, x):
-    return x @ p[name + ".weight"].T + p[name + ".bias"]
+    y = x @ p[name + ".weight"].T + p[name + ".bias"]
+    if name in LORA:
+        a, b, scale = LORA[name]
+        y = y + scale * (x @ a.T) @ b.T
+    return y
 
 
 def cu_frames(grid):
@@ -265,7 +274,40 @@ def make_case(name, cfg, grid, store_bf16, seed):
         bad = dict(stored)
         bad["visual.blocks.1.mlp.fc2.bias"] = (dt, (2, shape[0] // 2), data)
         write_safetensors(os.path.join(out, "bad_shape.safetensors"), bad)
+        # the same weights under transformers' newer names (model.visual.*)
+        write_safetensors(os.path.join(out, "prefixed.safetensors"), {"model." + k: v for k, v in stored.items()})
     print(f"{name}: {n} patches, features {tuple(feats.shape)}, |features| max {feats.abs().max():.3g}")
+
+    # LoRA (rank 2, alpha 4: scale 2) on every linear of the blocks, B non-zero; the tower's own
+    # weights frozen, the merger trained: lora.safetensors holds A and B (f32, PEFT's names),
+    # the features and the gradients of A, B and the merger's weights
+    rank, scale = 2, 4.0 / 2
+    lora, lora_t = {}, {}
+    mods = ["attn.qkv", "attn.proj"] + (["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+                                        if cfg["model_type"] == "qwen2_5_vl" else ["mlp.fc1", "mlp.fc2"])
+    for i in range(vc["depth"]):
+        for mod in mods:
+            nm = f"visual.blocks.{i}.{mod}"
+            w = params[nm + ".weight"]
+            a = ((torch.rand(rank, w.shape[1], generator=gen) * 2 - 1) / w.shape[1] ** 0.5).to(torch.float32)
+            b = (0.3 * (torch.rand(w.shape[0], rank, generator=gen) * 2 - 1)).to(torch.float32)
+            a, b = a.double().requires_grad_(True), b.double().requires_grad_(True)
+            LORA[nm] = (a, b, scale)
+            lora["base_model.model." + nm + ".lora_A.weight"] = a
+            lora["base_model.model." + nm + ".lora_B.weight"] = b
+    for v in params.values():
+        v.grad = None
+    feats = model(params, cfg, pixels, grid)
+    (feats * g).sum().backward()
+    LORA.clear()
+    for nm, v in lora.items():
+        lora_t[nm] = f32(v)
+        lora_t["grad." + nm] = f32(v.grad)
+    for nm, v in params.items():
+        if nm.startswith("visual.merger."):
+            lora_t["grad." + nm] = f32(v.grad)
+    lora_t["features"] = f32(feats)
+    write_safetensors(os.path.join(out, "lora.safetensors"), lora_t)
 
 
 QWEN2_VL = {

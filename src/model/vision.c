@@ -30,6 +30,11 @@ static const char *const block_suffix[B_COUNT] = {
     "mlp.gate_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias", "mlp.down_proj.weight",
     "mlp.down_proj.bias"};
 enum { M_LNW, M_LNB, M_0W, M_0B, M_2W, M_2B, M_COUNT };
+/* The blocks' linears that LoRA adapts, their weights' roles and PEFT's module names. */
+enum { L_QKV, L_PROJ, L_FC1, L_FC2, L_GATE, L_UP, L_DOWN, L_COUNT };
+static const int lora_weight[L_COUNT] = {B_QKVW, B_PROJW, B_FC1W, B_FC2W, B_GATEW, B_UPW, B_DOWNW};
+static const char *const lora_module[L_COUNT] = {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate_proj",
+                                                 "mlp.up_proj", "mlp.down_proj"};
 static const char *const merger_name[M_COUNT] = {"visual.merger.ln_q.weight", "visual.merger.ln_q.bias",
                                                  "visual.merger.mlp.0.weight", "visual.merger.mlp.0.bias",
                                                  "visual.merger.mlp.2.weight", "visual.merger.mlp.2.bias"};
@@ -44,6 +49,7 @@ typedef struct {
     at_tensor *n2, *mean2, *rstd2; /* norm2(mid) */
     at_tensor *h1, *h2, *act;      /* fc1(n2) | gate(n2), up(n2) [N, F]; quick_gelu(h1) | silu(h1)·h2 */
     at_tensor *out;                /* the block's output [N, W] */
+    at_tensor *u[L_COUNT];         /* LoRA: x·Aᵀ of each adapted linear [N, r] */
 } block_acts;
 
 struct at_vision {
@@ -54,6 +60,10 @@ struct at_vision {
     int *blk;              /* [depth][B_COUNT]: parameter index of each role, -1 when the tower has none */
     int merger[M_COUNT];   /* likewise */
     int train_vit, train_aligner;
+    size_t n_base;         /* the tower's own parameters; LoRA's A, B pairs follow */
+    int *lora;             /* [depth][L_COUNT]: parameter index of A (B is the next), -1 when not adapted; NULL: no LoRA */
+    int lora_rank;
+    float lora_scale;
     at_tensor *inv_freq;   /* f32 [D/2]: the D/4 frequencies twice (rows, then columns) */
     /* the last forward */
     int kept;              /* a training forward's activations are here */
@@ -90,6 +100,7 @@ void at_vision_free(at_vision *v) {
     free(v->params);
     free(v->grads);
     free(v->blk);
+    free(v->lora);
     free(v);
 }
 
@@ -101,6 +112,8 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
     *out = NULL;
     if (vc->kind != AT_VISION_QWEN2_VL && vc->kind != AT_VISION_QWEN2_5_VL)
         return at_error(AT_ERR_INVALID, "vision tower: the config is not Qwen2-VL or Qwen2.5-VL");
+    const int D = vc->width / vc->num_heads;
+    if (D % 4) return at_error(AT_ERR_FORMAT, "vision tower: head size %d is not a multiple of 4 (2-D rotary)", D);
     at_vision_tensor *tab = NULL;
     size_t n = 0;
     float *host = NULL;
@@ -117,7 +130,7 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    v->n_params = n;
+    v->n_params = v->n_base = n;
     for (int i = 0; i < vc->depth * B_COUNT; i++) v->blk[i] = -1;
     for (int r = 0; r < M_COUNT; r++) v->merger[r] = -1;
     for (size_t i = 0; i < n; i++) {
@@ -147,7 +160,6 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
             if (!strcmp(t->name, merger_name[r])) v->merger[r] = (int)i;
     }
     /* HF's VisionRotaryEmbedding(D/2): inv_freq[j] = 1/θ^(2j/(D/2)), j < D/4, in f32 as torch computes it */
-    const int D = vc->width / vc->num_heads, half = D / 2;
     int64_t sh = D / 2;
     float *f = realloc(host, (size_t)sh * sizeof *f);
     if (!f) {
@@ -156,12 +168,8 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
     }
     host = f;
     for (int j = 0; j < D / 4; j++) {
-        float e = (float)(2 * j) / (float)half;
+        float e = (float)(2 * j) / (float)(D / 2);
         host[j] = host[j + D / 4] = 1.0f / powf(ROPE_THETA, e);
-    }
-    if (D % 4) {
-        st = at_error(AT_ERR_FORMAT, "vision tower: head size %d is not a multiple of 4 (2-D rotary)", D);
-        goto done;
     }
     AT_CHECK(at_tensor_new(be, AT_F32, 1, &sh, "vision.inv_freq", &v->inv_freq));
     AT_CHECK(at_tensor_upload(v->inv_freq, host, (size_t)sh * sizeof *host));
@@ -178,7 +186,7 @@ done:
 static at_status fill_from_file(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx) {
     (void)i;
     const at_st_model *m = ctx;
-    const at_st_info *info = at_st_model_find(m, t->name);
+    const at_st_info *info = at_vision_find(m, t->name);
     if (!info) return at_error(AT_ERR_NOT_FOUND, "the vision tower's tensor %s is missing", t->name);
     if (!info->has_dtype || info->dtype == AT_I32)
         return at_error(AT_ERR_UNSUPPORTED, "%s is stored as %s (F32, BF16 or F16 are read)", t->name,
@@ -246,6 +254,7 @@ at_backend *at_vision_backend(const at_vision *v) { return v->be; }
 size_t at_vision_param_count(const at_vision *v) { return v->n_params; }
 at_tensor *at_vision_param(const at_vision *v, size_t i) { return i < v->n_params ? v->params[i] : NULL; }
 at_tensor *at_vision_grad(const at_vision *v, size_t i) { return i < v->n_params ? v->grads[i] : NULL; }
+int at_vision_param_is_lora(const at_vision *v, size_t i) { return i >= v->n_base && i < v->n_params; }
 int at_vision_param_is_aligner(const at_vision *v, size_t i) {
     return i < v->n_params && !strncmp(v->params[i]->name, "visual.merger.", 14);
 }
@@ -253,6 +262,7 @@ int at_vision_param_is_aligner(const at_vision *v, size_t i) {
 at_status at_vision_set_trainable(at_vision *v, int vit, int aligner) {
     for (size_t i = 0; i < v->n_params; i++) {
         int want = at_vision_param_is_aligner(v, i) ? aligner : vit;
+        if (v->lora && !at_vision_param_is_aligner(v, i)) want = vit && at_vision_param_is_lora(v, i);
         if (!want) {
             at_tensor_free(v->grads[i]);
             v->grads[i] = NULL;
@@ -265,6 +275,57 @@ at_status at_vision_set_trainable(at_vision *v, int vit, int aligner) {
     v->train_vit = vit != 0;
     v->train_aligner = aligner != 0;
     return AT_OK;
+}
+
+at_status at_vision_lora_add(at_vision *v, int rank, double alpha, int use_rslora, uint64_t seed) {
+    if (v->lora) return at_error(AT_ERR_INVALID, "vision tower: LoRA is already added");
+    if (rank <= 0 || rank > 4096 || !(alpha > 0))
+        return at_error(AT_ERR_INVALID, "vision tower: LoRA rank %d / alpha %g (rank 1..4096, alpha > 0)", rank, alpha);
+    const int depth = v->vc.depth;
+    size_t cap = v->n_base + (size_t)depth * L_COUNT * 2;
+    at_tensor **p = realloc(v->params, cap * sizeof *p), **g;
+    if (p) v->params = p;
+    g = p ? realloc(v->grads, cap * sizeof *g) : NULL;
+    if (g) v->grads = g;
+    v->lora = malloc((size_t)depth * L_COUNT * sizeof *v->lora);
+    if (!p || !g || !v->lora) return at_error(AT_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < depth * L_COUNT; k++) v->lora[k] = -1;
+    v->lora_rank = rank;
+    v->lora_scale = (float)(use_rslora ? alpha / sqrt((double)rank) : alpha / rank);
+    at_status st = AT_OK;
+    float *host = NULL;
+    for (int b = 0; b < depth; b++)
+        for (int l = 0; l < L_COUNT; l++) {
+            const at_tensor *w = P(v, b, lora_weight[l]);
+            if (!w) continue;
+            const int64_t out = w->shape[0], in = w->shape[1];
+            int64_t sa[2] = {rank, in}, sb[2] = {out, rank};
+            char name[AT_NAME_MAX];
+            size_t i = v->n_params;
+            v->lora[b * L_COUNT + l] = (int)i;
+            for (int k = 0; k < 2; k++) {
+                snprintf(name, sizeof name, "base_model.model.visual.blocks.%d.%s.lora_%c.weight", b, lora_module[l],
+                         "AB"[k]);
+                v->grads[i + k] = NULL;
+                AT_CHECK(at_tensor_zeros(v->be, AT_F32, 2, k ? sb : sa, name, &v->params[i + k]));
+                v->n_params++;
+            }
+            /* PEFT's init: A Kaiming-uniform with a = sqrt(5), i.e. uniform in ±1/sqrt(in); B zero */
+            float *h = realloc(host, (size_t)(rank * in) * sizeof *h);
+            if (!h) {
+                st = at_error(AT_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            host = h;
+            at_rng r;
+            at_rng_seed(&r, at_rng_mix(seed, i));
+            for (int64_t k = 0; k < rank * in; k++) host[k] = (2.0f * at_rng_uniform(&r) - 1.0f) / sqrtf((float)in);
+            AT_CHECK(at_tensor_upload(v->params[i], host, (size_t)(rank * in) * sizeof *host));
+        }
+    st = at_vision_set_trainable(v, v->train_vit, v->train_aligner);
+done:
+    free(host);
+    return st;
 }
 
 at_status at_vision_zero_grads(at_vision *v) {
@@ -310,6 +371,39 @@ static at_status linear_backward(at_tensor *dx, float beta, const at_tensor *dy,
     return db ? at_sum_rows(db, dy, 1.0f) : AT_OK;
 }
 
+/* LoRA's A of block b's linear l (B is the parameter after it), or -1. */
+static int lora_index(const at_vision *v, int b, int l) { return v->lora ? v->lora[b * L_COUNT + l] : -1; }
+
+/* Block b's linear l (its weight and bias roles are adjacent) with its LoRA
+ * when adapted (peft's lora.Linear, no dropout):
+ *   y = beta·y + x·Wᵀ + b + s·u·Bᵀ,   u = x·Aᵀ kept in a->u[l] for the backward */
+static at_status block_linear(const at_vision *v, int b, int l, at_tensor *y, float beta, const at_tensor *x,
+                              block_acts *a) {
+    AT_TRY(linear(y, beta, x, P(v, b, lora_weight[l]), P(v, b, lora_weight[l] + 1)));
+    int i = lora_index(v, b, l);
+    if (i < 0) return AT_OK;
+    AT_TRY(at_matmul(a->u[l], x, v->params[i], 0, 1, 1.0f, 0.0f));
+    return at_matmul(y, a->u[l], v->params[i + 1], 0, 1, v->lora_scale, 1.0f);
+}
+
+/* LoRA's part of the backward below B, for dU = s·dy·B:  dA += dUᵀ·x,  dx += dU·A. */
+static at_status lora_A_backward(const at_vision *v, int i, at_tensor *dx, const at_tensor *du, const at_tensor *x) {
+    if (v->grads[i]) AT_TRY(at_matmul(v->grads[i], du, x, 1, 0, 1.0f, 1.0f));
+    return at_matmul(dx, du, v->params[i], 0, 0, 1.0f, 1.0f);
+}
+
+/* Backward of block_linear for dy: linear_backward's, then LoRA's:
+ *   dB += s·dyᵀ·u,  dU = s·dy·B (du: scratch [N, r]),  dA += dUᵀ·x,  dx += dU·A */
+static at_status block_linear_backward(const at_vision *v, int b, int l, at_tensor *dx, float beta,
+                                       const at_tensor *dy, const at_tensor *x, const block_acts *a, at_tensor *du) {
+    const int wr = lora_weight[l], i = lora_index(v, b, l);
+    AT_TRY(linear_backward(dx, beta, dy, x, P(v, b, wr), G(v, b, wr), G(v, b, wr + 1)));
+    if (i < 0) return AT_OK;
+    if (v->grads[i + 1]) AT_TRY(at_matmul(v->grads[i + 1], dy, a->u[l], 1, 0, v->lora_scale, 1.0f));
+    AT_TRY(at_matmul(du, dy, v->params[i + 1], 0, 0, v->lora_scale, 0.0f));
+    return lora_A_backward(v, i, dx, du, x);
+}
+
 /* The blocks' and ln_q's norm: LayerNorm (Qwen2-VL) or RMSNorm (Qwen2.5-VL),
  * ops.h gives the math of both. mean is NULL for RMSNorm. */
 static int layernorm(const at_vision *v) { return v->vc.kind == AT_VISION_QWEN2_VL; }
@@ -331,6 +425,12 @@ static void qkv_view(at_tensor *w, at_tensor *b, const at_tensor *qkv_w, const a
     int64_t sw[2] = {W, W}, sb[1] = {W};
     at_tensor_view_inplace(w, qkv_w, (size_t)(s * W * W), 2, sw);
     at_tensor_view_inplace(b, qkv_b, (size_t)(s * W), 1, sb);
+}
+
+/* The rows of LoRA's B [3W, r] of the fused qkv that make q, k or v (s = 0, 1, 2). */
+static void lora_rows(at_tensor *dst, const at_tensor *B, int s, int64_t W) {
+    int64_t sh[2] = {W, B->shape[1]};
+    at_tensor_view_inplace(dst, B, (size_t)(s * W * B->shape[1]), 2, sh);
 }
 
 /* [1, N, H, D] seen as [N, W] (for the linears) or [N, H, D] (for the rotary). */
@@ -373,10 +473,16 @@ static at_status block_forward(at_vision *v, int b, at_tensor *x, block_acts *a)
     at_tensor *mid = a->mid ? a->mid : x, *out = a->out ? a->out : x;
     AT_TRY(norm_forward(v, a->n1, a->mean1, a->rstd1, x, P(v, b, B_N1W), P(v, b, B_N1B)));
     at_tensor *qkv[3] = {a->q, a->k, a->v};
+    const int lq = lora_index(v, b, L_QKV);
+    if (lq >= 0) AT_TRY(at_matmul(a->u[L_QKV], a->n1, v->params[lq], 0, 1, 1.0f, 0.0f));
     for (int s = 0; s < 3; s++) {
         qkv_view(&wv, &bv, P(v, b, B_QKVW), P(v, b, B_QKVB), s, W);
         flat2(&t2, qkv[s], N, W);
         AT_TRY(linear(&t2, 0.0f, a->n1, &wv, &bv));
+        if (lq >= 0) { /* + s·u·B_sᵀ, B_s the rows of B that make s's outputs */
+            lora_rows(&wv, v->params[lq + 1], s, W);
+            AT_TRY(at_matmul(&t2, a->u[L_QKV], &wv, 0, 1, v->lora_scale, 1.0f));
+        }
         if (s < 2) {
             flat3(&t3, qkv[s]);
             AT_TRY(at_rope(&t3, &t3, v->pos, v->inv_freq, &sec, 0));
@@ -385,23 +491,24 @@ static at_status block_forward(at_vision *v, int b, at_tensor *x, block_acts *a)
     AT_TRY(at_attention_forward(a->att, a->lse, a->q, a->k, a->v, &ap));
     if (mid != x) AT_TRY(at_cast(mid, x));
     flat2(&t2, a->att, N, W);
-    AT_TRY(linear(mid, 1.0f, &t2, P(v, b, B_PROJW), P(v, b, B_PROJB)));
+    AT_TRY(block_linear(v, b, L_PROJ, mid, 1.0f, &t2, a));
     AT_TRY(norm_forward(v, a->n2, a->mean2, a->rstd2, mid, P(v, b, B_N2W), P(v, b, B_N2B)));
     if (out != mid) AT_TRY(at_cast(out, mid));
     if (layernorm(v)) {
-        AT_TRY(linear(a->h1, 0.0f, a->n2, P(v, b, B_FC1W), P(v, b, B_FC1B)));
+        AT_TRY(block_linear(v, b, L_FC1, a->h1, 0.0f, a->n2, a));
         AT_TRY(at_gelu_forward(a->act, a->h1, AT_GELU_QUICK));
-        return linear(out, 1.0f, a->act, P(v, b, B_FC2W), P(v, b, B_FC2B));
+        return block_linear(v, b, L_FC2, out, 1.0f, a->act, a);
     }
-    AT_TRY(linear(a->h1, 0.0f, a->n2, P(v, b, B_GATEW), P(v, b, B_GATEB)));
-    AT_TRY(linear(a->h2, 0.0f, a->n2, P(v, b, B_UPW), P(v, b, B_UPB)));
+    AT_TRY(block_linear(v, b, L_GATE, a->h1, 0.0f, a->n2, a));
+    AT_TRY(block_linear(v, b, L_UP, a->h2, 0.0f, a->n2, a));
     AT_TRY(at_swiglu_forward(a->act, a->h1, a->h2));
-    return linear(out, 1.0f, a->act, P(v, b, B_DOWNW), P(v, b, B_DOWNB));
+    return block_linear(v, b, L_DOWN, out, 1.0f, a->act, a);
 }
 
 /* Scratch of the backward: [N, W] x4, [N, F] x3, [1, N, H, D] x3. */
 typedef struct {
     at_tensor *dmid, *dn, *tmp, *datt, *dact, *dh1, *dh2, *dq, *dk, *dv;
+    at_tensor *du; /* LoRA's dU [N, r] */
 } block_scratch;
 
 /* Backward of block b: dx (the gradient of its output on entry) becomes the
@@ -415,23 +522,24 @@ static at_status block_backward(at_vision *v, int b, at_tensor *dx, const at_ten
     at_tensor wv, bv, gw, gb, t2, d2, t3;
     at_rope_sections sec = rope_2d(v);
     at_attn_params ap = attn_params(v, b);
+    const int lq = lora_index(v, b, L_QKV);
     /* the MLP: dn2 = mlpᵀ(dout) */
     if (layernorm(v)) {
-        AT_TRY(linear_backward(s->dact, 0.0f, dx, a->act, P(v, b, B_FC2W), G(v, b, B_FC2W), G(v, b, B_FC2B)));
+        AT_TRY(block_linear_backward(v, b, L_FC2, s->dact, 0.0f, dx, a->act, a, s->du));
         AT_TRY(at_gelu_backward(s->dh1, s->dact, a->h1, AT_GELU_QUICK));
-        AT_TRY(linear_backward(s->dn, 0.0f, s->dh1, a->n2, P(v, b, B_FC1W), G(v, b, B_FC1W), G(v, b, B_FC1B)));
+        AT_TRY(block_linear_backward(v, b, L_FC1, s->dn, 0.0f, s->dh1, a->n2, a, s->du));
     } else {
-        AT_TRY(linear_backward(s->dact, 0.0f, dx, a->act, P(v, b, B_DOWNW), G(v, b, B_DOWNW), G(v, b, B_DOWNB)));
+        AT_TRY(block_linear_backward(v, b, L_DOWN, s->dact, 0.0f, dx, a->act, a, s->du));
         AT_TRY(at_swiglu_backward(s->dh1, s->dh2, s->dact, a->h1, a->h2));
-        AT_TRY(linear_backward(s->dn, 0.0f, s->dh1, a->n2, P(v, b, B_GATEW), G(v, b, B_GATEW), G(v, b, B_GATEB)));
-        AT_TRY(linear_backward(s->dn, 1.0f, s->dh2, a->n2, P(v, b, B_UPW), G(v, b, B_UPW), G(v, b, B_UPB)));
+        AT_TRY(block_linear_backward(v, b, L_GATE, s->dn, 0.0f, s->dh1, a->n2, a, s->du));
+        AT_TRY(block_linear_backward(v, b, L_UP, s->dn, 1.0f, s->dh2, a->n2, a, s->du));
     }
     AT_TRY(norm_backward(v, s->tmp, G(v, b, B_N2W), G(v, b, B_N2B), s->dn, a->mid, P(v, b, B_N2W), a->mean2, a->rstd2));
     AT_TRY(at_add(s->dmid, dx, s->tmp));
     /* the attention */
     flat2(&t2, a->att, N, W);
     flat2(&d2, s->datt, N, W);
-    AT_TRY(linear_backward(&d2, 0.0f, s->dmid, &t2, P(v, b, B_PROJW), G(v, b, B_PROJW), G(v, b, B_PROJB)));
+    AT_TRY(block_linear_backward(v, b, L_PROJ, &d2, 0.0f, s->dmid, &t2, a, s->du));
     AT_TRY(at_attention_backward(s->dq, s->dk, s->dv, s->datt, a->q, a->k, a->v, a->att, a->lse, &ap));
     at_tensor *dqkv[3] = {s->dq, s->dk, s->dv};
     for (int k = 0; k < 3; k++) {
@@ -448,7 +556,16 @@ static at_status block_backward(at_vision *v, int b, at_tensor *dx, const at_ten
         }
         flat2(&d2, dqkv[k], N, W);
         AT_TRY(linear_backward(s->dn, k ? 1.0f : 0.0f, &d2, a->n1, &wv, pgw, pgb));
+        if (lq >= 0) { /* dB_s += s·dq_sᵀ·u,  dU += s·dq_s·B_s */
+            if (v->grads[lq + 1]) {
+                lora_rows(&gw, v->grads[lq + 1], k, W);
+                AT_TRY(at_matmul(&gw, &d2, a->u[L_QKV], 1, 0, v->lora_scale, 1.0f));
+            }
+            lora_rows(&wv, v->params[lq + 1], k, W);
+            AT_TRY(at_matmul(s->du, &d2, &wv, 0, 0, v->lora_scale, k ? 1.0f : 0.0f));
+        }
     }
+    if (lq >= 0) AT_TRY(lora_A_backward(v, lq, s->dn, s->du, a->n1));
     AT_TRY(norm_backward(v, s->tmp, G(v, b, B_N1W), G(v, b, B_N1B), s->dn, x, P(v, b, B_N1W), a->mean1, a->rstd1));
     return at_add(dx, s->dmid, s->tmp);
 }
@@ -511,6 +628,8 @@ static at_status acts_alloc(const at_vision *v, block_acts *a, int training) {
     AT_TRY(new_heads(v, "vision.att", &a->att));
     AT_TRY(new_f32(v, N, F, "vision.h1", &a->h1));
     if (!ln) AT_TRY(new_f32(v, N, F, "vision.h2", &a->h2));
+    for (int l = 0; l < L_COUNT; l++)
+        if (lora_index(v, 0, l) >= 0) AT_TRY(new_f32(v, N, v->lora_rank, "vision.lora_u", &a->u[l]));
     return new_f32(v, N, F, "vision.act", &a->act);
 }
 
@@ -722,6 +841,7 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features) {
     AT_CHECK(new_f32(v, N, F, "vision.d_act", &s.dact));
     AT_CHECK(new_f32(v, N, F, "vision.d_h1", &s.dh1));
     if (!layernorm(v)) AT_CHECK(new_f32(v, N, F, "vision.d_h2", &s.dh2));
+    if (v->lora) AT_CHECK(new_f32(v, N, v->lora_rank, "vision.d_lora_u", &s.du));
     for (int b = vc->depth - 1; b >= 0; b--)
         AT_CHECK(block_backward(v, b, dx, b ? v->acts[b - 1].out : v->x0, &v->acts[b], &s));
     /* the patch embedding: dWpatch += dx0ᵀ · pixels */

@@ -79,11 +79,27 @@ int at_vision_param_is_aligner(const at_vision *v, size_t i);
 at_tensor *at_vision_grad(const at_vision *v, size_t i);
 
 /* Which parts the backward computes gradients for: the vision transformer
- * (vit: patch embedding and blocks) and the merger (aligner). Allocates
+ * (vit: patch embedding and blocks, or only their LoRA pairs once
+ * at_vision_lora_add has run) and the merger (aligner). Allocates
  * zeroed gradients for the trainable parts and frees the others'. With vit
  * frozen the backward stops after the merger (ms-swift's freeze_vit); with
  * both frozen it does nothing. Default: both frozen. */
 at_status at_vision_set_trainable(at_vision *v, int vit, int aligner);
+/* LoRA on every linear of the vision transformer's blocks (attn.qkv,
+ * attn.proj, mlp.fc1 / fc2 or gate_proj / up_proj / down_proj; not the
+ * merger's): y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ with A [rank, in], B [out, rank],
+ * s = alpha / rank (use_rslora: alpha / sqrt(rank)), no dropout. A starts
+ * Kaiming-uniform (±1/sqrt(in), from seed) and B zero, as PEFT starts them.
+ * The pairs become parameters after the tower's, A then B of each linear,
+ * named as PEFT names them for the model
+ * (base_model.model.visual.blocks.N.attn.qkv.lora_A.weight); from then on a
+ * trainable vit (at_vision_set_trainable) trains the pairs and leaves the
+ * tower's own weights frozen. The flags in force are kept. On an error v can
+ * only be freed. */
+at_status at_vision_lora_add(at_vision *v, int rank, double alpha, int use_rslora, uint64_t seed);
+/* Whether parameter i is a LoRA A or B of the tower. */
+int at_vision_param_is_lora(const at_vision *v, size_t i);
+
 /* Zeroes every gradient (the backward accumulates into them). */
 at_status at_vision_zero_grads(at_vision *v);
 
