@@ -612,7 +612,7 @@ static int measure(int i)
     for (int step = 0; step < 2 && st == AT_OK; step++) {
         double norm = 0;
         float dropout = full ? 0.0f : 0.05f;
-        at_fwd_opts fwd = {dropout, (uint64_t)step + 1, 0, 0, 0};
+        at_fwd_opts fwd = {.lora_dropout = dropout, .dropout_seed = (uint64_t)step + 1};
         if (is_kto) {
             at_kto_stats ks = {0};
             st = at_kto_forward_backward(&pc, &kto, idx, (size_t)c->B, d, acts, ids, pos, labels, &fwd, (double)c->B,

@@ -360,6 +360,13 @@ static void test_errors(const char *root)
     a.model = "tests/data/models/no-such-model";
     CHECK(at_train_run(&a, stdout, &r) != AT_OK);
     CHECK(strstr(at_last_error(), "no-such-model") != NULL);
+    /* a dataset with images: refused, not trained on its text alone */
+    base_args(&a, out);
+    const char *vision[] = {"tests/data/datasets/vision/vlm.jsonl"};
+    a.datasets = vision;
+    a.strict = 1;
+    CHECK_FAILS(at_train_run(&a, stdout, &r), AT_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(at_last_error(), "vlm.jsonl:1") && strstr(at_last_error(), "image"), "%s", at_last_error());
     base_args(&a, out);
     a.resume_from_checkpoint = "last";
     a.output_dir = "/tmp/anytune-no-runs-here";

@@ -108,7 +108,7 @@ def tiny_model(kind):
            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 151936, "rms_norm_eps": 1e-6,
            "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": True,
            "image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": VSTART,
-           "vision_end_token_id": VEND, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]},
+           "vision_end_token_id": VEND, "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 2]},
            "vision_config": vcfg, "torch_dtype": "float32"}
     t = [("visual.patch_embed.proj.weight", rs.randn(w, 3, tp, p, p))]
     for i in range(depth):

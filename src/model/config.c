@@ -75,17 +75,39 @@ static at_status req_double_in(const cJSON *obj, const char *key, const char *wh
     return st;
 }
 
+/* rope_scaling.mrope_section: three non-negative integers (their sum is
+ * checked against head_dim by at_model_config_validate). */
+static at_status parse_mrope_section(const cJSON *rs, const char *what, at_model_config *cfg)
+{
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(rs, "mrope_section");
+    if (!ms || cJSON_IsNull(ms)) return AT_OK;
+    int k = 0;
+    for (const cJSON *c = cJSON_IsArray(ms) ? ms->child : NULL; c; c = c->next, k++) {
+        if (k >= 3 || !cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || c->valuedouble < 0 ||
+            c->valuedouble > AT_MAX_ROPE_PAIRS)
+            break;
+        cfg->mrope_section[k] = (int)c->valuedouble;
+    }
+    if (!cJSON_IsArray(ms) || k != 3 || cJSON_GetArraySize(ms) != 3)
+        return at_error(AT_ERR_FORMAT, "%s: rope_scaling.mrope_section must be three integers in [0, %d]", what,
+                        AT_MAX_ROPE_PAIRS);
+    return AT_OK;
+}
+
 static at_status parse_rope_scaling(const cJSON *rs, const char *what, at_model_config *cfg)
 {
     if (!rs || cJSON_IsNull(rs)) return AT_OK;
     if (!cJSON_IsObject(rs)) return at_error(AT_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", what);
+    AT_TRY(parse_mrope_section(rs, what, cfg));
     const char *type = NULL;
     /* Newer files say "rope_type", older ones "type". */
     at_status st = at_json_get_string(rs, "rope_type", what, &type);
     if (st == AT_ERR_NOT_FOUND) st = at_json_get_string(rs, "type", what, &type);
     if (st == AT_ERR_NOT_FOUND) return at_error(AT_ERR_FORMAT, "%s: rope_scaling has no \"rope_type\" or \"type\"", what);
     if (st != AT_OK) return st;
-    if (strcmp(type, "default") == 0) {
+    /* Qwen2-VL's files say "mrope": default frequencies, three positions
+     * (transformers reads it as "default" with mrope_section) */
+    if (strcmp(type, "default") == 0 || strcmp(type, "mrope") == 0) {
         cfg->rope_type = AT_ROPE_DEFAULT;
         return AT_OK;
     }
@@ -156,6 +178,15 @@ static const struct {
     {"qwen3", "Qwen3ForCausalLM"},
 };
 
+/* Vision-language models whose language model is one of the above (its
+ * vision side is vision_config.h's): read as that family. */
+static const struct {
+    const char *type, *arch, *family;
+} vl_types[] = {
+    {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2"},
+    {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2"},
+};
+
 static at_status parse_model_type(const cJSON *obj, const char *what, at_model_config *cfg)
 {
     const char *mt = NULL;
@@ -166,6 +197,8 @@ static at_status parse_model_type(const cJSON *obj, const char *what, at_model_c
         const cJSON *a0 = cJSON_IsArray(a) ? a->child : NULL;
         for (size_t i = 0; a0 && cJSON_IsString(a0) && i < sizeof known_types / sizeof known_types[0]; i++)
             if (strcmp(a0->valuestring, known_types[i].arch) == 0) mt = known_types[i].type;
+        for (size_t i = 0; a0 && cJSON_IsString(a0) && i < sizeof vl_types / sizeof vl_types[0]; i++)
+            if (strcmp(a0->valuestring, vl_types[i].arch) == 0) mt = vl_types[i].type;
         if (!mt) return at_error(AT_ERR_FORMAT, "%s: no \"model_type\" (and no known \"architectures\")", what);
     }
     for (size_t i = 0; i < sizeof known_types / sizeof known_types[0]; i++)
@@ -173,8 +206,13 @@ static at_status parse_model_type(const cJSON *obj, const char *what, at_model_c
             snprintf(cfg->model_type, sizeof cfg->model_type, "%s", known_types[i].type);
             return AT_OK;
         }
-    return at_error(AT_ERR_UNSUPPORTED, "%s: model_type \"%.40s\" is not supported (llama, mistral, qwen2, qwen3 are)",
-                    what, mt);
+    for (size_t i = 0; i < sizeof vl_types / sizeof vl_types[0]; i++)
+        if (strcasecmp(mt, vl_types[i].type) == 0) {
+            snprintf(cfg->model_type, sizeof cfg->model_type, "%s", vl_types[i].family);
+            return AT_OK;
+        }
+    return at_error(AT_ERR_UNSUPPORTED, "%s: model_type \"%.40s\" is not supported (llama, mistral, qwen2, qwen3, qwen2_vl, "
+                    "qwen2_5_vl are)", what, mt);
 }
 
 at_status at_model_config_from_json(const cJSON *obj, const char *what, at_model_config *cfg)
@@ -183,6 +221,10 @@ at_status at_model_config_from_json(const cJSON *obj, const char *what, at_model
     if (!what) what = "config.json";
     if (!cJSON_IsObject(obj)) return at_error(AT_ERR_FORMAT, "%s: not a JSON object", what);
     AT_TRY(parse_model_type(obj, what, cfg));
+    /* transformers >= 4.52 writes a vision-language model's language side in
+     * "text_config"; older files (and the hub's Qwen2-VL) keep it flat */
+    const cJSON *top = obj, *tc = cJSON_GetObjectItemCaseSensitive(top, "text_config");
+    if (cJSON_IsObject(tc) && !cJSON_GetObjectItemCaseSensitive(top, "hidden_size")) obj = tc;
     int is_llama = strcmp(cfg->model_type, "llama") == 0;
     int is_mistral = strcmp(cfg->model_type, "mistral") == 0;
     int is_qwen2 = strcmp(cfg->model_type, "qwen2") == 0;
@@ -259,7 +301,9 @@ at_status at_model_config_from_json(const cJSON *obj, const char *what, at_model
                 cfg->sliding_window = window;
 
     AT_TRY(parse_dtype(obj, what, cfg));
+    if (!cfg->torch_dtype[0]) AT_TRY(parse_dtype(top, what, cfg));
     AT_TRY(parse_token_ids(obj, what, cfg));
+    if (cfg->n_eos == 0 && cfg->bos_token_id < 0) AT_TRY(parse_token_ids(top, what, cfg));
     return at_model_config_validate(cfg, what);
 }
 
@@ -372,6 +416,9 @@ at_status at_model_config_validate(const at_model_config *c, const char *what)
         return at_error(AT_ERR_FORMAT, "%s: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and "
                         "original_max_position_embeddings > 0", what);
     if (c->sliding_window < 0) return at_error(AT_ERR_FORMAT, "%s: sliding_window is negative", what);
+    if (at_model_config_mrope(c) && c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2] != c->head_dim / 2)
+        return at_error(AT_ERR_FORMAT, "%s: rope_scaling.mrope_section %d/%d/%d must add up to head_dim / 2 = %d", what,
+                        c->mrope_section[0], c->mrope_section[1], c->mrope_section[2], c->head_dim / 2);
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_token_ids[i] < 0) return at_error(AT_ERR_FORMAT, "%s: negative eos_token_id", what);
     return AT_OK;
@@ -445,7 +492,12 @@ at_status at_model_config_to_json(const at_model_config *c, char **out)
         return at_error(AT_ERR_UNSUPPORTED, "config.json has no way to hold per-pair RoPE factors "
                                             "(rope_freqs.weight of a GGUF file)");
     }
-    if (c->rope_type == AT_ROPE_DEFAULT) {
+    if (at_model_config_mrope(c)) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON *ms = rs ? cJSON_AddArrayToObject(rs, "mrope_section") : NULL;
+        if (rs) cJSON_AddStringToObject(rs, "type", "mrope");
+        for (int k = 0; ms && k < 3; k++) cJSON_AddItemToArray(ms, cJSON_CreateNumber(c->mrope_section[k]));
+    } else if (c->rope_type == AT_ROPE_DEFAULT) {
         cJSON_AddNullToObject(o, "rope_scaling");
     } else {
         cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");

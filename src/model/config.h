@@ -31,7 +31,9 @@ typedef enum {
 #define AT_MAX_ROPE_PAIRS 256 /* head_dim up to 512 */
 
 typedef struct at_model_config {
-    char model_type[32];     /* "llama", "mistral", "qwen2", "qwen3" (lower case, as in config.json) */
+    char model_type[32];     /* "llama", "mistral", "qwen2", "qwen3" (lower case, as in config.json); a
+                                Qwen2-VL / Qwen2.5-VL folder's language model is "qwen2" with
+                                mrope_section set (its vision side: vision_config.h) */
     int hidden_size;         /* d_model */
     int intermediate_size;   /* MLP width */
     int num_hidden_layers;
@@ -50,6 +52,12 @@ typedef struct at_model_config {
     double rope_high_freq_factor;  /* llama3 */
     int64_t rope_original_max_position_embeddings; /* llama3 */
     float rope_freq_factors[AT_MAX_ROPE_PAIRS];    /* AT_ROPE_FACTORS: head_dim / 2 divisors */
+    /* Multimodal RoPE (Qwen2-VL, Qwen2.5-VL: rope_scaling.mrope_section): each
+     * token has three positions (temporal, height, width) and the first
+     * mrope_section[0] frequency pairs turn by the temporal one, the next [1]
+     * by the height, the last [2] by the width (sum = head_dim / 2; mrope.h
+     * computes the ids). All 0: one position per token. */
+    int mrope_section[3];
 
     int tie_word_embeddings; /* lm_head shares model.embed_tokens.weight (no lm_head.weight needed) */
     int attn_qkv_bias;       /* q_proj/k_proj/v_proj have a bias: qwen2 always; attention_bias for llama/qwen3 */
@@ -131,6 +139,9 @@ at_status at_model_config_rope_inv_freq(const at_model_config *cfg, float *out);
  * model_type, every field above). *out is a new NUL-terminated string, caller
  * frees with free(). Reading it back gives the same config. */
 at_status at_model_config_to_json(const at_model_config *cfg, char **out);
+
+/* 1 when the model takes three M-RoPE positions per token (mrope_section set). */
+static inline int at_model_config_mrope(const at_model_config *cfg) { return cfg->mrope_section[0] + cfg->mrope_section[1] + cfg->mrope_section[2] > 0; }
 
 /* One line: "llama: 5 layers, hidden 64, heads 8/4 x 8, ffn 172, vocab 512". Returns buf. */
 const char *at_model_config_describe(const at_model_config *cfg, char *buf, size_t len);

@@ -34,6 +34,10 @@ at_status at_decoder_new(at_decoder_weights *w, at_decoder **out)
     d->be = w->backend;
     d->attn_scale = 1.0f / sqrtf((float)d->cfg.head_dim);
     d->quant_bf16 = -1;
+    if (at_model_config_mrope(&d->cfg)) {
+        d->mrope.n = 3;
+        for (int k = 0; k < 3; k++) d->mrope.len[k] = d->cfg.mrope_section[k];
+    }
     int64_t half = d->cfg.head_dim / 2;
     host = malloc((size_t)half * sizeof *host);
     if (!host) {
@@ -166,10 +170,45 @@ at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *h
     return at_matmul(logits, hidden, d->w->lm_head, 0, 1, 1.0f, 0.0f);
 }
 
+/* ---- input-embedding injection ---------------------------------------------------- */
+
+at_status at_decoder_place_features(at_tensor *x, at_tensor *feats, const int32_t *ids, int64_t N, int32_t token,
+                                    int to_feats)
+{
+    char buf[200];
+    int64_t hd = at_tensor_cols(x), n = 0;
+    for (int64_t i = 0; i < N; i++) n += ids[i] == token;
+    if (!feats || feats->dtype != AT_F32 || at_tensor_numel(feats) != n * hd)
+        return at_error(AT_ERR_INVALID, "decoder: the batch has %lld tokens of id %d to take features, the features "
+                        "are %s (want f32 [%lld, %lld])", (long long)n, token,
+                        feats ? at_tensor_describe(feats, buf, sizeof buf) : "missing", (long long)n, (long long)hd);
+    for (int64_t i = 0, j = 0; i < N;) {
+        if (ids[i] != token) {
+            i++;
+            continue;
+        }
+        int64_t run = 1;
+        while (i + run < N && ids[i + run] == token) run++;
+        at_tensor xr, fr;
+        int64_t sh[2] = {run, hd};
+        at_tensor_view_inplace(&xr, x, (size_t)(i * hd), 2, sh);
+        at_tensor_view_inplace(&fr, feats, (size_t)(j * hd), 2, sh);
+        if (to_feats) {
+            AT_TRY(at_cast(&fr, &xr));
+            AT_TRY(at_fill(&xr, 0.0f));
+        } else {
+            AT_TRY(at_cast(&xr, &fr));
+        }
+        i += run;
+        j += run;
+    }
+    return AT_OK;
+}
+
 /* ---- inference ----------------------------------------------------------------- */
 
-/* i32 layout: ids [N] | pos [N] | q_index [N] | kv_len [B] | last [B] */
-static size_t i32_elems(int64_t N, int B) { return (size_t)(3 * N + 2 * B); }
+/* i32 layout: ids [N] | q_index [N] | pos [N · 3] (M-RoPE: 3 a token; else N) | kv_len [B] | last [B] */
+static size_t i32_elems(int64_t N, int B) { return (size_t)(5 * N + 2 * B); }
 
 static size_t f32_elems(const at_model_config *c, int64_t N, int B, int rank)
 {
@@ -216,6 +255,12 @@ done:
 at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
                              at_tensor *logits, int all_positions)
 {
+    return at_decoder_prefill_ex(d, cache, ids, T, n_new, logits, all_positions, NULL);
+}
+
+at_status at_decoder_prefill_ex(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
+                                at_tensor *logits, int all_positions, const at_prefill_extra *extra)
+{
     const at_model_config *c = &d->cfg;
     char buf[200];
     if (!cache || !ids || !logits) return at_error(AT_ERR_INVALID, "decoder prefill: missing argument");
@@ -248,8 +293,10 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     at_decoder_scratch *s = d->scratch;
 
     /* index tensors, filled on the host: padding gets id 0 and no visible key */
+    int P = at_decoder_pos_width(d);
+    const int32_t *xpos = extra && P > 1 ? extra->mrope_pos : NULL;
     int *cache_start = s->seq, *nn = s->seq + B;
-    int32_t *h_ids = s->host, *h_pos = h_ids + N, *h_qi = h_pos + N, *h_kvl = h_qi + N, *h_last = h_kvl + B;
+    int32_t *h_ids = s->host, *h_qi = h_ids + N, *h_pos = h_qi + N, *h_kvl = h_pos + 3 * N, *h_last = h_kvl + B;
     for (int b = 0; b < B; b++) {
         int n = n_new ? n_new[b] : T, len = cache->len[b];
         cache_start[b] = len;
@@ -257,21 +304,22 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
         for (int t = 0; t < T; t++) {
             size_t i = (size_t)b * T + t;
             h_ids[i] = t < n ? ids[i] : 0;
-            h_pos[i] = len + t;
             h_qi[i] = t < n ? len + t : -1;
+            for (int k = 0; k < P; k++)
+                h_pos[i * (size_t)P + (size_t)k] = xpos && t < n ? xpos[i * 3 + (size_t)k] : len + cache->rope_delta[b] + t;
         }
         h_kvl[b] = len + n;
         h_last[b] = (int32_t)((int64_t)b * T + (n > 0 ? n - 1 : 0));
     }
     at_tensor t_all, t_ids, t_pos, t_qi, t_kvl, t_last;
-    int64_t ni = (int64_t)i32_elems(N, B), shBT[2] = {B, T}, shB[1] = {B};
+    int64_t ni = (int64_t)i32_elems(N, B), shBT[2] = {B, T}, shB[1] = {B}, shP[3] = {B, T, P};
     at_tensor_view_inplace(&t_all, s->i32, 0, 1, &ni);
     AT_TRY(at_tensor_upload(&t_all, s->host, (size_t)ni * sizeof(int32_t)));
     at_tensor_view_inplace(&t_ids, s->i32, 0, 2, shBT);
-    at_tensor_view_inplace(&t_pos, s->i32, (size_t)N, 2, shBT);
-    at_tensor_view_inplace(&t_qi, s->i32, (size_t)(2 * N), 2, shBT);
-    at_tensor_view_inplace(&t_kvl, s->i32, (size_t)(3 * N), 1, shB);
-    at_tensor_view_inplace(&t_last, s->i32, (size_t)(3 * N + B), 1, shB);
+    at_tensor_view_inplace(&t_qi, s->i32, (size_t)N, 2, shBT);
+    at_tensor_view_inplace(&t_pos, s->i32, (size_t)(2 * N), 3, shP);
+    at_tensor_view_inplace(&t_kvl, s->i32, (size_t)(5 * N), 1, shB);
+    at_tensor_view_inplace(&t_last, s->i32, (size_t)(5 * N + B), 1, shB);
 
     /* f32 views: layer acts | x [N, hidden] | rows [B, hidden] | rows_norm [B, hidden] */
     at_layer_acts la;
@@ -293,6 +341,7 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     io.T = T;
     io.pos = &t_pos;
     io.inv_freq = d->inv_freq;
+    io.sections = at_decoder_sections(d);
     io.attn.scale = d->attn_scale;
     io.attn.q_index = &t_qi;
     io.attn.kv_len = &t_kvl;
@@ -301,6 +350,15 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     AT_TRY(at_decoder_qact(d, (int64_t)B * T, &io.qact));
 
     AT_TRY(at_embedding_forward(&x, &t_ids, d->w->embed));
+    if (extra && extra->features) {
+        /* the padding must not take features: it is marked apart (-1) */
+        int32_t *mark = malloc((size_t)N * sizeof *mark);
+        if (!mark) return at_error(AT_ERR_NOMEM, "decoder prefill: out of memory");
+        for (int64_t i = 0; i < N; i++) mark[i] = h_qi[i] >= 0 ? h_ids[i] : -1;
+        at_status st = at_decoder_place_features(&x, (at_tensor *)extra->features, mark, N, extra->feature_token, 0);
+        free(mark);
+        AT_TRY(st);
+    }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const at_layer_weights *lw = &d->w->layers[l];
         at_layer_lora ll;
@@ -326,7 +384,16 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
         at_tensor_view_inplace(&lg, logits, 0, 2, shl);
         AT_TRY(at_decoder_logits(d, &lg, &rows_norm));
     }
-    for (int b = 0; b < B; b++) cache->len[b] += nn[b];
+    for (int b = 0; b < B; b++) {
+        if (xpos && nn[b] > 0) {
+            /* the next token goes after the largest position: len + n + delta = max + 1 */
+            int32_t mx = 0;
+            for (size_t i = (size_t)b * T * 3; i < ((size_t)b * T + (size_t)nn[b]) * 3; i++)
+                if (xpos[i] > mx) mx = xpos[i];
+            cache->rope_delta[b] = mx + 1 - (cache->len[b] + nn[b]);
+        }
+        cache->len[b] += nn[b];
+    }
     return AT_OK;
 }
 

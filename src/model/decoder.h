@@ -45,8 +45,27 @@ typedef struct at_decoder {
      * fast bf16 (the default), 0 never, 1 always. */
     int quant_bf16;
     at_tensor *qact;       /* the bf16 scratch for that, owned, grown on demand */
+    /* M-RoPE (cfg.mrope_section set: Qwen2-VL's language model): n = 3, len =
+     * the sections; positions are then i32 [.., 3] (t, h, w) per token. n = 0: one. */
+    at_rope_sections mrope;
 } at_decoder;
 
+/* The sections of at_rope for d's positions (NULL: one position per token), and
+ * how many positions each token has (1 or 3). */
+static inline const at_rope_sections *at_decoder_sections(const at_decoder *d) { return d->mrope.n ? &d->mrope : NULL; }
+static inline int at_decoder_pos_width(const at_decoder *d) { return d->mrope.n ? d->mrope.n : 1; }
+
+/* Input-embedding injection (a vision tower's features in place of the
+ * <|image_pad|> tokens' embeddings): x has N = B·T rows [N, hidden], ids the
+ * host copy of the batch's ids [N]. Row j of feats [n, hidden] goes to the
+ * j-th token whose id is `token` (row-major order); n must equal their count.
+ *   forward (to_feats 0):  x[pos_j] = feats[j]
+ *   backward (to_feats 1): feats[j] = x[pos_j], then x[pos_j] = 0: the
+ *     gradient reaches the features, and the embedding table gets none from
+ *     those rows (their lookup was overwritten).
+ * One copy per run of consecutive such tokens (an image is one run). */
+at_status at_decoder_place_features(at_tensor *x, at_tensor *feats, const int32_t *ids, int64_t N, int32_t token,
+                                    int to_feats);
 /* The bf16 scratch for `rows` tokens when activations times quantized weights
  * should be computed in bf16 (quant_bf16 above, and some matrix is
  * quantized); *out NULL otherwise. Owned by d; valid until the next call. */
@@ -106,7 +125,8 @@ typedef struct at_decoder_acts {
                                layer computed last) */
     at_tensor final_norm;   /* rmsnorm(resid[L]) · w_norm    [B·T, hidden] */
     at_tensor final_rstd;   /*                               [B·T] */
-    at_tensor *pos;         /* i32 [B, T]: 0..T-1 in every row (used when no positions are given) */
+    at_tensor *pos;         /* i32 [B, T] (M-RoPE: [B, T, 3]): 0..T-1 in every row (used when no positions
+                               are given) */
     /* LoRA: rank and modules the LoRA intermediates were laid out for (0, 0: none) */
     int lora_rank;
     unsigned lora_mask;
@@ -133,6 +153,11 @@ typedef struct at_decoder_acts {
      * at_rng_mix(dropout_seed, AT_NEFTUNE_STREAM). */
     float neftune_alpha;
     int64_t neftune_columns;
+    /* at_fwd_opts' injection, recorded by the training forward for the backward */
+    const at_tensor *features;
+    const int32_t *host_ids;
+    int32_t feature_token;
+    at_tensor *d_features;
     int forward_done;       /* a forward ran since allocation */
     int loss_done;          /* at_decoder_loss left d_final ready (with gradients) */
     /* AT_ACTS_LOSS or AT_ACTS_TRAIN (buf NULL otherwise): */
@@ -166,7 +191,8 @@ size_t at_decoder_acts_elems_ex(const at_model_config *cfg, int B, int T, unsign
                                 unsigned lora_mask);
 
 /* Forward of a batch. ids: i32 [B, T]; pos: i32 [B, T] positions (NULL:
- * 0..T-1 in every row); segments: i32 [B, T] or NULL. With segments, a token
+ * 0..T-1 in every row; M-RoPE models: i32 [B, T, 3], NULL giving all three
+ * 0..T-1); segments: i32 [B, T] or NULL. With segments, a token
  * attends only to earlier tokens of its own segment (packed samples: give
  * positions restarting at 0 in each segment). All on the decoder's backend.
  * Leaves the result in acts->final_norm; logits with at_decoder_logits. */
@@ -192,6 +218,16 @@ typedef struct at_fwd_opts {
     int64_t first_row;       /* the batch's first row among the step's rows (acts->dropout_first_row) */
     float neftune_alpha;     /* NEFTune's alpha (0: off) */
     int64_t neftune_columns; /* its L (0: the batch's T) */
+    /* Input-embedding injection (at_decoder_place_features; NULL features: none):
+     * features f32 [n, hidden] replace the embeddings of the tokens whose id is
+     * feature_token (after NEFTune's noise, which is on the text's embeddings,
+     * as transformers' hook on embed_tokens). host_ids: the host copy of ids
+     * [B·T]. d_features (NULL: not wanted) f32 [n, hidden]: the backward writes
+     * dL/dfeatures there. All must stay alive until the backward. */
+    const at_tensor *features;
+    const int32_t *host_ids;
+    int32_t feature_token;
+    at_tensor *d_features;
 } at_fwd_opts;
 
 /* The training forward with its options as an argument; at_decoder_forward_train
@@ -323,6 +359,24 @@ at_status at_decoder_forward_backward_opts(at_decoder *d, at_decoder_acts *acts,
  * the window. */
 at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
                              at_tensor *logits, int all_positions);
+
+/* What a prefill may add to its ids (NULL / 0 members: nothing). */
+typedef struct at_prefill_extra {
+    /* M-RoPE models: host i32 [B, T, 3], the new tokens' (t, h, w) positions
+     * counted from the sequence's start (mrope.h). The cache's rope_delta of
+     * each sequence becomes its largest position + 1 − its new length, so the
+     * tokens decoded next continue after them. NULL: len + rope_delta + t, the
+     * same in all three. */
+    const int32_t *mrope_pos;
+    /* f32 [n, hidden] on the decoder's backend, placed at the new tokens whose
+     * id is feature_token (sequence by sequence; at_decoder_place_features). */
+    const at_tensor *features;
+    int32_t feature_token;
+} at_prefill_extra;
+
+/* at_decoder_prefill with extra (NULL: at_decoder_prefill). */
+at_status at_decoder_prefill_ex(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
+                                at_tensor *logits, int all_positions, const at_prefill_extra *extra);
 
 /* One token per sequence: ids host [B]; active host [B] (NULL: all) says
  * which sequences take a token. logits f32 [B, V]. */

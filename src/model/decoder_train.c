@@ -126,7 +126,7 @@ at_status at_decoder_acts_new_ex(const at_decoder *d, int B, int T, unsigned fla
     a->resid = calloc((size_t)a->n_layers + 1, sizeof *a->resid);
     a->layers = calloc((size_t)a->n_layers, sizeof *a->layers);
     int64_t N = (int64_t)B * T, hd = c->hidden_size;
-    host = malloc((size_t)N * sizeof *host);
+    host = malloc((size_t)N * 3 * sizeof *host);
     if (!a->resid || !a->layers || !host) {
         st = at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
         goto done;
@@ -168,11 +168,11 @@ at_status at_decoder_acts_new_ex(const at_decoder *d, int B, int T, unsigned fla
         for (int l = 0; l < a->n_layers; l++) a->layers[l].lora_x = a->bwd.lora_x;
     }
 
-    int64_t pshape[2] = {B, T};
-    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, pshape, "acts.pos", &a->pos));
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) host[(size_t)b * T + t] = t;
-    AT_CHECK(at_tensor_upload(a->pos, host, (size_t)N * sizeof *host));
+    int P = at_decoder_pos_width(d);
+    int64_t pshape[3] = {B, T, P};
+    AT_CHECK(at_tensor_new(d->be, AT_I32, 3, pshape, "acts.pos", &a->pos));
+    for (int64_t i = 0; i < N * P; i++) host[i] = (int32_t)(i / P % T);
+    AT_CHECK(at_tensor_upload(a->pos, host, (size_t)(N * P) * sizeof *host));
 done:
     free(host);
     if (st != AT_OK) {
@@ -190,13 +190,14 @@ at_status at_decoder_acts_new(const at_decoder *d, int B, int T, at_decoder_acts
 
 /* ---- forward -------------------------------------------------------------------- */
 
-static at_status check_index(const at_tensor *t, int B, int T, const char *what)
+/* t: i32 [B, T] (width 1) or [B, T, width] (M-RoPE positions), or NULL. */
+static at_status check_index(const at_tensor *t, int B, int T, int width, const char *what)
 {
     char buf[200];
     if (!t) return AT_OK;
-    if (t->dtype != AT_I32 || at_tensor_numel(t) != (int64_t)B * T)
-        return at_error(AT_ERR_INVALID, "decoder: %s %s must be i32 [%d, %d]", what,
-                        at_tensor_describe(t, buf, sizeof buf), B, T);
+    if (t->dtype != AT_I32 || at_tensor_numel(t) != (int64_t)B * T * width)
+        return at_error(AT_ERR_INVALID, "decoder: %s %s must be i32 [%d, %d%s]", what,
+                        at_tensor_describe(t, buf, sizeof buf), B, T, width == 3 ? ", 3" : "");
     return AT_OK;
 }
 
@@ -208,6 +209,7 @@ static at_status layer_io(at_decoder *d, const at_decoder_acts *a, at_layer_io *
     io->T = a->T;
     io->pos = a->fwd_pos ? a->fwd_pos : a->pos;
     io->inv_freq = d->inv_freq;
+    io->sections = at_decoder_sections(d);
     io->attn.scale = d->attn_scale;
     io->attn.segments = a->segments;
     io->save_lse = 1;
@@ -239,9 +241,11 @@ static at_status forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids
     const at_model_config *c = &d->cfg;
     int B = a->B, T = a->T;
     if (!ids) return at_error(AT_ERR_INVALID, "decoder forward: ids missing");
-    AT_TRY(check_index(ids, B, T, "ids"));
-    AT_TRY(check_index(pos, B, T, "positions"));
-    AT_TRY(check_index(segments, B, T, "segments"));
+    AT_TRY(check_index(ids, B, T, 1, "ids"));
+    AT_TRY(check_index(pos, B, T, at_decoder_pos_width(d), d->mrope.n ? "M-RoPE positions" : "positions"));
+    AT_TRY(check_index(segments, B, T, 1, "segments"));
+    if (a->features && !a->host_ids)
+        return at_error(AT_ERR_INVALID, "decoder forward: features to place need the host copy of the ids");
     AT_TRY(at_decoder_check_window(d, T));
     if (!(lora_dropout >= 0.0f && lora_dropout < 1.0f))
         return at_error(AT_ERR_INVALID, "decoder forward: --lora_dropout %g must be in [0, 1)", (double)lora_dropout);
@@ -270,6 +274,10 @@ static at_status forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids
     /* x_0 = embed[ids] */
     AT_TRY(at_embedding_forward(&a->resid[0], ids, d->w->embed));
     if (neftune && a->neftune_alpha > 0.0f) AT_TRY(neftune_noise(d, a, dropout_seed));
+    /* x_0[image tokens] = features (at_decoder_place_features) */
+    if (a->features)
+        AT_TRY(at_decoder_place_features(&a->resid[0], (at_tensor *)a->features, a->host_ids, (int64_t)B * T,
+                                         a->feature_token, 0));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         at_layer_acts *la = &a->layers[l];
         const at_layer_weights *lw = &d->w->layers[l];
@@ -295,19 +303,26 @@ at_status at_decoder_forward_train_opts(at_decoder *d, at_decoder_acts *a, const
     a->dropout_first_row = o->first_row;
     a->neftune_alpha = o->neftune_alpha;
     a->neftune_columns = o->neftune_columns;
+    a->features = o->features;
+    a->host_ids = o->host_ids;
+    a->feature_token = o->feature_token;
+    a->d_features = o->d_features;
     return forward(d, a, ids, pos, segments, o->lora_dropout, o->dropout_seed, 1);
 }
 
 at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
                                    const at_tensor *segments, float lora_dropout, uint64_t dropout_seed)
 {
-    at_fwd_opts o = {lora_dropout, dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns};
+    at_fwd_opts o = {lora_dropout,   dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns,
+                     a->features,    a->host_ids,  a->feature_token,     a->d_features};
     return at_decoder_forward_train_opts(d, a, ids, pos, segments, &o);
 }
 
 at_status at_decoder_forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
                              const at_tensor *segments)
 {
+    a->features = NULL; /* injection is at_fwd_opts' (at_decoder_forward_train_opts) */
+    a->d_features = NULL;
     return forward(d, a, ids, pos, segments, 0.0f, 0, 0);
 }
 
@@ -501,7 +516,7 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
     stats->n_targets = 0;
     if (!a->forward_done) return at_error(AT_ERR_INVALID, "decoder loss: run the forward first");
     if (!labels) return at_error(AT_ERR_INVALID, "decoder loss: labels missing");
-    AT_TRY(check_index(labels, B, T, "labels"));
+    AT_TRY(check_index(labels, B, T, 1, "labels"));
     if (!a->targets)
         return at_error(AT_ERR_INVALID, "decoder loss: the activations were made without AT_ACTS_LOSS or AT_ACTS_TRAIN");
     if (g && !(a->flags & AT_ACTS_TRAIN))
@@ -672,6 +687,20 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
         AT_TRY(at_mlp_block_backward(c, lw, la, &lg, dres, &la->res_mid, &io, &a->bwd));
         AT_TRY(at_attention_block_backward(c, lw, la, &lg, dres, &a->resid[l], &io, &a->bwd));
     }
+    /* x_0[image tokens] = features:  dfeatures = dx_0 there, and those rows of
+     * dx_0 are zeroed, the lookup they replaced having no gradient */
+    if (a->features) {
+        at_tensor scratch;
+        at_tensor *df = a->d_features;
+        if (!df) { /* not wanted: the rows are still zeroed, through a scratch as large as the features */
+            int64_t n = at_tensor_numel(a->features) / c->hidden_size, sh[2] = {n, c->hidden_size};
+            if (n > (int64_t)a->B * a->T || !a->bwd.hd[0].buf)
+                return at_error(AT_ERR_INTERNAL, "decoder backward: no scratch for the features' rows");
+            at_tensor_view_inplace(&scratch, &a->bwd.hd[0], 0, 2, sh);
+            df = &scratch;
+        }
+        AT_TRY(at_decoder_place_features(dres, df, a->host_ids, (int64_t)a->B * a->T, a->feature_token, 1));
+    }
     /* x_0 = embed[ids]:  dembed[ids] += dx_0 (tied: on top of the head's gradient) */
     if (gw) AT_TRY(at_embedding_backward(gw->embed, dres, a->ids));
     return AT_OK;
@@ -682,7 +711,8 @@ at_status at_decoder_forward_backward(at_decoder *d, at_decoder_acts *a, const a
                                       uint64_t dropout_seed, float grad_scale, at_decoder_grads *g,
                                       at_loss_stats *stats)
 {
-    at_fwd_opts o = {lora_dropout, dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns};
+    at_fwd_opts o = {lora_dropout,   dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns,
+                     a->features,    a->host_ids,  a->feature_token,     a->d_features};
     return at_decoder_forward_backward_opts(d, a, ids, pos, segments, labels, &o, grad_scale, g, stats);
 }
 

@@ -14,6 +14,7 @@ void at_kv_cache_free(at_kv_cache *c)
     free(c->k);
     free(c->v);
     free(c->len);
+    free(c->rope_delta);
     free(c);
 }
 
@@ -40,7 +41,8 @@ at_status at_kv_cache_new(const at_model_config *cfg, at_backend *be, at_dtype d
     c->k = calloc((size_t)c->n_layers, sizeof *c->k);
     c->v = calloc((size_t)c->n_layers, sizeof *c->v);
     c->len = calloc((size_t)batch, sizeof *c->len);
-    if (!c->k || !c->v || !c->len) {
+    c->rope_delta = calloc((size_t)batch, sizeof *c->rope_delta);
+    if (!c->k || !c->v || !c->len || !c->rope_delta) {
         st = at_error(AT_ERR_NOMEM, "kv cache: out of memory");
         goto done;
     }
@@ -63,12 +65,12 @@ done:
 
 void at_kv_cache_reset(at_kv_cache *c)
 {
-    for (int b = 0; b < c->batch; b++) c->len[b] = 0;
+    for (int b = 0; b < c->batch; b++) c->len[b] = c->rope_delta[b] = 0;
 }
 
 void at_kv_cache_reset_seq(at_kv_cache *c, int b)
 {
-    if (b >= 0 && b < c->batch) c->len[b] = 0;
+    if (b >= 0 && b < c->batch) c->len[b] = c->rope_delta[b] = 0;
 }
 
 size_t at_kv_cache_bytes(const at_kv_cache *c)

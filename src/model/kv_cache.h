@@ -26,6 +26,9 @@ typedef struct at_kv_cache {
     at_tensor **k;  /* [n_layers] tensors [B, max_seq, Hkv, D] */
     at_tensor **v;
     int *len;       /* host [B]: rows filled per sequence */
+    int *rope_delta; /* host [B]: a token appended without explicit positions is at position len + rope_delta
+                        (all three M-RoPE components); a prompt with images spans fewer positions than
+                        tokens, so its delta is < 0 (mrope.h). 0 for text. */
 } at_kv_cache;
 
 /* Allocates a cache for `batch` sequences of up to max_seq tokens each, on
@@ -37,7 +40,7 @@ at_status at_kv_cache_new(const at_model_config *cfg, at_backend *be, at_dtype d
                           at_kv_cache **out);
 void at_kv_cache_free(at_kv_cache *c); /* NULL ok */
 
-/* Forgets every sequence (lengths 0); the memory is kept. */
+/* Forgets every sequence (lengths and deltas 0); the memory is kept. */
 void at_kv_cache_reset(at_kv_cache *c);
 /* Forgets sequence b only (its slot can take a new sequence). */
 void at_kv_cache_reset_seq(at_kv_cache *c, int b);

@@ -308,8 +308,8 @@ at_status at_attention_block_forward(const at_model_config *c, const at_layer_we
     }
 
     /* rotary position embedding, in place */
-    AT_TRY(at_rope(&a->q, &a->q, io->pos, io->inv_freq, NULL, 0));
-    AT_TRY(at_rope(&a->k, &a->k, io->pos, io->inv_freq, NULL, 0));
+    AT_TRY(at_rope(&a->q, &a->q, io->pos, io->inv_freq, io->sections, 0));
+    AT_TRY(at_rope(&a->k, &a->k, io->pos, io->inv_freq, io->sections, 0));
 
     /* attention over this batch's keys, or over the cache after appending */
     const at_tensor *K = &a->k, *V = &a->v;
@@ -386,8 +386,8 @@ at_status at_attention_block_backward(const at_model_config *c, const at_layer_w
     /* o = softmax(scale·q·kᵀ)·v, from the saved log-sum-exp */
     AT_TRY(at_attention_backward(&dq, &dk, &dv, &datt, &a->q, &a->k, &a->v, &a->att, &a->lse, &io->attn));
     /* q, k were rotated in place: rotate the gradients back */
-    AT_TRY(at_rope(&dq, &dq, io->pos, io->inv_freq, NULL, 1));
-    AT_TRY(at_rope(&dk, &dk, io->pos, io->inv_freq, NULL, 1));
+    AT_TRY(at_rope(&dq, &dq, io->pos, io->inv_freq, io->sections, 1));
+    AT_TRY(at_rope(&dk, &dk, io->pos, io->inv_freq, io->sections, 1));
     const at_tensor *gq = &dq2, *gk = &dk2;
     at_tensor dqr, dkr;
     if (c->qk_norm) {

@@ -83,8 +83,10 @@ typedef struct at_layer_lora {
 /* How a layer sees its batch. */
 typedef struct at_layer_io {
     int B, T;
-    const at_tensor *pos;      /* i32 [B, T]: position of each token (RoPE) */
+    const at_tensor *pos;      /* i32 [B, T]: position of each token (RoPE); with sections, i32
+                                  [B, T, sections->n] (M-RoPE: t, h, w of each token) */
     const at_tensor *inv_freq; /* f32 [D/2] */
+    const at_rope_sections *sections; /* NULL: one position per token */
     at_attn_params attn;       /* scale, and the masks: segments (packed samples), or with a
                                   cache q_index [B, T] and kv_len [B] */
     int save_lse;              /* write acts->lse (training) */
@@ -108,7 +110,8 @@ typedef struct at_layer_io {
  *   a = rmsnorm(x) · w_attn_norm                      (r = 1/sqrt(mean(x²) + eps))
  *   q = a·Wqᵀ + bq,  k = a·Wkᵀ + bk,  v = a·Wvᵀ + bv  (biases: Qwen2, attention_bias)
  *   q, k = rmsnorm_D(q) · w_q_norm, rmsnorm_D(k) · w_k_norm   per head (Qwen3)
- *   q, k = rope(q, pos), rope(k, pos)                 (rotate_half pairs (i, i + D/2))
+ *   q, k = rope(q, pos), rope(k, pos)                 (rotate_half pairs (i, i + D/2); M-RoPE:
+ *                                                      pair i turns by its section's position)
  *   o_h  = softmax(scale · q_h·K_gᵀ + causal mask) · V_g,   g = h / (H/Hkv)
  *   y    = x + o·Woᵀ + bo
  * y may be x itself (inference: the residual stream updated in place); in

@@ -226,6 +226,13 @@ static at_status source_get(source *s, const char *hf_name, at_dtype want, int o
     *out = NULL;
     if (s->kind == SRC_HF) {
         const at_st_info *info = at_st_model_find(s->st, hf_name);
+        if (!info && strncmp(hf_name, "model.", 6) == 0) {
+            /* a vision-language model saved by transformers >= 4.52 keeps its
+             * language model under model.language_model.* (lm_head unchanged) */
+            char alt[192];
+            snprintf(alt, sizeof alt, "model.language_model.%s", hf_name + 6);
+            info = at_st_model_find(s->st, alt);
+        }
         if (!info) {
             if (optional) return AT_OK;
             return at_error(AT_ERR_NOT_FOUND, "%s: tensor %s is missing", s->path, hf_name);
@@ -233,7 +240,9 @@ static at_status source_get(source *s, const char *hf_name, at_dtype want, int o
         if (!info->has_dtype || !is_float(info->dtype))
             return at_error(AT_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (F32, BF16, F16 supported)", s->path,
                             hf_name, info->dtype_name);
-        return at_st_tensor(info, want == AT_LOAD_KEEP_DTYPE ? AT_ST_KEEP_DTYPE : want, out);
+        AT_TRY(at_st_tensor(info, want == AT_LOAD_KEEP_DTYPE ? AT_ST_KEEP_DTYPE : want, out));
+        at_tensor_set_name(*out, hf_name); /* the canonical name, whichever the file used */
+        return AT_OK;
     }
     if (s->kind == SRC_GGUF) {
         char gname[160];
@@ -339,7 +348,8 @@ static at_status open_source(const char *path, const char *model_type, source *s
             else if (folder) strcpy(folder, ".");
         }
         if (!folder) return at_error(AT_ERR_NOMEM, "loader: out of memory");
-        /* vision-language folders are refused (clearly) until their forward exists */
+        /* a vision-language folder: its vision config and tower weights are
+         * checked (what is missing is named); the language model loads here */
         at_status st = model_type ? AT_OK : at_vision_gate(folder, path);
         if (st == AT_OK) st = at_model_config_load_as(folder, model_type, cfg);
         free(folder);

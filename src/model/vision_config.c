@@ -8,6 +8,7 @@
 
 #include "base/file.h"
 #include "base/json.h"
+#include "base/log.h"
 #include "model/safetensors.h"
 
 at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind *kind) {
@@ -238,10 +239,9 @@ at_status at_vision_gate(const char *config_dir, const char *weights) {
     AT_CHECK(at_vision_config_from_json(root, path, &vc));
     AT_CHECK(at_st_model_open(weights, &m));
     AT_CHECK(at_vision_check_weights(&vc, m, weights));
-    st = at_error(AT_ERR_UNSUPPORTED, "%s: a %s model (vision tower of %d blocks, width %d, M-RoPE sections %d/%d/%d; "
-                  "its weights are all there) cannot run yet: the vision forward is not implemented (issue 18)",
-                  config_dir, kind == AT_VISION_QWEN2_VL ? "Qwen2-VL" : "Qwen2.5-VL", vc.depth, vc.width,
-                  vc.mrope_section[0], vc.mrope_section[1], vc.mrope_section[2]);
+    at_log_info("%s: a %s model (vision tower of %d blocks, width %d, M-RoPE sections %d/%d/%d)", config_dir,
+                kind == AT_VISION_QWEN2_VL ? "Qwen2-VL" : "Qwen2.5-VL", vc.depth, vc.width, vc.mrope_section[0],
+                vc.mrope_section[1], vc.mrope_section[2]);
 done:
     at_st_model_close(m);
     cJSON_Delete(root);

@@ -80,12 +80,12 @@ const struct at_st_info *at_vision_find(const struct at_st_model *m, const char 
 struct at_st_model;
 at_status at_vision_check_weights(const at_vision_config *vc, const struct at_st_model *m, const char *what);
 
-/* The loader's gate while the vision forward does not exist: AT_OK for a
- * text-only folder (config.json without vision_config); for Qwen2-VL /
- * Qwen2.5-VL the vision config is read, the tower's tensors in weights (a
- * folder or .safetensors path, as at_st_model_open takes) are checked, and
- * AT_ERR_UNSUPPORTED says what was read and that the model cannot run yet.
- * Errors of the config or the weights come first, naming what is wrong. */
+/* The loader's check of a folder's vision side: AT_OK for a text-only folder
+ * (config.json without vision_config); for Qwen2-VL / Qwen2.5-VL the vision
+ * config is read and the tower's tensors in weights (a folder or
+ * .safetensors path, as at_st_model_open takes) are checked, the message
+ * naming what is wrong or missing. The language model is then loaded as a
+ * Qwen2 decoder with M-RoPE (config.h). */
 at_status at_vision_gate(const char *config_dir, const char *weights);
 
 #endif

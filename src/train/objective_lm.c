@@ -37,6 +37,11 @@ static at_status encode_list(const at_obj_data_env *env, const at_sample_list *l
         if (s->kind == AT_SAMPLE_PREFERENCE) {
             st = at_error(AT_ERR_INVALID, "%s:%d: a preference pair; sft and pt take conversations or texts",
                           s->source, s->line);
+        } else if (s->n_images > 0) {
+            /* refused rather than trained on its text alone */
+            st = at_error(AT_ERR_UNSUPPORTED, "%s:%d: the sample has %zu image(s): training does not feed images "
+                          "to a model yet (issue 18: the language model's side is train/vlm_step.h)", s->source,
+                          s->line, s->n_images);
         } else {
             st = at_encode_sample(env->enc, s, &e[n], &drop);
         }

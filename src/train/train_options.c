@@ -145,7 +145,18 @@ const at_opt_spec at_train_options[] = {
                                         "..., and --train_type qlora or --quant_bits to fit one device"),
     REFUSED("fsdp", AT_OPT_STRING, "not implemented; data parallel: mpirun -np N anytune sft ..."),
     REFUSED("torch_compile", AT_OPT_BOOL, "there is no torch here: the kernels are compiled C"),
-    REFUSED("freeze_vit", AT_OPT_BOOL, "vision models are not supported yet"),
+    /* ms-swift's vision-language options: the model side exists (model/vision.h, train/vlm_step.h), the
+     * trainer does not feed images yet (issue 18) */
+#define VLM_NOT_YET "training does not feed images to a model yet (issue 18)"
+    REFUSED("freeze_vit", AT_OPT_BOOL, VLM_NOT_YET),
+    REFUSED("freeze_aligner", AT_OPT_BOOL, VLM_NOT_YET),
+    REFUSED("freeze_llm", AT_OPT_BOOL, VLM_NOT_YET),
+    REFUSED("vit_lr", AT_OPT_FLOAT, VLM_NOT_YET),
+    REFUSED("aligner_lr", AT_OPT_FLOAT, VLM_NOT_YET),
+    REFUSED("vit_freeze_steps", AT_OPT_INT, VLM_NOT_YET),
+    REFUSED("max_pixels", AT_OPT_INT, VLM_NOT_YET),
+    REFUSED("min_pixels", AT_OPT_INT, VLM_NOT_YET),
+#undef VLM_NOT_YET
     REFUSED("sequence_parallel_size", AT_OPT_INT, "sequence parallelism is not implemented"),
 };
 const int at_train_n_options = (int)(sizeof at_train_options / sizeof at_train_options[0]);

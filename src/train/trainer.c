@@ -398,8 +398,9 @@ static at_status run_micro_batches(trainer *t, const step_batches *sb, int64_t s
             st = at_batch_tensors_upload(t->be, &piece, a->packing, &bt);
             if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
             at_obj_micro mi = {&t->plan, (size_t)(sb->first + m), u0, u1, &piece, &bt,
-                               {(float)(a->full ? 0.0 : a->lora_dropout), dropout_seed(t, step),
-                                (int64_t)((step_row + u0) * unit), (float)a->neftune_noise_alpha, sb->columns},
+                               {.lora_dropout = (float)(a->full ? 0.0 : a->lora_dropout),
+                                .dropout_seed = dropout_seed(t, step), .first_row = (int64_t)((step_row + u0) * unit),
+                                .neftune_alpha = (float)a->neftune_noise_alpha, .neftune_columns = sb->columns},
                                t->step_counts, t->scaler.scale};
             if (st == AT_OK) st = o->ops->forward_backward(o, t->dec, t->acts, &mi, t->grads, t->step_stats);
             at_batch_tensors_free(&bt);
