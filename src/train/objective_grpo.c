@@ -29,7 +29,9 @@
  * split over ranks (or on a resume). --scale_rewards batch divides by the
  * std over the whole step's completions, every micro-batch and rank (TRL:
  * the generation batch gathered from every process): build's counts carry
- * Σ R and Σ R², which the trainer sums over the step and the ranks. */
+ * Σ R and Σ R², which the trainer sums over the step and the ranks
+ * (completions.jsonl, written at generation, then logs the advantage before
+ * that division). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
