@@ -191,13 +191,21 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *s) {
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
+const at_st_info *at_vision_find(const at_st_model *m, const char *name) {
+    const at_st_info *info = at_st_model_find(m, name);
+    char prefixed[128];
+    if (!info && (size_t)snprintf(prefixed, sizeof prefixed, "model.%s", name) < sizeof prefixed)
+        info = at_st_model_find(m, prefixed);
+    return info;
+}
+
 at_status at_vision_check_weights(const at_vision_config *vc, const at_st_model *m, const char *what) {
     at_vision_tensor *t = NULL;
     size_t n = 0;
     AT_TRY(at_vision_tensors(vc, &t, &n));
     at_status st = AT_OK;
     for (size_t i = 0; i < n && st == AT_OK; i++) {
-        const at_st_info *info = at_st_model_find(m, t[i].name);
+        const at_st_info *info = at_vision_find(m, t[i].name);
         if (!info) {
             st = at_error(AT_ERR_NOT_FOUND, "%s: the vision tower's tensor %s is missing", what, t[i].name);
             break;

@@ -68,6 +68,13 @@ typedef struct {
  * and *n. */
 at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, size_t *n);
 
+/* Tensor `name` (a visual.* name of at_vision_tensors) of m: under that
+ * name, as the published folders store it, or under model.visual.*, as
+ * transformers 4.52 and later save the model; NULL when neither is there. */
+struct at_st_model;
+struct at_st_info;
+const struct at_st_info *at_vision_find(const struct at_st_model *m, const char *name);
+
 /* Checks that every tensor of the tower is in the model with its shape; the
  * message names the first one missing or of another shape. */
 struct at_st_model;
