@@ -13,11 +13,25 @@
  *    weighted sum, and --reward_command: answers as numbers and objects, and
  *    a malformed line, a missing line, a timeout and a failing exit each give
  *    an error saying so;
+ *  - --reward_model: a reward model (stories260K with a score head) as one
+ *    of the reward functions, with its weight; its values equal an
+ *    independent at_reward_model_score of the same pairs, in the library
+ *    and in a run (every completion in completions.jsonl, its mean logged
+ *    as rewards/NAME/mean);
+ *  - the KL's reference: --ref_model (a copy of the base: the same logs as
+ *    the default reference, the policy with its adapter off; a fine-tuned
+ *    model: a KL above 0 from the first step, where the policy is still the
+ *    base) and full fine-tuning with beta > 0 (a frozen copy of the initial
+ *    weights: the KL is 0 at the first step and grows after, which a
+ *    reference that followed the policy would not);
  *  - the bundled demo end to end (`anytune rlhf --rlhf_type grpo`, no model
  *    given): TRL's fields on every logging.jsonl line, generation's share
  *    of the time, --log_completions, and the mean reward rising; a run
- *    without a reward, with --reward_model and with --beta > 0 on full
- *    weights refused saying why. */
+ *    without a reward, with a --reward_model that is none and with --beta
+ *    > 0 on full weights refused saying why.
+ * Reward-model tolerance: the same f32 weights and tokens, batched
+ * differently (one group a forward vs one pair), so 1e-5 · (1 + |r|) as
+ * test_serve_rm. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,10 +41,12 @@
 #include "base/file.h"
 #include "data/batch.h"
 #include "device/cpu/cpu_backend.h"
+#include "model/config.h"
 #include "model/safetensors.h"
 #include "train/batch_upload.h"
 #include "train/grpo.h"
 #include "train/grpo_reward.h"
+#include "train/reward_model.h"
 #include "train/run_files.h"
 #include "train_goldens.h"
 
@@ -291,7 +307,8 @@ static void test_rewards(void)
     c.n_reward_weights = 2;
     at_grpo_rewards r;
     CHECK_OK(at_grpo_rewards_init(&c, &r));
-    at_grpo_sample sm[2] = {{"q", "<think>a</think><answer>b</answer>", NULL, 90}, {"q", "nope", NULL, 10}};
+    at_grpo_sample sm[2] = {{"q", "<think>a</think><answer>b</answer>", NULL, 90, NULL},
+                              {"q", "nope", NULL, 10, NULL}};
     double out[4] = {0};
     CHECK_OK(at_grpo_rewards_score(&r, sm, 2, out));
     CHECK(r.n == 2 && out[0] == 1 && out[2] == 0);
@@ -304,7 +321,9 @@ static void test_rewards(void)
     c.soft_cache_length = 0;
     CHECK(at_grpo_rewards_init(&c, &r) == AT_ERR_INVALID);
     /* an external scorer */
-    at_grpo_sample cs[3] = {{"q1", "yes it is", "s", 3}, {"q2", "no \"quoted\"\nline", NULL, 4}, {"q3", "yes", "t", 1}};
+    at_grpo_sample cs[3] = {{"q1", "yes it is", "s", 3, NULL},
+                            {"q2", "no \"quoted\"\nline", NULL, 4, NULL},
+                            {"q3", "yes", "t", 1, NULL}};
     double rv[3] = {0};
     CHECK_OK(at_grpo_reward_command("tests/data/grpo/reward.sh ok", 10, cs, 3, rv));
     CHECK(rv[0] == 1 && rv[1] == 0.5 && rv[2] == 1);
@@ -321,6 +340,247 @@ static void test_rewards(void)
 }
 
 #define DEMO_STEPS 40 /* the demo's own number of steps */
+
+static double rm_tol(double r) { return 1e-5 * (1 + fabs(r)); }
+
+/* A reward model: stories260K's weights with a score head of values of
+ * either sign (a full rm checkpoint's form) in root/NAME; 0 on failure. */
+static int make_reward_model(const char *root, const char *name, char *dir, size_t cap)
+{
+    snprintf(dir, cap, "%s/%s", root, name);
+    char cmd[2600];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp demo/stories260K/* %s/", dir, dir);
+    int rc = system(cmd);
+    CHECK_MSG(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "%s failed", cmd);
+    at_model_config cfg;
+    CHECK_OK(at_model_config_load("demo/stories260K", &cfg));
+    int64_t H = cfg.hidden_size, shape[2] = {1, H};
+    at_tensor *t = NULL;
+    CHECK_OK(at_tensor_zeros(at_cpu_backend(), AT_F32, 2, shape, "score.weight", &t));
+    if (!t) return 0;
+    float *w = at_tensor_data(t);
+    for (int64_t k = 0; k < H; k++) w[k] = 0.5f * sinf((float)(k * 5 + 1));
+    char *p = at_path_join(dir, "score.safetensors");
+    const at_tensor *ts[1] = {t};
+    CHECK_OK(at_safetensors_write(p, ts, NULL, 1, NULL, 0));
+    free(p);
+    at_tensor_free(t);
+    return at_test_failures == 0;
+}
+
+static at_reward_model *open_reward_model(const char *dir, int batch)
+{
+    at_bundle_opts o = {0};
+    o.model = dir;
+    o.dtype = AT_LOAD_KEEP_DTYPE;
+    at_reward_model *rm = NULL;
+    at_status st = at_reward_model_open(&o, batch, &rm);
+    CHECK_MSG(st == AT_OK, "%s: %s", dir, at_last_error());
+    return rm;
+}
+
+/* One (prompt, completion) scored alone. */
+static double score_one(at_reward_model *rm, const char *prompt, const char *completion)
+{
+    cJSON *p = cJSON_CreateString(prompt);
+    double r = NAN;
+    CHECK_OK(at_reward_model_score(rm, (const cJSON *const *)&p, &completion, 1, &r));
+    cJSON_Delete(p);
+    return r;
+}
+
+/* Each logged step's value of key in DIR/logging.jsonl into v[cap] (NaN
+ * where absent); returns the lines read. */
+static int log_values(const char *dir, const char *key, double *v, int cap)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/logging.jsonl", dir);
+    char *text = NULL;
+    int n = 0;
+    if (at_read_file(path, &text, NULL) != AT_OK) return 0;
+    for (char *line = strtok(text, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *x = cJSON_GetObjectItem(j, key);
+        v[n++] = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+        cJSON_Delete(j);
+    }
+    free(text);
+    return n;
+}
+
+/* One short grpo run on stories260K with the KL term (beta 0.04) into
+ * root/name, with `more` options (up to 6); its kl and loss per step. */
+static int kl_run(const char *root, const char *name, const char *const *more, double *kl, double *loss)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (!bin) bin = "build/anytune";
+    char err[512], out[512];
+    snprintf(err, sizeof err, "%s/stderr_%s.txt", root, name);
+    snprintf(out, sizeof out, "%s/%s", root, name);
+    char *argv[40] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
+                      "demo/grpo_prompts.jsonl", "--reward_funcs", "soft_overlong", "--soft_cache_length", "8",
+                      "--max_completion_length", "16", "--num_generations", "4", "--temperature", "1.0", "--beta",
+                      "0.04", "--max_steps", "3", "--logging_steps", "1", "--save_steps", "3", "--add_version",
+                      "false", "--output_dir", out};
+    int n = 30;
+    for (int i = 0; more[i] && i < 6; i++) argv[n++] = (char *)more[i];
+    argv[n] = NULL;
+    int status = at_test_run(argv, err);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "grpo run %s failed (status %d; %s)", name, status, err);
+    int lines = log_values(out, "kl", kl, 3);
+    CHECK_MSG(log_values(out, "loss", loss, 3) == 3 && lines == 3, "%s: %d logged steps", name, lines);
+    return lines == 3;
+}
+
+/* The KL's reference model (see the top). */
+static void test_reference(const char *root, const char *base_copy)
+{
+    printf("cli: grpo's reference: the adapter off, --ref_model, full fine-tuning's frozen copy\n");
+    double kl_base[3], kl_copy[3], kl_full[3], kl_other[3], l_base[3], l_copy[3], l_full[3], l_other[3];
+    const char *none[] = {NULL};
+    const char *copy[] = {"--ref_model", base_copy, NULL};
+    const char *full[] = {"--train_type", "full", "--learning_rate", "1e-3", NULL};
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/ref_full/checkpoint-3", root);
+    const char *other[] = {"--ref_model", ckpt, NULL};
+    if (!kl_run(root, "ref_base", none, kl_base, l_base) || !kl_run(root, "ref_copy", copy, kl_copy, l_copy) ||
+        !kl_run(root, "ref_full", full, kl_full, l_full) || !kl_run(root, "ref_other", other, kl_other, l_other))
+        return;
+    printf("  kl per step: base %.3g %.3g %.3g; --ref_model copy %.3g %.3g %.3g; full %.3g %.3g %.3g; "
+           "--ref_model trained %.3g %.3g %.3g\n", kl_base[0], kl_base[1], kl_base[2], kl_copy[0], kl_copy[1],
+           kl_copy[2], kl_full[0], kl_full[1], kl_full[2], kl_other[0], kl_other[1], kl_other[2]);
+    for (int i = 0; i < 3; i++) {
+        /* the base's weights as a model of their own: the same reference, the same run (same seeds) */
+        CHECK_MSG(fabs(kl_copy[i] - kl_base[i]) <= 1e-7 * (1 + kl_base[i]) &&
+                      fabs(l_copy[i] - l_base[i]) <= 1e-7 * (1 + fabs(l_base[i])),
+                  "step %d: --ref_model (a copy of the base) kl %.9g loss %.9g, the adapter off kl %.9g loss %.9g",
+                  i + 1, kl_copy[i], l_copy[i], kl_base[i], l_base[i]);
+    }
+    /* step 1: the LoRA policy is its base (B = 0) and the full policy its initial weights: the KL is 0 up to
+     * the rounding of two forwards (|π − r| ~ 1e-6 at most, k3 ≈ (π − r)²/2 ~ 1e-12) */
+    CHECK_MSG(fabs(kl_base[0]) <= 1e-9 && fabs(kl_full[0]) <= 1e-9, "first step's kl: %g (LoRA), %g (full)",
+              kl_base[0], kl_full[0]);
+    /* the frozen copy stays where the policy started: once the weights moved (even by weight decay alone,
+     * when a step's rewards were all equal) the KL is above that rounding, and clearly so after a real update */
+    CHECK_MSG(kl_full[1] > 1e-9 && fmax(kl_full[1], kl_full[2]) > 1e-3,
+              "full fine-tuning: kl %g, %g after the first updates", kl_full[1], kl_full[2]);
+    /* a reference that is not the base: the policy differs from it from the start */
+    CHECK_MSG(kl_other[0] > 1e-4, "--ref_model (a trained model): first step's kl %g", kl_other[0]);
+}
+
+/* --reward_model in the library: one function among the others, with its
+ * weight, its values those of the model scoring each pair alone. */
+static void test_reward_model_lib(const char *dir)
+{
+    printf("rewards: --reward_model\n");
+    at_grpo_config c;
+    at_grpo_config_init(&c);
+    c.reward_funcs[c.n_reward_funcs++] = "format";
+    c.reward_model = dir;
+    c.reward_weights[0] = 0.5;
+    c.reward_weights[1] = 2;
+    c.n_reward_weights = 2;
+    CHECK_OK(at_grpo_config_check(&c));
+    at_grpo_rewards r;
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(r.n == 2 && !strcmp(r.names[1], "rm") && r.weights[0] == 0.5 && r.weights[1] == 2);
+    /* not opened: refused, not scored as 0 */
+    at_grpo_sample one = {"Who is Lily?", "Lily is a girl.", NULL, 5, NULL};
+    double out[8];
+    CHECK(at_grpo_rewards_score(&r, &one, 1, out) == AT_ERR_INVALID);
+    r.model = open_reward_model(dir, 2);
+    at_reward_model *alone = open_reward_model(dir, 1);
+    if (!r.model || !alone) goto done;
+    /* a prompt given as messages (a system message too) and as the user's text */
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+                              "{\"role\": \"user\", \"content\": \"Tell me a story.\"}]");
+    at_grpo_sample s[3] = {{"Who is Lily?", "Lily is a little girl who likes to play.", NULL, 9, NULL},
+                           {"Tell me a story.", "<think>a</think><answer>b</answer>", NULL, 12, msgs},
+                           {"What did Tim see?", "Tim saw a big red ball.", NULL, 6, NULL}};
+    CHECK_OK(at_grpo_rewards_score(&r, s, 3, out));
+    const char *reply[1] = {s[1].completion};
+    double want[3] = {score_one(alone, s[0].prompt, s[0].completion), NAN,
+                      score_one(alone, s[2].prompt, s[2].completion)};
+    CHECK_OK(at_reward_model_score(alone, (const cJSON *const *)&msgs, reply, 1, &want[1]));
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(fabs(out[i * 2 + 1] - want[i]) <= rm_tol(want[i]), "sample %d: reward model %.9g, alone %.9g", i,
+                  out[i * 2 + 1], want[i]);
+    CHECK(out[0] == 0 && out[2] == 1 && out[4] == 0); /* format, beside it */
+    /* the system message is scored: the same text without it differs */
+    double bare = score_one(alone, "Tell me a story.", s[1].completion);
+    CHECK_MSG(fabs(bare - want[1]) > 1e-4, "the system message changed nothing (%g vs %g)", bare, want[1]);
+    CHECK_MSG(fabs(want[0] - want[2]) > 1e-4, "two pairs score alike (%g)", want[0]);
+    cJSON_Delete(msgs);
+done:
+    at_reward_model_free(r.model);
+    at_reward_model_free(alone);
+}
+
+/* --reward_model in a run: each logged completion's value is the model's
+ * score of (prompt, completion), the total the weighted sum. */
+static void test_reward_model_run(const char *root, const char *dir)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (!bin) bin = "build/anytune";
+    printf("cli: anytune rlhf --rlhf_type grpo --reward_model\n");
+    char err[512], out[512], path[700];
+    snprintf(err, sizeof err, "%s/stderr_rm.txt", root);
+    snprintf(out, sizeof out, "%s/with_rm", root);
+    char *argv[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
+                    "demo/grpo_prompts.jsonl", "--reward_funcs", "soft_overlong", "--soft_cache_length", "8",
+                    "--reward_model", (char *)dir, "--reward_weights", "1", "0.5", "--max_completion_length", "16",
+                    "--num_generations", "4", "--max_steps", "2", "--logging_steps", "1", "--log_completions",
+                    "true", "--add_version", "false", "--output_dir", out, NULL};
+    int status = at_test_run(argv, err);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "grpo with --reward_model failed (status %d)", status);
+    at_reward_model *alone = open_reward_model(dir, 1);
+    snprintf(path, sizeof path, "%s/completions.jsonl", out);
+    char *text = NULL;
+    CHECK_OK(at_read_file(path, &text, NULL));
+    int nc = 0;
+    double worst = 0, sum = 0, lo = INFINITY, hi = -INFINITY;
+    for (char *line = text ? strtok(text, "\n") : NULL; line && alone; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const char *p = cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompt")),
+                   *cpl = cJSON_GetStringValue(cJSON_GetObjectItem(j, "completion"));
+        double got = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "rm")), want = p && cpl ? score_one(alone, p, cpl) : NAN;
+        double so = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "soft_overlong"));
+        double tot = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "reward"));
+        CHECK_MSG(fabs(got - want) <= rm_tol(want), "completion %d: rm %.9g, scored alone %.9g", nc, got, want);
+        CHECK_MSG(fabs(tot - (so + 0.5 * got)) <= 1e-12 * (1 + fabs(tot)), "completion %d: reward %.9g, weighted "
+                  "sum %.9g", nc, tot, so + 0.5 * got);
+        worst = fmax(worst, fabs(got - want));
+        sum += got;
+        lo = fmin(lo, got);
+        hi = fmax(hi, got);
+        nc++;
+        cJSON_Delete(j);
+    }
+    free(text);
+    CHECK_MSG(nc == 2 * 4, "completions.jsonl has %d lines", nc);
+    CHECK_MSG(hi - lo > 1e-4, "every completion has the same reward-model score (%g)", lo);
+    printf("  %d completions: reward model %.4f .. %.4f, worst difference from scoring alone %.2g\n", nc, lo, hi,
+           worst);
+    /* its mean logged under its folder's name (TRL: the model's name) */
+    snprintf(path, sizeof path, "%s/logging.jsonl", out);
+    text = NULL;
+    CHECK_OK(at_read_file(path, &text, NULL));
+    double logged = 0;
+    int lines = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *v = cJSON_GetObjectItem(j, "rewards/rm/mean");
+        CHECK_MSG(cJSON_IsNumber(v), "logging.jsonl line %d lacks rewards/rm/mean", lines + 1);
+        logged += cJSON_GetNumberValue(v) / 2;
+        lines++;
+        cJSON_Delete(j);
+    }
+    free(text);
+    CHECK(lines == 2);
+    CHECK_MSG(fabs(logged - sum / nc) <= 1e-9 * (1 + fabs(logged)), "rewards/rm/mean %.9g, completions' mean %.9g",
+              logged, sum / nc);
+    at_reward_model_free(alone);
+}
 
 static void test_cli(const char *root)
 {
@@ -442,17 +702,18 @@ static void test_cli(const char *root)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
     CHECK(at_test_file_has(err, "grpo needs a reward"));
     char *rm[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
-                  "demo/grpo_prompts.jsonl", "--reward_model", "somewhere", "--output_dir", out, NULL};
+                  "demo/grpo_prompts.jsonl", "--reward_model", "demo/stories260K", "--max_completion_length", "40",
+                  "--output_dir", out, NULL};
     status = at_test_run(rm, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(at_test_file_has(err, "--reward_model somewhere: not in this build"));
-    char *full[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
-                    "demo/grpo_prompts.jsonl", "--reward_funcs", "repetition", "--train_type", "full",
-                    "--max_completion_length", "40",
-                    "--output_dir", out, NULL};
-    status = at_test_run(full, err);
+    CHECK(at_test_file_has(err, "--reward_model stories260K"));
+    CHECK(at_test_file_has(err, "is not a reward model"));
+    char *ref0[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--model", "demo/stories260K", "--dataset",
+                    "demo/grpo_prompts.jsonl", "--reward_funcs", "repetition", "--beta", "0", "--ref_model",
+                    "demo/stories260K", "--max_completion_length", "40", "--output_dir", out, NULL};
+    status = at_test_run(ref0, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    CHECK(at_test_file_has(err, "--beta 0.04 with --train_type full"));
+    CHECK(at_test_file_has(err, "with grpo --beta 0: no KL term"));
     char *lt[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--loss_type", "sigmoid", "--output_dir", out, NULL};
     status = at_test_run(lt, err);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
@@ -472,6 +733,12 @@ int main(void)
     test_rewards();
     test_completion_derivative();
     test_golden();
+    char rm[600];
+    if (make_reward_model(root, "rm", rm, sizeof rm)) {
+        test_reward_model_lib(rm);
+        test_reward_model_run(root, rm);
+        test_reference(root, rm);
+    }
     test_cli(root);
     if (!at_test_failures) at_remove_tree(root);
     return at_test_result("test_grpo");

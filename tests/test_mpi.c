@@ -10,6 +10,13 @@
  *  - DPO, KTO and reward models (anytune rlhf) likewise: 2 ranks x 1 pair
  *    = 1 process x one micro-batch of 2 pairs (KTO: 2 ranks x 2 examples =
  *    1 process x 2 micro-batches of 2);
+ *  - GRPO likewise (grpo_case): 2 ranks x 1 prompt = 1 process x 2
+ *    micro-batches of 1 prompt (num_iterations 2) and = 1 process x one
+ *    micro-batch of 2 prompts, with --scale_rewards batch (the std over
+ *    every rank's completions) and the KL term: the same rewards at every
+ *    step, the same losses, gradient norms and adapter at the end
+ *    (generation draws each completion from a seed of its prompt and index,
+ *    so every layout samples the same tokens);
  *  - the same on the CUDA backend under the emulator (gradients staged
  *    through host memory: the emulator has no NCCL);
  *  - an error on the ranks (a missing dataset) ends the job with the message,
@@ -30,6 +37,7 @@
 #include "device/comm.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cuda_loader.h"
+#include "model/safetensors.h"
 #include "train/run_files.h"
 #include "testing.h"
 
@@ -59,7 +67,14 @@ static char *run_folder(const char *dir, int *count)
 typedef struct {
     int n;
     double loss[16], norm[16], tokens[16];
+    double reward[16], reward_std[16], kl[16]; /* grpo's (NaN when absent) */
 } log_rows;
+
+static double field(const cJSON *j, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
 
 static int read_log(const char *run, log_rows *r)
 {
@@ -82,6 +97,9 @@ static int read_log(const char *run, log_rows *r)
             r->loss[r->n] = l->valuedouble;
             r->norm[r->n] = g->valuedouble;
             r->tokens[r->n] = t->valuedouble;
+            r->reward[r->n] = field(j, "reward");
+            r->reward_std[r->n] = field(j, "reward_std");
+            r->kl[r->n] = field(j, "kl");
             r->n++;
         }
         cJSON_Delete(j);
@@ -171,6 +189,33 @@ static int allreduce_worker(void)
     return rc;
 }
 
+/* `mpirun -np 2 anytune rlhf ARGS MPI_ARGS` and `anytune rlhf ARGS
+ * ONE_ARGS`, into T/NAME-mpi and T/NAME-one: both logs read into a, b
+ * (returns 0 when a run failed or a log is unreadable) and their run
+ * folders into *run_mpi, *run_one (free()); the 2-rank job makes one. */
+static int run_pair(const char *bin, const char *T, const char *name, const char *args, const char *mpi_args,
+                    const char *one_args, log_rows *a, log_rows *b, char **run_mpi, char **run_one)
+{
+    char cmd[2048], dir[600];
+    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s rlhf %s %s --output_dir %s/%s-mpi > %s/%s-mpi.out 2>&1", bin,
+             args, mpi_args, T, name, T, name);
+    int ok = run(cmd) == 0;
+    CHECK_MSG(ok, "mpirun -np 2 anytune rlhf (%s) failed (%s/%s-mpi.out)", name, T, name);
+    snprintf(cmd, sizeof cmd, "timeout 300 %s rlhf %s %s --output_dir %s/%s-one > %s/%s-one.out 2>&1", bin, args,
+             one_args, T, name, T, name);
+    int ok1 = run(cmd) == 0;
+    CHECK_MSG(ok1, "anytune rlhf (%s) failed (%s/%s-one.out)", name, T, name);
+    int n_mpi = 0, n_one = 0;
+    snprintf(dir, sizeof dir, "%s/%s-mpi", T, name);
+    *run_mpi = run_folder(dir, &n_mpi);
+    snprintf(dir, sizeof dir, "%s/%s-one", T, name);
+    *run_one = run_folder(dir, &n_one);
+    CHECK_MSG(n_mpi == 1, "the 2-rank %s job made %d run folders", name, n_mpi);
+    ok = ok && ok1 && *run_mpi && *run_one && read_log(*run_mpi, a) && read_log(*run_one, b);
+    CHECK_MSG(ok, "%s: could not read both runs' logging.jsonl", name);
+    return ok;
+}
+
 /* `mpirun -np 2 anytune rlhf --rlhf_type TYPE` with the options mpi_opts
  * against one process with one_opts: one run folder, the same tokens, the
  * same first loss and gradient norm up to the order of the sums (1e-6),
@@ -178,23 +223,13 @@ static int allreduce_worker(void)
 static void rlhf_case(const char *bin, const char *T, const char *type, const char *dataset, const char *dropout,
                       const char *mpi_opts, const char *one_opts)
 {
-    char cmd[2048], dir[600], common[256];
+    char common[512], args[1024];
     snprintf(common, sizeof common, "--model demo/stories260K --max_steps 3 --logging_steps 1 --lora_dropout %s "
              "--learning_rate 1e-4 --max_length 96 --truncation_strategy left --seed 7", dropout);
-    snprintf(cmd, sizeof cmd, "timeout 300 " MPIRUN " %s rlhf --rlhf_type %s --dataset %s %s %s --output_dir %s/%s-mpi "
-             "> %s/%s-mpi.out 2>&1", bin, type, dataset, common, mpi_opts, T, type, T, type);
-    CHECK_MSG(run(cmd) == 0, "mpirun -np 2 anytune rlhf --rlhf_type %s failed (%s/%s-mpi.out)", type, T, type);
-    snprintf(cmd, sizeof cmd, "timeout 300 %s rlhf --rlhf_type %s --dataset %s %s %s --output_dir %s/%s-one > "
-             "%s/%s-one.out 2>&1", bin, type, dataset, common, one_opts, T, type, T, type);
-    CHECK_MSG(run(cmd) == 0, "anytune rlhf --rlhf_type %s failed", type);
-    int n_mpi = 0, n_one = 0;
-    snprintf(dir, sizeof dir, "%s/%s-mpi", T, type);
-    char *run_mpi = run_folder(dir, &n_mpi);
-    snprintf(dir, sizeof dir, "%s/%s-one", T, type);
-    char *run_one = run_folder(dir, &n_one);
-    CHECK_MSG(n_mpi == 1, "the 2-rank %s job made %d run folders", type, n_mpi);
+    snprintf(args, sizeof args, "--rlhf_type %s --dataset %s %s", type, dataset, common);
     log_rows a, b;
-    if (run_mpi && run_one && read_log(run_mpi, &a) && read_log(run_one, &b)) {
+    char *run_mpi = NULL, *run_one = NULL;
+    if (run_pair(bin, T, type, args, mpi_opts, one_opts, &a, &b, &run_mpi, &run_one)) {
         CHECK_MSG(a.n == 3 && b.n == 3, "%s: logged steps %d (2 ranks) and %d", type, a.n, b.n);
         for (int i = 0; i < a.n && i < b.n; i++) {
             double tol = i == 0 ? 1e-6 : 2e-3;
@@ -204,8 +239,101 @@ static void rlhf_case(const char *bin, const char *T, const char *type, const ch
             printf("%s step %d: loss %.9f / %.9f, grad_norm %.9f / %.9f\n", type, i + 1, a.loss[i], b.loss[i],
                    a.norm[i], b.norm[i]);
         }
-    } else {
-        CHECK_MSG(0, "%s: could not read both runs' logging.jsonl", type);
+    }
+    free(run_mpi);
+    free(run_one);
+}
+
+/* The largest difference between the tensors of two adapter files,
+ * relative to the largest value (-1 when they cannot be compared). */
+static double adapter_diff(const char *a, const char *b)
+{
+    at_st_file *fa = NULL, *fb = NULL;
+    double worst = -1, big = 0;
+    if (at_st_open(a, &fa) != AT_OK || at_st_open(b, &fb) != AT_OK || at_st_count(fa) != at_st_count(fb)) goto done;
+    worst = 0;
+    for (size_t i = 0; i < at_st_count(fa) && worst >= 0; i++) {
+        const at_st_info *x = at_st_info_at(fa, i), *y = at_st_find(fb, x->name);
+        at_tensor *tx = NULL, *ty = NULL;
+        if (!y || x->nbytes != y->nbytes || at_st_tensor(x, AT_F32, &tx) != AT_OK ||
+            at_st_tensor(y, AT_F32, &ty) != AT_OK) {
+            worst = -1;
+        } else {
+            const float *px = at_tensor_data(tx), *py = at_tensor_data(ty);
+            for (int64_t k = 0; k < at_tensor_numel(tx); k++) {
+                worst = fmax(worst, fabs((double)px[k] - py[k]));
+                big = fmax(big, fabs((double)px[k]));
+            }
+        }
+        at_tensor_free(tx);
+        at_tensor_free(ty);
+    }
+    if (worst > 0) worst /= big > 0 ? big : 1;
+done:
+    at_st_close(fa);
+    at_st_close(fb);
+    return worst;
+}
+
+/* GRPO over 2 ranks (1 prompt each) against one process: each rank
+ * generates and scores its own prompt's group; the step's counts
+ * (completions, tokens, Σ R and Σ R² for --scale_rewards batch),
+ * statistics and gradients are summed over the ranks. Two layouts of the
+ * one process:
+ *   accum  2 micro-batches of 1 prompt, with num_iterations 2 (the old
+ *          policy's pass) and the KL term: the same micro-batches as the
+ *          ranks, the gradients summed in the same order, so every step
+ *          agrees to the rounding of the f64 statistics: 1e-6 relative (and
+ *          1e-12 absolute for the first step's on-policy loss, a sum of
+ *          terms ~1 that cancel to ~0), the adapter at the end likewise;
+ *   one    1 micro-batch of 2 prompts, the first step: the batch std must
+ *          be every rank's (a rank's own would differ from the one
+ *          process's over both groups). The loss sums its rows in another
+ *          order, so it agrees to 1e-6. Only the first step: its samples
+ *          come from the same weights, row by row the same (the GEMMs keep
+ *          each row's sums); after an update the weights differ in their
+ *          last bits, and a sample drawn near a tie of two tokens' odds may
+ *          then differ, so the runs would no longer compare.
+ * Each run's step k has the same rewards (the same completions: seeded by
+ * prompt and index, not by rank). */
+static void grpo_case(const char *bin, const char *T, const char *name, const char *opts, const char *mpi_opts,
+                      const char *one_opts, int steps, double tol_later, int adapters)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "%s --max_steps %d --save_steps %d", opts, steps, steps);
+    log_rows a, b;
+    char *run_mpi = NULL, *run_one = NULL;
+    if (run_pair(bin, T, name, args, mpi_opts, one_opts, &a, &b, &run_mpi, &run_one)) {
+        CHECK_MSG(a.n == steps && b.n == steps, "%s: logged steps %d (2 ranks) and %d", name, a.n, b.n);
+        double spread = 0;
+#define CLOSE(x, y, tol) (fabs((x) - (y)) <= (tol) * fabs(y) + 1e-12)
+        for (int i = 0; i < a.n && i < b.n; i++) {
+            double tol = i == 0 ? 1e-6 : tol_later;
+            CHECK_MSG(a.tokens[i] == b.tokens[i] && CLOSE(a.reward[i], b.reward[i], 1e-12) &&
+                          CLOSE(a.reward_std[i], b.reward_std[i], 1e-12) && CLOSE(a.kl[i], b.kl[i], tol) &&
+                          CLOSE(a.loss[i], b.loss[i], tol) && CLOSE(a.norm[i], b.norm[i], tol),
+                      "%s step %d: tokens %.0f / %.0f, reward %.9g / %.9g, reward_std %.9g / %.9g, kl %.9g / %.9g, "
+                      "loss %.9g / %.9g, grad_norm %.9g / %.9g", name, i + 1, a.tokens[i], b.tokens[i], a.reward[i],
+                      b.reward[i], a.reward_std[i], b.reward_std[i], a.kl[i], b.kl[i], a.loss[i], b.loss[i],
+                      a.norm[i], b.norm[i]);
+            printf("%s step %d: reward %.9f / %.9f, reward_std %.9f / %.9f, loss %.9f / %.9f, grad_norm %.9f / "
+                   "%.9f\n", name, i + 1, a.reward[i], b.reward[i], a.reward_std[i], b.reward_std[i], a.loss[i],
+                   b.loss[i], a.norm[i], b.norm[i]);
+            spread = fmax(spread, a.reward_std[i]);
+        }
+#undef CLOSE
+        /* the case means something: rewards that differ */
+        CHECK_MSG(spread > 1e-3, "%s: every completion got the same reward (std %g)", name, spread);
+        char ck[64];
+        snprintf(ck, sizeof ck, "checkpoint-%d/adapter_model.safetensors", steps);
+        char *ca = at_path_join(run_mpi, ck), *cb = at_path_join(run_one, ck);
+        double d = ca && cb ? adapter_diff(ca, cb) : -1;
+        if (adapters)
+            CHECK_MSG(d >= 0 && d <= tol_later, "%s: the adapters after %d steps differ by %g (relative to the "
+                      "largest value; -1: unreadable)", name, steps, d);
+        printf("%s: adapters after %d steps differ by %.3g of the largest value\n", name, steps, d);
+        free(ca);
+        free(cb);
     }
     free(run_mpi);
     free(run_one);
@@ -326,6 +454,19 @@ int main(int argc, char **argv)
     rlhf_case(bin, T, "rm", "tests/data/dpo/dpo_en_demo_8.json", "0",
               "--per_device_train_batch_size 1 --gradient_accumulation_steps 1",
               "--per_device_train_batch_size 2 --gradient_accumulation_steps 1");
+    /* grpo: rewards with a spread (completions end at a period: the overlong penalty varies) */
+#define GRPO_OPTS                                                                                                  \
+    "--rlhf_type grpo --model demo/stories260K --dataset demo/grpo_prompts.jsonl --reward_funcs soft_overlong "    \
+    "repetition --stop_words . --soft_cache_length 32 --max_completion_length 40 --num_generations 4 "            \
+    "--temperature 1.0 --scale_rewards batch --beta 0.04 --lora_dropout 0 --learning_rate 1e-3 "                   \
+    "--logging_steps 1 --seed 7"
+    grpo_case(bin, T, "grpo-accum", GRPO_OPTS " --num_iterations 2",
+              "--per_device_train_batch_size 1 --gradient_accumulation_steps 1",
+              "--per_device_train_batch_size 1 --gradient_accumulation_steps 2", 4, 1e-6, 1);
+    grpo_case(bin, T, "grpo-one", GRPO_OPTS " --num_iterations 1",
+              "--per_device_train_batch_size 1 --gradient_accumulation_steps 1",
+              "--per_device_train_batch_size 2 --gradient_accumulation_steps 1", 1, 1e-6, 0);
+#undef GRPO_OPTS
 
     snprintf(cmd, sizeof cmd, "timeout 120 " MPIRUN " %s --allreduce-worker > %s/worker.out 2>&1", argv[0], T);
     rc = run(cmd);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "base/options.h"
 #include "testing.h"
+#include "train/grpo.h"
 #include "train/train_options.h"
 #include "train/trainer.h"
 
@@ -204,6 +205,38 @@ int main(void)
         at_options_free(o);
     }
     CHECK_OK(at_train_args_check(&a));
+    /* the rlhf rows: the library's defaults (at_pref_config_init, at_grpo_config_init) are the table's, as the
+     * command line parses them with nothing given */
+    CHECK(at_rlhf_fields_unknown() == 0);
+    const char *rl[] = {"rlhf"};
+    CHECK_OK(at_options_parse(at_rlhf_options, at_rlhf_n_options, 1, (char **)rl, &o));
+    if (o) {
+        at_grpo_config g, gc;
+        at_grpo_config_init(&g);
+        memset(&gc, 0, sizeof gc);
+        at_grpo_config_store(o, &gc);
+        CHECK(g.num_generations == at_opt_int(o, "num_generations") && g.num_generations == 8);
+        CHECK(g.max_completion_length == at_opt_int(o, "max_completion_length") && g.max_completion_length == 512);
+        CHECK(g.temperature == at_opt_float(o, "temperature") && g.top_p == at_opt_float(o, "top_p"));
+        CHECK(g.epsilon == at_opt_float(o, "epsilon") && g.epsilon_high == 0 && g.num_iterations == 1);
+        CHECK(g.max_resample_times == at_opt_int(o, "max_resample_times") && g.max_resample_times == 3);
+        CHECK(g.reward_timeout == at_opt_float(o, "reward_timeout") && g.reward_timeout == 60);
+        CHECK(g.repetition_n_grams == (double)at_opt_int(o, "repetition_n_grams") &&
+              g.repetition_max_penalty == at_opt_float(o, "repetition_max_penalty"));
+        CHECK(g.cosine_min_len_value_wrong == at_opt_float(o, "cosine_min_len_value_wrong") &&
+              g.cosine_max_len_value_correct == at_opt_float(o, "cosine_max_len_value_correct"));
+        at_grpo_scale sc = AT_GRPO_SCALE_NONE;
+        CHECK_OK(at_grpo_scale_parse(at_opt_str(o, "scale_rewards"), &sc));
+        CHECK(g.scale_rewards == sc && sc == AT_GRPO_SCALE_GROUP);
+        CHECK_MSG(!memcmp(&g, &gc, sizeof g), "at_grpo_config_init differs from the parsed defaults");
+        at_pref_config pc;
+        CHECK_OK(at_pref_config_init(&pc, "kto"));
+        CHECK(pc.desirable_weight == at_opt_float(o, "desirable_weight") &&
+              pc.undesirable_weight == at_opt_float(o, "undesirable_weight") && pc.desirable_weight == 1);
+        CHECK(pc.label_smoothing == at_opt_float(o, "label_smoothing") &&
+              pc.center_rewards_coefficient == at_opt_float(o, "center_rewards_coefficient"));
+        at_options_free(o);
+    }
     /* every stored int row's range fits the int it is stored in; every row's range parses */
     for (int i = 0; i < at_train_n_options; i++) {
         const at_opt_spec *s = &at_train_options[i];

@@ -32,6 +32,9 @@
 #include "plan/planner.h"
 #include "plan/profiles.h"
 #include "model/weights.h"
+#include "infer/bundle.h"
+#include "infer/scheduler.h"
+#include "train/grpo.h"
 #include "train/optimizer.h"
 #include "train/kto.h"
 #include "train/preference.h"
@@ -155,7 +158,7 @@ static void test_decisions(void)
                 if (p.batch_size < 16) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
                                               p.batch_size * 2, 2048, 1, 0, d->threads, d->runtime_overhead,
-                                              0, NULL, AT_F32, NULL, 0, 0};
+                                              0, NULL, AT_F32, NULL, 0, 0, 0, 0};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -164,7 +167,7 @@ static void test_decisions(void)
                 if (p.checkpointing) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
                                               p.batch_size, 2048, 0, 0, d->threads, d->runtime_overhead,
-                                              0, NULL, AT_F32, NULL, 0, 0};
+                                              0, NULL, AT_F32, NULL, 0, 0, 0, 0};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -387,36 +390,48 @@ typedef struct {
     int pref;             /* 0: sft; DPO with the reference log-probs of the policy's base (PREF_BASE) or
                              of a second model, as --ref_model (PREF_REF_MODEL: random, same shape) */
     const char *obj;      /* with pref: NULL (dpo), "kto" (B examples, each with its KL row, and the
-                             reference pass) or "rm" (B pairs, the score head; no reference pass) */
+                             reference pass), "rm" (B pairs, the score head; no reference pass) or "grpo"
+                             (B prompts of T - C tokens, G completions of C tokens each) */
+    int G, C;             /* grpo: completions per prompt, their length */
+    double beta;          /* grpo: > 0: the reference pass (LoRA: the adapter off; full: a frozen copy) */
+    int mu;               /* grpo: num_iterations (> 1: the old policy's pass) */
 } mcase;
 
 enum { PREF_NONE = 0, PREF_BASE, PREF_REF_MODEL };
 
 static const mcase cases[] = {
     /* tiny real models: the estimate is a few MB at most */
-    {"stories260K lora", "demo/stories260K", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_LORA, 16, 4, 256, 0, PREF_NONE, NULL},
+    {"stories260K lora", "demo/stories260K", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_LORA, 16, 4, 256, 0, PREF_NONE, NULL, 0, 0, 0, 0},
     {"qwen2 golden full", "tests/data/goldens/qwen2_bias_tied", 0, 0, 0, 0, 0, 0, 0, AT_F32, AT_TUNE_FULL, 0, 2, 64, 0,
-     PREF_NONE, NULL},
+     PREF_NONE, NULL, 0, 0, 0, 0},
     /* random models of a few hundred MB */
-    {"250MB bf16 lora", NULL, 1024, 2816, 6, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_NONE, NULL},
-    {"activations lora", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 0, PREF_NONE, NULL},
-    {"activations ckpt", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 1, PREF_NONE, NULL},
-    {"200MB full f32", NULL, 512, 1376, 3, 8, 8, 8000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 64, 1, PREF_NONE, NULL},
+    {"250MB bf16 lora", NULL, 1024, 2816, 6, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_NONE, NULL, 0, 0, 0, 0},
+    {"activations lora", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 0, PREF_NONE, NULL, 0, 0, 0, 0},
+    {"activations ckpt", NULL, 256, 688, 4, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 512, 1, PREF_NONE, NULL, 0, 0, 0, 0},
+    {"200MB full f32", NULL, 512, 1376, 3, 8, 8, 8000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 64, 1, PREF_NONE, NULL, 0, 0, 0, 0},
     /* DPO (train/preference.h, as the trainer runs it): the reference pass
      * first, then steps of 2·B rows through at_pref_forward_backward */
-    {"dpo lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 384, 0, PREF_BASE, NULL},
+    {"dpo lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 384, 0, PREF_BASE, NULL, 0, 0, 0, 0},
     /* with checkpointing: the reference pass (layer inputs only) below the step */
-    {"dpo lora ckpt", NULL, 128, 344, 8, 4, 2, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 512, 1, PREF_BASE, NULL},
-    {"dpo full f32", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 1, 64, 1, PREF_BASE, NULL},
+    {"dpo lora ckpt", NULL, 128, 344, 8, 4, 2, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 1, 512, 1, PREF_BASE, NULL, 0, 0, 0, 0},
+    {"dpo full f32", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 1, 64, 1, PREF_BASE, NULL, 0, 0, 0, 0},
     /* --ref_model: a second model of the policy's size beside it */
-    {"dpo bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL, NULL},
+    {"dpo bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL, NULL, 0, 0, 0, 0},
     /* KTO (train/kto.h): an example and its KL row per item, the reference pass of the base or of --ref_model */
-    {"kto lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 384, 0, PREF_BASE, "kto"},
+    {"kto lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 384, 0, PREF_BASE, "kto", 0, 0, 0, 0},
     {"kto bf16 ref_model", NULL, 512, 1376, 4, 16, 4, 32000, 0, AT_BF16, AT_TUNE_LORA, 8, 1, 16, 0, PREF_REF_MODEL,
-     "kto"},
+     "kto", 0, 0, 0, 0},
     /* a reward model (train/reward.h): pairs through the score head, no reference pass */
-    {"rm lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 384, 0, PREF_BASE, "rm"},
-    {"rm full ckpt", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 256, 1, PREF_BASE, "rm"},
+    {"rm lora", NULL, 256, 688, 2, 8, 4, 2048, 1, AT_F32, AT_TUNE_LORA, 16, 2, 384, 0, PREF_BASE, "rm", 0, 0, 0, 0},
+    {"rm full ckpt", NULL, 384, 1024, 2, 8, 8, 4000, 1, AT_F32, AT_TUNE_FULL, 0, 2, 256, 1, PREF_BASE, "rm", 0, 0, 0, 0},
+    /* GRPO (train/objective_grpo.c, as the trainer runs it): each step generates (the scheduler's KV cache,
+     * beside the last step's activations), the old policy's and the reference's log-prob passes, then the
+     * loss over the B·G rows; vocabulary 512: stories260K's tokenizer decodes the samples. The KV cache
+     * and the passes are the most of the first case; the frozen copy of the weights of the second */
+    {"grpo lora kv", NULL, 256, 688, 4, 8, 8, 512, 1, AT_F32, AT_TUNE_LORA, 16, 1, 512, 1, PREF_BASE, "grpo", 8, 480,
+     0.04, 2},
+    {"grpo full ref copy", NULL, 1024, 2816, 4, 16, 4, 512, 1, AT_F32, AT_TUNE_FULL, 0, 1, 64, 1, PREF_BASE, "grpo", 2,
+     48, 0.04, 1},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -513,6 +528,158 @@ static at_status pref_reference(const mcase *c, at_decoder *d, at_adapter *ad, a
     return st;
 }
 
+/* GRPO's part of a step as the trainer runs it (train/objective_grpo.c):
+ * generate G completions of C tokens for each of the B prompts (the
+ * scheduler, its KV cache freed after), then with mu > 1 the old policy's
+ * and with beta > 0 the reference's per-token log-probs (ref: a frozen
+ * model, or NULL: the policy with its adapter off), each pass with its own
+ * loss-only activations; rows [B·G, T] into ids/labels/pos (host), the
+ * passes' results into old / refp. */
+static at_status grpo_generate(const mcase *c, at_decoder *d, at_decoder *ref, const at_tokenizer *tok, int step,
+                               int32_t *ids, int32_t *labels, int32_t *pos, float *old, float *refp)
+{
+    int rows = c->B * c->G, T = c->T, P = c->T - c->C;
+    at_adapter *ad = d->adapter;
+    at_scheduler *s = NULL;
+    at_status st = at_scheduler_new(d, tok, rows < 64 ? rows : 64, T + 1, &s);
+    int32_t *prompt = malloc((size_t)P * sizeof *prompt);
+    int *filled = calloc((size_t)rows, sizeof *filled);
+    if (st == AT_OK && (!prompt || !filled)) st = at_error(AT_ERR_NOMEM, "out of memory");
+    for (int k = 0; st == AT_OK && k < P; k++) prompt[k] = (int32_t)((k * 37 + 5) % d->cfg.vocab_size);
+    int next = 0, done = 0;
+    while (st == AT_OK && done < rows) {
+        while (st == AT_OK && next < rows && at_scheduler_in_use(s) < at_scheduler_capacity(s)) {
+            at_gen_params gp = at_gen_params_default();
+            gp.sampling.temperature = 1.0f;
+            gp.sampling.seed = (uint64_t)(step * 1000 + next + 1);
+            gp.max_new_tokens = c->C;
+            gp.adapter = ad;
+            int slot;
+            st = at_scheduler_add(s, prompt, (size_t)P, &gp, (void *)(intptr_t)next, &slot);
+            for (int t = 0; t < T; t++) {
+                ids[(size_t)next * T + t] = t < P ? prompt[t] : 0;
+                labels[(size_t)next * T + t] = -100;
+                pos[(size_t)next * T + t] = t;
+            }
+            next++;
+        }
+        const at_sched_event *ev;
+        int nev = 0;
+        if (st == AT_OK) st = at_scheduler_step(s, &ev, &nev);
+        for (int k = 0; st == AT_OK && k < nev; k++) {
+            int r = (int)(intptr_t)ev[k].user;
+            if (ev[k].token >= 0 && filled[r] < c->C) {
+                size_t at = (size_t)r * T + (size_t)(P + filled[r]++);
+                ids[at] = labels[at] = ev[k].token;
+            }
+            done += ev[k].finish != AT_FINISH_NONE;
+        }
+    }
+    at_scheduler_free(s);
+    free(prompt);
+    free(filled);
+    if (st == AT_OK) st = at_decoder_set_adapter(d, ad);
+    /* the passes, one at a time, each with loss-only activations of its own */
+    for (int pass = 0; st == AT_OK && pass < 2; pass++) {
+        if ((pass == 0 && c->mu < 2) || (pass == 1 && !(c->beta > 0))) continue;
+        at_decoder *m = pass == 1 && ref ? ref : d;
+        at_decoder_acts *acts = NULL;
+        at_tensor *ti = NULL, *tp = NULL, *tl = NULL;
+        int64_t shape[2] = {rows, T};
+        if (pass == 1 && !ref) st = at_decoder_set_adapter(d, NULL);
+        if (st == AT_OK) st = at_tensor_new(m->be, AT_I32, 2, shape, "ids", &ti);
+        if (st == AT_OK) st = at_tensor_new(m->be, AT_I32, 2, shape, "position_ids", &tp);
+        if (st == AT_OK) st = at_tensor_new(m->be, AT_I32, 2, shape, "labels", &tl);
+        if (st == AT_OK) st = at_tensor_upload(ti, ids, (size_t)rows * T * 4);
+        if (st == AT_OK) st = at_tensor_upload(tp, pos, (size_t)rows * T * 4);
+        if (st == AT_OK) st = at_tensor_upload(tl, labels, (size_t)rows * T * 4);
+        if (st == AT_OK) st = at_decoder_acts_new_ex(m, rows, T, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, &acts);
+        if (st == AT_OK) st = at_grpo_token_logps(m, acts, ti, tp, tl, pass == 0 ? old : refp);
+        at_decoder_acts_free(acts);
+        at_tensor_free(ti);
+        at_tensor_free(tp);
+        at_tensor_free(tl);
+        if (pass == 1 && !ref) {
+            at_status s2 = at_decoder_set_adapter(d, ad);
+            if (st == AT_OK) st = s2;
+        }
+    }
+    return st;
+}
+
+/* Two GRPO steps of case c on d (its adapter set, or full weights), as the
+ * trainer runs them: the training activations of the first step stay for
+ * the second's generation and passes. */
+static at_status grpo_steps(const mcase *c, at_decoder *d, at_decoder_grads *g, at_optimizer *opt)
+{
+    int rows = c->B * c->G, T = c->T, full = c->tune == AT_TUNE_FULL;
+    size_t N = (size_t)rows * T;
+    at_tokenizer *tok = NULL;
+    at_chat_template *tmpl = NULL;
+    at_bundle_opts bo = {0};
+    bo.model = "demo/stories260K";
+    at_status st = at_bundle_load_text(&bo, &tok, &tmpl);
+    at_decoder *ref = NULL;
+    at_decoder_acts *acts = NULL;
+    at_tensor *ti = NULL, *tp = NULL, *tl = NULL;
+    int32_t *ids = malloc(N * 4), *labels = malloc(N * 4), *pos = malloc(N * 4);
+    float *old = c->mu > 1 ? malloc(N * 4) : NULL, *refp = c->beta > 0 ? malloc(N * 4) : NULL;
+    double *adv = malloc((size_t)rows * sizeof *adv);
+    if (st == AT_OK && (!ids || !labels || !pos || !adv || (c->mu > 1 && !old) || (c->beta > 0 && !refp)))
+        st = at_error(AT_ERR_NOMEM, "out of memory");
+    if (st == AT_OK && full && c->beta > 0) { /* the frozen copy of the initial weights */
+        at_model_config cfg;
+        at_decoder_weights *w = NULL;
+        random_config(c, &cfg);
+        st = at_decoder_weights_random(&cfg, at_cpu_backend(), AT_F32, 1, &w);
+        if (st == AT_OK) st = at_decoder_new(w, &ref);
+        if (st != AT_OK) at_decoder_weights_free(w);
+    }
+    at_grpo_config gc;
+    at_grpo_config_init(&gc);
+    gc.num_generations = c->G;
+    gc.max_completion_length = c->C;
+    gc.num_iterations = c->mu;
+    for (int k = 0; k < rows; k++) adv[k] = k % 2 ? 0.5 : -0.5;
+    int64_t shape[2] = {rows, T};
+    if (st == AT_OK) st = at_tensor_new(d->be, AT_I32, 2, shape, "ids", &ti);
+    if (st == AT_OK) st = at_tensor_new(d->be, AT_I32, 2, shape, "position_ids", &tp);
+    if (st == AT_OK) st = at_tensor_new(d->be, AT_I32, 2, shape, "labels", &tl);
+    for (int step = 0; step < 2 && st == AT_OK; step++) {
+        st = grpo_generate(c, d, ref, tok, step, ids, labels, pos, old, refp);
+        if (st == AT_OK && !acts)
+            st = at_decoder_acts_new_ex(d, rows, T, AT_ACTS_TRAIN | (c->ckpt ? AT_ACTS_CHECKPOINT : 0), &acts);
+        if (st == AT_OK) st = at_tensor_upload(ti, ids, N * 4);
+        if (st == AT_OK) st = at_tensor_upload(tp, pos, N * 4);
+        if (st == AT_OK) st = at_tensor_upload(tl, labels, N * 4);
+        at_grpo_stats gs = {0};
+        at_fwd_opts fwd = {full ? 0.0f : 0.05f, (uint64_t)step + 1, 0, 0, 0};
+        if (st == AT_OK)
+            st = at_grpo_forward_backward(&gc, c->beta, d, acts, ti, tp, tl, labels, &fwd, adv, old, refp, NULL,
+                                          (double)rows, (double)rows * c->C, 1.0, g, NULL, &gs);
+        if (st == AT_OK && !(gs.completions == rows && isfinite(at_grpo_stats_loss(&gs))))
+            st = at_error(AT_ERR_INTERNAL, "%s: GRPO step %d: %g completions", c->name, step, gs.completions);
+        double norm = 0;
+        if (st == AT_OK) st = at_optimizer_grad_norm(opt, &norm);
+        if (st == AT_OK) st = at_optimizer_step(opt, 1e-4, norm, 1.0);
+        if (st == AT_OK) st = at_decoder_grads_zero(g);
+    }
+    at_tensor_free(ti);
+    at_tensor_free(tp);
+    at_tensor_free(tl);
+    at_decoder_acts_free(acts);
+    at_decoder_free(ref);
+    free(ids);
+    free(labels);
+    free(pos);
+    free(old);
+    free(refp);
+    free(adv);
+    at_tokenizer_free(tok);
+    at_chat_template_free(tmpl);
+    return st;
+}
+
 /* The child: runs two training steps of case i and prints the estimate and
  * the measured growth of the peak RSS, in bytes. Preference cases run the
  * trainer's DPO path: the reference pass, then at_pref_forward_backward on
@@ -560,7 +727,17 @@ static int measure(int i)
         if (st != AT_OK) goto done;
     }
     const char *obj = c->pref ? (c->obj ? c->obj : "dpo") : "sft";
-    int is_kto = !strcmp(obj, "kto"), is_rm = !strcmp(obj, "rm");
+    int is_kto = !strcmp(obj, "kto"), is_rm = !strcmp(obj, "rm"), is_grpo = !strcmp(obj, "grpo");
+    if (is_grpo) {
+        at_adamw_config goc = {0.9, 0.999, 1e-8, 0, 1.0};
+        st = at_decoder_grads_new(d, full, &g);
+        if (st == AT_OK) st = at_optimizer_init(&opt, d, g, &goc);
+        if (st != AT_OK) goto done;
+        opt_ready = 1;
+        st = grpo_steps(c, d, g, &opt);
+        if (st != AT_OK) goto done;
+        goto measured;
+    }
     if (c->pref) {
         st = at_pref_config_init(&pc, obj);
         if (st == AT_OK) st = pref_pairs_make(c->B, c->T, d->cfg.vocab_size, &pairs);
@@ -647,12 +824,14 @@ static int measure(int i)
         if (st == AT_OK) st = at_decoder_grads_zero(g);
     }
     if (st != AT_OK) goto done;
+measured:;
     int64_t hwm = status_kb("VmHWM");
     at_model_config ref_cfg; /* PREF_REF_MODEL's reference: the policy's shape and format */
     if (c->pref == PREF_REF_MODEL) random_config(c, &ref_cfg);
     at_mem_train_request r = {&d->cfg, c->tune, full ? AT_F32 : c->dtype, AT_NF4, c->rank, mask, c->B, c->T,
                               c->ckpt, c->pref != PREF_NONE, omp_get_max_threads(), 0,
-                              0, c->pref == PREF_REF_MODEL ? &ref_cfg : NULL, c->dtype, obj, 0, 0};
+                              0, c->pref == PREF_REF_MODEL ? &ref_cfg : NULL, c->dtype, obj, c->G, c->C, c->beta,
+                              c->mu};
     at_mem_estimate e;
     at_mem_estimate_train(&r, &e);
     printf("%lld %lld %lld %lld %lld %lld\n", (long long)e.total, (long long)((hwm - base) * 1024),

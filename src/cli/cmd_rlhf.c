@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/file.h"
 #include "cli/cli.h"
 #include "cli/cmd_train.h"
 #include "train/grpo.h"
@@ -19,7 +20,7 @@ typedef struct {
     at_pref_config pref;
     at_grpo_config grpo;
     const char *demo_ds[1];
-    char mbuf[4096], dbuf[4096];
+    char mbuf[4096], dbuf[4096], rmbuf[4096];
 } rlhf_ctx;
 
 static int fail2(void)
@@ -40,6 +41,25 @@ static int set_float(at_options *o, const char *name, double v)
 static void demo_default(at_options *o, const char *name, const char *value)
 {
     if (at_opt_source_of(o, name) == AT_SRC_DEFAULT) at_opt_set_from(o, name, value, AT_SRC_CONFIG);
+}
+
+/* --reward_model given as an rm LoRA checkpoint (it has an adapter_config.json):
+ * the adapter is scored over its base, found as `anytune infer --adapters` finds it. */
+static int resolve_reward_model(at_grpo_config *g, rlhf_ctx *x)
+{
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", g->reward_model);
+    if (!at_is_dir(g->reward_model) || !at_file_exists(cfg)) return -1;
+    char *base = NULL;
+    if (at_cli_adapter_base(g->reward_model, &base) != AT_OK) {
+        fprintf(stderr, "anytune: error: --reward_model: %s\n", at_last_error());
+        return 2;
+    }
+    snprintf(x->rmbuf, sizeof x->rmbuf, "%s", base);
+    free(base);
+    g->reward_model_adapter = g->reward_model;
+    g->reward_model = x->rmbuf;
+    return -1;
 }
 
 /* --rlhf_type grpo's own options into g; the demo when neither --model nor --dataset is given. */
@@ -77,30 +97,9 @@ static int resolve_grpo(at_options *o, at_train_args *a, rlhf_ctx *x)
     if (demo) a->batch_size = (int)at_opt_int(o, "per_device_train_batch_size");
     demo_default(o, "gradient_accumulation_steps", "1");
     at_grpo_config_init(g);
-    g->num_generations = (int)at_opt_int(o, "num_generations");
-    g->max_completion_length = (int)at_opt_int(o, "max_completion_length");
-    g->temperature = at_opt_float(o, "temperature");
-    g->top_p = at_opt_float(o, "top_p");
-    g->top_k = at_opt_int(o, "top_k") > 0 ? (int)at_opt_int(o, "top_k") : 0;
-    g->epsilon = at_opt_float(o, "epsilon");
-    g->epsilon_high = at_opt_str(o, "epsilon_high") ? at_opt_float(o, "epsilon_high") : 0;
-    g->num_iterations = (int)at_opt_int(o, "num_iterations");
-    g->dynamic_sample = at_opt_bool(o, "dynamic_sample");
-    g->max_resample_times = (int)at_opt_int(o, "max_resample_times");
-    g->overlong_filter = at_opt_bool(o, "overlong_filter");
-    g->log_completions = at_opt_bool(o, "log_completions");
-    g->reward_model = at_opt_str(o, "reward_model");
-    g->reward_command = at_opt_str(o, "reward_command");
-    g->reward_timeout = at_opt_float(o, "reward_timeout");
-    g->cosine_min_len_value_wrong = at_opt_float(o, "cosine_min_len_value_wrong");
-    g->cosine_max_len_value_wrong = at_opt_float(o, "cosine_max_len_value_wrong");
-    g->cosine_min_len_value_correct = at_opt_float(o, "cosine_min_len_value_correct");
-    g->cosine_max_len_value_correct = at_opt_float(o, "cosine_max_len_value_correct");
-    g->cosine_max_len = at_opt_str(o, "cosine_max_len") ? (int)at_opt_int(o, "cosine_max_len") : 0;
-    g->repetition_n_grams = (double)at_opt_int(o, "repetition_n_grams");
-    g->repetition_max_penalty = at_opt_float(o, "repetition_max_penalty");
-    g->soft_max_length = at_opt_str(o, "soft_max_length") ? (int)at_opt_int(o, "soft_max_length") : 0;
-    g->soft_cache_length = at_opt_str(o, "soft_cache_length") ? (int)at_opt_int(o, "soft_cache_length") : 0;
+    at_grpo_config_store(o, g); /* the rows' values (train/train_options.c) */
+    if (g->top_k < 0) g->top_k = 0; /* ms-swift's -1: off */
+    if (g->reward_model && resolve_reward_model(g, x) >= 0) return 2;
     if (at_grpo_scale_parse(at_opt_str(o, "scale_rewards"), &g->scale_rewards) != AT_OK) return fail2();
     const char *lt = at_opt_str(o, "loss_type");
     if (lt && at_grpo_loss_type_parse(lt, &g->loss_type) != AT_OK) return fail2();
@@ -155,14 +154,11 @@ static int resolve(at_options *o, at_train_args *a, void *ctx)
         else c->simpo_gamma = 0;
     }
     if (at_opt_str(o, "beta")) c->beta = at_opt_float(o, "beta");
-    c->label_smoothing = at_opt_float(o, "label_smoothing");
+    at_pref_config_store(o, c); /* label_smoothing, the kto weights, center_rewards_coefficient */
     if (at_opt_str(o, "rpo_alpha")) c->rpo_alpha = at_opt_float(o, "rpo_alpha");
     if (at_opt_str(o, "cpo_alpha")) c->cpo_alpha = at_opt_float(o, "cpo_alpha");
     if (at_opt_str(o, "simpo_gamma")) c->simpo_gamma = at_opt_float(o, "simpo_gamma");
     c->ref_model = at_opt_str(o, "ref_model");
-    c->desirable_weight = at_opt_float(o, "desirable_weight");
-    c->undesirable_weight = at_opt_float(o, "undesirable_weight");
-    c->center_rewards_coefficient = at_opt_float(o, "center_rewards_coefficient");
     if (at_pref_config_check(c) != AT_OK) return fail2();
     /* what the defaults resolved to, for args.json */
     int rc = set_float(o, "beta", c->beta);

@@ -20,6 +20,7 @@
 #include "data/encode.h"
 #include "model/adapter.h"
 #include "plan/planner.h"
+#include "train/grpo.h"
 #include "train/preference.h"
 #include "train/schedule.h"
 #include "train/train_options.h"
@@ -56,6 +57,12 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
      * the format it is stored in (what a full fine-tuning loads it as) */
     at_model_config ref_cfg;
     if (a->pref && !at_pref_needs_reference(a->pref)) rq.reference_free = 1;
+    if (a->pref && a->pref->grpo) {
+        rq.num_generations = a->pref->grpo->num_generations;
+        rq.max_completion_length = a->pref->grpo->max_completion_length;
+        rq.beta = a->pref->beta;
+        rq.num_iterations = a->pref->grpo->num_iterations;
+    }
     if (a->pref && a->pref->ref_model) {
         int has_stored = 0;
         at_dtype stored = AT_F32;

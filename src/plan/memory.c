@@ -181,9 +181,64 @@ static int64_t rm_extra(const at_mem_train_request *r, const at_mem_estimate *e)
     return 4 * tensor_bytes(AT_F32, H) + 4 * (2 * H + rows * H + rows * T * H) + 16 * rows;
 }
 
+/* GRPO (train/objective_grpo.c), per micro-batch of B prompts × G
+ * completions, rows of T tokens (prompt + completion: the request's
+ * seq_len). Beside the step's own parts:
+ *   - generation (infer/scheduler.c), before the step and while the last
+ *     step's activations are still held: the KV cache of S = min(B·G, 64)
+ *     slots × (T + 1) tokens in f32, the logits [S, V] on the device and on
+ *     the host; freed after;
+ *   - the decoder's inference scratch, grown by the generation's prefill of
+ *     S × min(2048 / S, 512, T − C) tokens and its decode steps and kept
+ *     (model/decoder.h d->scratch), as at_mem_estimate_infer counts it;
+ *   - after the generation, one at a time: with num_iterations > 1 the old
+ *     policy's log-prob pass, with beta > 0 the reference's (the policy
+ *     without its adapter, or a reference model): a forward without
+ *     gradients over the B·G rows (loss-only activations, checkpoint
+ *     layout, one logits chunk), beside the step's activations;
+ *   - kept for the step: the rows' ids, labels and positions (i32) and the
+ *     old and reference per-token log-probs (f32);
+ *   - with beta > 0, --ref_model's weights (ref_cfg), or with full
+ *     fine-tuning the frozen copy of the initial weights (ref_dtype), for
+ *     the whole run. */
+static int64_t grpo_extra(const at_mem_train_request *r, const at_mem_estimate *e)
+{
+    const at_model_config *c = r->cfg;
+    int G = r->num_generations > 0 ? r->num_generations : 8, T = r->seq_len;
+    int64_t rows = (int64_t)r->batch * G, N = rows * T;
+    int S = rows < 64 ? (int)rows : 64, C = r->max_completion_length, chunk = 2048 / S;
+    if (chunk > 512) chunk = 512;
+    if (chunk < 32) chunk = 32;
+    if (C > 0 && T - C < chunk) chunk = T - C > 1 ? T - C : 1;
+    at_mem_infer_request ir = {c, r->tune == AT_TUNE_FULL ? AT_F32 : r->weight_dtype, AT_F32, S, T + 1, chunk,
+                               r->tune == AT_TUNE_FULL ? 0 : r->lora_rank, r->lora_mask, r->threads, 0};
+    at_mem_estimate gen;
+    at_mem_estimate_infer(&ir, &gen);
+    int64_t scratch = gen.activations + gen.attention, generation = gen.kv_cache + 2 * gen.logits;
+    int64_t pass = 0;
+    int old = r->num_iterations > 1, ref = r->beta > 0;
+    if (old || ref) {
+        int lr = old ? r->lora_rank : 0;
+        unsigned lm = old ? r->lora_mask : 0;
+        const at_model_config *pc = ref && r->ref_cfg ? r->ref_cfg : c;
+        size_t acts = at_decoder_acts_elems_ex(pc, (int)rows, T, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, lr, lm);
+        pass = 4 * (int64_t)acts + 12 * N + 16 * N + attention_bytes(pc, (int)rows, T, r->threads, 0);
+    }
+    int64_t kept = 12 * N + 4 * N * (old + ref), ref_weights = 0;
+    if (ref && r->ref_cfg)
+        ref_weights = r->tune == AT_TUNE_FULL ? at_mem_weight_bytes(r->ref_cfg, r->ref_dtype, r->ref_dtype)
+                      : at_mem_weight_bytes(r->ref_cfg, r->tune == AT_TUNE_QLORA ? r->quant_dtype : r->weight_dtype,
+                                            r->weight_dtype);
+    else if (ref && r->tune == AT_TUNE_FULL)
+        ref_weights = at_mem_weight_bytes(c, r->ref_dtype, r->ref_dtype);
+    (void)e;
+    return scratch + (generation > pass ? generation : pass) + kept + ref_weights;
+}
+
 static const at_mem_objective OBJECTIVES[] = {
     {"sft", 1, 0, NULL},   {"pt", 1, 0, NULL},    {"dpo", 2, 1, NULL}, {"cpo", 2, 0, NULL},
     {"simpo", 2, 0, NULL}, {"orpo", 2, 0, NULL},  {"kto", 2, 1, NULL}, {"rm", 2, 0, rm_extra},
+    {"grpo", 0, 0, grpo_extra},
 };
 
 const at_mem_objective *at_mem_objective_find(const char *name)
@@ -215,7 +270,8 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
         e->gradients = e->trainable;
         e->optimizer = 2 * e->trainable;
     }
-    int B = r->batch * ob->rows_per_item, T = r->seq_len;
+    int B = r->batch * (ob->rows_per_item ? ob->rows_per_item : (r->num_generations > 0 ? r->num_generations : 8)),
+        T = r->seq_len;
     int64_t N = (int64_t)B * T;
     unsigned flags = AT_ACTS_TRAIN | (r->checkpointing ? AT_ACTS_CHECKPOINT : 0);
     size_t all = at_decoder_acts_elems_ex(c, B, T, flags, rank, mask);

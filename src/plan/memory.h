@@ -56,7 +56,8 @@ typedef struct at_mem_estimate at_mem_estimate;
 typedef struct at_mem_objective {
     const char *name;
     int rows_per_item;  /* rows one item runs at once: 1; 2 for a preference pair (chosen and rejected, DPO
-                           family and rm) and for a KTO example (the example and its KL row, the KL batch) */
+                           family and rm) and for a KTO example (the example and its KL row, the KL batch);
+                           0: the request's num_generations (a GRPO prompt's completions) */
     int reference;      /* a reference pass before training (dpo, kto; see reference_free below) */
     /* NULL: nothing else. Else the bytes the objective holds at the step's
      * peak beside the decoder's parts, given those parts in e: rm's score
@@ -96,8 +97,12 @@ struct at_mem_train_request {
                                 file's); LoRA and QLoRA load it as the policy (weight_dtype, quant_dtype) */
     const char *objective;   /* its at_mem_objective row; NULL: "dpo" with preference (cpo without a
                                 reference pass), else "sft" */
-    /* GRPO (its row's extra): completions per prompt and their longest length */
+    /* GRPO (its row's extra): completions per prompt and their longest length, the KL's beta (> 0: a
+     * reference pass per generated batch; with full fine-tuning a frozen copy of the weights, held in
+     * ref_dtype) and num_iterations (> 1: the old policy's pass) */
     int num_generations, max_completion_length;
+    double beta;
+    int num_iterations;
 };
 
 struct at_mem_estimate {

@@ -191,6 +191,12 @@ static void estimate(const at_plan_request *rq, const at_device_profile *dev, co
     /* full fine-tuning loads --ref_model in its file's format (trainer.c
      * dpo_reference), f32 with --torch_dtype; unknown: f32, the most */
     r.ref_dtype = rq->ref_cfg && !rq->has_dtype && rq->ref_cfg->has_dtype ? rq->ref_cfg->dtype : AT_F32;
+    /* grpo's frozen copy of the initial weights (full fine-tuning): the file's format, as --ref_model's */
+    if (!rq->ref_cfg && !rq->has_dtype && rq->has_model_dtype) r.ref_dtype = rq->model_dtype;
+    r.num_generations = rq->num_generations;
+    r.max_completion_length = rq->max_completion_length;
+    r.beta = rq->beta;
+    r.num_iterations = rq->num_iterations;
     r.threads = dev->threads;
     r.runtime_overhead = dev->runtime_overhead;
     at_mem_estimate_train(&r, m);
@@ -597,7 +603,8 @@ char *at_plan_to_text(const at_plan *p)
         {"kv cache", m->kv_cache, ""},
         {"workspace", m->workspace, "GEMM buffers, runtime"},
         {"reference", m->reference, "DPO reference pass above the step (and KTO's; --ref_model, before gradients)"},
-        {"objective", m->objective, "the objective's own (rm: score head, its gradient, moments and buffers)"},
+        {"objective", m->objective, "the objective's own (rm: score head, its gradient, moments and buffers; grpo: "
+         "generation's KV cache, log-prob passes, reference weights)"},
     };
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (!p->train && (i == 2 || i == 3 || (i == 1 && parts[i].v == 0))) continue;

@@ -55,6 +55,10 @@ typedef struct at_plan_request {
     const at_model_config *ref_cfg; /* DPO --ref_model's config (NULL: the policy's base is the reference) */
     const char *objective;        /* the objective's name (plan/memory.h at_mem_objective); NULL: from
                                      preference and reference_free */
+    /* grpo: --num_generations (0: 8), --max_completion_length, --beta, --num_iterations */
+    int num_generations, max_completion_length;
+    double beta;
+    int num_iterations;
     int64_t max_memory;           /* --max_memory bytes; 0: 90% of the free memory */
     /* inference */
     int infer_batch;              /* sequences at once (default 1) */

@@ -4,30 +4,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "train/train_options.h"
 
 _Static_assert(sizeof(at_grpo_stats) == AT_GRPO_STATS_N * sizeof(double), "at_grpo_stats is summed as an array");
 
 void at_grpo_config_init(at_grpo_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->num_generations = 8;
-    c->max_completion_length = 512;
-    c->temperature = 0.9;
-    c->top_p = 1.0;
-    c->top_k = 0;
-    c->epsilon = 0.2;
-    c->num_iterations = 1;
-    c->loss_type = AT_GRPO_LOSS_GRPO;
-    c->scale_rewards = AT_GRPO_SCALE_GROUP;
-    c->max_resample_times = 3;
-    c->reward_timeout = 60;
-    /* ms-swift's cosine reward (Yeo et al. 2025) and repetition penalty defaults */
-    c->cosine_min_len_value_wrong = -0.5;
-    c->cosine_max_len_value_wrong = 0.0;
-    c->cosine_min_len_value_correct = 1.0;
-    c->cosine_max_len_value_correct = 0.5;
-    c->repetition_n_grams = 3;
-    c->repetition_max_penalty = -1.0;
+    at_grpo_config_store(NULL, c); /* the option table's defaults (train/train_options.c) */
 }
 
 at_status at_grpo_config_check(const at_grpo_config *c)

@@ -65,7 +65,8 @@ typedef struct at_grpo_config {
     int n_reward_funcs;
     double reward_weights[AT_GRPO_MAX_REWARDS + 2]; /* per function, then the model's, then the command's */
     int n_reward_weights;       /* 0: all 1 */
-    const char *reward_model;   /* --reward_model DIR (NULL: none) */
+    const char *reward_model;   /* --reward_model DIR (NULL: none): a reward model (train/reward_model.h) */
+    const char *reward_model_adapter; /* an rm LoRA checkpoint scored over reward_model (its base), or NULL */
     const char *reward_command; /* --reward_command CMD (NULL: none) */
     double reward_timeout;      /* seconds the command may take per batch (60) */
     /* cosine and soft_overlong (ms-swift's) */
@@ -77,7 +78,7 @@ typedef struct at_grpo_config {
     int log_completions;        /* RUN/completions.jsonl */
 } at_grpo_config;
 
-/* ms-swift's defaults. */
+/* ms-swift's defaults, as the option table (train/train_options.c) holds them. */
 void at_grpo_config_init(at_grpo_config *c);
 /* AT_ERR_INVALID naming the option when a value is out of range. */
 at_status at_grpo_config_check(const at_grpo_config *c);

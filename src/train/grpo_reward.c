@@ -255,12 +255,48 @@ at_status at_grpo_rewards_init(const at_grpo_config *c, at_grpo_rewards *r)
         }
         r->names[r->n++] = BUILTINS[k];
     }
-    if (c->reward_model)
-        return at_error(AT_ERR_UNSUPPORTED, "--reward_model %s: not in this build yet; use --reward_command with a "
-                        "scorer, or the built-ins", c->reward_model);
+    if (c->reward_model) {
+        /* TRL names a reward model by its folder: the last part of the path (trailing slashes aside) */
+        const char *path = c->reward_model_adapter ? c->reward_model_adapter : c->reward_model;
+        size_t end = strlen(path);
+        while (end > 1 && path[end - 1] == '/') end--;
+        size_t start = end;
+        while (start > 0 && path[start - 1] != '/') start--;
+        snprintf(r->model_name, sizeof r->model_name, "%.*s", (int)(end - start), path + start);
+        r->names[r->n++] = r->model_name;
+    }
     if (c->reward_command) r->names[r->n++] = "reward_command";
     for (int i = 0; i < r->n; i++) r->weights[i] = c->n_reward_weights ? c->reward_weights[i] : 1.0;
     return AT_OK;
+}
+
+/* The reward model's value of each sample into out[i·r->n + f]. */
+static at_status model_rewards(const at_grpo_rewards *r, const at_grpo_sample *s, size_t n, int f, double *out)
+{
+    if (!r->model)
+        return at_error(AT_ERR_INVALID, "--reward_model %s: the reward model is not open", r->c->reward_model);
+    cJSON **prompts = calloc(n ? n : 1, sizeof *prompts);
+    const char **replies = calloc(n ? n : 1, sizeof *replies);
+    double *v = malloc((n ? n : 1) * sizeof *v);
+    cJSON **own = calloc(n ? n : 1, sizeof *own); /* the prompts made here (a string each) */
+    at_status st = prompts && replies && v && own ? AT_OK : at_error(AT_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == AT_OK && i < n; i++) {
+        if (s[i].messages) {
+            prompts[i] = (cJSON *)s[i].messages;
+        } else if (!(prompts[i] = own[i] = cJSON_CreateString(s[i].prompt ? s[i].prompt : ""))) {
+            st = at_error(AT_ERR_NOMEM, "out of memory");
+        }
+        replies[i] = s[i].completion ? s[i].completion : "";
+    }
+    if (st == AT_OK) st = at_reward_model_score(r->model, (const cJSON *const *)prompts, replies, n, v);
+    if (st != AT_OK) st = at_error_wrap(st, "--reward_model %s", r->model_name);
+    for (size_t i = 0; st == AT_OK && i < n; i++) out[i * (size_t)r->n + (size_t)f] = v[i];
+    for (size_t i = 0; own && i < n; i++) cJSON_Delete(own[i]);
+    free(own);
+    free(prompts);
+    free(replies);
+    free(v);
+    return st;
 }
 
 at_status at_grpo_rewards_score(const at_grpo_rewards *r, const at_grpo_sample *s, size_t n, double *out)
@@ -268,6 +304,10 @@ at_status at_grpo_rewards_score(const at_grpo_rewards *r, const at_grpo_sample *
     const at_grpo_config *c = r->c;
     for (int f = 0; f < r->n; f++) {
         const char *name = r->names[f];
+        if (name == r->model_name) {
+            AT_TRY(model_rewards(r, s, n, f, out));
+            continue;
+        }
         if (!strcmp(name, "reward_command")) {
             double *v = malloc((n ? n : 1) * sizeof *v);
             if (!v) return at_error(AT_ERR_NOMEM, "out of memory");

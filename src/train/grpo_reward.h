@@ -28,6 +28,12 @@
  *   soft_overlong  DAPO's: min(0, −(L − (soft_max_length − soft_cache_length)) /
  *                  soft_cache_length) with L the completion's tokens.
  *
+ * --reward_model DIR scores each (prompt, completion) with a reward model
+ * (train/reward_model.h: the prompt's messages and the completion as the
+ * assistant's reply, rendered by the reward model's chat template), as TRL
+ * passes a sequence-classification model among its reward_funcs; its name
+ * (rewards/NAME/mean, a key of --log_completions) is the folder's name.
+ *
  * --reward_command CMD runs CMD (split at spaces, no shell) once per batch of
  * completions: one JSON object per line on its stdin, {"prompt": ...,
  * "completion": ..., "solution": ...} (solution null when the record has
@@ -41,6 +47,7 @@
 #include <stddef.h>
 #include "base/status.h"
 #include "train/grpo.h"
+#include "train/reward_model.h"
 
 /* The built-ins, by name (NULL past the last). */
 const char *at_grpo_builtin_name(int i);
@@ -62,15 +69,22 @@ typedef struct {
     const char *completion;  /* the generated text */
     const char *solution;    /* the record's, or NULL */
     int tokens;              /* completion tokens */
+    const cJSON *messages;   /* the prompt's messages (a JSON array of {role, content}) a reward model scores;
+                                NULL: prompt as the one user message */
 } at_grpo_sample;
 
-/* The functions of c (built-ins, then the command), checked: an unknown name
- * or a soft_overlong without --soft_cache_length is AT_ERR_INVALID. */
+/* The functions of c (built-ins, then the reward model, then the command),
+ * checked: an unknown name or a soft_overlong without --soft_cache_length
+ * is AT_ERR_INVALID. With c->reward_model the caller opens the model
+ * (at_reward_model_open) and sets `model` before scoring (names point into
+ * the struct: do not copy it). */
 typedef struct {
     const at_grpo_config *c;
     int n;                          /* functions */
     const char *names[AT_GRPO_MAX_REWARDS + 2];
     double weights[AT_GRPO_MAX_REWARDS + 2];
+    at_reward_model *model;         /* --reward_model (borrowed), or NULL */
+    char model_name[128];           /* its function's name */
 } at_grpo_rewards;
 at_status at_grpo_rewards_init(const at_grpo_config *c, at_grpo_rewards *r);
 

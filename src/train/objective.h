@@ -103,6 +103,13 @@ typedef struct {
      * batch_items at a time, once, before training. */
     int (*needs_reference)(const at_objective *o);
     at_status (*reference)(at_objective *o, at_decoder *ref, int batch_items, int32_t pad);
+    /* NULL: references are computed once, by `reference`. Else the
+     * objective scores against its reference during training (grpo's KL),
+     * and when needs_reference says so it is given, before attach, the
+     * frozen reference it keeps: --ref_model, or for full fine-tuning a copy
+     * of the initial weights (owned: freed by `free`), or NULL when the
+     * reference is the policy with its LoRA adapter off. */
+    at_status (*keep_reference)(at_objective *o, at_decoder *ref);
     /* The micro-batch of plan batch b (*out: free with at_batch_free) and its counts[n_counts]
      * (counts[0]: the loss's denominator: 0 means the step has nothing to train on). */
     at_status (*build)(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
@@ -133,6 +140,8 @@ struct at_objective {
                                     prepare may set it (else 1) */
     const char *run_dir;         /* the run's folder on the rank that writes files (set before the first
                                     step), else NULL */
+    int64_t epoch;               /* the epoch of the plan that build and forward_backward are given (set by
+                                    the trainer; grpo keys its sampling by it) */
 };
 
 /* The objective of a run: "sft", "pt", or rlhf's pref->name (dpo, cpo, simpo,

@@ -12,14 +12,26 @@
  * (infer/bundle.h at_stop_tokens: EOS, BOS, the template's end of turn) and
  * at the special tokens that close the template's reply. Then the rewards (train/grpo_reward.h), the
  * group advantages, with --num_iterations > 1 the old policy's per-token
- * log-probs, with β > 0 the reference's (the policy with its adapter off:
- * full fine-tuning with β > 0 needs a frozen copy and is refused). A batch
+ * log-probs, with β > 0 the reference's: --ref_model, or with full
+ * fine-tuning a frozen copy of the initial weights (the trainer loads
+ * either: objective.h keep_reference), else the policy with its LoRA
+ * adapter off. A batch
  * is kept for --num_iterations steps (the trainer repeats each plan step μ
  * times: objective.h step_repeats) and regenerated after.
  * --dynamic_sample regenerates the groups whose rewards are all equal (no
  * advantage, no gradient) up to max_resample_times times, keeping the last
- * try. --scale_rewards batch takes the std over the micro-batch's
- * completions (TRL: over the whole generation batch of every process). */
+ * try.
+ *
+ * Data parallel: each rank generates its own plan batches. A completion's
+ * sampling seed is keyed by the epoch, the prompt's item, its index in the
+ * group and the dynamic-sampling round, never by the rank or by how many
+ * completions came before, so the samples do not depend on how the step is
+ * split over ranks (or on a resume). --scale_rewards batch divides by the
+ * std over the whole step's completions, every micro-batch and rank (TRL:
+ * the generation batch gathered from every process): build's counts carry
+ * Σ R and Σ R², which the trainer sums over the step and the ranks
+ * (completions.jsonl, written at generation, then logs the advantage before
+ * that division). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +41,11 @@
 #include "base/rng.h"
 #include "infer/bundle.h"
 #include "infer/scheduler.h"
+#include "model/loader.h"
 #include "train/grpo.h"
 #include "train/grpo_reward.h"
 #include "train/objective.h"
+#include "train/reward_model.h"
 
 /* One prompt of the dataset. */
 typedef struct {
@@ -39,6 +53,7 @@ typedef struct {
     size_t n;
     char *question;  /* its last user message (what --reward_command and the completion log see) */
     char *solution;  /* the record's, or NULL */
+    cJSON *messages; /* its messages, what --reward_model scores the completions after */
 } prompt;
 
 /* A generated micro-batch: rows of prompt + completion. */
@@ -68,8 +83,10 @@ typedef struct {
     int n_stop;
     const at_chat_template *tmpl;
     at_decoder *d;            /* the policy (attach) */
-    uint64_t seed, serial;
+    at_decoder *ref;          /* the frozen reference (owned), or NULL: the policy with its adapter off */
+    uint64_t seed;
     at_grpo_rewards rw;
+    at_reward_model *rm;      /* --reward_model (owned) */
     gen_batch *cache;
     size_t n_cache;
     double gen_s, since;      /* generation's seconds since the last log line, and when that was */
@@ -99,6 +116,34 @@ static void gen_free(gen_batch *g)
 /* ---- data ---- */
 
 static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
+
+static void prompt_free(prompt *p)
+{
+    free(p->ids);
+    free(p->question);
+    free(p->solution);
+    cJSON_Delete(p->messages);
+    memset(p, 0, sizeof *p);
+}
+
+/* m[0..n) as a JSON array of {role, content} (NULL: out of memory). */
+static cJSON *messages_json(const at_message *m, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(a, o)) {
+            cJSON_Delete(o);
+            o = NULL;
+        }
+        if (!o || !cJSON_AddStringToObject(o, "role", at_role_name(m[i].role)) ||
+            !cJSON_AddStringToObject(o, "content", m[i].content)) {
+            cJSON_Delete(a);
+            a = NULL;
+        }
+    }
+    return a;
+}
 
 /* The prompt of s: its messages (a final assistant reply dropped) rendered
  * with an empty reply, cut before the reply's first trained token; the
@@ -145,6 +190,11 @@ static at_status encode_prompt(grpo_data *gd, const at_sample *s, prompt *out, i
         if (s->messages.items[i].role == AT_ROLE_USER) question = s->messages.items[i].content;
     out->question = dupstr(question);
     out->solution = dupstr(s->solution);
+    out->messages = messages_json(s->messages.items, n);
+    if (!out->messages || !out->question || (s->solution && !out->solution)) {
+        prompt_free(out);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
     *ok = 1;
     return AT_OK;
 }
@@ -186,10 +236,7 @@ static at_status obj_prepare(at_objective *o, const at_obj_data_env *env, const 
         prompt *p = &gd->p[gd->n];
         if (env->max_length > 0 && p->n + (size_t)gd->c->max_completion_length > (size_t)env->max_length) {
             too_long++;
-            free(p->ids);
-            free(p->question);
-            free(p->solution);
-            memset(p, 0, sizeof *p);
+            prompt_free(p);
             continue;
         }
         gd->len[gd->n] = p->n + (size_t)gd->c->max_completion_length;
@@ -211,14 +258,37 @@ static at_status obj_prepare(at_objective *o, const at_obj_data_env *env, const 
     return AT_OK;
 }
 
+static int obj_needs_reference(const at_objective *o) { return at_pref_needs_reference(o->pref); }
+
+static at_status obj_keep_reference(at_objective *o, at_decoder *ref)
+{
+    grpo_data *gd = o->impl;
+    gd->ref = ref;
+    return AT_OK;
+}
+
 static at_status obj_attach(at_objective *o, at_decoder *d, uint64_t seed)
 {
     grpo_data *gd = o->impl;
-    if (gd->beta > 0 && !d->adapter)
-        return at_error(AT_ERR_UNSUPPORTED, "grpo --beta %g with --train_type full: the KL's reference would need a "
-                        "frozen copy of the model, not in this build; use LoRA or --beta 0", gd->beta);
+    if (gd->beta > 0 && !d->adapter && !gd->ref)
+        return at_error(AT_ERR_INVALID, "grpo --beta %g with full weights: the KL needs a frozen reference (the "
+                        "trainer gives one: objective.h keep_reference)", gd->beta);
     gd->d = d;
     gd->seed = seed;
+    if (gd->c->reward_model && !gd->rm) {
+        /* the reward model in its own format, on the policy's device, one group a forward */
+        at_bundle_opts bo = {0};
+        bo.model = gd->c->reward_model;
+        bo.adapters = &gd->c->reward_model_adapter;
+        bo.n_adapters = gd->c->reward_model_adapter ? 1 : 0;
+        bo.backend = d->be;
+        bo.dtype = AT_LOAD_KEEP_DTYPE;
+        double t0 = at_now_seconds();
+        at_status st = at_reward_model_open(&bo, gd->c->num_generations, &gd->rm);
+        if (st != AT_OK) return at_error_wrap(st, "--reward_model %s", gd->rw.model_name);
+        gd->rw.model = gd->rm;
+        at_log_info("reward model %s loaded in %.1f s", gd->rw.model_name, at_now_seconds() - t0);
+    }
     /* infer's stop tokens (EOS, BOS, the template's), with the reply's own special tokens found in prepare */
     gd->n_stop = at_stop_tokens(&d->cfg, gd->tok, gd->tmpl, gd->stop, gd->n_stop, AT_GEN_MAX_STOP);
     gd->since = at_now_seconds();
@@ -247,8 +317,17 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 1;
 }
 
+/* Completion k of prompt item i's group in dynamic-sampling round `round`:
+ * its sampling seed (see the top). */
+static uint64_t sample_seed(const grpo_data *gd, size_t item, int k, int round)
+{
+    uint64_t s = at_rng_mix(gd->seed ^ 0x6772706full, (uint64_t)gd->o->epoch);
+    s = at_rng_mix(s, (uint64_t)item);
+    return at_rng_mix(s, (uint64_t)round * (uint64_t)gd->c->num_generations + (uint64_t)k);
+}
+
 /* Generates G completions for each of the prompts pi[0..np) into out[np·G]. */
-static at_status generate(grpo_data *gd, const size_t *pi, size_t np, completion *out)
+static at_status generate(grpo_data *gd, const size_t *pi, size_t np, int round, completion *out)
 {
     const at_grpo_config *c = gd->c;
     int G = c->num_generations;
@@ -267,7 +346,7 @@ static at_status generate(grpo_data *gd, const size_t *pi, size_t np, completion
             gp.sampling.temperature = (float)c->temperature;
             gp.sampling.top_p = (float)c->top_p;
             gp.sampling.top_k = c->top_k;
-            gp.sampling.seed = at_rng_mix(gd->seed ^ 0x6772706full, gd->serial++);
+            gp.sampling.seed = sample_seed(gd, pi[next / (size_t)G], (int)(next % (size_t)G), round);
             gp.max_new_tokens = c->max_completion_length;
             gp.stop = c->stop_words;
             gp.n_stop = c->n_stop_words;
@@ -330,7 +409,7 @@ static at_status score(grpo_data *gd, const size_t *pi, size_t np, const complet
     if (!s) return at_error(AT_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const prompt *p = &gd->p[pi[i / (size_t)G]];
-        s[i] = (at_grpo_sample){p->question, cp[i].text, p->solution, (int)cp[i].n};
+        s[i] = (at_grpo_sample){p->question, cp[i].text, p->solution, (int)cp[i].n, p->messages};
     }
     at_status st = at_grpo_rewards_score(&gd->rw, s, n, rewards);
     free(s);
@@ -376,16 +455,16 @@ static void log_completions(grpo_data *gd, const gen_batch *gb, const size_t *pi
     fflush(gd->log);
 }
 
-/* Per-token log-probs of the batch's rows under the decoder as it is. */
-static at_status batch_logps(grpo_data *gd, const gen_batch *gb, float *out)
+/* Per-token log-probs of the batch's rows under the decoder d as it is. */
+static at_status batch_logps(at_decoder *d, const gen_batch *gb, float *out)
 {
     at_batch b = {gb->ids, gb->labels, gb->pos, NULL, gb->lengths, gb->rows, gb->cols};
     at_batch_tensors t = {0};
     at_decoder_acts *acts = NULL;
-    at_status st = at_batch_tensors_upload(gd->d->be, &b, 0, &t);
+    at_status st = at_batch_tensors_upload(d->be, &b, 0, &t);
     if (st == AT_OK)
-        st = at_decoder_acts_new_ex(gd->d, (int)gb->rows, (int)gb->cols, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, &acts);
-    if (st == AT_OK) st = at_grpo_token_logps(gd->d, acts, t.ids, t.pos, t.labels, out);
+        st = at_decoder_acts_new_ex(d, (int)gb->rows, (int)gb->cols, AT_ACTS_LOSS | AT_ACTS_CHECKPOINT, &acts);
+    if (st == AT_OK) st = at_grpo_token_logps(d, acts, t.ids, t.pos, t.labels, out);
     at_decoder_acts_free(acts);
     at_batch_tensors_free(&t);
     return st;
@@ -414,7 +493,7 @@ static at_status make_batch(grpo_data *gd, const size_t *pi, size_t np, int32_t 
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    AT_CHECK(generate(gd, pi, np, cp));
+    AT_CHECK(generate(gd, pi, np, 0, cp));
     AT_CHECK(score(gd, pi, np, cp, gb->rewards, gb->total));
     /* DAPO's dynamic sampling: groups without any spread in their rewards are tried again */
     for (int round = 0; c->dynamic_sample && round < c->max_resample_times; round++) {
@@ -434,7 +513,7 @@ static at_status make_batch(grpo_data *gd, const size_t *pi, size_t np, int32_t 
         double *rr = calloc(nr * (size_t)G * (size_t)(F ? F : 1), sizeof *rr), *rt = calloc(nr * (size_t)G, sizeof *rt);
         if (!rpi || !rc || !rr || !rt) st = at_error(AT_ERR_NOMEM, "out of memory");
         for (size_t k = 0; st == AT_OK && k < nr; k++) rpi[k] = pi[redo[k]];
-        if (st == AT_OK) st = generate(gd, rpi, nr, rc);
+        if (st == AT_OK) st = generate(gd, rpi, nr, round + 1, rc);
         if (st == AT_OK) st = score(gd, rpi, nr, rc, rr, rt);
         for (size_t k = 0; st == AT_OK && k < nr; k++)
             for (int i = 0; i < G; i++) {
@@ -453,7 +532,9 @@ static at_status make_batch(grpo_data *gd, const size_t *pi, size_t np, int32_t 
         free(redo);
         if (st != AT_OK) goto done;
     }
-    at_grpo_advantages(gb->total, np, G, c->scale_rewards, gb->adv, gb->std);
+    /* batch scaling waits for the step's std (forward_backward): centred here, as with none */
+    at_grpo_advantages(gb->total, np, G, c->scale_rewards == AT_GRPO_SCALE_BATCH ? AT_GRPO_SCALE_NONE : c->scale_rewards,
+                       gb->adv, gb->std);
     /* the rows: prompt + completion (its stop token included, as TRL's completion mask) */
     size_t cols = 2;
     for (size_t i = 0; i < n; i++) {
@@ -490,7 +571,7 @@ static at_status make_batch(grpo_data *gd, const size_t *pi, size_t np, int32_t 
             st = at_error(AT_ERR_NOMEM, "out of memory");
             goto done;
         }
-        AT_CHECK(batch_logps(gd, gb, gb->old));
+        AT_CHECK(batch_logps(gd->d, gb, gb->old));
     }
     if (gd->beta > 0) {
         gb->ref = malloc(n * cols * sizeof *gb->ref);
@@ -498,12 +579,16 @@ static at_status make_batch(grpo_data *gd, const size_t *pi, size_t np, int32_t 
             st = at_error(AT_ERR_NOMEM, "out of memory");
             goto done;
         }
-        at_adapter *ad = gd->d->adapter;
-        AT_CHECK(at_decoder_set_adapter(gd->d, NULL));
-        st = batch_logps(gd, gb, gb->ref);
-        at_status s2 = at_decoder_set_adapter(gd->d, ad);
-        if (st == AT_OK) st = s2;
-        if (st != AT_OK) goto done;
+        if (gd->ref) {
+            AT_CHECK(batch_logps(gd->ref, gb, gb->ref));
+        } else {
+            at_adapter *ad = gd->d->adapter;
+            AT_CHECK(at_decoder_set_adapter(gd->d, NULL));
+            st = batch_logps(gd->d, gb, gb->ref);
+            at_status s2 = at_decoder_set_adapter(gd->d, ad);
+            if (st == AT_OK) st = s2;
+            if (st != AT_OK) goto done;
+        }
     }
     log_completions(gd, gb, pi, cp);
     gd->generations++;
@@ -555,7 +640,8 @@ static gen_batch *find_batch(grpo_data *gd, size_t b)
     return NULL;
 }
 
-/* counts[0]: completions, counts[1]: their tokens in the loss */
+/* counts[0]: completions, counts[1]: their tokens in the loss, counts[2], [3]: Σ R and Σ R² over the
+ * completions (--scale_rewards batch) */
 static at_status obj_build(const at_objective *o, const at_batch_plan *plan, size_t b, int32_t pad, at_batch *out,
                            double *counts)
 {
@@ -581,7 +667,22 @@ static at_status obj_build(const at_objective *o, const at_batch_plan *plan, siz
     out->cols = gb->cols;
     counts[0] = (double)gb->rows;
     counts[1] = gb->tokens;
+    counts[2] = counts[3] = 0;
+    for (size_t i = 0; i < gb->rows; i++) {
+        counts[2] += gb->total[i];
+        counts[3] += gb->total[i] * gb->total[i];
+    }
     return AT_OK;
+}
+
+/* --scale_rewards batch: torch's unbiased std of the step's n rewards from
+ * their sums (every micro-batch and rank): (Σ R² − n·mean²)/(n − 1). The
+ * cancellation costs about 1e-16·mean²/var relative: nothing for rewards
+ * whose spread is not many orders below their size. */
+static double step_std(const double *counts)
+{
+    double n = counts[0], mean = counts[2] / n, var = (counts[3] - n * mean * mean) / (n - 1);
+    return var > 0 ? sqrt(var) : 0;
 }
 
 static at_status obj_forward_backward(at_objective *o, at_decoder *d, at_decoder_acts *acts, const at_obj_micro *m,
@@ -593,16 +694,24 @@ static at_status obj_forward_backward(at_objective *o, at_decoder *d, at_decoder
     int G = gd->c->num_generations, F = gd->rw.n;
     size_t r0 = m->u0 * (size_t)G, r1 = m->u1 * (size_t)G, off = r0 * gb->cols;
     at_grpo_stats *s = (at_grpo_stats *)stats;
-    AT_TRY(at_grpo_forward_backward(gd->c, gd->beta, d, acts, m->t->ids, m->t->pos, m->t->labels, m->batch->labels,
-                                    &m->fwd, gb->adv + r0, gb->old ? gb->old + off : NULL,
-                                    gb->ref ? gb->ref + off : NULL, gb->in_loss + r0, m->step_counts[0],
-                                    m->step_counts[1], m->scale, g, NULL, s));
+    int batch = gd->c->scale_rewards == AT_GRPO_SCALE_BATCH;
+    double bstd = batch ? step_std(m->step_counts) : 0;
+    double *adv = malloc((r1 - r0 ? r1 - r0 : 1) * sizeof *adv);
+    if (!adv) return at_error(AT_ERR_NOMEM, "out of memory");
+    for (size_t i = r0; i < r1; i++) adv[i - r0] = batch ? gb->adv[i] / (bstd + 1e-4) : gb->adv[i];
+    at_status st = at_grpo_forward_backward(gd->c, gd->beta, d, acts, m->t->ids, m->t->pos, m->t->labels,
+                                            m->batch->labels, &m->fwd, adv, gb->old ? gb->old + off : NULL,
+                                            gb->ref ? gb->ref + off : NULL, gb->in_loss + r0, m->step_counts[0],
+                                            m->step_counts[1], m->scale, g, NULL, s);
+    free(adv);
+    AT_TRY(st);
     /* the generation's fields, once per completion */
     for (size_t i = r0; i < r1; i++) {
+        double sd = batch ? bstd : gb->std[i];
         s->generated += 1;
         s->reward += gb->total[i];
-        s->reward_std += gb->std[i];
-        s->zero_std += gb->std[i] < 1e-8;
+        s->reward_std += sd;
+        s->zero_std += sd < 1e-8;
         s->length += gb->clen[i];
         s->clipped += gb->cut[i];
         for (int f = 0; f < F && f < AT_GRPO_MAX_REWARDS + 2; f++) s->func[f] += gb->rewards[i * (size_t)F + (size_t)f];
@@ -640,11 +749,9 @@ static void obj_free(at_objective *o)
 {
     grpo_data *gd = o->impl;
     if (!gd) return;
-    for (size_t i = 0; i < gd->n; i++) {
-        free(gd->p[i].ids);
-        free(gd->p[i].question);
-        free(gd->p[i].solution);
-    }
+    for (size_t i = 0; i < gd->n; i++) prompt_free(&gd->p[i]);
+    at_reward_model_free(gd->rm);
+    at_decoder_free(gd->ref);
     for (size_t i = 0; i < gd->n_cache; i++) gen_free(&gd->cache[i]);
     free(gd->cache);
     free(gd->p);
@@ -654,8 +761,9 @@ static void obj_free(at_objective *o)
 }
 
 const at_objective_ops at_objective_grpo = {
-    .name = "grpo", .rows_per_item = 0 /* G: set by prepare */, .n_counts = 2,
+    .name = "grpo", .rows_per_item = 0 /* G: set by prepare */, .n_counts = 4,
     .n_stats = AT_GRPO_STATS_N, .packs = 0, .plain_text = 0, .prepare = obj_prepare, .attach = obj_attach,
+    .needs_reference = obj_needs_reference, .keep_reference = obj_keep_reference,
     .build = obj_build, .forward_backward = obj_forward_backward, .loss = obj_loss, .log = obj_log,
     .evaluate = obj_evaluate, .free = obj_free,
 };

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/log.h"
+#include "train/train_options.h"
 #include "train/grpo.h"
 #include "train/objective.h"
 
@@ -32,9 +33,10 @@ at_status at_pref_loss_type_parse(const char *name, at_pref_loss_type *out)
 at_status at_pref_config_init(at_pref_config *c, const char *name)
 {
     memset(c, 0, sizeof *c);
+    at_pref_config_store(NULL, c); /* the option table's defaults (train/train_options.c) */
+    /* beta's default depends on the type (its row has none) */
     c->beta = 0.1;
     c->loss_type = AT_PREF_SIGMOID;
-    c->desirable_weight = c->undesirable_weight = 1.0;
     if (name && !strcmp(name, "dpo")) {
         c->objective = AT_PREF_DPO;
         c->name = "dpo";
@@ -73,7 +75,10 @@ at_status at_pref_config_init(at_pref_config *c, const char *name)
     return AT_OK;
 }
 
-int at_pref_needs_reference(const at_pref_config *c) { return c->objective == AT_PREF_DPO || c->objective == AT_PREF_KTO; }
+int at_pref_needs_reference(const at_pref_config *c)
+{
+    return c->objective == AT_PREF_DPO || c->objective == AT_PREF_KTO || (c->objective == AT_PREF_GRPO && c->beta > 0);
+}
 
 int at_pref_averaged(const at_pref_config *c)
 {
@@ -137,12 +142,12 @@ at_status at_pref_config_check(const at_pref_config *c)
         return at_error(AT_ERR_INVALID, "--simpo_gamma applies to simpo (--loss_type simpo) only (not %s with "
                         "loss_type %s)", n, at_pref_loss_type_name(c->loss_type));
     if (c->objective == AT_PREF_GRPO) {
-        if (c->ref_model)
-            return at_error(AT_ERR_UNSUPPORTED, "--ref_model with grpo: not in this build; the KL's reference is the "
-                            "policy's base (LoRA off)");
         if (!c->grpo) return at_error(AT_ERR_INVALID, "grpo: its options are missing");
         AT_TRY(at_grpo_config_check(c->grpo));
     }
+    if (c->ref_model && !at_pref_needs_reference(c) && c->objective == AT_PREF_GRPO)
+        return at_error(AT_ERR_INVALID, "--ref_model %s with grpo --beta 0: no KL term, so no reference; drop "
+                        "--ref_model or set --beta", c->ref_model);
     if (c->ref_model && !at_pref_needs_reference(c))
         return at_error(AT_ERR_INVALID, "--ref_model %s: %s is reference-free (it compares the policy's own chosen and "
                         "rejected log-probs); drop --ref_model", c->ref_model, n);

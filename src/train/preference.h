@@ -86,7 +86,7 @@ at_status at_pref_config_init(at_pref_config *c, const char *name);
 /* AT_ERR_INVALID naming the option when a value is out of range or does not
  * apply to the objective (--ref_model with a reference-free one, ...). */
 at_status at_pref_config_check(const at_pref_config *c);
-/* Whether the objective compares with a reference model (dpo, kto). */
+/* Whether the objective compares with a reference model (dpo, kto; grpo with beta > 0). */
 int at_pref_needs_reference(const at_pref_config *c);
 /* Whether π is the mean log-prob over the reply's tokens (else the sum). */
 int at_pref_averaged(const at_pref_config *c);

@@ -5,6 +5,8 @@
 #include <string.h>
 #include "hub/hub.h"
 #include "model/config.h"
+#include "train/grpo.h"
+#include "train/preference.h"
 
 /* A row stored in at_train_args (the library default is `def`). */
 #define AT(n, t, d, r, f, h) {.name = n, .type = t, .def = d, .range = r, .help = h, AT_OPT_AT(at_train_args, f)}
@@ -222,7 +224,9 @@ const at_opt_spec at_rlhf_options[] = {
     {.name = "reward_weights", .type = AT_OPT_LIST,
      .help = "grpo: one weight per reward: --reward_funcs in order, then --reward_model, then --reward_command "
              "(unset: 1 each)"},
-    {.name = "reward_model", .type = AT_OPT_STRING, .help = "grpo: a reward model folder (not in this build yet)"},
+    {.name = "reward_model", .type = AT_OPT_STRING,
+     .help = "grpo: a reward model (an rm run's checkpoint or its sequence-classification export, or ORG/NAME) "
+             "scoring each completion"},
     {.name = "reward_command", .type = AT_OPT_STRING,
      .help = "grpo: a program (split at spaces, no shell) reading JSON lines {prompt, completion, solution} on "
              "stdin and writing one reward per line"},
@@ -245,6 +249,87 @@ const at_opt_spec at_rlhf_options[] = {
      .help = "grpo soft_overlong: the penalty grows over this many tokens before soft_max_length"},
 };
 const int at_rlhf_n_options = (int)(sizeof at_rlhf_options / sizeof at_rlhf_options[0]);
+
+/* Where rlhf rows' values go in the library's structs. The rows above keep
+ * no store (the command stores the table's rows into at_train_args), so
+ * these name the rows and give only the field; type and default stay in
+ * the row. */
+#define FIELD(T, n, f) {.name = n, AT_OPT_AT(T, f)}
+static const at_opt_spec PREF_FIELDS[] = {
+    FIELD(at_pref_config, "label_smoothing", label_smoothing),
+    FIELD(at_pref_config, "desirable_weight", desirable_weight),
+    FIELD(at_pref_config, "undesirable_weight", undesirable_weight),
+    FIELD(at_pref_config, "center_rewards_coefficient", center_rewards_coefficient),
+};
+static const at_opt_spec GRPO_FIELDS[] = {
+    FIELD(at_grpo_config, "num_generations", num_generations),
+    FIELD(at_grpo_config, "max_completion_length", max_completion_length),
+    FIELD(at_grpo_config, "temperature", temperature),
+    FIELD(at_grpo_config, "top_p", top_p),
+    FIELD(at_grpo_config, "top_k", top_k),
+    FIELD(at_grpo_config, "epsilon", epsilon),
+    FIELD(at_grpo_config, "epsilon_high", epsilon_high),
+    FIELD(at_grpo_config, "num_iterations", num_iterations),
+    FIELD(at_grpo_config, "dynamic_sample", dynamic_sample),
+    FIELD(at_grpo_config, "max_resample_times", max_resample_times),
+    FIELD(at_grpo_config, "overlong_filter", overlong_filter),
+    FIELD(at_grpo_config, "reward_model", reward_model),
+    FIELD(at_grpo_config, "reward_command", reward_command),
+    FIELD(at_grpo_config, "reward_timeout", reward_timeout),
+    FIELD(at_grpo_config, "log_completions", log_completions),
+    FIELD(at_grpo_config, "cosine_min_len_value_wrong", cosine_min_len_value_wrong),
+    FIELD(at_grpo_config, "cosine_max_len_value_wrong", cosine_max_len_value_wrong),
+    FIELD(at_grpo_config, "cosine_min_len_value_correct", cosine_min_len_value_correct),
+    FIELD(at_grpo_config, "cosine_max_len_value_correct", cosine_max_len_value_correct),
+    FIELD(at_grpo_config, "cosine_max_len", cosine_max_len),
+    FIELD(at_grpo_config, "repetition_n_grams", repetition_n_grams),
+    FIELD(at_grpo_config, "repetition_max_penalty", repetition_max_penalty),
+    FIELD(at_grpo_config, "soft_max_length", soft_max_length),
+    FIELD(at_grpo_config, "soft_cache_length", soft_cache_length),
+};
+#undef FIELD
+
+static const at_opt_spec *rlhf_row(const char *name)
+{
+    for (int i = 0; i < at_rlhf_n_options; i++)
+        if (!strcmp(at_rlhf_options[i].name, name)) return &at_rlhf_options[i];
+    return NULL;
+}
+
+/* Each field's row with `text` (the row's default when o is NULL, else the
+ * value o resolved: NULL when unset) stored into dst. */
+static void store_fields(const at_opt_spec *fields, int n, const at_options *o, void *dst)
+{
+    for (int i = 0; i < n; i++) {
+        const at_opt_spec *row = rlhf_row(fields[i].name);
+        if (!row) continue; /* every field names a row (test_options checks) */
+        at_opt_spec s = *row;
+        s.store = fields[i].store;
+        s.offset = fields[i].offset;
+        if (o) s.def = at_opt_str(o, s.name);
+        at_options_store_defaults(&s, 1, dst);
+    }
+}
+
+void at_pref_config_store(const at_options *o, at_pref_config *c)
+{
+    store_fields(PREF_FIELDS, (int)(sizeof PREF_FIELDS / sizeof PREF_FIELDS[0]), o, c);
+}
+
+void at_grpo_config_store(const at_options *o, at_grpo_config *c)
+{
+    store_fields(GRPO_FIELDS, (int)(sizeof GRPO_FIELDS / sizeof GRPO_FIELDS[0]), o, c);
+    const at_opt_spec *sr = rlhf_row("scale_rewards");
+    (void)at_grpo_scale_parse(o ? at_opt_str(o, "scale_rewards") : sr->def, &c->scale_rewards);
+}
+
+int at_rlhf_fields_unknown(void)
+{
+    int bad = 0;
+    for (size_t i = 0; i < sizeof PREF_FIELDS / sizeof PREF_FIELDS[0]; i++) bad += !rlhf_row(PREF_FIELDS[i].name);
+    for (size_t i = 0; i < sizeof GRPO_FIELDS / sizeof GRPO_FIELDS[0]; i++) bad += !rlhf_row(GRPO_FIELDS[i].name);
+    return bad;
+}
 
 at_status at_train_args_check(const at_train_args *a)
 {

@@ -16,6 +16,8 @@
 
 #include "base/options.h"
 #include "model/config.h"
+#include "train/grpo.h"
+#include "train/preference.h"
 #include "train/trainer.h"
 
 extern const at_opt_spec at_train_options[];
@@ -23,6 +25,18 @@ extern const int at_train_n_options;
 /* `anytune rlhf`'s options beyond those (rlhf_type, beta, ...). */
 extern const at_opt_spec at_rlhf_options[];
 extern const int at_rlhf_n_options;
+
+/* The rlhf rows' values into the library's structs: with o NULL the rows'
+ * defaults (what at_pref_config_init and at_grpo_config_init start from),
+ * else the values o resolved (unset rows without a default: 0 / NULL).
+ * pref: label_smoothing, desirable_weight, undesirable_weight,
+ * center_rewards_coefficient (beta and the type's own defaults are set by
+ * at_pref_config_init); grpo: every number and bool row, reward_model,
+ * reward_command and scale_rewards (lists and loss_type are the command's). */
+void at_pref_config_store(const at_options *o, at_pref_config *c);
+void at_grpo_config_store(const at_options *o, at_grpo_config *c);
+/* How many of those fields name no row of at_rlhf_options (0; for the tests). */
+int at_rlhf_fields_unknown(void);
 
 /* Checks every stored field of *a against its row's range (the library's
  * callers get the command line's checks). Rows without a default (e.g.

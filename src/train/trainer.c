@@ -172,6 +172,42 @@ static at_status load_data(trainer *t)
     return t->obj->ops->prepare(t->obj, &env, &t->ds->train, vl);
 }
 
+/* A frozen reference model from path (--ref_model, or --model again),
+ * loaded as the policy's frozen weights are. */
+static at_status load_reference(trainer *t, const char *path, at_decoder **out)
+{
+    const at_train_args *a = t->a;
+    at_load_options lo;
+    *out = NULL;
+    AT_TRY(model_load_options(t, &lo));
+    lo.writable = 0;
+    if (lo.dtype == AT_F32 && a->full && !a->has_dtype) lo.dtype = at_load_options_default().dtype;
+    AT_TRY(at_decoder_load(path, &lo, out));
+    if ((*out)->cfg.vocab_size == t->dec->cfg.vocab_size) return AT_OK;
+    at_status st = at_error(AT_ERR_INVALID, "--ref_model %s has a vocabulary of %d tokens, --model %s has %d: the "
+                            "reference must share the policy's tokenizer", path, (*out)->cfg.vocab_size, a->model,
+                            t->dec->cfg.vocab_size);
+    at_decoder_free(*out);
+    *out = NULL;
+    return st;
+}
+
+/* An objective that scores against its reference during training (grpo):
+ * --ref_model, or with full fine-tuning a frozen copy of the initial
+ * weights (read from --model again), or none (LoRA: the adapter off). */
+static at_status keep_reference(trainer *t)
+{
+    const at_train_args *a = t->a;
+    const char *path = a->pref && a->pref->ref_model ? a->pref->ref_model : a->full ? a->model : NULL;
+    at_decoder *ref = NULL;
+    if (path) AT_TRY(load_reference(t, path, &ref));
+    at_status st = t->obj->ops->keep_reference(t->obj, ref);
+    if (st != AT_OK) at_decoder_free(ref);
+    else if (path) at_log_info("reference model: %s%s", path,
+                               a->pref && a->pref->ref_model ? "" : " (the initial weights, frozen)");
+    return st;
+}
+
 /* The objective's reference log-probs (DPO's, KTO's), once, before training
  * (and before a resume loads trained weights): by --ref_model, else by the
  * policy as loaded (LoRA: with the adapter off; full: the initial weights). */
@@ -182,19 +218,8 @@ static at_status reference_pass(trainer *t)
     at_decoder *ref = t->dec;
     at_status st = AT_OK;
     double t0 = at_now_seconds();
-    if (ref_model) {
-        at_load_options lo;
-        AT_TRY(model_load_options(t, &lo));
-        lo.writable = 0;
-        if (lo.dtype == AT_F32 && a->full && !a->has_dtype) lo.dtype = at_load_options_default().dtype;
-        AT_TRY(at_decoder_load(ref_model, &lo, &ref));
-        if (ref->cfg.vocab_size != t->dec->cfg.vocab_size)
-            st = at_error(AT_ERR_INVALID, "--ref_model %s has a vocabulary of %d tokens, --model %s has %d: the "
-                          "reference must share the policy's tokenizer", ref_model, ref->cfg.vocab_size,
-                          a->model, t->dec->cfg.vocab_size);
-    } else {
-        st = at_decoder_set_adapter(t->dec, NULL);
-    }
+    if (ref_model) AT_TRY(load_reference(t, ref_model, &ref));
+    else st = at_decoder_set_adapter(t->dec, NULL);
     if (st == AT_OK) st = t->obj->ops->reference(t->obj, ref, a->batch_size, pad_id(t));
     if (ref != t->dec) at_decoder_free(ref);
     else if (t->adapter) {
@@ -228,6 +253,7 @@ static at_status plan_epoch(trainer *t, int64_t epoch)
     at_batch_options o = batch_options(t, epoch);
     AT_TRY(at_batch_plan_make(t->obj->train_len, t->obj->n_train, &o, &t->plan));
     t->plan_epoch = epoch;
+    t->obj->epoch = epoch;
     return AT_OK;
 }
 
@@ -690,7 +716,8 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
         snprintf(t.adapter->base_model, sizeof t.adapter->base_model, "%s", a->model);
         AT_CHECK(at_decoder_set_adapter(t.dec, t.adapter));
     }
-    if (t.obj->ops->needs_reference && t.obj->ops->needs_reference(t.obj)) AT_CHECK(reference_pass(&t));
+    if (t.obj->ops->needs_reference && t.obj->ops->needs_reference(t.obj))
+        AT_CHECK(t.obj->ops->keep_reference ? keep_reference(&t) : reference_pass(&t));
     AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
     at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
     if (t.obj->ops->attach) AT_CHECK(t.obj->ops->attach(t.obj, t.dec, a->seed));
