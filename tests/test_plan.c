@@ -653,7 +653,7 @@ static at_status grpo_steps(const mcase *c, at_decoder *d, at_decoder_grads *g, 
         if (st == AT_OK) st = at_tensor_upload(tp, pos, N * 4);
         if (st == AT_OK) st = at_tensor_upload(tl, labels, N * 4);
         at_grpo_stats gs = {0};
-        at_fwd_opts fwd = {full ? 0.0f : 0.05f, (uint64_t)step + 1, 0, 0, 0};
+        at_fwd_opts fwd = {.lora_dropout = full ? 0.0f : 0.05f, .dropout_seed = (uint64_t)step + 1};
         if (st == AT_OK)
             st = at_grpo_forward_backward(&gc, c->beta, d, acts, ti, tp, tl, labels, &fwd, adv, old, refp, NULL,
                                           (double)rows, (double)rows * c->C, 1.0, g, NULL, &gs);
