@@ -2,7 +2,8 @@
 #include "model/mrope.h"
 
 at_status at_mrope_position_ids(const at_mrope_tokens *tk, const int32_t *ids, size_t n, const int32_t (*grid_thw)[3],
-                                size_t n_images, int32_t *pos, int64_t *delta) {
+                                size_t n_images, int32_t *pos, int64_t *delta)
+{
     const int m = tk->spatial_merge_size;
     if (m <= 0) return at_error(AT_ERR_INVALID, "M-RoPE: spatial_merge_size %d", m);
     size_t found = 0;

@@ -76,11 +76,13 @@ struct at_vision {
 
 /* ---- parameters ---------------------------------------------------------- */
 
-static at_tensor *P(const at_vision *v, int b, int role) {
+static at_tensor *P(const at_vision *v, int b, int role)
+{
     int i = v->blk[b * B_COUNT + role];
     return i < 0 ? NULL : v->params[i];
 }
-static at_tensor *G(const at_vision *v, int b, int role) {
+static at_tensor *G(const at_vision *v, int b, int role)
+{
     int i = v->blk[b * B_COUNT + role];
     return i < 0 ? NULL : v->grads[i];
 }
@@ -89,7 +91,8 @@ static at_tensor *MG(const at_vision *v, int role) { return v->merger[role] < 0 
 
 void at_vision_release(at_vision *v);
 
-void at_vision_free(at_vision *v) {
+void at_vision_free(at_vision *v)
+{
     if (!v) return;
     at_vision_release(v);
     for (size_t i = 0; i < v->n_params; i++) {
@@ -108,7 +111,8 @@ void at_vision_free(at_vision *v) {
  * frequencies. fill(i, host f32 buffer, numel, ctx) gives tensor i's values. */
 typedef at_status (*fill_fn)(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx);
 
-static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill, void *ctx, at_vision **out) {
+static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill, void *ctx, at_vision **out)
+{
     *out = NULL;
     if (vc->kind != AT_VISION_QWEN2_VL && vc->kind != AT_VISION_QWEN2_5_VL)
         return at_error(AT_ERR_INVALID, "vision tower: the config is not Qwen2-VL or Qwen2.5-VL");
@@ -183,7 +187,8 @@ done:
 }
 
 /* f32 values of a stored tensor (f32, bf16 or f16; the bytes may be unaligned). */
-static at_status fill_from_file(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx) {
+static at_status fill_from_file(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx)
+{
     (void)i;
     const at_st_model *m = ctx;
     const at_st_info *info = at_vision_find(m, t->name);
@@ -207,7 +212,8 @@ static at_status fill_from_file(size_t i, const at_vision_tensor *t, float *dst,
 }
 
 at_status at_vision_from_model(const at_vision_config *vc, const at_st_model *m, const char *what, at_backend *be,
-                               at_vision **out) {
+                               at_vision **out)
+{
     *out = NULL;
     AT_TRY(at_vision_check_weights(vc, m, what));
     at_status st = build(vc, be, fill_from_file, (void *)m, out);
@@ -215,7 +221,8 @@ at_status at_vision_from_model(const at_vision_config *vc, const at_st_model *m,
     return AT_OK;
 }
 
-at_status at_vision_load(const char *config_dir, const char *weights, at_backend *be, at_vision **out) {
+at_status at_vision_load(const char *config_dir, const char *weights, at_backend *be, at_vision **out)
+{
     *out = NULL;
     char *path = at_path_join(config_dir, "config.json");
     if (!path) return at_error(AT_ERR_NOMEM, "out of memory");
@@ -234,7 +241,8 @@ done:
     return st;
 }
 
-static at_status fill_random(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx) {
+static at_status fill_random(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx)
+{
     at_rng r;
     at_rng_seed(&r, at_rng_mix(*(const uint64_t *)ctx, i));
     const int norm = strstr(t->name, "norm") || strstr(t->name, "ln_q");
@@ -245,7 +253,8 @@ static at_status fill_random(size_t i, const at_vision_tensor *t, float *dst, in
     return AT_OK;
 }
 
-at_status at_vision_random(const at_vision_config *vc, at_backend *be, uint64_t seed, at_vision **out) {
+at_status at_vision_random(const at_vision_config *vc, at_backend *be, uint64_t seed, at_vision **out)
+{
     return build(vc, be, fill_random, &seed, out);
 }
 
@@ -255,11 +264,13 @@ size_t at_vision_param_count(const at_vision *v) { return v->n_params; }
 at_tensor *at_vision_param(const at_vision *v, size_t i) { return i < v->n_params ? v->params[i] : NULL; }
 at_tensor *at_vision_grad(const at_vision *v, size_t i) { return i < v->n_params ? v->grads[i] : NULL; }
 int at_vision_param_is_lora(const at_vision *v, size_t i) { return i >= v->n_base && i < v->n_params; }
-int at_vision_param_is_aligner(const at_vision *v, size_t i) {
+int at_vision_param_is_aligner(const at_vision *v, size_t i)
+{
     return i < v->n_params && !strncmp(v->params[i]->name, "visual.merger.", 14);
 }
 
-at_status at_vision_set_trainable(at_vision *v, int vit, int aligner) {
+at_status at_vision_set_trainable(at_vision *v, int vit, int aligner)
+{
     for (size_t i = 0; i < v->n_params; i++) {
         int want = at_vision_param_is_aligner(v, i) ? aligner : vit;
         if (v->lora && !at_vision_param_is_aligner(v, i)) want = vit && at_vision_param_is_lora(v, i);
@@ -277,7 +288,8 @@ at_status at_vision_set_trainable(at_vision *v, int vit, int aligner) {
     return AT_OK;
 }
 
-at_status at_vision_lora_add(at_vision *v, int rank, double alpha, int use_rslora, uint64_t seed) {
+at_status at_vision_lora_add(at_vision *v, int rank, double alpha, int use_rslora, uint64_t seed)
+{
     if (v->lora) return at_error(AT_ERR_INVALID, "vision tower: LoRA is already added");
     if (rank <= 0 || rank > 4096 || !(alpha > 0))
         return at_error(AT_ERR_INVALID, "vision tower: LoRA rank %d / alpha %g (rank 1..4096, alpha > 0)", rank, alpha);
@@ -328,14 +340,16 @@ done:
     return st;
 }
 
-at_status at_vision_zero_grads(at_vision *v) {
+at_status at_vision_zero_grads(at_vision *v)
+{
     for (size_t i = 0; i < v->n_params; i++)
         if (v->grads[i]) AT_TRY(at_fill(v->grads[i], 0.0f));
     return AT_OK;
 }
 
 at_status at_vision_tokens(const at_vision_config *vc, const int32_t (*grid_thw)[3], int n_images, int64_t n_patches,
-                           int64_t *n_tokens) {
+                           int64_t *n_tokens)
+{
     const int m = vc->spatial_merge_size;
     int64_t np = 0;
     if (n_images <= 0) return at_error(AT_ERR_INVALID, "vision tower: no image");
@@ -357,7 +371,8 @@ at_status at_vision_tokens(const at_vision_config *vc, const int32_t (*grid_thw)
 /* ---- the layers ---------------------------------------------------------- */
 
 /* y = beta·y + x·Wᵀ + b (b may be NULL): nn.Linear. x [N, in], W [out, in], y [N, out]. */
-static at_status linear(at_tensor *y, float beta, const at_tensor *x, const at_tensor *w, const at_tensor *b) {
+static at_status linear(at_tensor *y, float beta, const at_tensor *x, const at_tensor *w, const at_tensor *b)
+{
     AT_TRY(at_matmul(y, x, w, 0, 1, 1.0f, beta));
     return b ? at_add(y, y, b) : AT_OK;
 }
@@ -365,7 +380,8 @@ static at_status linear(at_tensor *y, float beta, const at_tensor *x, const at_t
 /* Backward of y = x·Wᵀ + b for dy:
  *   dx = beta·dx + dy·W (dx NULL: not needed),  dW += dyᵀ·x,  db += Σ_rows dy (NULL: frozen). */
 static at_status linear_backward(at_tensor *dx, float beta, const at_tensor *dy, const at_tensor *x, const at_tensor *w,
-                                 at_tensor *dw, at_tensor *db) {
+                                 at_tensor *dw, at_tensor *db)
+{
     if (dx) AT_TRY(at_matmul(dx, dy, w, 0, 0, 1.0f, beta));
     if (dw) AT_TRY(at_matmul(dw, dy, x, 1, 0, 1.0f, 1.0f));
     return db ? at_sum_rows(db, dy, 1.0f) : AT_OK;
@@ -378,7 +394,8 @@ static int lora_index(const at_vision *v, int b, int l) { return v->lora ? v->lo
  * when adapted (peft's lora.Linear, no dropout):
  *   y = beta·y + x·Wᵀ + b + s·u·Bᵀ,   u = x·Aᵀ kept in a->u[l] for the backward */
 static at_status block_linear(const at_vision *v, int b, int l, at_tensor *y, float beta, const at_tensor *x,
-                              block_acts *a) {
+                              block_acts *a)
+{
     AT_TRY(linear(y, beta, x, P(v, b, lora_weight[l]), P(v, b, lora_weight[l] + 1)));
     int i = lora_index(v, b, l);
     if (i < 0) return AT_OK;
@@ -387,7 +404,8 @@ static at_status block_linear(const at_vision *v, int b, int l, at_tensor *y, fl
 }
 
 /* LoRA's part of the backward below B, for dU = s·dy·B:  dA += dUᵀ·x,  dx += dU·A. */
-static at_status lora_A_backward(const at_vision *v, int i, at_tensor *dx, const at_tensor *du, const at_tensor *x) {
+static at_status lora_A_backward(const at_vision *v, int i, at_tensor *dx, const at_tensor *du, const at_tensor *x)
+{
     if (v->grads[i]) AT_TRY(at_matmul(v->grads[i], du, x, 1, 0, 1.0f, 1.0f));
     return at_matmul(dx, du, v->params[i], 0, 0, 1.0f, 1.0f);
 }
@@ -395,7 +413,8 @@ static at_status lora_A_backward(const at_vision *v, int i, at_tensor *dx, const
 /* Backward of block_linear for dy: linear_backward's, then LoRA's:
  *   dB += s·dyᵀ·u,  dU = s·dy·B (du: scratch [N, r]),  dA += dUᵀ·x,  dx += dU·A */
 static at_status block_linear_backward(const at_vision *v, int b, int l, at_tensor *dx, float beta,
-                                       const at_tensor *dy, const at_tensor *x, const block_acts *a, at_tensor *du) {
+                                       const at_tensor *dy, const at_tensor *x, const block_acts *a, at_tensor *du)
+{
     const int wr = lora_weight[l], i = lora_index(v, b, l);
     AT_TRY(linear_backward(dx, beta, dy, x, P(v, b, wr), G(v, b, wr), G(v, b, wr + 1)));
     if (i < 0) return AT_OK;
@@ -409,47 +428,55 @@ static at_status block_linear_backward(const at_vision *v, int b, int l, at_tens
 static int layernorm(const at_vision *v) { return v->vc.kind == AT_VISION_QWEN2_VL; }
 
 static at_status norm_forward(const at_vision *v, at_tensor *y, at_tensor *mean, at_tensor *rstd, const at_tensor *x,
-                              const at_tensor *w, const at_tensor *b) {
+                              const at_tensor *w, const at_tensor *b)
+{
     return layernorm(v) ? at_layernorm_forward(y, mean, rstd, x, w, b, NORM_EPS)
                         : at_rmsnorm_forward(y, rstd, x, w, NORM_EPS);
 }
 static at_status norm_backward(const at_vision *v, at_tensor *dx, at_tensor *dw, at_tensor *db, const at_tensor *dy,
-                               const at_tensor *x, const at_tensor *w, const at_tensor *mean, const at_tensor *rstd) {
+                               const at_tensor *x, const at_tensor *w, const at_tensor *mean, const at_tensor *rstd)
+{
     return layernorm(v) ? at_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd)
                         : at_rmsnorm_backward(dx, dw, dy, x, w, rstd);
 }
 
 /* Views of q, k or v (s = 0, 1, 2) in the fused qkv weight [3W, W] and bias
  * [3W] (transformers reshapes qkv's output as (N, 3, H, D): rows s·W.. are s's). */
-static void qkv_view(at_tensor *w, at_tensor *b, const at_tensor *qkv_w, const at_tensor *qkv_b, int s, int64_t W) {
+static void qkv_view(at_tensor *w, at_tensor *b, const at_tensor *qkv_w, const at_tensor *qkv_b, int s, int64_t W)
+{
     int64_t sw[2] = {W, W}, sb[1] = {W};
     at_tensor_view_inplace(w, qkv_w, (size_t)(s * W * W), 2, sw);
     at_tensor_view_inplace(b, qkv_b, (size_t)(s * W), 1, sb);
 }
 
 /* The rows of LoRA's B [3W, r] of the fused qkv that make q, k or v (s = 0, 1, 2). */
-static void lora_rows(at_tensor *dst, const at_tensor *B, int s, int64_t W) {
+static void lora_rows(at_tensor *dst, const at_tensor *B, int s, int64_t W)
+{
     int64_t sh[2] = {W, B->shape[1]};
     at_tensor_view_inplace(dst, B, (size_t)(s * W * B->shape[1]), 2, sh);
 }
 
 /* [1, N, H, D] seen as [N, W] (for the linears) or [N, H, D] (for the rotary). */
-static void flat2(at_tensor *dst, const at_tensor *t, int64_t N, int64_t W) {
+static void flat2(at_tensor *dst, const at_tensor *t, int64_t N, int64_t W)
+{
     int64_t s[2] = {N, W};
     at_tensor_view_inplace(dst, t, 0, 2, s);
 }
-static void flat3(at_tensor *dst, const at_tensor *t) {
+static void flat3(at_tensor *dst, const at_tensor *t)
+{
     int64_t s[3] = {t->shape[1], t->shape[2], t->shape[3]};
     at_tensor_view_inplace(dst, t, 0, 3, s);
 }
 
-static at_rope_sections rope_2d(const at_vision *v) {
+static at_rope_sections rope_2d(const at_vision *v)
+{
     const int D = v->vc.width / v->vc.num_heads;
     at_rope_sections s = {2, {D / 4, D / 4, 0, 0}};
     return s;
 }
 
-static at_attn_params attn_params(const at_vision *v, int b) {
+static at_attn_params attn_params(const at_vision *v, int b)
+{
     int full = v->vc.kind == AT_VISION_QWEN2_VL;
     for (int i = 0; i < v->vc.n_fullatt; i++) full |= v->vc.fullatt_block_indexes[i] == b;
     at_attn_params p = {1.0f / sqrtf((float)(v->vc.width / v->vc.num_heads)), v->q_index, NULL,
@@ -465,7 +492,8 @@ static at_attn_params attn_params(const at_vision *v, int b) {
  *   out = mid + down(silu(gate(n2)) · up(n2))             Qwen2.5-VL
  * x is read before mid is written; a->mid and a->out NULL (inference) put
  * both in x. */
-static at_status block_forward(at_vision *v, int b, at_tensor *x, block_acts *a) {
+static at_status block_forward(at_vision *v, int b, at_tensor *x, block_acts *a)
+{
     const int64_t N = v->n, W = v->vc.width;
     at_tensor wv, bv, t2, t3;
     at_rope_sections sec = rope_2d(v);
@@ -517,7 +545,8 @@ typedef struct {
  *   dx   = dmid + norm1ᵀ(Σ_s qkv_sᵀ(rope⁻¹(attnᵀ(projᵀ(dmid)))))
  * (rope⁻¹: the rotary is a rotation, its transpose the inverse rotation.) */
 static at_status block_backward(at_vision *v, int b, at_tensor *dx, const at_tensor *x, const block_acts *a,
-                                const block_scratch *s) {
+                                const block_scratch *s)
+{
     const int64_t N = v->n, W = v->vc.width;
     at_tensor wv, bv, gw, gb, t2, d2, t3;
     at_rope_sections sec = rope_2d(v);
@@ -572,7 +601,8 @@ static at_status block_backward(at_vision *v, int b, at_tensor *dx, const at_ten
 
 /* ---- activations --------------------------------------------------------- */
 
-static void free_tensors(at_tensor **t, size_t n) {
+static void free_tensors(at_tensor **t, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         at_tensor_free(t[i]);
         t[i] = NULL;
@@ -581,7 +611,8 @@ static void free_tensors(at_tensor **t, size_t n) {
 
 static void acts_free(block_acts *a) { free_tensors((at_tensor **)a, sizeof *a / sizeof(at_tensor *)); }
 
-void at_vision_release(at_vision *v) {
+void at_vision_release(at_vision *v)
+{
     if (!v) return;
     if (v->acts) {
         int na = v->kept ? v->vc.depth : 1;
@@ -597,17 +628,20 @@ void at_vision_release(at_vision *v) {
     v->kept = 0;
 }
 
-static at_status new_f32(const at_vision *v, int64_t d0, int64_t d1, const char *name, at_tensor **out) {
+static at_status new_f32(const at_vision *v, int64_t d0, int64_t d1, const char *name, at_tensor **out)
+{
     int64_t s[2] = {d0, d1};
     return at_tensor_new(v->be, AT_F32, d1 ? 2 : 1, s, name, out);
 }
-static at_status new_heads(const at_vision *v, const char *name, at_tensor **out) {
+static at_status new_heads(const at_vision *v, const char *name, at_tensor **out)
+{
     int64_t s[4] = {1, v->n, v->vc.num_heads, v->vc.width / v->vc.num_heads};
     return at_tensor_new(v->be, AT_F32, 4, s, name, out);
 }
 
 /* One block's activations; mid and out only when training. */
-static at_status acts_alloc(const at_vision *v, block_acts *a, int training) {
+static at_status acts_alloc(const at_vision *v, block_acts *a, int training)
+{
     const int64_t N = v->n, W = v->vc.width, F = v->vc.intermediate_size;
     const int ln = layernorm(v);
     AT_TRY(new_f32(v, N, W, "vision.n1", &a->n1));
@@ -634,7 +668,8 @@ static at_status acts_alloc(const at_vision *v, block_acts *a, int training) {
 }
 
 static at_status upload_i32(const at_vision *v, const int32_t *host, int ndim, const int64_t *shape, const char *name,
-                            at_tensor **out) {
+                            at_tensor **out)
+{
     AT_TRY(at_tensor_new(v->be, AT_I32, ndim, shape, name, out));
     return at_tensor_upload(*out, host, (size_t)at_tensor_numel(*out) * sizeof *host);
 }
@@ -653,7 +688,8 @@ typedef struct {
     int32_t *order, *pos, *frame, *window, *win;
 } patch_tables;
 
-static at_status make_tables(const at_vision *v, const int32_t (*g)[3], int n_images, patch_tables *pt) {
+static at_status make_tables(const at_vision *v, const int32_t (*g)[3], int n_images, patch_tables *pt)
+{
     const int m = v->vc.spatial_merge_size, mm = m * m;
     const int64_t N = v->n, U = v->n_tok;
     const int q25 = v->vc.kind == AT_VISION_QWEN2_5_VL;
@@ -690,7 +726,8 @@ static at_status make_tables(const at_vision *v, const int32_t (*g)[3], int n_im
     return AT_OK;
 }
 
-static void tables_free(patch_tables *pt) {
+static void tables_free(patch_tables *pt)
+{
     free(pt->order);
     free(pt->pos);
     free(pt->frame);
@@ -702,7 +739,8 @@ static void tables_free(patch_tables *pt) {
 
 /* The inputs of the blocks: the pixels in block order, the rotary
  * positions, the attention's segments, the windows' permutation. */
-static at_status prepare(at_vision *v, const float *pixels, const int32_t (*grid_thw)[3], int n_images) {
+static at_status prepare(at_vision *v, const float *pixels, const int32_t (*grid_thw)[3], int n_images)
+{
     const int64_t N = v->n, U = v->n_tok, K = v->params[0]->shape[1];
     const int q25 = v->vc.kind == AT_VISION_QWEN2_5_VL;
     patch_tables pt = {0};
@@ -739,7 +777,8 @@ done:
 }
 
 at_status at_vision_forward(at_vision *v, at_tensor *features, const float *pixels, int64_t n_patches,
-                            const int32_t (*grid_thw)[3], int n_images, int training) {
+                            const int32_t (*grid_thw)[3], int n_images, int training)
+{
     const at_vision_config *vc = &v->vc;
     const int64_t W = vc->width, mm = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
     int64_t n_tok = 0;
@@ -792,7 +831,8 @@ done:
     return st;
 }
 
-at_status at_vision_backward(at_vision *v, const at_tensor *d_features) {
+at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
+{
     const at_vision_config *vc = &v->vc;
     const int64_t N = v->n, W = vc->width, F = vc->intermediate_size;
     const int64_t mm = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;

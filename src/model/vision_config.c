@@ -11,7 +11,8 @@
 #include "base/log.h"
 #include "model/safetensors.h"
 
-at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind *kind) {
+at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind *kind)
+{
     *kind = AT_VISION_NONE;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const cJSON *vcfg = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
@@ -26,7 +27,8 @@ at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind 
 
 /* A required positive integer (at most max) of obj into *out; dflt >= 0 is
  * taken when the key is absent. */
-static at_status get_int(const cJSON *obj, const char *key, const char *what, long long dflt, long long max, int *out) {
+static at_status get_int(const cJSON *obj, const char *key, const char *what, long long dflt, long long max, int *out)
+{
     long long v;
     at_status st = at_json_get_int(obj, key, what, &v);
     if (st == AT_ERR_NOT_FOUND && dflt >= 0) v = dflt;
@@ -37,7 +39,8 @@ static at_status get_int(const cJSON *obj, const char *key, const char *what, lo
     return AT_OK;
 }
 
-static at_status get_token(const cJSON *root, const char *key, const char *what, int32_t dflt, int32_t *out) {
+static at_status get_token(const cJSON *root, const char *key, const char *what, int32_t dflt, int32_t *out)
+{
     long long v;
     at_status st = at_json_get_int(root, key, what, &v);
     if (st == AT_ERR_NOT_FOUND) v = dflt; /* transformers' defaults: Qwen2's vocabulary */
@@ -47,7 +50,8 @@ static at_status get_token(const cJSON *root, const char *key, const char *what,
     return AT_OK;
 }
 
-at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vision_config *vc) {
+at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vision_config *vc)
+{
     memset(vc, 0, sizeof *vc);
     AT_TRY(at_vision_kind_of(root, what, &vc->kind));
     if (vc->kind == AT_VISION_NONE) return at_error(AT_ERR_INVALID, "%s: not a vision-language model", what);
@@ -129,7 +133,8 @@ at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vis
     return AT_OK;
 }
 
-static void add(at_vision_tensor *t, size_t *n, const char *name, int ndim, int64_t a, int64_t b) {
+static void add(at_vision_tensor *t, size_t *n, const char *name, int ndim, int64_t a, int64_t b)
+{
     at_vision_tensor *x = &t[(*n)++];
     memset(x, 0, sizeof *x);
     snprintf(x->name, sizeof x->name, "%s", name);
@@ -138,7 +143,8 @@ static void add(at_vision_tensor *t, size_t *n, const char *name, int ndim, int6
     x->shape[1] = b;
 }
 
-at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, size_t *n) {
+at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, size_t *n)
+{
     const int q25 = vc->kind == AT_VISION_QWEN2_5_VL;
     const int64_t w = vc->width, f = vc->intermediate_size, m2 = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
     size_t cap = 1 + (size_t)vc->depth * 14 + 6;
@@ -186,13 +192,15 @@ at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, 
     return AT_OK;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *s) {
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *s)
+{
     size_t o = (size_t)snprintf(buf, len, "[");
     for (int i = 0; i < ndim && o < len; i++) o += (size_t)snprintf(buf + o, len - o, i ? ", %lld" : "%lld", (long long)s[i]);
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
-const at_st_info *at_vision_find(const at_st_model *m, const char *name) {
+const at_st_info *at_vision_find(const at_st_model *m, const char *name)
+{
     const at_st_info *info = at_st_model_find(m, name);
     char prefixed[128];
     if (!info && (size_t)snprintf(prefixed, sizeof prefixed, "model.%s", name) < sizeof prefixed)
@@ -200,7 +208,8 @@ const at_st_info *at_vision_find(const at_st_model *m, const char *name) {
     return info;
 }
 
-at_status at_vision_check_weights(const at_vision_config *vc, const at_st_model *m, const char *what) {
+at_status at_vision_check_weights(const at_vision_config *vc, const at_st_model *m, const char *what)
+{
     at_vision_tensor *t = NULL;
     size_t n = 0;
     AT_TRY(at_vision_tensors(vc, &t, &n));
@@ -224,7 +233,8 @@ at_status at_vision_check_weights(const at_vision_config *vc, const at_st_model 
     return st;
 }
 
-at_status at_vision_gate(const char *config_dir, const char *weights) {
+at_status at_vision_gate(const char *config_dir, const char *weights)
+{
     char *path = at_path_join(config_dir, "config.json");
     if (!path) return at_error(AT_ERR_NOMEM, "out of memory");
     cJSON *root = NULL;
