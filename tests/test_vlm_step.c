@@ -113,8 +113,11 @@ static int make_layout(const step_case *s, int packed, layout *l)
     return 1;
 }
 
-/* One step on layout l; loss sum into *loss. g may be NULL (loss only). */
-static at_status run(step_case *s, const layout *l, at_decoder_grads *g, double *loss)
+/* One step on layout l; loss sum into *loss. g may be NULL (loss only).
+ * With text_loss, then the same batch as text alone (the call without
+ * at_fwd_opts) on the same activations, whose loss must equal a fresh
+ * activations' one: the step's features (freed by then) are not reused. */
+static at_status run_ex(step_case *s, const layout *l, at_decoder_grads *g, double *loss, double *text_loss)
 {
     at_status st = AT_OK;
     at_decoder_acts *a = NULL;
@@ -138,6 +141,17 @@ static at_status run(step_case *s, const layout *l, at_decoder_grads *g, double 
     at_loss_stats stats = {0};
     AT_CHECK(at_vlm_forward_backward(s->c.d, s->v, a, l->ids, ids, pos, seg, lab, &im, &o, 1.0f, g, &stats));
     *loss = stats.loss_sum;
+    if (text_loss) {
+        at_loss_stats again = {0}, fresh = {0};
+        AT_CHECK(at_decoder_forward_backward(s->c.d, a, ids, pos, seg, lab, 0.0f, 0, 1.0f, NULL, &again));
+        at_decoder_acts_free(a);
+        a = NULL;
+        AT_CHECK(at_decoder_acts_new_ex(s->c.d, l->B, l->T, AT_ACTS_TRAIN, &a));
+        AT_CHECK(at_decoder_forward_backward(s->c.d, a, ids, pos, seg, lab, 0.0f, 0, 1.0f, NULL, &fresh));
+        CHECK_MSG(again.loss_sum == fresh.loss_sum, "text after an image step: loss %.7f, on fresh activations %.7f",
+                  again.loss_sum, fresh.loss_sum);
+        *text_loss = fresh.loss_sum;
+    }
 done:
     at_decoder_acts_free(a);
     at_tensor_free(ids);
@@ -145,6 +159,24 @@ done:
     at_tensor_free(seg);
     at_tensor_free(pos);
     return st;
+}
+
+static at_status run(step_case *s, const layout *l, at_decoder_grads *g, double *loss)
+{
+    return run_ex(s, l, g, loss, NULL);
+}
+
+/* The image step's features reach no later call: the text-only loss after it
+ * equals a fresh one (run_ex) and differs from the step's (the pads' own
+ * embeddings instead of the features). */
+static void test_no_stale_features(step_case *s)
+{
+    layout l = {0};
+    double vl = 0, tl = 0;
+    CHECK(make_layout(s, 0, &l));
+    CHECK_OK(run_ex(s, &l, NULL, &vl, &tl));
+    CHECK_MSG(fabs(vl - tl) > 1e-3 * fabs(vl), "the image step's loss %.7f equals the text-only one %.7f", vl, tl);
+    layout_free(&l);
 }
 
 static void test_positions(step_case *s)
@@ -294,6 +326,7 @@ int main(void)
     if (s.v) {
         test_positions(&s);
         test_step(&s);
+        test_no_stale_features(&s);
         sc_free(&s);
     }
     return at_test_result("test_vlm_step");

@@ -230,6 +230,11 @@ typedef struct at_fwd_opts {
     at_tensor *d_features;
 } at_fwd_opts;
 
+/* The options the calls without at_fwd_opts run with: first_row and NEFTune's
+ * as acts holds them, no injection (features are given with at_fwd_opts only:
+ * a previous call's are never reused, they may be freed by now). */
+at_fwd_opts at_decoder_acts_opts(const at_decoder_acts *a, float lora_dropout, uint64_t dropout_seed);
+
 /* The training forward with its options as an argument; at_decoder_forward_train
  * is this with first_row and NEFTune's fields read from acts. */
 at_status at_decoder_forward_train_opts(at_decoder *d, at_decoder_acts *acts, const at_tensor *ids,

@@ -310,11 +310,17 @@ at_status at_decoder_forward_train_opts(at_decoder *d, at_decoder_acts *a, const
     return forward(d, a, ids, pos, segments, o->lora_dropout, o->dropout_seed, 1);
 }
 
+at_fwd_opts at_decoder_acts_opts(const at_decoder_acts *a, float lora_dropout, uint64_t dropout_seed)
+{
+    at_fwd_opts o = {.lora_dropout = lora_dropout, .dropout_seed = dropout_seed, .first_row = a->dropout_first_row,
+                     .neftune_alpha = a->neftune_alpha, .neftune_columns = a->neftune_columns};
+    return o;
+}
+
 at_status at_decoder_forward_train(at_decoder *d, at_decoder_acts *a, const at_tensor *ids, const at_tensor *pos,
                                    const at_tensor *segments, float lora_dropout, uint64_t dropout_seed)
 {
-    at_fwd_opts o = {lora_dropout,   dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns,
-                     a->features,    a->host_ids,  a->feature_token,     a->d_features};
+    at_fwd_opts o = at_decoder_acts_opts(a, lora_dropout, dropout_seed);
     return at_decoder_forward_train_opts(d, a, ids, pos, segments, &o);
 }
 
@@ -711,8 +717,7 @@ at_status at_decoder_forward_backward(at_decoder *d, at_decoder_acts *a, const a
                                       uint64_t dropout_seed, float grad_scale, at_decoder_grads *g,
                                       at_loss_stats *stats)
 {
-    at_fwd_opts o = {lora_dropout,   dropout_seed, a->dropout_first_row, a->neftune_alpha, a->neftune_columns,
-                     a->features,    a->host_ids,  a->feature_token,     a->d_features};
+    at_fwd_opts o = at_decoder_acts_opts(a, lora_dropout, dropout_seed);
     return at_decoder_forward_backward_opts(d, a, ids, pos, segments, labels, &o, grad_scale, g, stats);
 }
 

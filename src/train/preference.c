@@ -450,8 +450,7 @@ at_status at_pref_forward_backward(const at_pref_config *c, const at_pref_pairs 
                                    const at_tensor *labels, float dropout, uint64_t seed, double step_pairs,
                                    double step_nll_targets, double scale, at_decoder_grads *g, at_pref_stats *stats)
 {
-    at_fwd_opts o = {.lora_dropout = dropout, .dropout_seed = seed, .first_row = acts->dropout_first_row,
-                     .neftune_alpha = acts->neftune_alpha, .neftune_columns = acts->neftune_columns};
+    at_fwd_opts o = at_decoder_acts_opts(acts, dropout, seed);
     return at_pref_forward_backward_opts(c, p, idx, n, d, acts, ids, pos, labels, &o, step_pairs, step_nll_targets,
                                          scale, g, stats);
 }
