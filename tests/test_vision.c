@@ -270,6 +270,13 @@ static void test_errors(void) {
     CHECK_MSG(msg_has("features"), "%s", at_last_error());
     CHECK_OK(at_vision_forward(v, feat, g.pixels, g.n_patches, (const int32_t(*)[3])g.grid, 2, 1));
     CHECK_FAILS(at_vision_backward(v, bad), AT_ERR_INVALID); /* d_features of another shape */
+    /* a frozen tower's training forward keeps no block's activations: made trainable after it, the
+     * backward is refused (not run through activations it does not have) */
+    CHECK_OK(at_vision_set_trainable(v, 0, 1));
+    CHECK_OK(at_vision_forward(v, feat, g.pixels, g.n_patches, (const int32_t(*)[3])g.grid, 2, 1));
+    CHECK_OK(at_vision_set_trainable(v, 1, 1));
+    CHECK_FAILS(at_vision_backward(v, feat), AT_ERR_INVALID);
+    CHECK_MSG(msg_has("became trainable"), "%s", at_last_error());
 done:
     at_tensor_free(feat);
     at_tensor_free(bad);

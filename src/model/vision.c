@@ -66,7 +66,8 @@ struct at_vision {
     float lora_scale;
     at_tensor *inv_freq;   /* f32 [D/2]: the D/4 frequencies twice (rows, then columns) */
     /* the last forward */
-    int kept;              /* a training forward's activations are here */
+    int kept;              /* a training forward's activations are here (the merger's at least) */
+    int kept_blocks;       /* and every block's: the vision transformer trains (else one set served all) */
     int64_t n, n_tok;      /* patches, merged tokens */
     at_tensor *pix, *pos, *q_index, *seg_frame, *seg_window, *win_ids, *unwin_ids;
     at_tensor *x0;         /* patch embedding [N, W] */
@@ -615,7 +616,7 @@ void at_vision_release(at_vision *v)
 {
     if (!v) return;
     if (v->acts) {
-        int na = v->kept ? v->vc.depth : 1;
+        int na = v->kept_blocks ? v->vc.depth : 1;
         for (int b = 0; b < na; b++) acts_free(&v->acts[b]);
         free(v->acts);
         v->acts = NULL;
@@ -625,7 +626,7 @@ void at_vision_release(at_vision *v)
     free_tensors(t, sizeof t / sizeof *t);
     v->pix = v->pos = v->q_index = v->seg_frame = v->seg_window = v->win_ids = v->unwin_ids = v->x0 = NULL;
     v->ln = v->ln_mean = v->ln_rstd = v->h0 = v->a0 = v->mout = NULL;
-    v->kept = 0;
+    v->kept = v->kept_blocks = 0;
 }
 
 static at_status new_f32(const at_vision *v, int64_t d0, int64_t d1, const char *name, at_tensor **out)
@@ -792,20 +793,23 @@ at_status at_vision_forward(at_vision *v, at_tensor *features, const float *pixe
     v->n = n_patches;
     v->n_tok = n_tok;
     at_status st = AT_OK;
-    int na = training ? vc->depth : 1;
+    /* a frozen tower's blocks run as in inference (the backward stops after the merger) */
+    const int blocks = training && v->train_vit;
+    int na = blocks ? vc->depth : 1;
     v->acts = calloc((size_t)na, sizeof *v->acts);
     if (!v->acts) return at_error(AT_ERR_NOMEM, "out of memory");
     v->kept = training != 0;
+    v->kept_blocks = blocks;
     AT_CHECK(prepare(v, pixels, grid_thw, n_images));
-    for (int b = 0; b < na; b++) AT_CHECK(acts_alloc(v, &v->acts[b], training));
+    for (int b = 0; b < na; b++) AT_CHECK(acts_alloc(v, &v->acts[b], blocks));
     /* the patch embedding: x0 = pixels · Wpatchᵀ (no bias) */
     AT_CHECK(new_f32(v, v->n, W, "vision.x0", &v->x0));
     AT_CHECK(linear(v->x0, 0.0f, v->pix, v->params[0], NULL));
     at_tensor *x = v->x0;
     for (int b = 0; b < vc->depth; b++) {
-        block_acts *a = &v->acts[training ? b : 0];
+        block_acts *a = &v->acts[blocks ? b : 0];
         AT_CHECK(block_forward(v, b, x, a));
-        if (training) x = a->out;
+        if (blocks) x = a->out;
     }
     /* the merger: out = mlp.2(gelu(mlp.0(ln_q(x) as [N/m², m²·W]))) */
     int64_t s4[2] = {n_tok, mm * W};
@@ -839,6 +843,9 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
     char d[128];
     if (!v->train_vit && !v->train_aligner) return AT_OK;
     if (!v->kept) return at_error(AT_ERR_INVALID, "vision backward: no training forward to go back through");
+    if (v->train_vit && !v->kept_blocks)
+        return at_error(AT_ERR_INVALID, "vision backward: the tower became trainable after the forward, which kept "
+                        "no block's activations");
     if (d_features->dtype != AT_F32 || d_features->ndim != 2 || d_features->shape[0] != v->n_tok ||
         d_features->shape[1] != vc->out_hidden_size)
         return at_error(AT_ERR_INVALID, "vision backward: d_features %s must be f32 [%lld, %d]",
@@ -859,7 +866,8 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
     AT_CHECK(linear_backward(dh0, 0.0f, dmo, v->a0, MP(v, M_2W), MG(v, M_2W), MG(v, M_2B)));
     AT_CHECK(at_gelu_backward(dh0, dh0, v->h0, AT_GELU_ERF));
     const int need_dx = v->train_vit;
-    at_tensor *x_last = vc->depth ? v->acts[vc->depth - 1].out : v->x0;
+    /* the blocks' output: the last block's, or x0 updated in place when they ran as in inference */
+    at_tensor *x_last = v->kept_blocks && vc->depth ? v->acts[vc->depth - 1].out : v->x0;
     if (need_dx || MG(v, M_LNW)) {
         AT_CHECK(new_f32(v, N, W, "vision.d_ln_q", &dln));
         at_tensor_view_inplace(&dln4, dln, 0, 2, s4);

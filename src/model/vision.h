@@ -113,7 +113,9 @@ at_status at_vision_tokens(const at_vision_config *vc, const int32_t (*grid_thw)
  * · patch_size²]; features: f32 [n_tokens, out_hidden_size] on v's backend
  * (at_vision_tokens gives n_tokens), overwritten. With training the
  * activations the backward needs are kept in v (until the next forward or
- * at_vision_release); without, nothing is kept. */
+ * at_vision_release): every block's when the vision transformer is
+ * trainable (at_vision_set_trainable), else only the merger's (its blocks
+ * run as in inference); without, nothing is kept. */
 at_status at_vision_forward(at_vision *v, at_tensor *features, const float *pixels, int64_t n_patches,
                             const int32_t (*grid_thw)[3], int n_images, int training);
 
