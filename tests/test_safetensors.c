@@ -75,6 +75,16 @@ static void test_independent_file(void)
     const at_st_info *s = at_st_find(f, "scalar.u8");
     CHECK(s && s->ndim == 0 && s->nbytes == 1 && !s->has_dtype);
     CHECK(at_st_tensor(s, AT_ST_KEEP_DTYPE, &t) == AT_ERR_UNSUPPORTED && strstr(at_last_error(), "U8"));
+    /* at_st_read_f32: the same values into the caller's buffer; the count must be the tensor's */
+    float v[4] = {0};
+    CHECK_OK(at_st_read_f32(at_st_find(f, "w.bf16"), v, 3));
+    CHECK(v[0] == 1.0f && v[1] == -2.0f && v[2] == 0.5f);
+    CHECK_OK(at_st_read_f32(at_st_find(f, "w.f16"), v, 2));
+    CHECK(v[0] == 1.0f && v[1] == -0.5f);
+    CHECK_OK(at_st_read_f32(a, v, 4));
+    CHECK(v[3] == 3.25f);
+    CHECK(at_st_read_f32(a, v, 3) == AT_ERR_FORMAT && strstr(at_last_error(), "w.f32"));
+    CHECK(at_st_read_f32(at_st_find(f, "w.i32"), v, 2) == AT_ERR_UNSUPPORTED && strstr(at_last_error(), "w.i32"));
     at_st_close(f);
 }
 

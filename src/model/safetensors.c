@@ -417,6 +417,17 @@ static void store_float(uint8_t *p, at_dtype t, float v)
 
 static int is_float(at_dtype t) { return t == AT_F32 || t == AT_BF16 || t == AT_F16; }
 
+at_status at_st_read_f32(const at_st_info *info, float *dst, size_t n)
+{
+    if (!info->has_dtype || !is_float(info->dtype))
+        return at_error(AT_ERR_UNSUPPORTED, "tensor %s is stored as %s (F32, BF16 or F16 are read)", info->name,
+                        info->dtype_name);
+    if (info->nbytes != n * info->elem_size)
+        return at_error(AT_ERR_FORMAT, "tensor %s holds %zu bytes, not %zu values", info->name, info->nbytes, n);
+    for (size_t i = 0; i < n; i++) dst[i] = load_float(info->data + i * info->elem_size, info->dtype);
+    return AT_OK;
+}
+
 at_status at_st_tensor(const at_st_info *info, at_dtype want, at_tensor **out)
 {
     *out = NULL;

@@ -83,6 +83,11 @@ const uint8_t *at_st_bytes(const at_st_file *f, size_t *size);
  * dimensions is refused. Caller frees *out with at_tensor_free. */
 at_status at_st_tensor(const at_st_info *info, at_dtype want_dtype, at_tensor **out);
 
+/* The n values of a float tensor (F32, BF16, F16), of any number of
+ * dimensions, as f32 into dst (the caller's). Another dtype is
+ * AT_ERR_UNSUPPORTED, another count AT_ERR_FORMAT, both naming the tensor. */
+at_status at_st_read_f32(const at_st_info *info, float *dst, size_t n);
+
 /* ---- a model: one file or a sharded folder ------------------------------ */
 
 typedef struct at_st_model at_st_model;

@@ -187,29 +187,13 @@ done:
     return st;
 }
 
-/* f32 values of a stored tensor (f32, bf16 or f16; the bytes may be unaligned). */
+/* f32 values of a stored tensor (the Conv3d's 5-D kernel too). */
 static at_status fill_from_file(size_t i, const at_vision_tensor *t, float *dst, int64_t n, void *ctx)
 {
     (void)i;
-    const at_st_model *m = ctx;
-    const at_st_info *info = at_vision_find(m, t->name);
+    const at_st_info *info = at_vision_find(ctx, t->name);
     if (!info) return at_error(AT_ERR_NOT_FOUND, "the vision tower's tensor %s is missing", t->name);
-    if (!info->has_dtype || info->dtype == AT_I32)
-        return at_error(AT_ERR_UNSUPPORTED, "%s is stored as %s (F32, BF16 or F16 are read)", t->name,
-                        info->dtype_name);
-    if (info->nbytes != (size_t)n * info->elem_size)
-        return at_error(AT_ERR_FORMAT, "%s holds %zu bytes, not %lld values", t->name, info->nbytes, (long long)n);
-    const uint8_t *p = info->data;
-    for (int64_t k = 0; k < n; k++) {
-        if (info->dtype == AT_F32) {
-            memcpy(&dst[k], p + 4 * k, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, p + 2 * k, 2);
-            dst[k] = info->dtype == AT_BF16 ? at_bf16_to_f32(h) : at_f16_to_f32(h);
-        }
-    }
-    return AT_OK;
+    return at_st_read_f32(info, dst, (size_t)n);
 }
 
 at_status at_vision_from_model(const at_vision_config *vc, const at_st_model *m, const char *what, at_backend *be,
