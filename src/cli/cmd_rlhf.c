@@ -44,12 +44,13 @@ static void demo_default(at_options *o, const char *name, const char *value)
 }
 
 /* --reward_model given as an rm LoRA checkpoint (it has an adapter_config.json):
- * the adapter is scored over its base, found as `anytune infer --adapters` finds it. */
+ * the adapter is scored over its base, found as `anytune infer --adapters`
+ * finds it. 0, or 2 (the exit status) when that base cannot be found. */
 static int resolve_reward_model(at_grpo_config *g, rlhf_ctx *x)
 {
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s/adapter_config.json", g->reward_model);
-    if (!at_is_dir(g->reward_model) || !at_file_exists(cfg)) return -1;
+    if (!at_is_dir(g->reward_model) || !at_file_exists(cfg)) return 0;
     char *base = NULL;
     if (at_cli_adapter_base(g->reward_model, &base) != AT_OK) {
         fprintf(stderr, "anytune: error: --reward_model: %s\n", at_last_error());
@@ -59,7 +60,7 @@ static int resolve_reward_model(at_grpo_config *g, rlhf_ctx *x)
     free(base);
     g->reward_model_adapter = g->reward_model;
     g->reward_model = x->rmbuf;
-    return -1;
+    return 0;
 }
 
 /* --rlhf_type grpo's own options into g; the demo when neither --model nor --dataset is given. */
@@ -99,7 +100,7 @@ static int resolve_grpo(at_options *o, at_train_args *a, rlhf_ctx *x)
     at_grpo_config_init(g);
     at_grpo_config_store(o, g); /* the rows' values (train/train_options.c) */
     if (g->top_k < 0) g->top_k = 0; /* ms-swift's -1: off */
-    if (g->reward_model && resolve_reward_model(g, x) >= 0) return 2;
+    if (g->reward_model && resolve_reward_model(g, x)) return 2;
     if (at_grpo_scale_parse(at_opt_str(o, "scale_rewards"), &g->scale_rewards) != AT_OK) return fail2();
     const char *lt = at_opt_str(o, "loss_type");
     if (lt && at_grpo_loss_type_parse(lt, &g->loss_type) != AT_OK) return fail2();

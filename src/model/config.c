@@ -169,20 +169,16 @@ static at_status parse_token_ids(const cJSON *obj, const char *what, at_model_co
     return AT_OK;
 }
 
-static const struct {
-    const char *type, *arch;
-} known_types[] = {
-    {"llama", "LlamaForCausalLM"},
-    {"mistral", "MistralForCausalLM"},
-    {"qwen2", "Qwen2ForCausalLM"},
-    {"qwen3", "Qwen3ForCausalLM"},
-};
-
-/* Vision-language models whose language model is one of the above (its
- * vision side is vision_config.h's): read as that family. */
+/* model_type and architecture of each model read, and the family its
+ * language model is read as: itself, or for a vision-language model the
+ * decoder it wraps (its vision side is vision_config.h's). */
 static const struct {
     const char *type, *arch, *family;
-} vl_types[] = {
+} known_types[] = {
+    {"llama", "LlamaForCausalLM", "llama"},
+    {"mistral", "MistralForCausalLM", "mistral"},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2"},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3"},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2"},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2"},
 };
@@ -197,18 +193,11 @@ static at_status parse_model_type(const cJSON *obj, const char *what, at_model_c
         const cJSON *a0 = cJSON_IsArray(a) ? a->child : NULL;
         for (size_t i = 0; a0 && cJSON_IsString(a0) && i < sizeof known_types / sizeof known_types[0]; i++)
             if (strcmp(a0->valuestring, known_types[i].arch) == 0) mt = known_types[i].type;
-        for (size_t i = 0; a0 && cJSON_IsString(a0) && i < sizeof vl_types / sizeof vl_types[0]; i++)
-            if (strcmp(a0->valuestring, vl_types[i].arch) == 0) mt = vl_types[i].type;
         if (!mt) return at_error(AT_ERR_FORMAT, "%s: no \"model_type\" (and no known \"architectures\")", what);
     }
     for (size_t i = 0; i < sizeof known_types / sizeof known_types[0]; i++)
         if (strcasecmp(mt, known_types[i].type) == 0) {
-            snprintf(cfg->model_type, sizeof cfg->model_type, "%s", known_types[i].type);
-            return AT_OK;
-        }
-    for (size_t i = 0; i < sizeof vl_types / sizeof vl_types[0]; i++)
-        if (strcasecmp(mt, vl_types[i].type) == 0) {
-            snprintf(cfg->model_type, sizeof cfg->model_type, "%s", vl_types[i].family);
+            snprintf(cfg->model_type, sizeof cfg->model_type, "%s", known_types[i].family);
             return AT_OK;
         }
     return at_error(AT_ERR_UNSUPPORTED, "%s: model_type \"%.40s\" is not supported (llama, mistral, qwen2, qwen3, qwen2_vl, "

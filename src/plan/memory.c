@@ -201,10 +201,16 @@ static int64_t rm_extra(const at_mem_train_request *r, const at_mem_estimate *e)
  *   - with beta > 0, --ref_model's weights (ref_cfg), or with full
  *     fine-tuning the frozen copy of the initial weights (ref_dtype), for
  *     the whole run. */
+/* Completions per prompt: --num_generations, 0 meaning the option's default. */
+static int grpo_generations(const at_mem_train_request *r)
+{
+    return r->num_generations > 0 ? r->num_generations : 8;
+}
+
 static int64_t grpo_extra(const at_mem_train_request *r, const at_mem_estimate *e)
 {
     const at_model_config *c = r->cfg;
-    int G = r->num_generations > 0 ? r->num_generations : 8, T = r->seq_len;
+    int G = grpo_generations(r), T = r->seq_len;
     int64_t rows = (int64_t)r->batch * G, N = rows * T;
     int S = rows < 64 ? (int)rows : 64, C = r->max_completion_length, chunk = 2048 / S;
     if (chunk > 512) chunk = 512;
@@ -270,7 +276,7 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
         e->gradients = e->trainable;
         e->optimizer = 2 * e->trainable;
     }
-    int B = r->batch * (ob->rows_per_item ? ob->rows_per_item : (r->num_generations > 0 ? r->num_generations : 8)),
+    int B = r->batch * (ob->rows_per_item ? ob->rows_per_item : grpo_generations(r)),
         T = r->seq_len;
     int64_t N = (int64_t)B * T;
     unsigned flags = AT_ACTS_TRAIN | (r->checkpointing ? AT_ACTS_CHECKPOINT : 0);
