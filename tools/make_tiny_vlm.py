@@ -1,0 +1,164 @@
+#!/usr/bin/python3
+"""Writes a tiny, random, complete Qwen2-VL or Qwen2.5-VL model folder, as a
+Hugging Face checkpoint of the real model has it, for end-to-end tests and
+demos of the vision-language paths (sft with images, infer --images, serve,
+export):
+
+    config.json                 model_type qwen2_vl / qwen2_5_vl, a vision_config,
+                                rope_scaling mrope with sections summing to head_dim / 2
+    model.safetensors           the language model (model.*, tied lm_head) and the
+                                vision tower (visual.*), f32 or bf16, initialised
+                                as transformers does (normal, std 0.02; norms 1;
+                                biases 0)
+    vocab.json, merges.txt      the Qwen2 tokenizer of tests/data/tokenizers/qwen2
+                                (trimmed: every text still encodes, through byte
+                                tokens where a merge was dropped; ids are the real ones)
+    tokenizer_config.json       Qwen2-VL's added tokens (<|vision_start|> 151652 ...
+                                <|video_pad|> 151656) and its chat template
+    preprocessor_config.json    Qwen2VLImageProcessor's, with a small max_pixels
+                                (images of the tests stay a few patches)
+    generation_config.json
+
+Only numpy. Run from the repository root:
+
+    python3 tools/make_tiny_vlm.py OUT_DIR [--kind qwen2_vl|qwen2_5_vl]
+        [--hidden 64] [--layers 2] [--dtype f32|bf16] [--seed 0]
+
+The vocabulary has Qwen2's 151,936 rows (the special tokens' ids are fixed
+there), so the embedding is most of the file: 151936 x hidden values.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+from safetensors_np import write_safetensors
+
+TOKENIZER_DIR = "tests/data/tokenizers/qwen2"
+VOCAB = 151936
+SPECIAL = [(151643, "<|endoftext|>"), (151644, "<|im_start|>"), (151645, "<|im_end|>"),
+           (151646, "<|object_ref_start|>"), (151647, "<|object_ref_end|>"), (151648, "<|box_start|>"),
+           (151649, "<|box_end|>"), (151650, "<|quad_start|>"), (151651, "<|quad_end|>"),
+           (151652, "<|vision_start|>"), (151653, "<|vision_end|>"), (151654, "<|vision_pad|>"),
+           (151655, "<|image_pad|>"), (151656, "<|video_pad|>")]
+
+# Qwen2-VL-2B-Instruct's chat_template.json
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def model(kind, hidden, layers, rs):
+    q25 = kind == "qwen2_5_vl"
+    heads, kv = 4, 2
+    head_dim = hidden // heads
+    half = head_dim // 2
+    sec = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]  # Qwen2-VL's 16/24/24 of 64, scaled
+    inter = 2 * hidden
+    w, vheads, depth, p, tp, m2 = 32, 2, 2, 14, 2, 4
+    vf = 64 if q25 else 4 * w
+    vcfg = {"depth": depth, "num_heads": vheads, "in_chans": 3, "patch_size": p, "spatial_merge_size": 2,
+            "temporal_patch_size": tp}
+    if q25:
+        vcfg.update({"hidden_act": "silu", "hidden_size": w, "intermediate_size": vf, "out_hidden_size": hidden,
+                     "window_size": 112, "fullatt_block_indexes": [1], "tokens_per_second": 2})
+    else:
+        vcfg.update({"embed_dim": w, "mlp_ratio": 4, "hidden_size": hidden, "hidden_act": "quick_gelu"})
+    cfg = {"architectures": ["Qwen2_5_VLForConditionalGeneration" if q25 else "Qwen2VLForConditionalGeneration"],
+           "model_type": kind, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": VOCAB, "rms_norm_eps": 1e-6,
+           "hidden_act": "silu", "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+           "tie_word_embeddings": True, "bos_token_id": 151643, "eos_token_id": 151645,
+           "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+           "vision_end_token_id": 151653, "vision_token_id": 151654,
+           "rope_scaling": {"type": "mrope", "mrope_section": sec}, "vision_config": vcfg}
+
+    def n(*shape):
+        return rs.normal(0.0, 0.02, shape)
+
+    t = [("model.embed_tokens.weight", n(VOCAB, hidden))]
+    for i in range(layers):
+        b = "model.layers.%d." % i
+        t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden)),
+              (b + "self_attn.q_proj.weight", n(heads * head_dim, hidden)), (b + "self_attn.q_proj.bias", np.zeros(heads * head_dim)),
+              (b + "self_attn.k_proj.weight", n(kv * head_dim, hidden)), (b + "self_attn.k_proj.bias", np.zeros(kv * head_dim)),
+              (b + "self_attn.v_proj.weight", n(kv * head_dim, hidden)), (b + "self_attn.v_proj.bias", np.zeros(kv * head_dim)),
+              (b + "self_attn.o_proj.weight", n(hidden, heads * head_dim)),
+              (b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
+              (b + "mlp.down_proj.weight", n(hidden, inter))]
+    t += [("model.norm.weight", np.ones(hidden))]
+    t += [("visual.patch_embed.proj.weight", n(w, 3, tp, p, p))]
+    for i in range(depth):
+        b = "visual.blocks.%d." % i
+        t += [(b + "norm1.weight", np.ones(w))] + ([] if q25 else [(b + "norm1.bias", np.zeros(w))])
+        t += [(b + "norm2.weight", np.ones(w))] + ([] if q25 else [(b + "norm2.bias", np.zeros(w))])
+        t += [(b + "attn.qkv.weight", n(3 * w, w)), (b + "attn.qkv.bias", np.zeros(3 * w)),
+              (b + "attn.proj.weight", n(w, w)), (b + "attn.proj.bias", np.zeros(w))]
+        if q25:
+            for nm, shp in (("gate_proj", (vf, w)), ("up_proj", (vf, w)), ("down_proj", (w, vf))):
+                t += [(b + "mlp.%s.weight" % nm, n(*shp)), (b + "mlp.%s.bias" % nm, np.zeros(shp[0]))]
+        else:
+            t += [(b + "mlp.fc1.weight", n(vf, w)), (b + "mlp.fc1.bias", np.zeros(vf)),
+                  (b + "mlp.fc2.weight", n(w, vf)), (b + "mlp.fc2.bias", np.zeros(w))]
+    t += [("visual.merger.ln_q.weight", np.ones(w))] + ([] if q25 else [("visual.merger.ln_q.bias", np.zeros(w))])
+    t += [("visual.merger.mlp.0.weight", n(w * m2, w * m2)), ("visual.merger.mlp.0.bias", np.zeros(w * m2)),
+          ("visual.merger.mlp.2.weight", n(hidden, w * m2)), ("visual.merger.mlp.2.bias", np.zeros(hidden))]
+    return cfg, t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--kind", choices=["qwen2_vl", "qwen2_5_vl"], default="qwen2_vl")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if a.hidden % 4 or (a.hidden // 4) % 2:
+        sys.exit("--hidden must be a multiple of 8 (4 heads of an even head_dim)")
+    os.makedirs(a.out, exist_ok=True)
+    cfg, tensors = model(a.kind, a.hidden, a.layers, np.random.RandomState(a.seed))
+    cfg["torch_dtype"] = "bfloat16" if a.dtype == "bf16" else "float32"
+    with open(os.path.join(a.out, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=1)
+    write_safetensors(os.path.join(a.out, "model.safetensors"), [(n, t.astype(np.float32)) for n, t in tensors],
+                      {"format": "pt"}, bf16=a.dtype == "bf16")
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copyfile(os.path.join(TOKENIZER_DIR, f), os.path.join(a.out, f))
+    with open(os.path.join(TOKENIZER_DIR, "tokenizer_config.json")) as fh:
+        tc = json.load(fh)
+    tc["added_tokens_decoder"] = {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                                           "single_word": False, "special": True} for i, s in SPECIAL}
+    tc["additional_special_tokens"] = [s for _, s in SPECIAL[1:]]
+    tc["eos_token"], tc["pad_token"] = "<|im_end|>", "<|endoftext|>"
+    tc["chat_template"] = CHAT_TEMPLATE
+    tc["tokenizer_class"] = "Qwen2Tokenizer"
+    with open(os.path.join(a.out, "tokenizer_config.json"), "w") as fh:
+        json.dump(tc, fh, indent=1, ensure_ascii=False)
+    with open(os.path.join(a.out, "preprocessor_config.json"), "w") as fh:
+        json.dump({"min_pixels": 3136, "max_pixels": 112 * 112, "patch_size": 14, "temporal_patch_size": 2,
+                   "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                   "image_std": [0.26862954, 0.26130258, 0.27577711], "image_processor_type": "Qwen2VLImageProcessor",
+                   "processor_class": "Qwen2VLProcessor"}, fh, indent=1)
+    with open(os.path.join(a.out, "generation_config.json"), "w") as fh:
+        json.dump({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, fh, indent=1)
+    print("wrote %s (%s, hidden %d, %d layers, %d tensors, %s)" % (a.out, a.kind, a.hidden, a.layers, len(tensors),
+                                                                    a.dtype))
+
+
+if __name__ == "__main__":
+    main()
