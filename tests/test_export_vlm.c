@@ -669,6 +669,28 @@ int main(void)
 
     test_gguf(q2, q2l, o1, q25, q25l);
 
+    /* the adapter alone, to PEFT: the tower's tensors kept (the files as they are) */
+    at_export_args pa = {.model = q2, .adapters = q2l, .to = "hf", .dtype = AT_DTYPE_COUNT};
+    char *o4 = export_to(&pa, "q2_peft"), f1[600], f2[600];
+    snprintf(f1, sizeof f1, "%s/adapter_model.safetensors", q2l);
+    snprintf(f2, sizeof f2, "%s/adapter_model.safetensors", o4);
+    CHECK_MSG(file_same(f1, f2), "the PEFT export lost the tower's tensors");
+    free(o4);
+
+    /* the command line says where the mmproj file is */
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (bin) {
+        char *o5 = tmp_path("cli_gguf"), *errp = tmp_path("cli.err");
+        char *cargv[] = {(char *)bin, "export", "--model", q2, "--to", "gguf", "--quant", "q8_0", "--output_dir", o5,
+                         "--quiet", "true", NULL};
+        CHECK(at_test_run(cargv, errp) == 0);
+        snprintf(f1, sizeof f1, "%s/mmproj-model-q8_0.gguf", o5);
+        CHECK(at_file_exists(f1));
+        CHECK_MSG(at_test_file_has(errp, "mmproj-model-q8_0.gguf"), "the command does not name the mmproj file");
+        free(o5);
+        free(errp);
+    }
+
     /* an adapter tensor of the tower that names no tower tensor is refused */
     char *bad = tmp_path("q2_lora_bad");
     char cmd[2400];

@@ -231,6 +231,28 @@ static at_status load_score(const char *dir, int64_t hidden, at_tensor **out)
     return st;
 }
 
+/* A PEFT folder's adapter_config.json and adapter_model.safetensors as they
+ * are, as a new export folder out (export_files.h). */
+static at_status copy_peft(const char *dir, const char *out, int overwrite)
+{
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    char *staging = NULL;
+    at_status st;
+    AT_CHECK(at_export_begin(out, overwrite, &staging));
+    for (size_t i = 0; i < 2; i++) {
+        char *s = at_path_join(dir, files[i]), *d = at_path_join(staging, files[i]);
+        st = s && d ? at_export_copy_file(s, d) : at_error(AT_ERR_NOMEM, "export: out of memory");
+        free(s);
+        free(d);
+        if (st != AT_OK) goto done;
+    }
+    AT_CHECK(at_export_commit(staging, out));
+done:
+    if (st != AT_OK) at_export_abort(staging);
+    free(staging);
+    return st;
+}
+
 at_status at_export_run(const at_export_args *a)
 {
     if (!a->model) return at_error(AT_ERR_INVALID, "export: --model is required");
@@ -291,6 +313,12 @@ at_status at_export_run(const at_export_args *a)
                         merged == 1 ? "" : "s", replaced, replaced == 1 ? "" : "s", a->adapters);
     }
     if (!gguf) {
+        if (ad && !a->merge_lora && at_export_vision_in_adapter(a->adapters)) {
+            /* the tower's pairs and tensors have no at_adapter form: the folder's files as they are */
+            AT_CHECK(copy_peft(a->adapters, a->output_dir, a->overwrite));
+            at_log_info("export: adapter (with its vision-tower tensors) copied in PEFT format to %s", a->output_dir);
+            goto done;
+        }
         if (ad && !a->merge_lora) {
             AT_CHECK(at_export_peft(ad, a->output_dir, a->overwrite));
             at_log_info("export: adapter written in PEFT format to %s", a->output_dir);
@@ -340,6 +368,10 @@ at_status at_export_run(const at_export_args *a)
         goto done;
     }
     if (ad && !a->merge_lora) {
+        if (at_export_vision_in_adapter(a->adapters))
+            at_log_warn("export: the vision-tower tensors of %s are left out: llama.cpp's LoRA GGUF adapts the "
+                        "language model only (--merge_lora writes them into the model and its mmproj file)",
+                        a->adapters);
         AT_CHECK(at_export_gguf_adapter(ad, &w->cfg, path, q));
     } else {
         if (ad) AT_CHECK(at_merge_lora(w, ad));

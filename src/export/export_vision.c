@@ -114,6 +114,19 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
+int at_export_vision_in_adapter(const char *adapter_dir)
+{
+    char *path = adapter_dir && at_is_dir(adapter_dir) ? at_path_join(adapter_dir, "adapter_model.safetensors") : NULL;
+    at_st_file *f = NULL;
+    int found = 0;
+    if (path && at_file_exists(path) && at_st_open(path, &f) == AT_OK)
+        for (size_t k = 0; k < at_st_count(f) && !found; k++) found = tower_name(at_st_info_at(f, k)->name) != NULL;
+    at_clear_error();
+    at_st_close(f);
+    free(path);
+    return found;
+}
+
 /* The adapter's tower tensors (export_vision.h): replacements first, then
  * the LoRA merges onto whatever the weight then is. */
 static at_status apply_adapter(at_export_vision *v, const char *adapter_dir, double scale)
