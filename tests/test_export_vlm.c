@@ -696,7 +696,7 @@ int main(void)
     char cmd[2400];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 -c \"import sys,os,shutil;sys.path.insert(0,'tools');"
-             "from make_image_goldens import write_safetensors;import numpy as np;"
+             "from safetensors_np import write_safetensors;import numpy as np;"
              "shutil.copytree('%s','%s');"
              "write_safetensors('%s/adapter_model.safetensors',"
              "[('base_model.model.visual.blocks.9.attn.qkv.lora_A.weight',np.zeros((4,32),np.float32)),"

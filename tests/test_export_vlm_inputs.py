@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from make_image_goldens import write_safetensors  # noqa: E402
+from safetensors_np import write_safetensors  # noqa: E402
 
 RANK, ALPHA = 4, 8
 
