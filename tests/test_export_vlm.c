@@ -221,6 +221,9 @@ static void test_hf_q2(const char *base, const char *lora, const char *out)
     snprintf(a, sizeof a, "%s/preprocessor_config.json", base);
     snprintf(b, sizeof b, "%s/preprocessor_config.json", out);
     CHECK_MSG(file_same(a, b), "preprocessor_config.json not copied as it is");
+    snprintf(a, sizeof a, "%s/chat_template.json", base);
+    snprintf(b, sizeof b, "%s/chat_template.json", out);
+    CHECK_MSG(file_same(a, b), "chat_template.json not copied as it is");
     snprintf(b, sizeof b, "%s/tokenizer_config.json", out);
     CHECK(at_test_file_has(b, "\"chat_template\"") && at_test_file_has(b, "<|image_pad|>"));
     snprintf(b, sizeof b, "%s/config.json", out);
@@ -434,10 +437,11 @@ static cJSON *mmproj_tensors(const at_vision_config *vc, int64_t lm_hidden, int 
     return l;
 }
 
-static cJSON *mmproj_keys(const at_vision_config *vc, int64_t lm_hidden, int file_type)
+static cJSON *mmproj_keys(const at_vision_config *vc, int64_t lm_hidden, int file_type, const char *name)
 {
     cJSON *m = cJSON_CreateObject();
     int q25 = vc->kind == AT_VISION_QWEN2_5_VL;
+    cJSON_AddStringToObject(m, "general.name", name); /* the model folder's name, as the language model's file */
     cJSON_AddStringToObject(m, "general.architecture", "clip");
     cJSON_AddStringToObject(m, "general.type", "mmproj");
     cJSON_AddNumberToObject(m, "general.file_type", file_type);
@@ -600,7 +604,7 @@ static void test_gguf(const char *q2, const char *q2_lora, const char *q2_merged
     at_export_args a = {.model = q2, .to = "gguf", .dtype = AT_F32};
     char *o1 = export_to(&a, "q2_gguf");
     snprintf(p, sizeof p, "%s/mmproj-model-f32.gguf", o1);
-    cJSON *e1 = entry(p, mmproj_keys(&v2, c2.hidden_size, 0), mmproj_tensors(&v2, c2.hidden_size, GGML_F32, GGML_F32));
+    cJSON *e1 = entry(p, mmproj_keys(&v2, c2.hidden_size, 0, "q2"), mmproj_tensors(&v2, c2.hidden_size, GGML_F32, GGML_F32));
     cJSON *arr = cJSON_AddObjectToObject(e1, "arrays");
     /* Qwen2VLImageProcessor's mean / std, as make_tiny_vlm.py's preprocessor_config.json has them */
     const double mean[3] = {0.48145466, 0.4578275, 0.40821073}, sd[3] = {0.26862954, 0.26130258, 0.27577711};
@@ -618,7 +622,7 @@ static void test_gguf(const char *q2, const char *q2_lora, const char *q2_merged
     at_export_args b = {.model = q2, .adapters = q2_lora, .merge_lora = 1, .to = "gguf", .dtype = AT_F32};
     char *o2 = export_to(&b, "q2_merged_gguf");
     snprintf(p, sizeof p, "%s/mmproj-model-f32.gguf", o2);
-    cJSON *e2 = entry(p, mmproj_keys(&v2, c2.hidden_size, 0), mmproj_tensors(&v2, c2.hidden_size, GGML_F32, GGML_F32));
+    cJSON *e2 = entry(p, mmproj_keys(&v2, c2.hidden_size, 0, "q2"), mmproj_tensors(&v2, c2.hidden_size, GGML_F32, GGML_F32));
     add_source_values(e2, q2_merged_hf, &v2);
     cJSON_AddItemToArray(all, e2);
 
@@ -629,7 +633,7 @@ static void test_gguf(const char *q2, const char *q2_lora, const char *q2_merged
     CHECK_OK(at_export_run(&c));
     snprintf(p, sizeof p, "%s/mmproj-q25.gguf", tmp_root);
     CHECK_MSG(at_file_exists(p), "%s missing", p);
-    cJSON *e3 = entry(p, mmproj_keys(&v25, c25.hidden_size, 1), mmproj_tensors(&v25, c25.hidden_size, GGML_F16, GGML_F16));
+    cJSON *e3 = entry(p, mmproj_keys(&v25, c25.hidden_size, 1, "q25"), mmproj_tensors(&v25, c25.hidden_size, GGML_F16, GGML_F16));
     cJSON *arr3 = cJSON_AddObjectToObject(e3, "arrays");
     const double mean3[3] = {0.5, 0.25, 0.125}, sd3[3] = {0.75, 0.5, 0.625}; /* the inputs script's */
     cJSON_AddItemToObject(arr3, "clip.vision.image_mean", cJSON_CreateDoubleArray(mean3, 3));

@@ -3,7 +3,8 @@
 test_export_gguf_js.c), made at test time with numpy only:
 
     OUT/q2         tools/make_tiny_vlm.py --kind qwen2_vl --dtype f32, the
-                   tower's biases random (the split qkv's values are checked)
+                   tower's biases random (the split qkv's values are checked),
+                   and a chat_template.json as the published folders have
     OUT/q2_lora    a PEFT adapter for it: LoRA on the language model's q_proj
                    and v_proj, LoRA on every linear of the tower's blocks
                    (base_model.model.visual.blocks.N.attn.qkv.lora_A.weight ...)
@@ -109,6 +110,11 @@ def main():
     make(q2, "qwen2_vl", "f32")
     make(q25, "qwen2_5_vl", "bf16")
     random_biases(os.path.join(q2, "model.safetensors"), rs)
+    # the published Qwen2-VL folders also carry the template as chat_template.json
+    with open(os.path.join(q2, "tokenizer_config.json")) as f:
+        tmpl = json.load(f)["chat_template"]
+    with open(os.path.join(q2, "chat_template.json"), "w") as f:
+        json.dump({"chat_template": tmpl}, f, indent=1)
     renest(os.path.join(q25, "model.safetensors"))
     # a processor whose mean / std are not the defaults: the mmproj must take the folder's
     pp = os.path.join(q25, "preprocessor_config.json")
