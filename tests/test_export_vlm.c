@@ -20,7 +20,11 @@
  *     (tests/js/check_gguf.mjs): every key, every tensor's name, ggml shape
  *     and type, and values of the patch-embedding halves, the split qkv and
  *     the aligner against the source safetensors (the merged folder for the
- *     merged export).
+ *     merged export); anytune reads the qwen2vl file back (its M-RoPE
+ *     sections, and the merged folder's logits).
+ *  4. The adapter alone to PEFT keeps the tower's tensors; an adapter tower
+ *     tensor that names no tensor of the tower is refused; the command line
+ *     names the mmproj file it writes.
  *
  * Tolerance of 1 (f32): merged W' = fl(W + s·B·A) differs from the unmerged
  * computation x·Wᵀ + s·(x·Aᵀ)·Bᵀ by rounding only: per dot product of
@@ -44,6 +48,7 @@
 #include "export/export_job.h"
 #include "model/adapter.h"
 #include "model/decoder.h"
+#include "model/gguf.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
 #include "model/vision.h"
@@ -645,6 +650,27 @@ static void test_gguf(const char *q2, const char *q2_lora, const char *q2_merged
     cJSON_AddItemToArray(all, e3m);
 
     at_test_js_check(tmp_root, all, "@huggingface/gguf", "check_gguf.mjs", "@huggingface/gguf");
+
+    /* anytune reads the qwen2vl GGUF back: the M-RoPE sections, and the merged logits */
+    snprintf(p, sizeof p, "%s/model-f32.gguf", o2);
+    at_gguf *g = NULL;
+    at_model_config cg;
+    CHECK_OK(at_gguf_open(p, &g));
+    if (g) {
+        CHECK_OK(at_model_config_from_gguf(g, p, &cg));
+        CHECK(!memcmp(cg.mrope_section, c2.mrope_section, sizeof cg.mrope_section) && !strcmp(cg.model_type, "qwen2"));
+        at_gguf_close(g);
+    }
+    int32_t ids[8] = {151644, 872, 198, 3838, 374, 419, 30, 151645};
+    int64_t V = 0;
+    float *lg = logits_of(p, NULL, ids, 8, &V), *lh = logits_of(q2_merged_hf, NULL, ids, 8, &V);
+    if (lg && lh) {
+        double e = rel_diff(lg, lh, (size_t)8 * V);
+        printf("gguf q2_vl merged f32 loaded back: logits vs the merged folder's: max rel err %.2e\n", e);
+        CHECK_MSG(e < 1e-4, "the GGUF's logits differ by %g", e);
+    }
+    free(lg);
+    free(lh);
     free(o1);
     free(o2);
     cJSON_Delete(all);

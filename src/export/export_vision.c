@@ -297,20 +297,24 @@ static at_status keep(mmproj_job *j, at_tensor *t)
     return AT_OK;
 }
 
-/* Adds f32 tensor f (kept by j) as `name`: 1-D F32, the patch halves F32
- * (F16 in an F16 file, as llama.cpp's converter), matrices in the file's
- * type (at_export_gguf_tensor_type). */
+/* Adds f32 tensor f (taken: freed or kept by j until the file is written)
+ * as `name`: 1-D F32, the patch halves F32 (F16 in an F16 file, as
+ * llama.cpp's converter), matrices in the file's type
+ * (at_export_gguf_tensor_type). Only the written form is kept, so the peak
+ * holds the tower once in the file's type. */
 static at_status put(mmproj_job *j, const char *name, at_tensor *f, int patch)
 {
-    AT_TRY(keep(j, f));
     at_dtype type = patch ? (j->quant == AT_F16 ? AT_F16 : AT_F32) : at_export_gguf_tensor_type(f, j->quant);
     if (!patch && f->ndim > 1 && type != j->quant) j->n_fallback++;
-    at_tensor *c = f;
     if (type != AT_F32) {
-        AT_TRY(at_export_gguf_convert(f, type, &c));
-        AT_TRY(keep(j, c));
+        at_tensor *c = NULL;
+        at_status st = at_export_gguf_convert(f, type, &c);
+        at_tensor_free(f);
+        if (st != AT_OK) return st;
+        f = c;
     }
-    return at_gguf_add_at_tensor(j->w, name, c);
+    AT_TRY(keep(j, f));
+    return at_gguf_add_at_tensor(j->w, name, f);
 }
 
 /* A new f32 tensor of rows [r0, r0 + n) of f32 tensor f. */
@@ -435,28 +439,29 @@ at_status at_export_vision_mmproj(const at_export_vision *v, const at_model_conf
             AT_CHECK(put(&j, gname, f, 0));
             continue;
         }
-        AT_CHECK(keep(&j, f)); /* the source of the parts below */
+        /* f is the source of the parts below, freed once they are made */
         if (!strcmp(canon, "visual.patch_embed.proj.weight")) {
-            for (int tt = 0; tt < 2; tt++) {
+            for (int tt = 0; tt < 2 && st == AT_OK; tt++) {
                 at_tensor *h = NULL;
-                AT_CHECK(temporal_half(f, vc, tt, &h));
-                AT_CHECK(put(&j, tt ? "v.patch_embd.weight.1" : "v.patch_embd.weight", h, 1));
+                st = temporal_half(f, vc, tt, &h);
+                if (st == AT_OK) st = put(&j, tt ? "v.patch_embd.weight.1" : "v.patch_embd.weight", h, 1);
             }
         } else if (qkv) {
             int b = atoi(canon + strlen("visual.blocks."));
             const char *kind = qkv + strlen(".attn.qkv.");
             static const char *const part[3] = {"attn_q", "attn_k", "attn_v"};
             int64_t W = f->shape[0] / 3;
-            for (int s = 0; s < 3; s++) {
+            for (int s = 0; s < 3 && st == AT_OK; s++) {
                 at_tensor *r = NULL;
-                AT_CHECK(rows(f, s * W, W, &r));
+                st = rows(f, s * W, W, &r);
                 snprintf(gname, sizeof gname, "v.blk.%d.%s.%s", b, part[s], kind);
-                AT_CHECK(put(&j, gname, r, 0));
+                if (st == AT_OK) st = put(&j, gname, r, 0);
             }
         } else {
             st = at_error(AT_ERR_INTERNAL, "export: %s has no llama.cpp name", canon);
-            goto done;
         }
+        at_tensor_free(f);
+        if (st != AT_OK) goto done;
     }
     if (j.n_fallback)
         at_log_warn("export: mmproj: %d matri%s written F16: rows not a multiple of 32 cannot be %s", j.n_fallback,
