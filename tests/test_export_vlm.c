@@ -699,6 +699,20 @@ int main(void)
 
     test_gguf(q2, q2l, o1, q25, q25l);
 
+    /* the fuzz seeds of a qwen2vl GGUF's config: sections read; a fourth section refused */
+    at_gguf *g = NULL;
+    at_model_config cg;
+    CHECK_OK(at_gguf_open("tests/fuzz/gguf/model_qwen2vl.gguf", &g));
+    if (g) {
+        CHECK_OK(at_model_config_from_gguf(g, "model_qwen2vl.gguf", &cg));
+        CHECK(cg.mrope_section[0] == 2 && cg.mrope_section[1] == 3 && cg.mrope_section[2] == 3);
+        at_gguf_close(g);
+        g = NULL;
+    }
+    CHECK_OK(at_gguf_open("tests/fuzz/gguf/lie_qwen2vl_sections.gguf", &g));
+    if (g) CHECK_FAILS(at_model_config_from_gguf(g, "lie_qwen2vl_sections.gguf", &cg), AT_ERR_UNSUPPORTED);
+    at_gguf_close(g);
+
     /* the adapter alone, to PEFT: the tower's tensors kept (the files as they are) */
     at_export_args pa = {.model = q2, .adapters = q2l, .to = "hf", .dtype = AT_DTYPE_COUNT};
     char *o4 = export_to(&pa, "q2_peft"), f1[600], f2[600];
