@@ -12,13 +12,16 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 #include "base/file.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "base/options.h"
 #include "cli/cli.h"
 #include "cli/cmd_train.h"
 #include "device/comm.h"
 #include "data/encode.h"
+#include "data/image_proc.h"
 #include "model/adapter.h"
+#include "model/vision_config.h"
 #include "plan/planner.h"
 #include "train/grpo.h"
 #include "train/preference.h"
@@ -73,6 +76,26 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
         ref_cfg.has_dtype = has_stored;
         if (has_stored) ref_cfg.dtype = stored;
         rq.ref_cfg = &ref_cfg;
+    }
+    /* a vision-language folder: its tower, one image at the processor's largest area a row */
+    at_vision_config vc;
+    if (at_is_dir(a->model)) {
+        char *cp = at_path_join(a->model, "config.json");
+        cJSON *root = NULL;
+        at_vision_kind kind = AT_VISION_NONE;
+        at_image_processor ip;
+        if (at_json_parse_file(cp, &root) == AT_OK && at_vision_kind_of(root, cp, &kind) == AT_OK &&
+            kind != AT_VISION_NONE && at_vision_config_from_json(root, cp, &vc) == AT_OK &&
+            at_image_processor_load(a->model, &ip, NULL) == AT_OK) {
+            uint64_t px = a->max_pixels > 0 ? (uint64_t)a->max_pixels : ip.max_pixels;
+            rq.vision = &vc;
+            rq.image_patches = (int64_t)(px / ((uint64_t)ip.patch_size * (uint64_t)ip.patch_size));
+            rq.train_vit = !a->freeze_vit;
+            rq.train_aligner = !a->freeze_aligner;
+        }
+        at_clear_error(); /* the trainer's load names what is wrong with the folder */
+        cJSON_Delete(root);
+        free(cp);
     }
     rq.train_type = tt;
     rq.train_type_set = at_opt_source_of(o, "train_type") != AT_SRC_DEFAULT;

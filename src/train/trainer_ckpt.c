@@ -12,6 +12,100 @@
 #include "train/ckpt_files.h"
 #include "train/trainer_impl.h"
 
+/* ---- the vision tower's trained tensors in a checkpoint ----
+ * A run on a vision-language model whose tower trains (--freeze_vit false,
+ * --freeze_aligner false) writes them, whatever the train type, into
+ * CHECKPOINT/visual.safetensors (beside the adapter or model.safetensors,
+ * which hold the language model's), each under its model/vision.h name:
+ *   LoRA on the vision transformer (with --train_type lora):
+ *     base_model.model.visual.blocks.N.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2
+ *     | mlp.gate_proj, mlp.up_proj, mlp.down_proj}.lora_A.weight [r, in]
+ *     and .lora_B.weight [out, r]: PEFT's names; scale lora_alpha / r
+ *     (use_rslora: / sqrt(r)), from the metadata below;
+ *   trained tower weights under their Hugging Face names: visual.merger.*
+ *     (the aligner, LoRA or full runs), and with --train_type full and
+ *     --freeze_vit false every visual.* weight, the patch embedding in the
+ *     file's shape [width, in_chans, temporal_patch_size, patch, patch].
+ * Metadata: "lora_rank", "lora_alpha", "use_rslora" (of the tower's LoRA,
+ * when it has one), "freeze_vit", "freeze_aligner". Frozen tensors are not
+ * written: they are the base model's. A resume and --load_best_model_at_end
+ * read the file back by these names. */
+#define VISION_FILE "visual.safetensors"
+
+static at_status save_vision(const at_trainer *t, const char *dir)
+{
+    size_t np = at_vision_param_count(t->vision), n = 0;
+    const at_tensor **ts = calloc(np + 1, sizeof *ts);
+    at_tensor *views = calloc(np + 1, sizeof *views);
+    if (!ts || !views) {
+        free((void *)ts);
+        free(views);
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    const at_vision_config *vc = at_vision_get_config(t->vision);
+    int has_lora = 0;
+    for (size_t i = 0; i < np; i++) {
+        if (!at_vision_grad(t->vision, i)) continue;
+        at_tensor *p = at_vision_param(t->vision, i);
+        has_lora |= at_vision_param_is_lora(t->vision, i);
+        if (!strcmp(p->name, "visual.patch_embed.proj.weight")) { /* back to the Conv3d's shape */
+            int64_t sh[5] = {vc->width, vc->in_chans, vc->temporal_patch_size, vc->patch_size, vc->patch_size};
+            at_tensor_view_inplace(&views[n], p, 0, 5, sh);
+            ts[n] = &views[n];
+        } else {
+            ts[n] = p;
+        }
+        n++;
+    }
+    at_status st = AT_OK;
+    if (n) {
+        char rank[32], alpha[64];
+        snprintf(rank, sizeof rank, "%d", t->a->lora_rank);
+        snprintf(alpha, sizeof alpha, "%.17g", t->a->lora_alpha);
+        const char **names = calloc(n, sizeof *names);
+        for (size_t i = 0, k = 0; names && i < np; i++)
+            if (at_vision_grad(t->vision, i)) names[k++] = at_vision_param(t->vision, i)->name;
+        at_st_kv meta[5] = {{"freeze_vit", t->a->freeze_vit ? "true" : "false"},
+                            {"freeze_aligner", t->a->freeze_aligner ? "true" : "false"},
+                            {"lora_rank", rank}, {"lora_alpha", alpha},
+                            {"use_rslora", t->a->use_rslora ? "true" : "false"}};
+        char *p = at_path_join(dir, VISION_FILE);
+        st = names ? at_safetensors_write(p, ts, names, n, meta, has_lora ? 5 : 2)
+                   : at_error(AT_ERR_NOMEM, "out of memory");
+        free(p);
+        free((void *)names);
+    }
+    free((void *)ts);
+    free(views);
+    return st;
+}
+
+/* The tower's trained tensors back from checkpoint ckpt (save_vision's file). */
+static at_status load_vision(at_trainer *t, const char *ckpt)
+{
+    size_t np = at_vision_param_count(t->vision);
+    int any = 0;
+    for (size_t i = 0; i < np; i++) any |= at_vision_grad(t->vision, i) != NULL;
+    if (!any) return AT_OK;
+    const at_vision_config *vc = at_vision_get_config(t->vision);
+    char *p = at_path_join(ckpt, VISION_FILE);
+    at_st_model *m = NULL;
+    at_status st = at_st_model_open(p, &m);
+    if (st != AT_OK) at_error_wrap(st, "%s: the vision tower trains in this run (--freeze_vit / --freeze_aligner)", ckpt);
+    for (size_t i = 0; st == AT_OK && i < np; i++) {
+        if (!at_vision_grad(t->vision, i)) continue;
+        at_tensor *dst = at_vision_param(t->vision, i), *src = NULL;
+        int64_t sh[5] = {vc->width, vc->in_chans, vc->temporal_patch_size, vc->patch_size, vc->patch_size};
+        int conv = !strcmp(dst->name, "visual.patch_embed.proj.weight");
+        st = at_st_get(m, dst->name, conv ? 5 : dst->ndim, conv ? sh : dst->shape, AT_F32, &src);
+        if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
+        at_tensor_free(src);
+    }
+    at_st_model_close(m);
+    free(p);
+    return st;
+}
+
 at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
 {
     char *dir = NULL;
@@ -49,6 +143,7 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
     } else {
         st = at_adapter_save(t->adapter, dir);
     }
+    if (st == AT_OK && t->vision) st = save_vision(t, dir);
     if (st == AT_OK && t->obj->ops->save) st = t->obj->ops->save(t->obj, dir);
     if (st == AT_OK) {
         char *p = at_path_join(dir, "trainer_state.safetensors");
@@ -97,6 +192,7 @@ static at_status truncate_log(const char *path, int64_t step)
  * or (full fine-tuning) every trainable tensor. */
 static at_status load_weights(at_trainer *t, const char *ckpt)
 {
+    if (t->vision) AT_TRY(load_vision(t, ckpt));
     at_status st = AT_OK;
     if (!t->a->full) {
         at_adapter *ad = NULL;
@@ -118,7 +214,7 @@ static at_status load_weights(at_trainer *t, const char *ckpt)
     at_st_model *m = NULL;
     st = at_st_model_open(p, &m);
     free(p);
-    for (int i = 0; st == AT_OK && i < t->opt.n; i++) {
+    for (int i = 0; st == AT_OK && i < t->opt.n - t->n_vis_params; i++) { /* the tower's: load_vision */
         at_tensor *src = NULL, *dst = t->opt.params[i].param;
         st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
         if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
