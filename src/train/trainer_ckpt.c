@@ -24,8 +24,11 @@
  *     (use_rslora: / sqrt(r)), from the metadata below;
  *   trained tower weights under their Hugging Face names: visual.merger.*
  *     (the aligner, LoRA or full runs), and with --train_type full and
- *     --freeze_vit false every visual.* weight, the patch embedding in the
- *     file's shape [width, in_chans, temporal_patch_size, patch, patch].
+ *     --freeze_vit false every visual.* weight; the patch embedding
+ *     (a Conv3d [width, in_chans, temporal_patch_size, patch, patch] in
+ *     Hugging Face files) is stored flattened as the 2-D matrix [width,
+ *     in_chans · temporal_patch_size · patch²], the same values in the same
+ *     (row-major) order: reshape it to write a Hugging Face folder.
  * Metadata: "lora_rank", "lora_alpha", "use_rslora" (of the tower's LoRA,
  * when it has one), "freeze_vit", "freeze_aligner". Frozen tensors are not
  * written: they are the base model's. A resume and --load_best_model_at_end
@@ -36,26 +39,12 @@ static at_status save_vision(const at_trainer *t, const char *dir)
 {
     size_t np = at_vision_param_count(t->vision), n = 0;
     const at_tensor **ts = calloc(np + 1, sizeof *ts);
-    at_tensor *views = calloc(np + 1, sizeof *views);
-    if (!ts || !views) {
-        free((void *)ts);
-        free(views);
-        return at_error(AT_ERR_NOMEM, "out of memory");
-    }
-    const at_vision_config *vc = at_vision_get_config(t->vision);
+    if (!ts) return at_error(AT_ERR_NOMEM, "out of memory");
     int has_lora = 0;
     for (size_t i = 0; i < np; i++) {
         if (!at_vision_grad(t->vision, i)) continue;
-        at_tensor *p = at_vision_param(t->vision, i);
         has_lora |= at_vision_param_is_lora(t->vision, i);
-        if (!strcmp(p->name, "visual.patch_embed.proj.weight")) { /* back to the Conv3d's shape */
-            int64_t sh[5] = {vc->width, vc->in_chans, vc->temporal_patch_size, vc->patch_size, vc->patch_size};
-            at_tensor_view_inplace(&views[n], p, 0, 5, sh);
-            ts[n] = &views[n];
-        } else {
-            ts[n] = p;
-        }
-        n++;
+        ts[n++] = at_vision_param(t->vision, i);
     }
     at_status st = AT_OK;
     if (n) {
@@ -76,7 +65,6 @@ static at_status save_vision(const at_trainer *t, const char *dir)
         free((void *)names);
     }
     free((void *)ts);
-    free(views);
     return st;
 }
 
@@ -87,7 +75,6 @@ static at_status load_vision(at_trainer *t, const char *ckpt)
     int any = 0;
     for (size_t i = 0; i < np; i++) any |= at_vision_grad(t->vision, i) != NULL;
     if (!any) return AT_OK;
-    const at_vision_config *vc = at_vision_get_config(t->vision);
     char *p = at_path_join(ckpt, VISION_FILE);
     at_st_model *m = NULL;
     at_status st = at_st_model_open(p, &m);
@@ -95,9 +82,7 @@ static at_status load_vision(at_trainer *t, const char *ckpt)
     for (size_t i = 0; st == AT_OK && i < np; i++) {
         if (!at_vision_grad(t->vision, i)) continue;
         at_tensor *dst = at_vision_param(t->vision, i), *src = NULL;
-        int64_t sh[5] = {vc->width, vc->in_chans, vc->temporal_patch_size, vc->patch_size, vc->patch_size};
-        int conv = !strcmp(dst->name, "visual.patch_embed.proj.weight");
-        st = at_st_get(m, dst->name, conv ? 5 : dst->ndim, conv ? sh : dst->shape, AT_F32, &src);
+        st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
         if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
         at_tensor_free(src);
     }
