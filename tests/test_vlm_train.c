@@ -7,7 +7,8 @@
  *    matrices start at zero, so the step-0 model is the base model);
  *  - --freeze_vit (default) with --freeze_aligner false: the checkpoint's
  *    visual.safetensors holds the merger's tensors alone, every one moved
- *    from the base model's; the tower's blocks are nowhere;
+ *    from the base model's; the tower's blocks are nowhere; full
+ *    fine-tuning with --freeze_vit false saves the tower's weights, moved;
  *  - --freeze_vit false --vit_freeze_steps 2: the tower's LoRA pairs are
  *    their initial values at checkpoints 1 and 2 (A as at 1, B zero), moved
  *    at 3; the language model's adapter moves from step 1;
@@ -316,6 +317,27 @@ static void test_freeze(void)
             free(y);
         }
         free(names);
+    }
+    /* full fine-tuning with the vision transformer trained: its weights (the patch embedding flattened, the
+     * same values in the same order) move and are saved */
+    snprintf(out, sizeof out, "%s/fullvit", tmp);
+    args_for(&a, ds, out);
+    a.max_steps = 1;
+    a.full = 1;
+    a.freeze_vit = 0;
+    CHECK_OK(at_train_run(&a, NULL, &r));
+    static const char *vit[] = {"visual.patch_embed.proj.weight", "visual.blocks.0.attn.qkv.weight",
+                                "visual.blocks.1.mlp.fc2.bias"};
+    for (int i = 0; i < 3; i++) {
+        char base[400];
+        snprintf(base, sizeof base, "%s/model.safetensors", model);
+        float *x = NULL, *y = NULL;
+        size_t nx = read_tensor(ckpt_file(&r, 1, "visual.safetensors"), vit[i], &x), ny = read_tensor(base, vit[i], &y);
+        double moved = 0;
+        for (size_t k = 0; nx == ny && k < nx; k++) moved = fmax(moved, fabs((double)x[k] - y[k]));
+        CHECK_MSG(nx == ny && nx > 0 && moved > 0, "full, --freeze_vit false: %s did not train (%zu values)", vit[i], nx);
+        free(x);
+        free(y);
     }
     /* all frozen (the defaults): no file */
     snprintf(out, sizeof out, "%s/frozen", tmp);
