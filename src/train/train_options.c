@@ -39,6 +39,9 @@ const at_opt_spec at_train_options[] = {
     CLI("quant_bits", AT_OPT_INT, "0", "[0, 8]",
         "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)"),
     CLI("dry_run", AT_OPT_BOOL, "false", NULL, "print the plan (device, formats, micro-batch, memory by part) and stop"),
+    CLI("demo", AT_OPT_STRING, NULL, NULL,
+        "sft: vision runs the bundled vision demo (a tiny Qwen2-VL learns the colour of generated pictures; "
+        "accuracy before and after)"),
     CLI("json", AT_OPT_BOOL, "false", NULL, "with --dry_run: the plan as JSON"),
     CLI("max_memory", AT_OPT_STRING, NULL, NULL, "memory budget, e.g. 8GB or 7.5GiB (default: 90% of the free memory)"),
     CLI("simulate_device", AT_OPT_STRING, NULL, NULL,

@@ -10,86 +10,8 @@
 #include "model/safetensors.h"
 #include "ops/ops.h"
 #include "train/ckpt_files.h"
+#include "train/vision_ckpt.h"
 #include "train/trainer_impl.h"
-
-/* ---- the vision tower's trained tensors in a checkpoint ----
- * A run on a vision-language model whose tower trains (--freeze_vit false,
- * --freeze_aligner false) writes them, whatever the train type, into
- * CHECKPOINT/visual.safetensors (beside the adapter or model.safetensors,
- * which hold the language model's), each under its model/vision.h name:
- *   LoRA on the vision transformer (with --train_type lora):
- *     base_model.model.visual.blocks.N.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2
- *     | mlp.gate_proj, mlp.up_proj, mlp.down_proj}.lora_A.weight [r, in]
- *     and .lora_B.weight [out, r]: PEFT's names; scale lora_alpha / r
- *     (use_rslora: / sqrt(r)), from the metadata below;
- *   trained tower weights under their Hugging Face names: visual.merger.*
- *     (the aligner, LoRA or full runs), and with --train_type full and
- *     --freeze_vit false every visual.* weight; the patch embedding
- *     (a Conv3d [width, in_chans, temporal_patch_size, patch, patch] in
- *     Hugging Face files) is stored flattened as the 2-D matrix [width,
- *     in_chans · temporal_patch_size · patch²], the same values in the same
- *     (row-major) order: reshape it to write a Hugging Face folder.
- * Metadata: "lora_rank", "lora_alpha", "use_rslora" (of the tower's LoRA,
- * when it has one), "freeze_vit", "freeze_aligner". Frozen tensors are not
- * written: they are the base model's. A resume and --load_best_model_at_end
- * read the file back by these names. */
-#define VISION_FILE "visual.safetensors"
-
-static at_status save_vision(const at_trainer *t, const char *dir)
-{
-    size_t np = at_vision_param_count(t->vision), n = 0;
-    const at_tensor **ts = calloc(np + 1, sizeof *ts);
-    if (!ts) return at_error(AT_ERR_NOMEM, "out of memory");
-    int has_lora = 0;
-    for (size_t i = 0; i < np; i++) {
-        if (!at_vision_grad(t->vision, i)) continue;
-        has_lora |= at_vision_param_is_lora(t->vision, i);
-        ts[n++] = at_vision_param(t->vision, i);
-    }
-    at_status st = AT_OK;
-    if (n) {
-        char rank[32], alpha[64];
-        snprintf(rank, sizeof rank, "%d", t->a->lora_rank);
-        snprintf(alpha, sizeof alpha, "%.17g", t->a->lora_alpha);
-        const char **names = calloc(n, sizeof *names);
-        for (size_t i = 0, k = 0; names && i < np; i++)
-            if (at_vision_grad(t->vision, i)) names[k++] = at_vision_param(t->vision, i)->name;
-        at_st_kv meta[5] = {{"freeze_vit", t->a->freeze_vit ? "true" : "false"},
-                            {"freeze_aligner", t->a->freeze_aligner ? "true" : "false"},
-                            {"lora_rank", rank}, {"lora_alpha", alpha},
-                            {"use_rslora", t->a->use_rslora ? "true" : "false"}};
-        char *p = at_path_join(dir, VISION_FILE);
-        st = names ? at_safetensors_write(p, ts, names, n, meta, has_lora ? 5 : 2)
-                   : at_error(AT_ERR_NOMEM, "out of memory");
-        free(p);
-        free((void *)names);
-    }
-    free((void *)ts);
-    return st;
-}
-
-/* The tower's trained tensors back from checkpoint ckpt (save_vision's file). */
-static at_status load_vision(at_trainer *t, const char *ckpt)
-{
-    size_t np = at_vision_param_count(t->vision);
-    int any = 0;
-    for (size_t i = 0; i < np; i++) any |= at_vision_grad(t->vision, i) != NULL;
-    if (!any) return AT_OK;
-    char *p = at_path_join(ckpt, VISION_FILE);
-    at_st_model *m = NULL;
-    at_status st = at_st_model_open(p, &m);
-    if (st != AT_OK) at_error_wrap(st, "%s: the vision tower trains in this run (--freeze_vit / --freeze_aligner)", ckpt);
-    for (size_t i = 0; st == AT_OK && i < np; i++) {
-        if (!at_vision_grad(t->vision, i)) continue;
-        at_tensor *dst = at_vision_param(t->vision, i), *src = NULL;
-        st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
-        if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
-        at_tensor_free(src);
-    }
-    at_st_model_close(m);
-    free(p);
-    return st;
-}
 
 at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
 {
@@ -128,7 +50,8 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
     } else {
         st = at_adapter_save(t->adapter, dir);
     }
-    if (st == AT_OK && t->vision) st = save_vision(t, dir);
+    if (st == AT_OK && t->vision)
+        st = at_vision_ckpt_save(t->vision, dir, t->a->lora_rank, t->a->lora_alpha, t->a->use_rslora);
     if (st == AT_OK && t->obj->ops->save) st = t->obj->ops->save(t->obj, dir);
     if (st == AT_OK) {
         char *p = at_path_join(dir, "trainer_state.safetensors");
@@ -177,7 +100,7 @@ static at_status truncate_log(const char *path, int64_t step)
  * or (full fine-tuning) every trainable tensor. */
 static at_status load_weights(at_trainer *t, const char *ckpt)
 {
-    if (t->vision) AT_TRY(load_vision(t, ckpt));
+    if (t->vision) AT_TRY(at_vision_ckpt_load(t->vision, ckpt, 1));
     at_status st = AT_OK;
     if (!t->a->full) {
         at_adapter *ad = NULL;
