@@ -153,8 +153,9 @@ static double max_diff(const char *pa, const char *pb, int *shared)
 }
 
 /* The loss of `dataset`'s first record under the base model, by the library:
- * the text pipeline and data/media.h's encoding, the image processor, the
- * M-RoPE positions and at_vlm_forward_backward without gradients. */
+ * the text pipeline, then at_vlm_sample_loss (data/media.h's encoding, the
+ * image processor, the M-RoPE positions, at_vlm_forward_backward without
+ * gradients): none of the trainer's batching. */
 static at_status reference_loss(const char *dataset, double *loss)
 {
     at_status st = AT_OK;
@@ -165,12 +166,6 @@ static at_status reference_loss(const char *dataset, double *loss)
     at_text_pipeline pipe;
     int pipe_ok = 0;
     at_dataset *ds = NULL;
-    at_encoded e = {0};
-    at_image img = {0};
-    at_image_patches pp = {0};
-    at_decoder_acts *acts = NULL;
-    at_tensor *ids = NULL, *lab = NULL, *pos = NULL;
-    int32_t *mpos = NULL;
     at_load_options lo = at_load_options_default();
     AT_CHECK(at_decoder_load(model, &lo, &d));
     AT_CHECK(at_vision_load(model, model, d->be, &v));
@@ -182,50 +177,15 @@ static at_status reference_loss(const char *dataset, double *loss)
     at_encoder enc;
     at_text_pipeline_encoder(&pipe, &enc);
     at_dataset_options dopt = {0};
-    dopt.seed = 42;
     dopt.strict = 1;
     AT_CHECK(at_dataset_load(&dataset, 1, &dopt, &ds));
-    const at_sample *s = ds->train.items[0];
     at_image_processor proc;
     AT_CHECK(at_image_processor_load(model, &proc, NULL));
-    const at_vision_config *vc = at_vision_get_config(v);
-    size_t count = 0;
-    int dropped = 0;
-    AT_CHECK(at_media_image_tokens(&proc, s->images[0], 0, &count));
-    AT_CHECK(at_media_encode(&enc, s, vc->image_token_id, &count, &e, &dropped));
-    AT_CHECK(at_media_load_image(s->images[0], 0, &img));
-    AT_CHECK(at_image_to_patches(&proc, &img, "image", &pp));
-    int32_t grid[1][3] = {{pp.grid_t, pp.grid_h, pp.grid_w}};
-    at_mrope_tokens tk = {vc->image_token_id, vc->video_token_id, vc->vision_start_token_id, vc->spatial_merge_size};
-    int32_t len = (int32_t)e.n;
-    mpos = malloc(e.n * 3 * sizeof *mpos);
-    if (!mpos) {
-        st = at_error(AT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    AT_CHECK(at_vlm_batch_positions(&tk, e.ids, NULL, &len, 1, e.n, (const int32_t(*)[3])grid, 1, mpos));
-    int64_t sh[2] = {1, (int64_t)e.n}, sp[3] = {1, (int64_t)e.n, 3};
-    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, sh, "ids", &ids));
-    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, sh, "labels", &lab));
-    AT_CHECK(at_tensor_new(d->be, AT_I32, 3, sp, "pos", &pos));
-    AT_CHECK(at_tensor_upload(ids, e.ids, e.n * sizeof(int32_t)));
-    AT_CHECK(at_tensor_upload(lab, e.labels, e.n * sizeof(int32_t)));
-    AT_CHECK(at_tensor_upload(pos, mpos, e.n * 3 * sizeof(int32_t)));
-    AT_CHECK(at_decoder_acts_new_ex(d, 1, (int)e.n, AT_ACTS_TRAIN, &acts));
-    at_vlm_images im = {pp.values, (int64_t)pp.n_patches, (const int32_t(*)[3])grid, 1, vc->image_token_id};
-    at_fwd_opts fo = {0};
-    at_loss_stats ls = {0};
-    AT_CHECK(at_vlm_forward_backward(d, v, acts, e.ids, ids, pos, NULL, lab, &im, &fo, 1.0f, NULL, &ls));
-    *loss = ls.loss_sum / (double)ls.n_targets;
+    double sum = 0;
+    int64_t n = 0;
+    AT_CHECK(at_vlm_sample_loss(d, v, &enc, &proc, ds->train.items[0], &sum, &n));
+    *loss = sum / (double)n;
 done:
-    at_tensor_free(ids);
-    at_tensor_free(lab);
-    at_tensor_free(pos);
-    free(mpos);
-    at_decoder_acts_free(acts);
-    at_image_patches_free(&pp);
-    at_image_free(&img);
-    at_encoded_free(&e);
     at_dataset_free(ds);
     if (pipe_ok) at_text_pipeline_free(&pipe);
     at_chat_template_free(tmpl);

@@ -132,54 +132,9 @@ static void scorer_free(scorer *s)
 /* Σ −log p of sample smp's trained tokens (its answer and end of turn). */
 static at_status sample_loss(scorer *s, const at_sample *smp, double *loss)
 {
-    const at_vision_config *vc = at_vision_get_config(s->v);
     at_encoder enc;
     at_text_pipeline_encoder(&s->pipe, &enc);
-    at_encoded e = {0};
-    at_image img = {0};
-    at_image_patches pp = {0};
-    at_decoder_acts *acts = NULL;
-    at_tensor *ids = NULL, *lab = NULL, *pos = NULL;
-    int32_t *mpos = NULL;
-    size_t count = 0;
-    int dropped = 0;
-    at_status st = AT_OK;
-    AT_CHECK(at_media_image_tokens(&s->proc, smp->images[0], 0, &count));
-    AT_CHECK(at_media_encode(&enc, smp, vc->image_token_id, &count, &e, &dropped));
-    AT_CHECK(at_media_load_image(smp->images[0], 0, &img));
-    AT_CHECK(at_image_to_patches(&s->proc, &img, smp->images[0], &pp));
-    int32_t grid[1][3] = {{pp.grid_t, pp.grid_h, pp.grid_w}};
-    at_mrope_tokens tk = {vc->image_token_id, vc->video_token_id, vc->vision_start_token_id, vc->spatial_merge_size};
-    int32_t len = (int32_t)e.n;
-    mpos = malloc(e.n * 3 * sizeof *mpos);
-    if (!mpos) {
-        st = at_error(AT_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    AT_CHECK(at_vlm_batch_positions(&tk, e.ids, NULL, &len, 1, e.n, (const int32_t(*)[3])grid, 1, mpos));
-    int64_t sh[2] = {1, (int64_t)e.n}, sp[3] = {1, (int64_t)e.n, 3};
-    AT_CHECK(at_tensor_new(s->d->be, AT_I32, 2, sh, "ids", &ids));
-    AT_CHECK(at_tensor_new(s->d->be, AT_I32, 2, sh, "labels", &lab));
-    AT_CHECK(at_tensor_new(s->d->be, AT_I32, 3, sp, "positions", &pos));
-    AT_CHECK(at_tensor_upload(ids, e.ids, e.n * sizeof(int32_t)));
-    AT_CHECK(at_tensor_upload(lab, e.labels, e.n * sizeof(int32_t)));
-    AT_CHECK(at_tensor_upload(pos, mpos, e.n * 3 * sizeof(int32_t)));
-    AT_CHECK(at_decoder_acts_new_ex(s->d, 1, (int)e.n, AT_ACTS_TRAIN, &acts));
-    at_vlm_images im = {pp.values, (int64_t)pp.n_patches, (const int32_t(*)[3])grid, 1, vc->image_token_id};
-    at_fwd_opts fo = {0};
-    at_loss_stats ls = {0};
-    AT_CHECK(at_vlm_forward_backward(s->d, s->v, acts, e.ids, ids, pos, NULL, lab, &im, &fo, 1.0f, NULL, &ls));
-    *loss = ls.loss_sum;
-done:
-    at_tensor_free(ids);
-    at_tensor_free(lab);
-    at_tensor_free(pos);
-    free(mpos);
-    at_decoder_acts_free(acts);
-    at_image_patches_free(&pp);
-    at_image_free(&img);
-    at_encoded_free(&e);
-    return st;
+    return at_vlm_sample_loss(s->d, s->v, &enc, &s->proc, smp, loss, NULL);
 }
 
 at_status at_vision_demo_accuracy(const at_vision_demo *d, const char *model, const char *ckpt, double *accuracy)
