@@ -1,6 +1,7 @@
 # Thin wrapper over CMake for the README's commands.
 #   make          build build/anytune (release)
 #   make run      install what is missing, build, run the bundled demo
+#   make run-vision   the same for the vision demo (anytune sft --demo vision)
 #   make test     install what is missing, build (release + sanitizers), run the suite
 #   make bench-NAME   build and run bench/NAME.c (e.g. make bench-gemm)
 #   make test-aarch64 cross-build for 64-bit ARM and run the numeric suite under qemu
@@ -8,7 +9,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 
-.PHONY: all setup setup-test run test test-release test-asan test-aarch64 clean configure FORCE
+.PHONY: all setup setup-test run run-vision test test-release test-asan test-aarch64 clean configure FORCE
 
 all: $(BUILD)/anytune
 
@@ -29,6 +30,9 @@ setup-test:
 run: setup $(BUILD)/anytune
 	$(BUILD)/anytune env
 	$(BUILD)/anytune sft
+
+run-vision: setup $(BUILD)/anytune
+	$(BUILD)/anytune sft --demo vision
 
 test: setup-test
 	$(MAKE) test-release

@@ -50,7 +50,7 @@ refused "a choice misspelled" "did you mean 'cosine'" sft --lr_scheduler_type co
 
 # issue 21.9: ms-swift's vocabulary
 refused "--deepspeed says what instead" "mpirun -np N" sft --deepspeed zero2
-refused "--freeze_vit and --max_pixels say what is missing" "training does not feed images to a model yet" sft --model x --freeze_vit false --max_pixels 1003520
+refused "--max_pixels under one merged patch" "--max_pixels 100: out of range [784, 2147483647]" sft --max_pixels 100
 "$BIN" sft --attn_impl flash_attn --dataloader_num_workers 4 --dry_run > /dev/null 2> "$T/note"
 [ $? -eq 0 ] && grep -q "note: --attn_impl changes nothing here: attention is always the fused" "$T/note" &&
     grep -q "note: --dataloader_num_workers" "$T/note"

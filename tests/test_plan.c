@@ -158,7 +158,7 @@ static void test_decisions(void)
                 if (p.batch_size < 16) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
                                               p.batch_size * 2, 2048, 1, 0, d->threads, d->runtime_overhead,
-                                              0, NULL, AT_F32, NULL, 0, 0, 0, 0};
+                                              0, NULL, AT_F32, NULL, 0, 0, 0, 0, NULL, 0, 0, 0};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -167,7 +167,7 @@ static void test_decisions(void)
                 if (p.checkpointing) {
                     at_mem_train_request r = {cfg, AT_TUNE_LORA, p.weight_dtype, AT_NF4, 8, rq.target_mask,
                                               p.batch_size, 2048, 0, 0, d->threads, d->runtime_overhead,
-                                              0, NULL, AT_F32, NULL, 0, 0, 0, 0};
+                                              0, NULL, AT_F32, NULL, 0, 0, 0, 0, NULL, 0, 0, 0};
                     at_mem_estimate e;
                     at_mem_estimate_train(&r, &e);
                     CHECK(e.total > p.budget);
@@ -831,7 +831,7 @@ measured:;
     at_mem_train_request r = {&d->cfg, c->tune, full ? AT_F32 : c->dtype, AT_NF4, c->rank, mask, c->B, c->T,
                               c->ckpt, c->pref != PREF_NONE, omp_get_max_threads(), 0,
                               0, c->pref == PREF_REF_MODEL ? &ref_cfg : NULL, c->dtype, obj, c->G, c->C, c->beta,
-                              c->mu};
+                              c->mu, NULL, 0, 0, 0};
     at_mem_estimate e;
     at_mem_estimate_train(&r, &e);
     printf("%lld %lld %lld %lld %lld %lld\n", (long long)e.total, (long long)((hwm - base) * 1024),

@@ -22,10 +22,12 @@ export):
 Only numpy. Run from the repository root:
 
     python3 tools/make_tiny_vlm.py OUT_DIR [--kind qwen2_vl|qwen2_5_vl]
-        [--hidden 64] [--layers 2] [--dtype f32|bf16] [--seed 0]
+        [--hidden 64] [--layers 2] [--dtype f32|bf16] [--seed 0] [--vocab qwen2|bytes]
 
 The vocabulary has Qwen2's 151,936 rows (the special tokens' ids are fixed
-there), so the embedding is most of the file: 151936 x hidden values.
+there), so the embedding is most of the file: 151936 x hidden values; with
+--vocab bytes it is 256 byte tokens and the special ones after them (272
+rows: a folder of a few hundred kilobytes, the vision demo's).
 """
 import argparse
 import json
@@ -61,7 +63,25 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def model(kind, hidden, layers, rs):
+def bytes_tokenizer():
+    """A byte-level vocabulary of 256 tokens (GPT-2's byte-to-character map, the
+    form Qwen2's vocab.json uses), no merges, and Qwen2-VL's special tokens
+    right after: every text encodes byte by byte. With it the model is a few
+    hundred kilobytes (the bundled vision demo's)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs, k = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + k)
+            k += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    special = [(256 + i, s) for i, (_, s) in enumerate(SPECIAL)]
+    return vocab, special
+
+
+def model(kind, hidden, layers, rs, vocab=VOCAB, ids=None):
     q25 = kind == "qwen2_5_vl"
     heads, kv = 4, 2
     head_dim = hidden // heads
@@ -79,17 +99,18 @@ def model(kind, hidden, layers, rs):
         vcfg.update({"embed_dim": w, "mlp_ratio": 4, "hidden_size": hidden, "hidden_act": "quick_gelu"})
     cfg = {"architectures": ["Qwen2_5_VLForConditionalGeneration" if q25 else "Qwen2VLForConditionalGeneration"],
            "model_type": kind, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-           "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": VOCAB, "rms_norm_eps": 1e-6,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "rms_norm_eps": 1e-6,
            "hidden_act": "silu", "rope_theta": 1000000.0, "max_position_embeddings": 32768,
-           "tie_word_embeddings": True, "bos_token_id": 151643, "eos_token_id": 151645,
-           "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-           "vision_end_token_id": 151653, "vision_token_id": 151654,
+           "tie_word_embeddings": True, "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+           "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+           "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+           "vision_token_id": ids["<|vision_pad|>"],
            "rope_scaling": {"type": "mrope", "mrope_section": sec}, "vision_config": vcfg}
 
     def n(*shape):
         return rs.normal(0.0, 0.02, shape)
 
-    t = [("model.embed_tokens.weight", n(VOCAB, hidden))]
+    t = [("model.embed_tokens.weight", n(vocab, hidden))]
     for i in range(layers):
         b = "model.layers.%d." % i
         t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden)),
@@ -127,23 +148,38 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", choices=["qwen2", "bytes"], default="qwen2",
+                    help="qwen2: Qwen2's tokenizer and ids (151,936 rows); bytes: 256 byte tokens + the special ones")
     a = ap.parse_args()
     if a.hidden % 4 or (a.hidden // 4) % 2:
         sys.exit("--hidden must be a multiple of 8 (4 heads of an even head_dim)")
     os.makedirs(a.out, exist_ok=True)
-    cfg, tensors = model(a.kind, a.hidden, a.layers, np.random.RandomState(a.seed))
+    special = SPECIAL
+    if a.vocab == "bytes":
+        byte_vocab, special = bytes_tokenizer()
+        n_vocab = (256 + len(special) + 7) // 8 * 8
+    else:
+        n_vocab = VOCAB
+    ids = {s: i for i, s in special}
+    cfg, tensors = model(a.kind, a.hidden, a.layers, np.random.RandomState(a.seed), n_vocab, ids)
     cfg["torch_dtype"] = "bfloat16" if a.dtype == "bf16" else "float32"
     with open(os.path.join(a.out, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=1)
     write_safetensors(os.path.join(a.out, "model.safetensors"), [(n, t.astype(np.float32)) for n, t in tensors],
                       {"format": "pt"}, bf16=a.dtype == "bf16")
-    for f in ("vocab.json", "merges.txt"):
-        shutil.copyfile(os.path.join(TOKENIZER_DIR, f), os.path.join(a.out, f))
+    if a.vocab == "bytes":
+        with open(os.path.join(a.out, "vocab.json"), "w") as fh:
+            json.dump(byte_vocab, fh, ensure_ascii=False)
+        with open(os.path.join(a.out, "merges.txt"), "w") as fh:
+            fh.write("#version: 0.2\n")
+    else:
+        for f in ("vocab.json", "merges.txt"):
+            shutil.copyfile(os.path.join(TOKENIZER_DIR, f), os.path.join(a.out, f))
     with open(os.path.join(TOKENIZER_DIR, "tokenizer_config.json")) as fh:
         tc = json.load(fh)
     tc["added_tokens_decoder"] = {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                                           "single_word": False, "special": True} for i, s in SPECIAL}
-    tc["additional_special_tokens"] = [s for _, s in SPECIAL[1:]]
+                                           "single_word": False, "special": True} for i, s in special}
+    tc["additional_special_tokens"] = [s for _, s in special[1:]]
     tc["eos_token"], tc["pad_token"] = "<|im_end|>", "<|endoftext|>"
     tc["chat_template"] = CHAT_TEMPLATE
     tc["tokenizer_class"] = "Qwen2Tokenizer"
@@ -155,7 +191,8 @@ def main():
                    "image_std": [0.26862954, 0.26130258, 0.27577711], "image_processor_type": "Qwen2VLImageProcessor",
                    "processor_class": "Qwen2VLProcessor"}, fh, indent=1)
     with open(os.path.join(a.out, "generation_config.json"), "w") as fh:
-        json.dump({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}, fh, indent=1)
+        json.dump({"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+                   "pad_token_id": ids["<|endoftext|>"]}, fh, indent=1)
     print("wrote %s (%s, hidden %d, %d layers, %d tensors, %s)" % (a.out, a.kind, a.hidden, a.layers, len(tensors),
                                                                     a.dtype))
 

@@ -1,8 +1,10 @@
 #include "data/batch.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/rng.h"
+#include "data/media.h"
 
 /* Sort helpers: qsort is not stable, so ties are broken by the index. */
 typedef struct {
@@ -183,6 +185,10 @@ void at_batch_free(at_batch *b)
     free(b->positions);
     free(b->segments);
     free(b->lengths);
+    free(b->pixels);
+    free(b->grid_thw);
+    free(b->row_images);
+    free(b->mpos);
     memset(b, 0, sizeof *b);
 }
 
@@ -235,6 +241,95 @@ at_status at_batch_build(const at_batch_plan *p, size_t b, const at_encoded *sam
             ids[c] = pad_id;
             lab[c] = AT_IGNORE_INDEX;
         }
+    }
+    return AT_OK;
+}
+
+at_batch at_batch_rows(const at_batch *b, size_t r0, size_t r1)
+{
+    at_batch v = *b;
+    size_t off = r0 * b->cols;
+    v.ids = b->ids + off;
+    v.labels = b->labels + off;
+    v.positions = b->positions + off;
+    v.segments = b->segments ? b->segments + off : NULL;
+    v.lengths = b->lengths + r0;
+    v.rows = r1 - r0;
+    v.mpos = b->mpos ? b->mpos + off * 3 : NULL;
+    if (b->row_images) {
+        size_t i0 = b->row_images[r0] - b->row_images[0], i1 = b->row_images[r1] - b->row_images[0], p0 = 0, np = 0;
+        for (size_t i = 0; i < i1; i++) {
+            size_t n = (size_t)b->grid_thw[i][0] * (size_t)b->grid_thw[i][1] * (size_t)b->grid_thw[i][2];
+            if (i < i0) p0 += n;
+            else np += n;
+        }
+        v.row_images = b->row_images + r0;
+        v.grid_thw = b->grid_thw + i0;
+        v.n_images = i1 - i0;
+        v.pixels = b->pixels + p0 * b->patch_dim;
+        v.n_patches = np;
+    }
+    return v;
+}
+
+/* Appends the patches of one image to out's pixels and grids. */
+static at_status append_image(at_batch *out, const at_image_patches *pp, size_t *cap_patches, size_t *cap_images)
+{
+    if (out->patch_dim && pp->patch_dim != out->patch_dim)
+        return at_error(AT_ERR_INVALID, "patches of %zu values, the batch's have %zu", pp->patch_dim, out->patch_dim);
+    out->patch_dim = pp->patch_dim;
+    if (out->n_patches + pp->n_patches > *cap_patches) {
+        size_t cap = (*cap_patches ? *cap_patches * 2 : 256) + pp->n_patches;
+        float *p = realloc(out->pixels, cap * pp->patch_dim * sizeof *p);
+        if (!p) return at_error(AT_ERR_NOMEM, "out of memory holding a batch's images (%zu patches)", cap);
+        out->pixels = p;
+        *cap_patches = cap;
+    }
+    if (out->n_images + 1 > *cap_images) {
+        size_t cap = *cap_images ? *cap_images * 2 : 8;
+        int32_t (*g)[3] = realloc(out->grid_thw, cap * sizeof *g);
+        if (!g) return at_error(AT_ERR_NOMEM, "out of memory");
+        out->grid_thw = g;
+        *cap_images = cap;
+    }
+    memcpy(out->pixels + out->n_patches * pp->patch_dim, pp->values, pp->n_patches * pp->patch_dim * sizeof(float));
+    out->n_patches += pp->n_patches;
+    out->grid_thw[out->n_images][0] = pp->grid_t;
+    out->grid_thw[out->n_images][1] = pp->grid_h;
+    out->grid_thw[out->n_images][2] = pp->grid_w;
+    out->n_images++;
+    return AT_OK;
+}
+
+at_status at_batch_add_images(at_batch *out, const at_batch_plan *p, size_t b, const at_sample_images *imgs,
+                              size_t n_samples, const at_image_processor *proc)
+{
+    size_t r0 = p->batch_start[b], cap_patches = 0, cap_images = 0;
+    out->row_images = calloc(out->rows + 1, sizeof *out->row_images);
+    if (!out->row_images) return at_error(AT_ERR_NOMEM, "out of memory");
+    for (size_t r = 0; r < out->rows; r++) {
+        for (size_t k = p->row_start[r0 + r]; k < p->row_start[r0 + r + 1]; k++) {
+            if (p->items[k] >= n_samples) return at_error(AT_ERR_INVALID, "plan names sample %zu of %zu", p->items[k], n_samples);
+            const at_sample_images *si = &imgs[p->items[k]];
+            for (size_t i = 0; i < si->n; i++) {
+                at_image img;
+                at_image_patches pp = {0};
+                char name[64];
+                snprintf(name, sizeof name, "image %zu", i + 1);
+                at_status st = at_media_load_image(si->refs[i], 0, &img);
+                if (st == AT_OK) {
+                    st = at_image_to_patches(proc, &img, si->refs[i], &pp);
+                    at_image_free(&img);
+                }
+                if (st == AT_OK) st = append_image(out, &pp, &cap_patches, &cap_images);
+                at_image_patches_free(&pp);
+                if (st != AT_OK)
+                    return at_error_wrap(st, "%s:%d: %s of the sample (%.200s)", si->source, si->line, name,
+                                         strncmp(si->refs[i], "data:", 5) && strlen(si->refs[i]) <= 200
+                                             ? si->refs[i] : "inline base64");
+            }
+        }
+        out->row_images[r + 1] = out->n_images;
     }
     return AT_OK;
 }

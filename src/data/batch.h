@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include "base/status.h"
 #include "data/encode.h"
+#include "data/image_proc.h"
 
 /* First-fit decreasing. bin_of[i] receives the row of sample i (rows are
  * numbered in the order they were opened); *n_bins the row count. Every
@@ -60,10 +61,41 @@ void at_batch_plan_free(at_batch_plan *p);
 typedef struct {
     int32_t *ids, *labels, *positions, *segments, *lengths;
     size_t rows, cols;
+    /* A vision-language batch's images (at_batch_add_images; a text batch:
+     * none, NULL arrays), in the order of their tokens, row by row: */
+    float *pixels;            /* [n_patches, patch_dim] image_proc.h's patches, image after image */
+    size_t n_patches, patch_dim;
+    int32_t (*grid_thw)[3];   /* [n_images] */
+    size_t n_images;
+    size_t *row_images;       /* [rows + 1]: row r holds images [row_images[r], row_images[r + 1]) of the
+                                 batch (offsets counted from row_images[0]) */
+    int32_t *mpos;            /* NULL, or [rows, cols, 3] M-RoPE positions (train/vlm_step.h), which the
+                                 model then takes instead of `positions` */
 } at_batch;
 
 at_status at_batch_build(const at_batch_plan *p, size_t b, const at_encoded *samples, size_t n_samples,
                          int32_t pad_id, at_batch *out);
 void at_batch_free(at_batch *b);
+
+/* Rows [r0, r1) of b as a view into b's arrays (its images and M-RoPE
+ * positions too): not to be freed, valid while b is. */
+at_batch at_batch_rows(const at_batch *b, size_t r0, size_t r1);
+
+/* The images of one encoded sample (borrowed references, data/media.h's
+ * form) and where the sample was read, for messages. */
+typedef struct {
+    const char *const *refs;
+    size_t n;
+    const char *source;
+    int line;
+} at_sample_images;
+
+/* Decodes the images of batch b's samples (imgs[n_samples], indexed as the
+ * samples) and turns them into patches with processor proc (image_proc.h),
+ * filling out's image fields. The pixels are made when a batch is built and
+ * freed with it: memory holds the images of the batches built, never the
+ * dataset's. A failure names the sample's file:line and the image. */
+at_status at_batch_add_images(at_batch *out, const at_batch_plan *p, size_t b, const at_sample_images *imgs,
+                              size_t n_samples, const at_image_processor *proc);
 
 #endif

@@ -60,6 +60,7 @@ struct at_vision {
     int *blk;              /* [depth][B_COUNT]: parameter index of each role, -1 when the tower has none */
     int merger[M_COUNT];   /* likewise */
     int train_vit, train_aligner;
+    int vit_held;          /* at_vision_hold_vit: the vision transformer's gradients kept, not computed */
     size_t n_base;         /* the tower's own parameters; LoRA's A, B pairs follow */
     int *lora;             /* [depth][L_COUNT]: parameter index of A (B is the next), -1 when not adapted; NULL: no LoRA */
     int lora_rank;
@@ -272,6 +273,8 @@ at_status at_vision_set_trainable(at_vision *v, int vit, int aligner)
     v->train_aligner = aligner != 0;
     return AT_OK;
 }
+
+void at_vision_hold_vit(at_vision *v, int hold) { v->vit_held = hold != 0; }
 
 at_status at_vision_lora_add(at_vision *v, int rank, double alpha, int use_rslora, uint64_t seed)
 {
@@ -778,7 +781,7 @@ at_status at_vision_forward(at_vision *v, at_tensor *features, const float *pixe
     v->n_tok = n_tok;
     at_status st = AT_OK;
     /* a frozen tower's blocks run as in inference (the backward stops after the merger) */
-    const int blocks = training && v->train_vit;
+    const int blocks = training && v->train_vit && !v->vit_held;
     int na = blocks ? vc->depth : 1;
     v->acts = calloc((size_t)na, sizeof *v->acts);
     if (!v->acts) return at_error(AT_ERR_NOMEM, "out of memory");
@@ -825,9 +828,10 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
     const int64_t N = v->n, W = vc->width, F = vc->intermediate_size;
     const int64_t mm = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
     char d[128];
-    if (!v->train_vit && !v->train_aligner) return AT_OK;
+    const int vit = v->train_vit && !v->vit_held;
+    if (!vit && !v->train_aligner) return AT_OK;
     if (!v->kept) return at_error(AT_ERR_INVALID, "vision backward: no training forward to go back through");
-    if (v->train_vit && !v->kept_blocks)
+    if (vit && !v->kept_blocks)
         return at_error(AT_ERR_INVALID, "vision backward: the tower became trainable after the forward, which kept "
                         "no block's activations");
     if (d_features->dtype != AT_F32 || d_features->ndim != 2 || d_features->shape[0] != v->n_tok ||
@@ -849,7 +853,7 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
     AT_CHECK(new_f32(v, v->n_tok, mm * W, "vision.d_merger_h", &dh0));
     AT_CHECK(linear_backward(dh0, 0.0f, dmo, v->a0, MP(v, M_2W), MG(v, M_2W), MG(v, M_2B)));
     AT_CHECK(at_gelu_backward(dh0, dh0, v->h0, AT_GELU_ERF));
-    const int need_dx = v->train_vit;
+    const int need_dx = vit;
     /* the blocks' output: the last block's, or x0 updated in place when they ran as in inference */
     at_tensor *x_last = v->kept_blocks && vc->depth ? v->acts[vc->depth - 1].out : v->x0;
     if (need_dx || MG(v, M_LNW)) {

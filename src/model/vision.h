@@ -85,6 +85,11 @@ at_tensor *at_vision_grad(const at_vision *v, size_t i);
  * frozen the backward stops after the merger (ms-swift's freeze_vit); with
  * both frozen it does nothing. Default: both frozen. */
 at_status at_vision_set_trainable(at_vision *v, int vit, int aligner);
+/* With hold, the forward and backward treat the vision transformer as
+ * frozen (its gradients are kept as they are, not computed) while
+ * at_vision_set_trainable's setting stays; without, it trains again. For
+ * --vit_freeze_steps: the tower's gradient tensors keep their addresses. */
+void at_vision_hold_vit(at_vision *v, int hold);
 /* LoRA on every linear of the vision transformer's blocks (attn.qkv,
  * attn.proj, mlp.fc1 / fc2 or gate_proj / up_proj / down_proj; not the
  * merger's): y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ with A [rank, in], B [out, rank],

@@ -1,5 +1,6 @@
 #include "plan/memory.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "device/quant.h"
@@ -254,6 +255,58 @@ const at_mem_objective *at_mem_objective_find(const char *name)
     return NULL;
 }
 
+/* The tower (model/vision.h) as vision.c allocates it, N patches of width W,
+ * F the MLP's width, P values a patch, n = N / m² merged tokens:
+ *   weights     every tensor f32 (vision_config.h's list);
+ *   a block     n1, n2, q, k, v, att, (mid, out when training) [N, W] each,
+ *               h1, act (and h2 for SwiGLU) [N, F], LoRA's u [N, r] per linear;
+ *               kept for every block when the vision transformer trains,
+ *               else one set serves them all;
+ *   the rest    pixels [N, P], x0 and ln_q [N, W], the merger's two
+ *               [n, m²W] (= [N, W]) and the features [n, hidden] twice
+ *               (and their gradient);
+ *   backward    (vision transformer trains) seven [N, W] and three [N, F]. */
+void at_mem_vision(const at_mem_train_request *r, at_mem_estimate *e)
+{
+    const at_vision_config *vc = r->vision;
+    at_vision_tensor *ts = NULL;
+    size_t nt = 0;
+    if (at_vision_tensors(vc, &ts, &nt) != AT_OK) return;
+    int64_t params = 0, aligner = 0, lora = 0;
+    int linears = 0;
+    for (size_t i = 0; i < nt; i++) {
+        int64_t n = 1;
+        for (int k = 0; k < ts[i].ndim; k++) n *= ts[i].shape[k];
+        params += n;
+        if (!strncmp(ts[i].name, "visual.merger.", 14)) aligner += n;
+        const char *dot = strrchr(ts[i].name, '.');
+        /* a block's linear: a 2-D weight under visual.blocks (LoRA's A [r, in] and B [out, r]) */
+        if (!strncmp(ts[i].name, "visual.blocks.", 14) && ts[i].ndim == 2 && dot && !strcmp(dot, ".weight")) {
+            lora += (int64_t)r->lora_rank * (ts[i].shape[0] + ts[i].shape[1]);
+            linears++;
+        }
+    }
+    free(ts);
+    int full = r->tune == AT_TUNE_FULL;
+    int64_t trained = (r->train_aligner ? aligner : 0) + (r->train_vit ? (full ? params - aligner : lora) : 0);
+    e->n_params += params;
+    e->weights += 4 * params + (r->train_vit && !full ? 4 * lora : 0);
+    e->n_trainable += trained;
+    e->trainable += full ? 0 : 4 * trained;
+    e->gradients += 4 * trained;
+    e->optimizer += 8 * trained;
+    const int64_t mm = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
+    const int64_t row = r->image_patches < (int64_t)r->seq_len * mm ? r->image_patches : (int64_t)r->seq_len * mm;
+    const int64_t N = row * r->batch, W = vc->width, F = vc->intermediate_size;
+    const int64_t P = (int64_t)vc->in_chans * vc->temporal_patch_size * vc->patch_size * vc->patch_size;
+    const int swiglu = vc->kind == AT_VISION_QWEN2_5_VL;
+    const int64_t per_block = N * (6 * W + (2 + swiglu) * F) + (r->train_vit ? N * (2 * W + 6) : 0) +
+                              (r->train_vit && !full ? N * r->lora_rank * linears / (vc->depth ? vc->depth : 1) : 0);
+    int64_t f32 = per_block * (r->train_vit ? vc->depth : 1) + N * P + 4 * N * W + 3 * (N / mm) * vc->out_hidden_size;
+    if (r->train_vit) f32 += N * (7 * W + (2 + swiglu) * F);
+    e->activations += 4 * f32;
+}
+
 void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
 {
     const at_mem_objective *ob = at_mem_objective_find(r->objective);
@@ -289,6 +342,7 @@ void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *e)
     e->activations = 4 * (int64_t)(all - loss) + 4 * N + 16 * N;
     e->attention = attention_bytes(c, B, T, r->threads, 1);
     e->workspace = workspace_bytes(c, N, r->threads, r->runtime_overhead);
+    if (r->vision) at_mem_vision(r, e);
     if (ob->extra) e->objective = ob->extra(r, e);
     total(e);
     if (ob->reference && !r->reference_free) {

@@ -40,6 +40,7 @@
 #include <stdint.h>
 #include "device/dtype.h"
 #include "model/config.h"
+#include "model/vision_config.h"
 
 typedef enum { AT_TUNE_LORA = 0, AT_TUNE_QLORA, AT_TUNE_FULL } at_tune_kind;
 
@@ -103,6 +104,15 @@ struct at_mem_train_request {
     int num_generations, max_completion_length;
     double beta;
     int num_iterations;
+    /* a vision-language model (NULL: a text model): its tower, the image patches of one row (at most
+     * seq_len · merge², the image tokens being part of its tokens), and which parts train (--freeze_vit false:
+     * LoRA of lora_rank on its linears, or every weight with full; --freeze_aligner false: the merger).
+     * Counted (at_mem_vision): its f32 weights in weights, what trains in trainable / gradients /
+     * optimizer, its forward's activations (every block's when the vision transformer trains, else one
+     * block's and the merger's) and its backward's scratch in activations. */
+    const at_vision_config *vision;
+    int64_t image_patches;
+    int train_vit, train_aligner;
 };
 
 struct at_mem_estimate {
@@ -125,6 +135,9 @@ int64_t at_mem_param_count(const at_model_config *cfg);
 int64_t at_mem_weight_bytes(const at_model_config *cfg, at_dtype matrix_dtype, at_dtype embed_dtype);
 /* LoRA parameters of rank r on the modules of mask, summed over layers. */
 int64_t at_mem_lora_params(const at_model_config *cfg, int rank, unsigned mask);
+
+/* The vision tower's parts of r (r->vision set) added to e: see the request's fields. */
+void at_mem_vision(const at_mem_train_request *r, at_mem_estimate *e);
 
 /* Estimate of one training step's peak. */
 void at_mem_estimate_train(const at_mem_train_request *r, at_mem_estimate *out);

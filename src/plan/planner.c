@@ -197,6 +197,10 @@ static void estimate(const at_plan_request *rq, const at_device_profile *dev, co
     r.max_completion_length = rq->max_completion_length;
     r.beta = rq->beta;
     r.num_iterations = rq->num_iterations;
+    r.vision = rq->vision;
+    r.image_patches = rq->image_patches;
+    r.train_vit = rq->train_vit;
+    r.train_aligner = rq->train_aligner;
     r.threads = dev->threads;
     r.runtime_overhead = dev->runtime_overhead;
     at_mem_estimate_train(&r, m);

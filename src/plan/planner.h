@@ -59,6 +59,11 @@ typedef struct at_plan_request {
     int num_generations, max_completion_length;
     double beta;
     int num_iterations;
+    /* a vision-language model (NULL: text): its tower, the patches of one row's images (one image at
+     * --max_pixels a row), the parts that train (plan/memory.h) */
+    const at_vision_config *vision;
+    int64_t image_patches;
+    int train_vit, train_aligner;
     int64_t max_memory;           /* --max_memory bytes; 0: 90% of the free memory */
     /* inference */
     int infer_batch;              /* sequences at once (default 1) */

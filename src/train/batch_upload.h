@@ -8,7 +8,8 @@
 #include "device/tensor.h"
 
 typedef struct {
-    at_tensor *ids, *pos, *seg, *labels; /* i32 [rows, cols]; seg NULL without packing */
+    at_tensor *ids, *pos, *seg, *labels; /* i32 [rows, cols] (pos [rows, cols, 3] when the batch has M-RoPE
+                                            positions); seg NULL without packing */
 } at_batch_tensors;
 
 /* Uploads b's arrays to be (segments only when with_segments). Free with at_batch_tensors_free. */

@@ -30,7 +30,10 @@
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "data/encode.h"
+#include "data/image_proc.h"
 #include "model/decoder.h"
+#include "model/mrope.h"
+#include "model/vision.h"
 #include "train/batch_upload.h"
 #include "train/preference.h"
 
@@ -48,6 +51,10 @@ typedef struct {
     int batch_size;        /* --per_device_train_batch_size (kto's KL pairs are made within batches) */
     const struct at_tokenizer *tok; /* the tokenizer (grpo generates and decodes) */
     const struct at_chat_template *tmpl; /* the chat template, or NULL (grpo's stop tokens) */
+    /* a vision-language model (NULL vision: a text model, whose samples with images are refused): */
+    const at_image_processor *vision; /* its image processor (--max_pixels / --min_pixels applied) */
+    int32_t image_pad;                 /* <|image_pad|> */
+    const at_mrope_tokens *mrope;      /* NULL, or the model takes M-RoPE positions (built with the batches) */
 } at_obj_data_env;
 
 /* One micro-batch, or rows [u0·unit, u1·unit) of it after out-of-memory
@@ -62,6 +69,7 @@ typedef struct {
     at_fwd_opts fwd;            /* the forward's options (dropout, NEFTune) */
     const double *step_counts;  /* build's counts summed over the whole step, every rank */
     double scale;               /* the loss scale (gradients are of loss · scale) */
+    at_vision *vision;          /* the vision tower (NULL: a text model); its trainable parts get gradients */
 } at_obj_micro;
 
 /* What the evaluation gets from the trainer. */
@@ -72,6 +80,7 @@ typedef struct {
     at_batch_options batch;     /* how the validation items are batched (no shuffle) */
     int32_t pad;
     int packing;                /* batches carry segment ids */
+    at_vision *vision;          /* the vision tower, or NULL */
 } at_obj_eval_env;
 
 typedef struct {

@@ -458,7 +458,8 @@ static void log_completions(grpo_data *gd, const gen_batch *gb, const size_t *pi
 /* Per-token log-probs of the batch's rows under the decoder d as it is. */
 static at_status batch_logps(at_decoder *d, const gen_batch *gb, float *out)
 {
-    at_batch b = {gb->ids, gb->labels, gb->pos, NULL, gb->lengths, gb->rows, gb->cols};
+    at_batch b = {.ids = gb->ids, .labels = gb->labels, .positions = gb->pos, .lengths = gb->lengths, .rows = gb->rows,
+                  .cols = gb->cols};
     at_batch_tensors t = {0};
     at_decoder_acts *acts = NULL;
     at_status st = at_batch_tensors_upload(d->be, &b, 0, &t);

@@ -16,20 +16,38 @@ at_status at_optimizer_init_ex(at_optimizer *o, at_decoder *d, const at_decoder_
                                int n_extra, const at_adamw_config *cfg)
 {
     memset(o, 0, sizeof *o);
-    o->cfg = *cfg;
     int nd = at_decoder_trainables(d, g, NULL, 0), n = nd + n_extra;
+    if (n <= 0) return at_error(AT_ERR_INVALID, "nothing to train");
+    at_param_grad *all = calloc((size_t)n, sizeof *all);
+    if (!all) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_decoder_trainables(d, g, all, nd);
+    for (int i = 0; i < n_extra; i++) all[nd + i] = extra[i];
+    at_status st = at_optimizer_init_list(o, d->be, all, n, cfg);
+    free(all);
+    return st;
+}
+
+at_status at_optimizer_init_list(at_optimizer *o, at_backend *be, const at_param_grad *params, int n,
+                                 const at_adamw_config *cfg)
+{
+    memset(o, 0, sizeof *o);
+    o->cfg = *cfg;
     if (n <= 0) return at_error(AT_ERR_INVALID, "nothing to train");
     o->n = n;
     o->params = calloc((size_t)n, sizeof *o->params);
     o->m = calloc((size_t)n, sizeof *o->m);
     o->v = calloc((size_t)n, sizeof *o->v);
+    o->lr_scale = malloc((size_t)n * sizeof *o->lr_scale);
+    o->held = calloc((size_t)n, sizeof *o->held);
     at_status st = AT_OK;
-    if (!o->params || !o->m || !o->v) {
+    if (!o->params || !o->m || !o->v || !o->lr_scale || !o->held) {
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;
     }
-    at_decoder_trainables(d, g, o->params, nd);
-    for (int i = 0; i < n_extra; i++) o->params[nd + i] = extra[i];
+    for (int i = 0; i < n; i++) {
+        o->params[i] = params[i];
+        o->lr_scale[i] = 1.0;
+    }
     for (int i = 0; i < n; i++) {
         const at_tensor *p = o->params[i].param;
         char name[AT_NAME_MAX + 16];
@@ -39,12 +57,19 @@ at_status at_optimizer_init_ex(at_optimizer *o, at_decoder *d, const at_decoder_
         AT_CHECK(at_tensor_zeros(p->buf->backend, AT_F32, p->ndim, p->shape, name, &o->v[i]));
     }
     int64_t count = n;
-    AT_CHECK(at_tensor_zeros(d->be, AT_F32, 1, &count, "grad_sumsq", &o->sumsq));
+    AT_CHECK(at_tensor_zeros(be, AT_F32, 1, &count, "grad_sumsq", &o->sumsq));
     o->sumsq_host = calloc((size_t)n, sizeof *o->sumsq_host);
     if (!o->sumsq_host) st = at_error(AT_ERR_NOMEM, "out of memory");
 done:
     if (st != AT_OK) at_optimizer_free(o);
     return st;
+}
+
+void at_optimizer_set_group(at_optimizer *o, int i, double lr_scale, int64_t held)
+{
+    if (i < 0 || i >= o->n) return;
+    o->lr_scale[i] = lr_scale;
+    o->held[i] = held;
 }
 
 void at_optimizer_free(at_optimizer *o)
@@ -56,6 +81,8 @@ void at_optimizer_free(at_optimizer *o)
     free(o->m);
     free(o->v);
     free(o->params);
+    free(o->lr_scale);
+    free(o->held);
     at_tensor_free(o->sumsq);
     free(o->sumsq_host);
     memset(o, 0, sizeof *o);
@@ -86,7 +113,12 @@ at_status at_optimizer_step(at_optimizer *o, double lr, double grad_norm, double
     o->step++;
     at_adamw_params p = {(float)lr, (float)o->cfg.beta1, (float)o->cfg.beta2, (float)o->cfg.eps,
                          (float)o->cfg.weight_decay, (float)(clip * unscale), o->step};
-    for (int i = 0; i < o->n; i++) AT_TRY(at_adamw(o->params[i].param, o->params[i].grad, o->m[i], o->v[i], &p));
+    for (int i = 0; i < o->n; i++) {
+        if (o->step <= o->held[i]) continue; /* its group sits this update out */
+        p.lr = (float)(lr * o->lr_scale[i]);
+        p.step = o->step - o->held[i];
+        AT_TRY(at_adamw(o->params[i].param, o->params[i].grad, o->m[i], o->v[i], &p));
+    }
     return AT_OK;
 }
 

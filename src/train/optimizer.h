@@ -20,6 +20,10 @@ typedef struct {
     at_tensor *sumsq;      /* f32 [n] scratch: each gradient's Σ g², read back at once */
     float *sumsq_host;     /* their host copy [n], owned */
     int64_t step;          /* updates done */
+    /* parameter groups (at_optimizer_set_group): each tensor's learning rate over the scheduled one, and
+     * the updates it sits out first */
+    double *lr_scale;      /* [n], 1 by default */
+    int64_t *held;         /* [n], 0 by default */
 } at_optimizer;
 
 /* Zeroed moments for every trainable of d under g. Free with at_optimizer_free. */
@@ -28,7 +32,18 @@ at_status at_optimizer_init(at_optimizer *o, at_decoder *d, const at_decoder_gra
  * objective's own tensors, train/objective.h). */
 at_status at_optimizer_init_ex(at_optimizer *o, at_decoder *d, const at_decoder_grads *g, const at_param_grad *extra,
                                int n_extra, const at_adamw_config *cfg);
+/* Zeroed moments for the n (param, gradient) pairs of params (copied; the
+ * tensors stay the caller's), in that order; be holds the norm's scratch. */
+at_status at_optimizer_init_list(at_optimizer *o, at_backend *be, const at_param_grad *params, int n,
+                                 const at_adamw_config *cfg);
 void at_optimizer_free(at_optimizer *o);
+
+/* Tensor i's group: learning rate lr · lr_scale at every step (ms-swift's
+ * --vit_lr / --aligner_lr: the schedule scales every group alike), and no
+ * update at all (no moments, no weight decay) during the first `held`
+ * updates; its bias correction then counts its own updates, as torch's
+ * AdamW does for a tensor whose first gradient came at update held + 1. */
+void at_optimizer_set_group(at_optimizer *o, int i, double lr_scale, int64_t held);
 
 /* sqrt(Σ over every gradient of Σ g²) (computed in double across tensors). */
 at_status at_optimizer_grad_norm(at_optimizer *o, double *norm);

@@ -39,6 +39,9 @@ const at_opt_spec at_train_options[] = {
     CLI("quant_bits", AT_OPT_INT, "0", "[0, 8]",
         "quantize the frozen linear weights: 4 (NF4, QLoRA), 8 (q8_0), 0 (off)"),
     CLI("dry_run", AT_OPT_BOOL, "false", NULL, "print the plan (device, formats, micro-batch, memory by part) and stop"),
+    CLI("demo", AT_OPT_STRING, NULL, NULL,
+        "sft: vision runs the bundled vision demo (a tiny Qwen2-VL learns the colour of generated pictures; "
+        "accuracy before and after)"),
     CLI("json", AT_OPT_BOOL, "false", NULL, "with --dry_run: the plan as JSON"),
     CLI("max_memory", AT_OPT_STRING, NULL, NULL, "memory budget, e.g. 8GB or 7.5GiB (default: 90% of the free memory)"),
     CLI("simulate_device", AT_OPT_STRING, NULL, NULL,
@@ -147,18 +150,23 @@ const at_opt_spec at_train_options[] = {
                                         "..., and --train_type qlora or --quant_bits to fit one device"),
     REFUSED("fsdp", AT_OPT_STRING, "not implemented; data parallel: mpirun -np N anytune sft ..."),
     REFUSED("torch_compile", AT_OPT_BOOL, "there is no torch here: the kernels are compiled C"),
-    /* ms-swift's vision-language options: the model side exists (model/vision.h, train/vlm_step.h), the
-     * trainer does not feed images yet (issue 18) */
-#define VLM_NOT_YET "training does not feed images to a model yet (issue 18)"
-    REFUSED("freeze_vit", AT_OPT_BOOL, VLM_NOT_YET),
-    REFUSED("freeze_aligner", AT_OPT_BOOL, VLM_NOT_YET),
-    REFUSED("freeze_llm", AT_OPT_BOOL, VLM_NOT_YET),
-    REFUSED("vit_lr", AT_OPT_FLOAT, VLM_NOT_YET),
-    REFUSED("aligner_lr", AT_OPT_FLOAT, VLM_NOT_YET),
-    REFUSED("vit_freeze_steps", AT_OPT_INT, VLM_NOT_YET),
-    REFUSED("max_pixels", AT_OPT_INT, VLM_NOT_YET),
-    REFUSED("min_pixels", AT_OPT_INT, VLM_NOT_YET),
-#undef VLM_NOT_YET
+    /* ms-swift's vision-language options (Qwen2-VL / Qwen2.5-VL folders; text-only models ignore them) */
+    AT("freeze_vit", AT_OPT_BOOL, "true", NULL, freeze_vit,
+       "keep the vision transformer frozen (false: LoRA on its linears with --train_type lora, every weight "
+       "with full)"),
+    AT("freeze_aligner", AT_OPT_BOOL, "true", NULL, freeze_aligner,
+       "keep the vision merger (aligner) frozen (false: its weights train, with LoRA too)"),
+    AT("freeze_llm", AT_OPT_BOOL, "false", NULL, freeze_llm, "keep the language model's weights (or LoRA) frozen"),
+    AT("vit_lr", AT_OPT_FLOAT, NULL, "(0, inf)", vit_lr,
+       "learning rate of the vision transformer's tensors (default: --learning_rate; scheduled alike)"),
+    AT("aligner_lr", AT_OPT_FLOAT, NULL, "(0, inf)", aligner_lr,
+       "learning rate of the aligner's tensors (default: --learning_rate; scheduled alike)"),
+    AT("vit_freeze_steps", AT_OPT_INT, "0", "[0, 2147483647]", vit_freeze_steps,
+       "the vision transformer trains only after this many steps (with --freeze_vit false)"),
+    AT("max_pixels", AT_OPT_INT, NULL, "[784, 2147483647]", max_pixels,
+       "largest image area in pixels after resizing (ms-swift's MAX_PIXELS; default: preprocessor_config.json's)"),
+    AT("min_pixels", AT_OPT_INT, NULL, "[1, 2147483647]", min_pixels,
+       "smallest image area in pixels after resizing (default: preprocessor_config.json's)"),
     REFUSED("sequence_parallel_size", AT_OPT_INT, "sequence parallelism is not implemented"),
 };
 const int at_train_n_options = (int)(sizeof at_train_options / sizeof at_train_options[0]);

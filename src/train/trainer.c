@@ -47,6 +47,7 @@ static void trainer_free(trainer *t)
 {
     at_decoder_acts_free(t->acts);
     if (t->opt_ready) at_optimizer_free(&t->opt);
+    at_vision_free(t->vision);
     at_decoder_grads_free(t->grads);
     if (t->dec) at_decoder_set_adapter(t->dec, NULL);
     at_adapter_free(t->adapter);
@@ -97,6 +98,46 @@ static at_status model_load_options(const trainer *t, at_load_options *out)
     return AT_OK;
 }
 
+/* A vision-language folder's tower (at the model's backend, f32), its image
+ * processor (preprocessor_config.json, then --max_pixels / --min_pixels as
+ * ms-swift's MAX_PIXELS / MIN_PIXELS) and its M-RoPE tokens; for a text
+ * model nothing (an M-RoPE language model alone still gets its positions). */
+static at_status load_vision(trainer *t)
+{
+    const at_train_args *a = t->a;
+    t->has_mrope = at_model_config_mrope(&t->dec->cfg);
+    t->mrope = (at_mrope_tokens){-1, -1, -1, 2};
+    if (!at_is_dir(a->model)) return AT_OK;
+    char *cfgp = at_path_join(a->model, "config.json");
+    cJSON *root = NULL;
+    at_vision_kind kind = AT_VISION_NONE;
+    at_status st = at_json_parse_file(cfgp, &root);
+    if (st == AT_OK) st = at_vision_kind_of(root, cfgp, &kind);
+    cJSON_Delete(root);
+    free(cfgp);
+    if (st != AT_OK || kind == AT_VISION_NONE) return st;
+    AT_TRY(at_vision_load(a->model, a->model, t->be, &t->vision));
+    const at_vision_config *vc = at_vision_get_config(t->vision);
+    t->mrope = (at_mrope_tokens){vc->image_token_id, vc->video_token_id, vc->vision_start_token_id,
+                                 vc->spatial_merge_size};
+    AT_TRY(at_image_processor_load(a->model, &t->improc, NULL));
+    if (a->max_pixels > 0) t->improc.max_pixels = (uint64_t)a->max_pixels;
+    if (a->min_pixels > 0) t->improc.min_pixels = (uint64_t)a->min_pixels;
+    if (t->improc.min_pixels > t->improc.max_pixels)
+        return at_error(AT_ERR_INVALID, "min_pixels %llu is above max_pixels %llu (--min_pixels / --max_pixels, or "
+                        "%s/preprocessor_config.json)", (unsigned long long)t->improc.min_pixels,
+                        (unsigned long long)t->improc.max_pixels, a->model);
+    if (t->improc.patch_size != vc->patch_size || t->improc.merge_size != vc->spatial_merge_size ||
+        t->improc.temporal_patch_size != vc->temporal_patch_size)
+        return at_error(AT_ERR_INVALID, "%s: preprocessor_config.json's patches (%d, merge %d, temporal %d) are not "
+                        "the tower's (%d, %d, %d)", a->model, t->improc.patch_size, t->improc.merge_size,
+                        t->improc.temporal_patch_size, vc->patch_size, vc->spatial_merge_size, vc->temporal_patch_size);
+    at_log_info("vision tower: %s, %d blocks of width %d; images up to %llu pixels", 
+                vc->kind == AT_VISION_QWEN2_5_VL ? "Qwen2.5-VL" : "Qwen2-VL", vc->depth, vc->width,
+                (unsigned long long)t->improc.max_pixels);
+    return AT_OK;
+}
+
 static at_status load_model(trainer *t)
 {
     const at_train_args *a = t->a;
@@ -115,6 +156,7 @@ static at_status load_model(trainer *t)
     bo.tokenizer = a->tokenizer;
     AT_TRY(at_bundle_load_text(&bo, &t->tok, &t->tmpl));
     AT_TRY(at_tokenizer_check_vocab(t->tok, t->dec->cfg.vocab_size, a->model));
+    AT_TRY(load_vision(t));
     if (!t->tmpl && !a->template_name)
         at_log_info("%s has no chat template: conversations need --template", a->model);
     AT_TRY(at_text_pipeline_init(&t->pipe, t->tok, t->tmpl, a->loss_last_turn_only));
@@ -168,7 +210,8 @@ static at_status load_data(trainer *t)
     enc.max_length = (size_t)t->max_length;
     enc.truncation = a->truncation;
     at_obj_data_env env = {&enc, a->strict, at_tokenizer_bos(t->tok), at_tokenizer_eos(t->tok), t->max_length,
-                           a->batch_size, t->tok, t->tmpl};
+                           a->batch_size, t->tok, t->tmpl, t->vision ? &t->improc : NULL, t->mrope.image_token_id,
+                           t->has_mrope ? &t->mrope : NULL};
     return t->obj->ops->prepare(t->obj, &env, &t->ds->train, vl);
 }
 
@@ -232,6 +275,58 @@ static at_status reference_pass(trainer *t)
     return st;
 }
 
+/* ---- what trains ---- */
+
+/* The vision tower's parts (ms-swift's rules): --freeze_vit false trains
+ * the vision transformer (LoRA on its linears with LoRA: all-linear then
+ * reaches the tower; every weight with full), --freeze_aligner false the
+ * merger's weights (with LoRA too, as ms-swift's modules_to_save). */
+static at_status vision_trainable(trainer *t)
+{
+    const at_train_args *a = t->a;
+    if (!t->vision) return AT_OK;
+    int vit = !a->freeze_vit, aligner = !a->freeze_aligner;
+    if (vit && !a->full)
+        AT_TRY(at_vision_lora_add(t->vision, a->lora_rank, a->lora_alpha, a->use_rslora, at_rng_mix(a->seed, 0x7615)));
+    return at_vision_set_trainable(t->vision, vit, aligner);
+}
+
+/* The optimizer over one list of every trainable tensor: the decoder's
+ * (none with --freeze_llm), the objective's own, the vision tower's (its
+ * groups: --vit_lr and --vit_freeze_steps, --aligner_lr). */
+static at_status init_optimizer(trainer *t, const at_adamw_config *oc)
+{
+    const at_train_args *a = t->a;
+    at_objective *o = t->obj;
+    int nd = a->freeze_llm ? 0 : at_decoder_trainables(t->dec, t->grads, NULL, 0);
+    int no = o->ops->trainables ? o->ops->trainables(o, NULL, 0) : 0, nv = 0;
+    size_t nvp = t->vision ? at_vision_param_count(t->vision) : 0;
+    for (size_t i = 0; i < nvp; i++) nv += at_vision_grad(t->vision, i) != NULL;
+    at_param_grad *all = calloc((size_t)(nd + no + nv) + 1, sizeof *all);
+    if (!all) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_decoder_trainables(t->dec, t->grads, all, nd);
+    if (no) o->ops->trainables(o, all + nd, no);
+    int n = nd + no;
+    for (size_t i = 0; i < nvp; i++)
+        if (at_vision_grad(t->vision, i)) all[n++] = (at_param_grad){at_vision_param(t->vision, i), at_vision_grad(t->vision, i)};
+    at_status st = n ? at_optimizer_init_list(&t->opt, t->be, all, n, oc)
+                     : at_error(AT_ERR_INVALID, "nothing to train: --freeze_llm with the vision tower frozen "
+                                "(--freeze_vit, --freeze_aligner)");
+    free(all);
+    AT_TRY(st);
+    t->opt_ready = 1;
+    t->n_dec_params = nd;
+    t->n_vis_params = nv;
+    for (size_t i = 0, k = (size_t)(nd + no); i < nvp; i++) {
+        if (!at_vision_grad(t->vision, i)) continue;
+        int aligner = at_vision_param_is_aligner(t->vision, i);
+        double lr = aligner ? a->aligner_lr : a->vit_lr;
+        at_optimizer_set_group(&t->opt, (int)k++, lr > 0 ? lr / a->learning_rate : 1.0,
+                               aligner ? 0 : a->vit_freeze_steps);
+    }
+    return AT_OK;
+}
+
 /* ---- batches ---- */
 
 static at_batch_options batch_options(const trainer *t, int64_t epoch)
@@ -268,7 +363,7 @@ static at_status ensure_acts(trainer *t, int B, int T, unsigned flags)
 /* The objective's loss over the validation items, no gradients. */
 static at_status evaluate(trainer *t, double *eval_loss)
 {
-    at_obj_eval_env env = {t->dec, &t->acts, batch_options(t, 0), pad_id(t), t->a->packing};
+    at_obj_eval_env env = {t->dec, &t->acts, batch_options(t, 0), pad_id(t), t->a->packing, t->vision};
     env.batch.shuffle = 0;
     return t->obj->ops->evaluate(t->obj, &env, eval_loss);
 }
@@ -366,13 +461,12 @@ static uint64_t dropout_seed(const trainer *t, int64_t step)
     return at_rng_mix(t->a->seed * 0x9e3779b97f4a7c15ull, (uint64_t)step);
 }
 
-/* Every gradient to zero: the decoder's and the objective's own (the first
- * t->opt.n - n of t->opt.params are the decoder's). */
+/* Every gradient to zero: the decoder's and the others of the optimizer's
+ * list (the objective's own, the vision tower's). */
 static at_status zero_grads(trainer *t)
 {
     AT_TRY(at_decoder_grads_zero(t->grads));
-    int nd = at_decoder_trainables(t->dec, t->grads, NULL, 0);
-    for (int i = nd; i < t->opt.n; i++) AT_TRY(at_fill(t->opt.params[i].grad, 0.0f));
+    for (int i = t->n_dec_params; i < t->opt.n; i++) AT_TRY(at_fill(t->opt.params[i].grad, 0.0f));
     return AT_OK;
 }
 
@@ -388,20 +482,6 @@ static at_status zero_grads(trainer *t)
 #define MAX_OOM_HALVINGS 2
 
 static int is_oom(at_status st) { return st == AT_ERR_DEVICE_OOM || st == AT_ERR_NOMEM; }
-
-/* Rows [r0, r1) of b, as views into b (not to be freed). */
-static at_batch batch_rows(const at_batch *b, size_t r0, size_t r1)
-{
-    at_batch v = *b;
-    size_t off = r0 * b->cols;
-    v.ids = b->ids + off;
-    v.labels = b->labels + off;
-    v.positions = b->positions + off;
-    v.segments = b->segments ? b->segments + off : NULL;
-    v.lengths = b->lengths + r0;
-    v.rows = r1 - r0;
-    return v;
-}
 
 /* The objective's forward and backward of this rank's micro-batches, each in
  * 1 << oom_halvings pieces; its statistics into t->step_stats. */
@@ -419,7 +499,7 @@ static at_status run_micro_batches(trainer *t, const step_batches *sb, int64_t s
         size_t step_row = t->plan.batch_start[sb->first + m] - t->plan.batch_start[sb->step_first];
         for (size_t k = 0; k < np && st == AT_OK; k++) {
             size_t u0 = units * k / np, u1 = units * (k + 1) / np;
-            at_batch piece = batch_rows(&sb->batches[m], u0 * unit, u1 * unit);
+            at_batch piece = at_batch_rows(&sb->batches[m], u0 * unit, u1 * unit);
             at_batch_tensors bt;
             st = at_batch_tensors_upload(t->be, &piece, a->packing, &bt);
             if (st == AT_OK) st = ensure_acts(t, (int)piece.rows, (int)piece.cols, flags);
@@ -427,7 +507,7 @@ static at_status run_micro_batches(trainer *t, const step_batches *sb, int64_t s
                                {.lora_dropout = (float)(a->full ? 0.0 : a->lora_dropout),
                                 .dropout_seed = dropout_seed(t, step), .first_row = (int64_t)((step_row + u0) * unit),
                                 .neftune_alpha = (float)a->neftune_noise_alpha, .neftune_columns = sb->columns},
-                               t->step_counts, t->scaler.scale};
+                               t->step_counts, t->scaler.scale, t->vision};
             if (st == AT_OK) st = o->ops->forward_backward(o, t->dec, t->acts, &mi, t->grads, t->step_stats);
             at_batch_tensors_free(&bt);
         }
@@ -596,6 +676,8 @@ static at_status train_loop(trainer *t, int64_t start_step, at_train_result *res
             res->stopped_by = at_stop_signal() ? at_stop_signal() : SIGTERM;
             break;
         }
+        /* --vit_freeze_steps: the vision transformer's first updates are the optimizer's held ones */
+        if (t->vision) at_vision_hold_vit(t->vision, step < a->vit_freeze_steps);
         if (st == AT_OK) st = run_step_batches(t, &sb, step, flags);
         free_batches(&sb);
         if (st == AT_OK) st = sum_over_ranks(t);
@@ -718,17 +800,11 @@ at_status at_train_run(const at_train_args *a, FILE *out, at_train_result *res)
     }
     if (t.obj->ops->needs_reference && t.obj->ops->needs_reference(t.obj))
         AT_CHECK(t.obj->ops->keep_reference ? keep_reference(&t) : reference_pass(&t));
+    AT_CHECK(vision_trainable(&t));
     AT_CHECK(at_decoder_grads_new(t.dec, a->full, &t.grads));
     at_adamw_config oc = {a->adam_beta1, a->adam_beta2, a->adam_epsilon, a->weight_decay, a->max_grad_norm};
     if (t.obj->ops->attach) AT_CHECK(t.obj->ops->attach(t.obj, t.dec, a->seed));
-    at_param_grad extra[8];
-    int n_extra = t.obj->ops->trainables ? t.obj->ops->trainables(t.obj, extra, 8) : 0;
-    if (n_extra > 8) {
-        st = at_error(AT_ERR_INVALID, "objective %s: %d tensors of its own, at most 8", t.obj->ops->name, n_extra);
-        goto done;
-    }
-    AT_CHECK(at_optimizer_init_ex(&t.opt, t.dec, t.grads, extra, n_extra, &oc));
-    t.opt_ready = 1;
+    AT_CHECK(init_optimizer(&t, &oc));
     /* steps: every epoch's plan has the same number of batches */
     AT_CHECK(plan_epoch(&t, 0));
     t.n_batches = (int64_t)t.plan.n_batches;

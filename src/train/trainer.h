@@ -95,6 +95,13 @@ typedef struct {
      * hold pairs, a micro-batch is batch_size pairs (2 rows each), the loss
      * is the objective's mean over the step's pairs. NULL: the causal-LM loss. */
     const at_pref_config *pref;
+    /* vision-language models (a folder with a vision tower; ms-swift's names and defaults): which parts
+     * train, their learning rates (0: learning_rate), the steps the vision transformer waits, and the
+     * image processor's area bounds (0: preprocessor_config.json's) */
+    int freeze_vit, freeze_aligner, freeze_llm;
+    double vit_lr, aligner_lr;
+    int vit_freeze_steps;
+    int max_pixels, min_pixels;
 } at_train_args;
 
 /* Defaults as ms-swift's (LoRA rank 8, alpha 32, dropout 0.05, lr 1e-4, ...). */

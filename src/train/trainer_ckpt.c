@@ -10,6 +10,7 @@
 #include "model/safetensors.h"
 #include "ops/ops.h"
 #include "train/ckpt_files.h"
+#include "train/vision_ckpt.h"
 #include "train/trainer_impl.h"
 
 at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
@@ -49,6 +50,8 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
     } else {
         st = at_adapter_save(t->adapter, dir);
     }
+    if (st == AT_OK && t->vision)
+        st = at_vision_ckpt_save(t->vision, dir, t->a->lora_rank, t->a->lora_alpha, t->a->use_rslora);
     if (st == AT_OK && t->obj->ops->save) st = t->obj->ops->save(t->obj, dir);
     if (st == AT_OK) {
         char *p = at_path_join(dir, "trainer_state.safetensors");
@@ -97,6 +100,7 @@ static at_status truncate_log(const char *path, int64_t step)
  * or (full fine-tuning) every trainable tensor. */
 static at_status load_weights(at_trainer *t, const char *ckpt)
 {
+    if (t->vision) AT_TRY(at_vision_ckpt_load(t->vision, ckpt, 1));
     at_status st = AT_OK;
     if (!t->a->full) {
         at_adapter *ad = NULL;
@@ -118,7 +122,7 @@ static at_status load_weights(at_trainer *t, const char *ckpt)
     at_st_model *m = NULL;
     st = at_st_model_open(p, &m);
     free(p);
-    for (int i = 0; st == AT_OK && i < t->opt.n; i++) {
+    for (int i = 0; st == AT_OK && i < t->opt.n - t->n_vis_params; i++) { /* the tower's: load_vision */
         at_tensor *src = NULL, *dst = t->opt.params[i].param;
         st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
         if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));

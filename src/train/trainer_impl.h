@@ -14,6 +14,9 @@
 #include "device/comm.h"
 #include "model/adapter.h"
 #include "model/decoder.h"
+#include "model/mrope.h"
+#include "model/vision.h"
+#include "data/image_proc.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "train/loss_scale.h"
@@ -41,6 +44,13 @@ typedef struct {
     at_objective *obj;    /* what is trained (its data, its loss) */
     int max_length;       /* --max_length, or the model's context when unset (0) */
     at_decoder_acts *acts;
+    /* a vision-language model (Qwen2-VL, Qwen2.5-VL folders): its tower, image processor and M-RoPE tokens */
+    at_vision *vision;
+    at_image_processor improc;
+    at_mrope_tokens mrope;
+    int has_mrope;        /* the language model takes M-RoPE positions */
+    int n_dec_params;     /* the first n_dec_params of opt.params are the decoder's (0 with --freeze_llm) */
+    int n_vis_params;     /* the last n_vis_params are the vision tower's */
     char *run_dir;
     int run_dir_new;      /* this process created run_dir (removed again when no step of it trained) */
     at_run_lock lock;     /* rank 0's hold on run_dir */

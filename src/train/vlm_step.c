@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include "data/media.h"
 
 at_status at_vlm_batch_positions(const at_mrope_tokens *tk, const int32_t *ids, const int32_t *segments,
                                  const int32_t *lengths, size_t rows, size_t cols, const int32_t (*grid_thw)[3],
@@ -82,5 +83,86 @@ done:
     if (train) at_vision_release(v);
     at_tensor_free(feats);
     at_tensor_free(dfeats);
+    return st;
+}
+
+at_status at_vlm_sample_loss(at_decoder *d, at_vision *v, const at_encoder *enc, const at_image_processor *proc,
+                             const at_sample *s, double *loss, int64_t *n_targets)
+{
+    const at_vision_config *vc = v ? at_vision_get_config(v) : NULL;
+    if (s->n_images && !vc) return at_error(AT_ERR_INVALID, "%s:%d: images and no vision tower", s->source, s->line);
+    size_t ni = s->n_images;
+    at_encoded e = {0};
+    at_image_patches *pp = calloc(ni + 1, sizeof *pp);
+    size_t *counts = calloc(ni + 1, sizeof *counts);
+    int32_t (*grid)[3] = calloc(ni + 1, sizeof *grid);
+    float *pixels = NULL;
+    int32_t *mpos = NULL;
+    at_decoder_acts *acts = NULL;
+    at_tensor *ids = NULL, *lab = NULL, *pos = NULL;
+    at_status st = AT_OK;
+    int64_t n_patches = 0;
+    size_t dim = 0;
+    if (!pp || !counts || !grid) {
+        st = at_error(AT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < ni; i++) {
+        at_image img;
+        AT_CHECK(at_media_load_image(s->images[i], 0, &img));
+        st = at_image_to_patches(proc, &img, s->images[i], &pp[i]);
+        at_image_free(&img);
+        if (st != AT_OK) goto done;
+        counts[i] = at_image_patches_tokens(&pp[i], proc->merge_size);
+        grid[i][0] = pp[i].grid_t;
+        grid[i][1] = pp[i].grid_h;
+        grid[i][2] = pp[i].grid_w;
+        n_patches += (int64_t)pp[i].n_patches;
+        dim = pp[i].patch_dim;
+    }
+    int dropped = 0;
+    AT_CHECK(at_media_encode(enc, s, vc ? vc->image_token_id : -1, counts, &e, &dropped));
+    if (dropped) {
+        st = at_error(AT_ERR_INVALID, "%s:%d: longer than the encoder's max_length", s->source, s->line);
+        goto done;
+    }
+    pixels = malloc(((size_t)n_patches * dim + 1) * sizeof *pixels);
+    mpos = malloc(e.n * 3 * sizeof *mpos);
+    if (!pixels || !mpos) {
+        st = at_error(AT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0, off = 0; i < ni; off += pp[i].n_patches * dim, i++)
+        memcpy(pixels + off, pp[i].values, pp[i].n_patches * dim * sizeof *pixels);
+    at_mrope_tokens tk = {vc ? vc->image_token_id : -1, vc ? vc->video_token_id : -1,
+                          vc ? vc->vision_start_token_id : -1, vc ? vc->spatial_merge_size : 2};
+    int32_t len = (int32_t)e.n;
+    AT_CHECK(at_vlm_batch_positions(&tk, e.ids, NULL, &len, 1, e.n, (const int32_t(*)[3])grid, ni, mpos));
+    int64_t sh[2] = {1, (int64_t)e.n}, sp[3] = {1, (int64_t)e.n, 3};
+    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, sh, "ids", &ids));
+    AT_CHECK(at_tensor_new(d->be, AT_I32, 2, sh, "labels", &lab));
+    AT_CHECK(at_tensor_new(d->be, AT_I32, 3, sp, "positions", &pos));
+    AT_CHECK(at_tensor_upload(ids, e.ids, e.n * sizeof(int32_t)));
+    AT_CHECK(at_tensor_upload(lab, e.labels, e.n * sizeof(int32_t)));
+    AT_CHECK(at_tensor_upload(pos, mpos, e.n * 3 * sizeof(int32_t)));
+    AT_CHECK(at_decoder_acts_new_ex(d, 1, (int)e.n, AT_ACTS_TRAIN, &acts));
+    at_vlm_images im = {pixels, n_patches, (const int32_t(*)[3])grid, (int)ni, tk.image_token_id};
+    at_fwd_opts fo = {0};
+    at_loss_stats ls = {0};
+    AT_CHECK(at_vlm_forward_backward(d, v, acts, e.ids, ids, pos, NULL, lab, &im, &fo, 1.0f, NULL, &ls));
+    *loss = ls.loss_sum;
+    if (n_targets) *n_targets = ls.n_targets;
+done:
+    at_tensor_free(ids);
+    at_tensor_free(lab);
+    at_tensor_free(pos);
+    at_decoder_acts_free(acts);
+    free(mpos);
+    free(pixels);
+    for (size_t i = 0; pp && i < ni; i++) at_image_patches_free(&pp[i]);
+    free(pp);
+    free(counts);
+    free(grid);
+    at_encoded_free(&e);
     return st;
 }

@@ -13,6 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "base/status.h"
+#include "data/dataset.h"
+#include "data/encode.h"
+#include "data/image_proc.h"
 #include "model/decoder.h"
 #include "model/mrope.h"
 #include "model/vision.h"
@@ -48,5 +51,13 @@ at_status at_vlm_forward_backward(at_decoder *d, at_vision *v, at_decoder_acts *
                                   const at_tensor *ids, const at_tensor *pos, const at_tensor *segments,
                                   const at_tensor *labels, const at_vlm_images *im, const at_fwd_opts *o,
                                   float grad_scale, at_decoder_grads *g, at_loss_stats *stats);
+
+/* Σ −log p of the trained tokens of one conversation s with its images (none
+ * is fine), under d and v with no gradients: s encoded by enc with each
+ * image's <|image_pad|> count (data/media.h), its images made patches by
+ * proc, its M-RoPE positions, then at_vlm_forward_backward. *n_targets may
+ * be NULL. The demo's answer ranking and the tests' reference. */
+at_status at_vlm_sample_loss(at_decoder *d, at_vision *v, const at_encoder *enc, const at_image_processor *proc,
+                             const at_sample *s, double *loss, int64_t *n_targets);
 
 #endif
