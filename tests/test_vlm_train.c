@@ -6,9 +6,13 @@
  *    on the same sample, built here from the dataset record (the LoRA B
  *    matrices start at zero, so the step-0 model is the base model);
  *  - --freeze_vit (default) with --freeze_aligner false: the checkpoint's
- *    visual.safetensors holds the merger's tensors alone, every one moved
- *    from the base model's; the tower's blocks are nowhere; full
- *    fine-tuning with --freeze_vit false saves the tower's weights, moved;
+ *    adapter_model.safetensors holds the merger's tensors (beside the
+ *    language model's pairs), every one moved from the base model's; the
+ *    tower's blocks are nowhere; full fine-tuning with --freeze_vit false
+ *    saves the tower's weights in model.safetensors, moved, the patch
+ *    embedding as the Conv3d it is in the base, and the folder keeps the
+ *    model's config.json (vision_config) and preprocessor_config.json: it
+ *    loads as a vision-language model again (train/vision_ckpt.h);
  *  - --freeze_vit false --vit_freeze_steps 2: the tower's LoRA pairs are
  *    their initial values at checkpoints 1 and 2 (A as at 1, B zero), moved
  *    at 3; the language model's adapter moves from step 1;
@@ -257,21 +261,21 @@ static void test_freeze(void)
     a.max_steps = 2;
     a.freeze_aligner = 0;
     CHECK_OK(at_train_run(&a, NULL, &r));
-    char *names = tensor_names(ckpt_file(&r, 2, "visual.safetensors"));
-    CHECK_MSG(names != NULL, "no visual.safetensors in the checkpoint of a run that trains the aligner");
+    char *names = tensor_names(ckpt_file(&r, 2, "adapter_model.safetensors"));
+    CHECK_MSG(names != NULL, "no adapter_model.safetensors in the checkpoint of a run that trains the aligner");
     static const char *merger[] = {"visual.merger.ln_q.weight", "visual.merger.ln_q.bias", "visual.merger.mlp.0.weight",
                                    "visual.merger.mlp.0.bias", "visual.merger.mlp.2.weight", "visual.merger.mlp.2.bias"};
     if (names) {
-        CHECK_MSG(strstr(names, "blocks") == NULL && strstr(names, "patch_embed") == NULL,
+        CHECK_MSG(strstr(names, "visual.blocks") == NULL && strstr(names, "patch_embed") == NULL,
                   "a frozen vision transformer's tensors in the checkpoint: %s", names);
         char base[400];
         snprintf(base, sizeof base, "%s/model.safetensors", model);
         for (int i = 0; i < 6; i++) {
             char key[96];
             snprintf(key, sizeof key, "|%s|", merger[i]);
-            CHECK_MSG(strstr(names, key) != NULL, "%s missing from visual.safetensors", merger[i]);
+            CHECK_MSG(strstr(names, key) != NULL, "%s missing from adapter_model.safetensors", merger[i]);
             float *x = NULL, *y = NULL;
-            size_t nx = read_tensor(ckpt_file(&r, 2, "visual.safetensors"), merger[i], &x);
+            size_t nx = read_tensor(ckpt_file(&r, 2, "adapter_model.safetensors"), merger[i], &x);
             size_t ny = read_tensor(base, merger[i], &y);
             double moved = 0;
             for (size_t k = 0; nx == ny && k < nx; k++) moved = fmax(moved, fabs((double)x[k] - y[k]));
@@ -281,8 +285,8 @@ static void test_freeze(void)
         }
         free(names);
     }
-    /* full fine-tuning with the vision transformer trained: its weights (the patch embedding flattened, the
-     * same values in the same order) move and are saved */
+    /* full fine-tuning with the vision transformer trained: its weights move and are saved beside the
+     * language model's, the patch embedding with the base's 5-D shape */
     snprintf(out, sizeof out, "%s/fullvit", tmp);
     args_for(&a, ds, out);
     a.max_steps = 1;
@@ -295,19 +299,57 @@ static void test_freeze(void)
         char base[400];
         snprintf(base, sizeof base, "%s/model.safetensors", model);
         float *x = NULL, *y = NULL;
-        size_t nx = read_tensor(ckpt_file(&r, 1, "visual.safetensors"), vit[i], &x), ny = read_tensor(base, vit[i], &y);
+        size_t nx = read_tensor(ckpt_file(&r, 1, "model.safetensors"), vit[i], &x), ny = read_tensor(base, vit[i], &y);
         double moved = 0;
         for (size_t k = 0; nx == ny && k < nx; k++) moved = fmax(moved, fabs((double)x[k] - y[k]));
         CHECK_MSG(nx == ny && nx > 0 && moved > 0, "full, --freeze_vit false: %s did not train (%zu values)", vit[i], nx);
         free(x);
         free(y);
     }
-    /* all frozen (the defaults): no file */
+    {
+        at_st_file *f = NULL;
+        CHECK_OK(at_st_open(ckpt_file(&r, 1, "model.safetensors"), &f));
+        const at_st_info *pe = f ? at_st_find(f, "visual.patch_embed.proj.weight") : NULL;
+        CHECK_MSG(pe && pe->ndim == 5, "the full checkpoint's patch embedding is not the base's 5-D Conv3d");
+        at_st_close(f);
+        char *cfg = NULL;
+        size_t len = 0;
+        CHECK_OK(at_read_file(ckpt_file(&r, 1, "config.json"), &cfg, &len));
+        CHECK_MSG(cfg && strstr(cfg, "\"vision_config\"") && strstr(cfg, "\"qwen2_vl\""),
+                  "the full checkpoint's config.json lost the model's vision_config / model_type");
+        free(cfg);
+        CHECK(at_file_exists(ckpt_file(&r, 1, "preprocessor_config.json")));
+        /* the checkpoint loads as a vision-language model: its tower is the trained one */
+        char dir[1400];
+        snprintf(dir, sizeof dir, "%s/checkpoint-1", r.run_dir);
+        at_decoder *d = NULL;
+        at_vision *v = NULL;
+        at_load_options lo = at_load_options_default();
+        CHECK_OK(at_decoder_load(dir, &lo, &d));
+        if (d) CHECK_OK(at_vision_load(dir, dir, d->be, &v));
+        float *x = NULL;
+        size_t nx = read_tensor(ckpt_file(&r, 1, "model.safetensors"), vit[1], &x);
+        int seen = 0;
+        for (size_t i = 0; v && i < at_vision_param_count(v); i++) {
+            const at_tensor *t = at_vision_param(v, i);
+            if (strcmp(t->name, vit[1])) continue;
+            seen = 1;
+            CHECK_MSG(nx == (size_t)at_tensor_numel(t) && !memcmp(at_tensor_data(t), x, nx * sizeof *x),
+                      "the checkpoint's tower, loaded, is not the trained one");
+        }
+        CHECK_MSG(seen, "the checkpoint's tower has no %s", vit[1]);
+        free(x);
+        at_vision_free(v);
+        at_decoder_free(d);
+    }
+    /* all frozen (the defaults): nothing of the tower in the adapter */
     snprintf(out, sizeof out, "%s/frozen", tmp);
     args_for(&a, ds, out);
     a.max_steps = 1;
     CHECK_OK(at_train_run(&a, NULL, &r));
-    CHECK(!at_file_exists(ckpt_file(&r, 1, "visual.safetensors")));
+    names = tensor_names(ckpt_file(&r, 1, "adapter_model.safetensors"));
+    CHECK_MSG(names && !strstr(names, "visual."), "a frozen tower's tensors in the adapter: %s", names ? names : "(none)");
+    free(names);
 }
 
 static void test_vit_freeze_steps(void)
@@ -330,11 +372,11 @@ static void test_vit_freeze_steps(void)
     const char *A = "base_model.model.visual.blocks.0.attn.qkv.lora_A.weight";
     const char *B = "base_model.model.visual.blocks.1.mlp.fc2.lora_B.weight";
     float *a1 = NULL, *a2 = NULL, *a3 = NULL, *b2 = NULL, *b3 = NULL;
-    size_t na1 = read_tensor(ckpt_file(&r, 1, "visual.safetensors"), A, &a1);
-    size_t na2 = read_tensor(ckpt_file(&r, 2, "visual.safetensors"), A, &a2);
-    size_t na3 = read_tensor(ckpt_file(&r, 3, "visual.safetensors"), A, &a3);
-    size_t nb2 = read_tensor(ckpt_file(&r, 2, "visual.safetensors"), B, &b2);
-    size_t nb3 = read_tensor(ckpt_file(&r, 3, "visual.safetensors"), B, &b3);
+    size_t na1 = read_tensor(ckpt_file(&r, 1, "adapter_model.safetensors"), A, &a1);
+    size_t na2 = read_tensor(ckpt_file(&r, 2, "adapter_model.safetensors"), A, &a2);
+    size_t na3 = read_tensor(ckpt_file(&r, 3, "adapter_model.safetensors"), A, &a3);
+    size_t nb2 = read_tensor(ckpt_file(&r, 2, "adapter_model.safetensors"), B, &b2);
+    size_t nb3 = read_tensor(ckpt_file(&r, 3, "adapter_model.safetensors"), B, &b3);
     CHECK_MSG(na1 && na1 == na2 && na2 == na3 && nb2 && nb2 == nb3, "the tower's LoRA pairs are not in the checkpoints");
     if (na1 && na1 == na2 && na2 == na3 && nb2 && nb2 == nb3) {
         CHECK_MSG(!memcmp(a1, a2, na1 * sizeof *a1), "the tower's LoRA A moved during --vit_freeze_steps");
@@ -396,12 +438,15 @@ static void test_packing(void)
     CHECK_MSG(norm[0] > 0 && norm[0] < 10 && fabs(norm[0] - norm[1]) <= 1e-5 * norm[0],
               "gradient norms: unpacked %.7f, packed %.7f", norm[0], norm[1]);
     int shared = 0;
-    double dv = max_diff(ckpt_file(&r[0], 1, "visual.safetensors"), ckpt_file(&r[1], 1, "visual.safetensors"), &shared);
-    CHECK_MSG(shared > 6 && dv <= 1e-7, "the tower's tensors: packed vs unpacked differ by %g (%d shared)", dv, shared);
+    /* the adapter file holds the language model's pairs and the tower's tensors */
     double da = max_diff(ckpt_file(&r[0], 1, "adapter_model.safetensors"),
                          ckpt_file(&r[1], 1, "adapter_model.safetensors"), &shared);
-    CHECK_MSG(shared > 0 && da <= 1e-7, "the adapters: packed vs unpacked differ by %g", da);
-    printf("packed vs unpacked after one step: tower %g, adapter %g\n", dv, da);
+    char *names = tensor_names(ckpt_file(&r[0], 1, "adapter_model.safetensors"));
+    CHECK_MSG(names && strstr(names, "|visual.merger.") && strstr(names, "visual.blocks."),
+              "the tower's tensors are not in the adapter");
+    free(names);
+    CHECK_MSG(shared > 6 && da <= 1e-7, "packed vs unpacked differ by %g (%d shared tensors)", da, shared);
+    printf("packed vs unpacked after one step: adapter with the tower's tensors %g\n", da);
 }
 
 static void test_resume(void)
@@ -412,7 +457,7 @@ static void test_resume(void)
     record(rec[2], sizeof rec[2], "wide.jpg", "Describe it.", "A wide picture.");
     snprintf(text, sizeof text, "%s%s%s", rec[0], rec[1], rec[2]);
     const char *ds = write_dataset("resume.jsonl", text);
-    char out[400], keep[2][600];
+    char out[400], keep[1][600];
     at_train_args a;
     at_train_result r, r2;
     snprintf(out, sizeof out, "%s/resume", tmp);
@@ -424,8 +469,8 @@ static void test_resume(void)
     a.vit_freeze_steps = 1;
     a.vit_lr = 3e-3;
     CHECK_OK(at_train_run(&a, NULL, &r));
-    const char *files[2] = {"visual.safetensors", "adapter_model.safetensors"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[1] = {"adapter_model.safetensors"}; /* with the tower's tensors */
+    for (int i = 0; i < 1; i++) {
         snprintf(keep[i], sizeof keep[i], "%s/uninterrupted-%s", tmp, files[i]);
         char *data = NULL;
         size_t n = 0;
@@ -438,7 +483,7 @@ static void test_resume(void)
     a.resume_from_checkpoint = from;
     CHECK_OK(at_train_run(&a, NULL, &r2));
     CHECK(r2.start_step == 2 && r2.steps_done == 4);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 1; i++) {
         int shared = 0;
         double d = max_diff(keep[i], ckpt_file(&r2, 4, files[i]), &shared);
         CHECK_MSG(shared > 0 && d == 0, "%s: resumed from step 2 differs from the uninterrupted run by %g", files[i], d);

@@ -165,11 +165,16 @@ at_status at_adapter_new(const at_model_config *cfg, at_backend *be, int rank, d
 
 at_status at_adapter_save(const at_adapter *a, const char *dir)
 {
+    return at_adapter_save_with(a, dir, NULL, 0);
+}
+
+at_status at_adapter_save_with(const at_adapter *a, const char *dir, const at_tensor *const *extra, size_t n_extra)
+{
     at_status st = AT_OK;
     char *cfg_path = at_path_join(dir, "adapter_config.json");
     char *st_path = at_path_join(dir, "adapter_model.safetensors");
     cJSON *j = cJSON_CreateObject();
-    const at_tensor **tensors = calloc((size_t)a->n_layers * AT_MOD_COUNT * 2, sizeof *tensors);
+    const at_tensor **tensors = calloc((size_t)a->n_layers * AT_MOD_COUNT * 2 + n_extra, sizeof *tensors);
     char *text = NULL;
     if (!cfg_path || !st_path || !j || !tensors) {
         st = at_error(AT_ERR_NOMEM, "out of memory");
@@ -210,6 +215,7 @@ at_status at_adapter_save(const at_adapter *a, const char *dir)
         tensors[n++] = a->mods[i].A;
         tensors[n++] = a->mods[i].B;
     }
+    for (size_t i = 0; i < n_extra; i++) tensors[n++] = extra[i];
     at_st_kv meta[1] = {{"format", "pt"}};
     AT_CHECK(at_safetensors_write(st_path, (const at_tensor *const *)tensors, NULL, n, meta, 1));
 done:

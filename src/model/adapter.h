@@ -63,6 +63,11 @@ at_lora_pair *at_adapter_pair(at_adapter *a, int layer, at_module m);
 /* Writes dir/adapter_config.json and dir/adapter_model.safetensors (the
  * folder must exist). base_model may be NULL. */
 at_status at_adapter_save(const at_adapter *a, const char *dir);
+/* at_adapter_save, with n_extra more tensors written into
+ * adapter_model.safetensors under their own names (a vision tower's LoRA
+ * pairs and trained modules: train/vision_ckpt.h); at_adapter_load leaves
+ * them to their owner. */
+at_status at_adapter_save_with(const at_adapter *a, const char *dir, const at_tensor *const *extra, size_t n_extra);
 
 /* Loads a PEFT adapter folder for a model of config cfg: r, lora_alpha,
  * lora_dropout, use_rslora and target_modules from adapter_config.json (a

@@ -13,8 +13,7 @@ static const char *const tokenizer_files[] = {
     "merges.txt",     "tokenizer.model",       "chat_template.jinja",     "chat_template.json",
 };
 
-/* dir/name copied to to/name when it is a file; nothing when absent. */
-static at_status copy_if_file(const char *dir, const char *name, const char *to)
+at_status at_ckpt_copy_if_file(const char *dir, const char *name, const char *to)
 {
     char *src = at_path_join(dir, name), *dst = at_path_join(to, name), *data = NULL;
     size_t len = 0;
@@ -42,7 +41,7 @@ at_status at_ckpt_write_standalone(const char *dir, const char *tokenizer_dir, c
 {
     if (tokenizer_dir && (has_file(tokenizer_dir, "tokenizer.json") || has_file(tokenizer_dir, "tokenizer.model"))) {
         for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++)
-            AT_TRY(copy_if_file(tokenizer_dir, tokenizer_files[i], dir));
+            AT_TRY(at_ckpt_copy_if_file(tokenizer_dir, tokenizer_files[i], dir));
     } else {
         at_tokenizer_hf_opts o = {.chat_template = tmpl ? at_chat_template_source(tmpl) : NULL,
                                   .model_max_length = context};
@@ -54,7 +53,7 @@ at_status at_ckpt_write_standalone(const char *dir, const char *tokenizer_dir, c
             return st;
         }
     }
-    if (has_file(model_dir, "generation_config.json")) return copy_if_file(model_dir, "generation_config.json", dir);
+    if (has_file(model_dir, "generation_config.json")) return at_ckpt_copy_if_file(model_dir, "generation_config.json", dir);
     cJSON *g = cJSON_CreateObject();
     if (!g) return at_error(AT_ERR_NOMEM, "out of memory");
     if (at_tokenizer_bos(tok) >= 0) cJSON_AddNumberToObject(g, "bos_token_id", at_tokenizer_bos(tok));

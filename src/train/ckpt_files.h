@@ -20,4 +20,7 @@
 at_status at_ckpt_write_standalone(const char *dir, const char *tokenizer_dir, const char *model_dir,
                                    const at_tokenizer *tok, const at_chat_template *tmpl, int64_t context);
 
+/* dir/name copied to to/name when it is a file; nothing when absent. */
+at_status at_ckpt_copy_if_file(const char *dir, const char *name, const char *to);
+
 #endif

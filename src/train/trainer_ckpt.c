@@ -18,28 +18,47 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
     char *dir = NULL;
     AT_TRY(at_ckpt_begin(t->run_dir, step, &dir));
     at_status st = AT_OK;
-    if (t->a->full) {
+    /* the tower's tensors go into the same weights file (train/vision_ckpt.h) */
+    size_t nv = 0, nv_max = t->vision ? at_vision_param_count(t->vision) : 0;
+    const at_tensor **vt = calloc(nv_max + 1, sizeof *vt);
+    at_st_shape *vs = calloc(nv_max + 1, sizeof *vs);
+    if (!vt || !vs) st = at_error(AT_ERR_NOMEM, "out of memory");
+    else if (t->vision) at_vision_ckpt_tensors(t->vision, t->a->full, vt, vs, &nv);
+    const char *model_dir = at_is_dir(t->a->model) ? t->a->model : NULL;
+    if (st == AT_OK && t->a->full) {
         /* every weight, under its Hugging Face name, with the config beside */
         int n = at_decoder_trainables(t->dec, t->grads, NULL, 0);
         at_param_grad *pg = calloc((size_t)n, sizeof *pg);
-        const at_tensor **ts = calloc((size_t)n, sizeof *ts);
+        const at_tensor **ts = calloc((size_t)n + nv, sizeof *ts);
+        at_st_shape *shapes = calloc((size_t)n + nv, sizeof *shapes);
         char *cfg = NULL;
-        if (!pg || !ts) {
+        if (!pg || !ts || !shapes) {
             st = at_error(AT_ERR_NOMEM, "out of memory");
         } else {
             at_decoder_trainables(t->dec, t->grads, pg, n);
             for (int i = 0; i < n; i++) ts[i] = pg[i].param;
+            for (size_t i = 0; i < nv; i++) {
+                ts[(size_t)n + i] = vt[i];
+                shapes[(size_t)n + i] = vs[i];
+            }
             char *p = at_path_join(dir, "model.safetensors");
-            st = at_safetensors_write(p, (const at_tensor *const *)ts, NULL, (size_t)n, NULL, 0);
+            st = at_safetensors_write_shaped(p, (const at_tensor *const *)ts, NULL, shapes, (size_t)n + nv, NULL, 0);
             free(p);
-            if (st == AT_OK) st = at_model_config_to_json(&t->dec->cfg, &cfg);
-            if (st == AT_OK) {
-                p = at_path_join(dir, "config.json");
-                st = at_write_file_atomic(p, cfg, strlen(cfg));
-                free(p);
+            /* a vision-language model keeps its own config (vision_config) and image processor */
+            if (st == AT_OK && t->vision && model_dir) {
+                for (size_t i = 0; st == AT_OK && i < 3; i++) {
+                    static const char *const own[] = {"config.json", "preprocessor_config.json", "chat_template.json"};
+                    st = at_ckpt_copy_if_file(model_dir, own[i], dir);
+                }
+            } else if (st == AT_OK) {
+                st = at_model_config_to_json(&t->dec->cfg, &cfg);
+                if (st == AT_OK) {
+                    p = at_path_join(dir, "config.json");
+                    st = at_write_file_atomic(p, cfg, strlen(cfg));
+                    free(p);
+                }
             }
             /* and the tokenizer and generation config: the folder loads as the model did */
-            const char *model_dir = at_is_dir(t->a->model) ? t->a->model : NULL;
             const char *tok_dir = t->a->tokenizer ? (at_is_dir(t->a->tokenizer) ? t->a->tokenizer : NULL) : model_dir;
             if (st == AT_OK)
                 st = at_ckpt_write_standalone(dir, tok_dir, model_dir, t->tok, t->tmpl, t->max_length);
@@ -47,11 +66,12 @@ at_status at_trainer_save_checkpoint(at_trainer *t, int64_t step)
         free(cfg);
         free(pg);
         free((void *)ts);
-    } else {
-        st = at_adapter_save(t->adapter, dir);
+        free(shapes);
+    } else if (st == AT_OK) {
+        st = at_adapter_save_with(t->adapter, dir, vt, nv);
     }
-    if (st == AT_OK && t->vision)
-        st = at_vision_ckpt_save(t->vision, dir, t->a->lora_rank, t->a->lora_alpha, t->a->use_rslora);
+    free((void *)vt);
+    free(vs);
     if (st == AT_OK && t->obj->ops->save) st = t->obj->ops->save(t->obj, dir);
     if (st == AT_OK) {
         char *p = at_path_join(dir, "trainer_state.safetensors");

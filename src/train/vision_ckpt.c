@@ -4,34 +4,34 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
-#include "model/safetensors.h"
 
-at_status at_vision_ckpt_save(const at_vision *v, const char *dir, int lora_rank, double lora_alpha, int use_rslora)
+#define PATCH_EMBED "visual.patch_embed.proj.weight"
+
+void at_vision_ckpt_tensors(const at_vision *v, int full, const at_tensor **tensors, at_st_shape *shapes, size_t *n)
 {
-    size_t np = at_vision_param_count(v), n = 0;
-    const at_tensor **ts = calloc(np + 1, sizeof *ts);
-    if (!ts) return at_error(AT_ERR_NOMEM, "out of memory");
-    int has_lora = 0, vit = 0, aligner = 0;
-    for (size_t i = 0; i < np; i++) {
-        if (!at_vision_grad(v, i)) continue;
-        has_lora |= at_vision_param_is_lora(v, i);
-        if (at_vision_param_is_aligner(v, i)) aligner = 1;
-        else vit = 1;
-        ts[n++] = at_vision_param(v, i);
+    const at_vision_config *vc = at_vision_get_config(v);
+    for (size_t i = 0; i < at_vision_param_count(v); i++) {
+        int lora = at_vision_param_is_lora(v, i);
+        if (full ? lora : !at_vision_grad(v, i)) continue;
+        const at_tensor *t = at_vision_param(v, i);
+        at_st_shape s = {0};
+        if (!strcmp(t->name, PATCH_EMBED)) {
+            s.ndim = 5;
+            s.shape[0] = vc->width;
+            s.shape[1] = vc->in_chans;
+            s.shape[2] = vc->temporal_patch_size;
+            s.shape[3] = s.shape[4] = vc->patch_size;
+        }
+        tensors[*n] = t;
+        shapes[*n] = s;
+        (*n)++;
     }
-    at_status st = AT_OK;
-    if (n) {
-        char rank[32], alpha[64];
-        snprintf(rank, sizeof rank, "%d", lora_rank);
-        snprintf(alpha, sizeof alpha, "%.17g", lora_alpha);
-        at_st_kv meta[5] = {{"vit_trained", vit ? "true" : "false"}, {"aligner_trained", aligner ? "true" : "false"},
-                            {"lora_rank", rank}, {"lora_alpha", alpha}, {"use_rslora", use_rslora ? "true" : "false"}};
-        char *p = at_path_join(dir, AT_VISION_CKPT_FILE);
-        st = p ? at_safetensors_write(p, ts, NULL, n, meta, has_lora ? 5 : 2) : at_error(AT_ERR_NOMEM, "out of memory");
-        free(p);
-    }
-    free((void *)ts);
-    return st;
+}
+
+/* A tower tensor's name (its own, or PEFT's for a LoRA pair). */
+static int tower_name(const char *name)
+{
+    return !strncmp(name, "visual.", 7) || !strncmp(name, "base_model.model.visual.", 24);
 }
 
 /* The parameter of v named name, or -1. */
@@ -42,12 +42,22 @@ static long find_param(const at_vision *v, const char *name)
     return -1;
 }
 
-static at_status load_one(const at_st_model *m, at_tensor *dst)
+/* dst from the file's tensor of the same name and element count (the patch
+ * embedding is 5-D in the file, a matrix in the tower). */
+static at_status load_one(const at_st_model *m, const char *path, at_tensor *dst)
 {
-    at_tensor *src = NULL;
-    at_status st = at_st_get(m, dst->name, dst->ndim, dst->shape, AT_F32, &src);
-    if (st == AT_OK) st = at_tensor_upload(dst, at_tensor_data(src), at_tensor_nbytes(src));
-    at_tensor_free(src);
+    const at_st_info *info = at_st_model_find(m, dst->name);
+    if (!info) return at_error(AT_ERR_FORMAT, "%s: tensor %s is missing", path, dst->name);
+    int64_t n = 1;
+    for (int d = 0; d < info->ndim; d++) n *= info->shape[d];
+    if (n != at_tensor_numel(dst))
+        return at_error(AT_ERR_FORMAT, "%s: tensor %s holds %lld values, the tower's %lld", path, dst->name,
+                        (long long)n, (long long)at_tensor_numel(dst));
+    float *buf = malloc((size_t)n * sizeof *buf + 1);
+    if (!buf) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_status st = at_st_read_f32(info, buf, (size_t)n);
+    if (st == AT_OK) st = at_tensor_upload(dst, buf, (size_t)n * sizeof *buf);
+    free(buf);
     return st;
 }
 
@@ -57,26 +67,27 @@ at_status at_vision_ckpt_load(at_vision *v, const char *dir, int trainable_only)
     int any = 0;
     for (size_t i = 0; i < np; i++) any |= at_vision_grad(v, i) != NULL;
     if (trainable_only && !any) return AT_OK;
-    char *p = at_path_join(dir, AT_VISION_CKPT_FILE);
-    if (!p) return at_error(AT_ERR_NOMEM, "out of memory");
-    if (!trainable_only && !at_file_exists(p)) {
+    char *p = at_path_join(dir, "adapter_model.safetensors");
+    if (p && !at_file_exists(p)) {
         free(p);
-        return AT_OK;
+        p = at_path_join(dir, "model.safetensors");
     }
+    if (!p) return at_error(AT_ERR_NOMEM, "out of memory");
     at_st_model *m = NULL;
     at_status st = at_st_model_open(p, &m);
     if (st != AT_OK && trainable_only)
         at_error_wrap(st, "%s: the vision tower trains in this run (--freeze_vit / --freeze_aligner)", dir);
     if (trainable_only) {
         for (size_t i = 0; st == AT_OK && i < np; i++)
-            if (at_vision_grad(v, i)) st = load_one(m, at_vision_param(v, i));
+            if (at_vision_grad(v, i)) st = load_one(m, p, at_vision_param(v, i));
     } else {
         for (size_t i = 0; st == AT_OK && i < at_st_model_count(m); i++) {
             const char *name = at_st_model_info_at(m, i)->name;
+            if (!tower_name(name)) continue;
             long k = find_param(v, name);
             if (k < 0) st = at_error(AT_ERR_INVALID, "%s: %s is not a tensor of the vision tower (LoRA pairs need the "
                                      "tower's LoRA)", p, name);
-            else st = load_one(m, at_vision_param(v, (size_t)k));
+            else st = load_one(m, p, at_vision_param(v, (size_t)k));
         }
     }
     at_st_model_close(m);

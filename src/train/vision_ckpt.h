@@ -1,43 +1,41 @@
-/* The vision tower's trained tensors in a checkpoint.
+/* The vision tower's tensors in a checkpoint.
  *
- * A run on a vision-language model whose tower trains (--freeze_vit false,
- * --freeze_aligner false) writes them, whatever the train type, into
- * CHECKPOINT/visual.safetensors (beside the adapter or model.safetensors,
- * which hold the language model's), each under its model/vision.h name:
- *   LoRA on the vision transformer (with --train_type lora):
- *     base_model.model.visual.blocks.N.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2
- *     | mlp.gate_proj, mlp.up_proj, mlp.down_proj}.lora_A.weight [r, in]
- *     and .lora_B.weight [out, r]: PEFT's names; scale lora_alpha / r
- *     (use_rslora: / sqrt(r)), from the metadata below;
- *   trained tower weights under their Hugging Face names: visual.merger.*
- *     (the aligner, LoRA or full runs), and with --train_type full and
- *     --freeze_vit false every visual.* weight; the patch embedding
- *     (a Conv3d [width, in_chans, temporal_patch_size, patch, patch] in
- *     Hugging Face files) is stored flattened as the 2-D matrix [width,
- *     in_chans · temporal_patch_size · patch²], the same values in the same
- *     (row-major) order: reshape it to write a Hugging Face folder.
- * Metadata: "vit_trained", "aligner_trained" ("true" / "false"), and when the
- * tower has LoRA "lora_rank", "lora_alpha", "use_rslora". Frozen tensors are
- * not written: they are the base model's. The file is absent when nothing of
- * the tower trains. */
+ * They live in the checkpoint's own weights file, under the names a
+ * Hugging Face / PEFT reader expects there, so export, inference and
+ * transformers read the folder as they read any other:
+ *   LoRA runs (adapter_model.safetensors, beside the language model's pairs):
+ *     the tower's LoRA pairs under PEFT's names,
+ *       base_model.model.visual.blocks.N.{attn.qkv, attn.proj, mlp.fc1, mlp.fc2
+ *       | mlp.gate_proj, mlp.up_proj, mlp.down_proj}.lora_A.weight [r, in]
+ *       and .lora_B.weight [out, r], scaled as the language model's pairs
+ *       (the same r, lora_alpha, use_rslora);
+ *     a trained aligner (--freeze_aligner false) in full, visual.merger.*
+ *       (PEFT's modules_to_save form: the module's own names);
+ *     nothing of the tower when it does not train.
+ *   Full fine-tuning (model.safetensors): every visual.* weight, trained or
+ *     not, so the folder is a complete model; the patch embedding with its
+ *     Hugging Face shape, the Conv3d [width, in_chans, temporal_patch_size,
+ *     patch, patch] (the tower holds the same values as a matrix).
+ * A resume and --load_best_model_at_end read the tensors back by name. */
 #ifndef AT_TRAIN_VISION_CKPT_H
 #define AT_TRAIN_VISION_CKPT_H
 
+#include <stddef.h>
 #include "base/status.h"
+#include "model/safetensors.h"
 #include "model/vision.h"
 
-#define AT_VISION_CKPT_FILE "visual.safetensors"
+/* The tower's tensors for a checkpoint (see above): full 0, the trained ones;
+ * full 1, all but LoRA pairs. Appends to tensors[*n] and shapes[*n] (room for
+ * at_vision_param_count(v) more); shapes get the Hugging Face shape where it
+ * differs from the tensor's (else ndim 0). */
+void at_vision_ckpt_tensors(const at_vision *v, int full, const at_tensor **tensors, at_st_shape *shapes, size_t *n);
 
-/* Writes dir/visual.safetensors with v's trainable tensors (those with a
- * gradient, at_vision_set_trainable); nothing when there are none. The LoRA
- * settings go to the metadata. */
-at_status at_vision_ckpt_save(const at_vision *v, const char *dir, int lora_rank, double lora_alpha, int use_rslora);
-
-/* Reads dir/visual.safetensors back into v by name. trainable_only: every
- * trainable tensor of v must be in the file (a resume), others are left;
- * else every tensor of the file must be one of v's (LoRA pairs need
- * at_vision_lora_add first) and is loaded, and a missing file loads nothing
- * (inference with a checkpoint whose tower did not train). */
+/* Reads the tower's tensors of checkpoint dir (its adapter_model.safetensors,
+ * else model.safetensors) back into v by name. trainable_only: every
+ * trainable tensor of v must be there (a resume), others are left; else every
+ * tower tensor of the file is loaded (LoRA pairs need at_vision_lora_add
+ * first) and the file's other tensors are left to their own loaders. */
 at_status at_vision_ckpt_load(at_vision *v, const char *dir, int trainable_only);
 
 #endif

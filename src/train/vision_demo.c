@@ -145,7 +145,7 @@ at_status at_vision_demo_accuracy(const at_vision_demo *d, const char *model, co
     at_status st = AT_OK;
     at_load_options lo = at_load_options_default();
     lo.dtype = AT_F32;
-    /* a LoRA checkpoint holds an adapter; a full one the language model's weights (the tower's: visual.safetensors) */
+    /* a LoRA checkpoint holds an adapter; a full one the model's weights (the tower's too: train/vision_ckpt.h) */
     char *acfg = ckpt ? at_path_join(ckpt, "adapter_config.json") : NULL;
     int lora = acfg && at_file_exists(acfg);
     free(acfg);

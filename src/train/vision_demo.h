@@ -35,7 +35,7 @@ void at_vision_demo_free(at_vision_demo *d);
 /* The share of test pictures named right by the model folder `model` with,
  * when ckpt is not NULL, checkpoint ckpt's weights: its LoRA adapter, or
  * (full fine-tuning) its language model, and its tower tensors
- * (visual.safetensors). */
+ * (train/vision_ckpt.h). */
 at_status at_vision_demo_accuracy(const at_vision_demo *d, const char *model, const char *ckpt, double *accuracy);
 
 #endif
