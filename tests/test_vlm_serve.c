@@ -1,9 +1,13 @@
 /* Inference and serving with images, on a tiny random Qwen2-VL folder that
  * tools/make_tiny_vlm.py writes into a temporary folder:
- *  - the scheduler's greedy tokens for a prompt with an image equal a
- *    reference run here from the library's parts (at_vision_forward's
- *    features placed by at_decoder_prefill_ex with at_mrope_position_ids'
- *    positions, then decode steps), and another image gives other logits;
+ *  - the scheduler's tokens for a prompt with an image equal a reference run
+ *    here from the library's parts (at_vision_forward's features placed by
+ *    at_decoder_prefill_ex with at_mrope_position_ids' positions, then
+ *    decode steps), greedy, and another image gives other logits and tokens.
+ *    The random folder is made to see its images first (sharpen_model): as
+ *    written, its answer is the prompt's last token again whatever the
+ *    image (the tied embedding of that token dominates), so a tower whose
+ *    features never reached the model would pass;
  *  - the prefix cache: the same prompt again takes all but its last token
  *    from the cache and runs no vision forward; the same text with another
  *    image misses from that image's first token on (the scheduler and the
@@ -31,13 +35,14 @@
 #include "infer/vlm.h"
 #include "model/loader.h"
 #include "model/mrope.h"
+#include "model/safetensors.h"
 #include "serve/server.h"
 #include "testing.h"
 
 #define IMG_A "tests/data/images/photo.png"
 #define IMG_B "tests/data/images/photo.jpg"
 #define QUESTION "What is in the picture?"
-#define MAX_NEW 10
+#define MAX_NEW 16
 
 static at_bundle *load(const char *dir)
 {
@@ -58,6 +63,55 @@ static cJSON *question(void)
     return m;
 }
 
+/* Rewrites dir/model.safetensors (f32) so that its answers depend on its
+ * images: every layer's attention output projection times 30 (the
+ * residual stream at the last token is then mostly attention over the
+ * prompt, a fifth of which is the image), and the embedding rows of ids the
+ * trimmed tokenizer lacks zeroed (tied, so their logits are 0 and a greedy
+ * answer, the largest of ~7000 positive-tailed logits, is always text). */
+static void sharpen_model(const char *dir)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    char *data = NULL;
+    size_t len = 0;
+    at_st_file *f = NULL;
+    at_tokenizer *tok = NULL;
+    CHECK_OK(at_read_file(path, &data, &len));
+    CHECK_OK(at_tokenizer_load(dir, NULL, &tok));
+    if (!data || !tok || at_st_parse(data, len, path, &f) != AT_OK) {
+        CHECK(0);
+        goto done;
+    }
+    int scaled = 0, zeroed = 0;
+    for (size_t i = 0; at_st_info_at(f, i); i++) {
+        const at_st_info *t = at_st_info_at(f, i);
+        uint8_t *p = (uint8_t *)data + (t->data - (const uint8_t *)data);
+        if ((strstr(t->name, "self_attn.o_proj.weight") || !strcmp(t->name, "model.embed_tokens.weight")) &&
+            !(t->has_dtype && t->dtype == AT_F32)) {
+            CHECK_MSG(0, "%s: not f32", t->name);
+        } else if (strstr(t->name, "self_attn.o_proj.weight")) {
+            for (size_t k = 0; k < t->nbytes; k += 4) {
+                float v;
+                memcpy(&v, p + k, 4);
+                v *= 30.0f;
+                memcpy(p + k, &v, 4);
+            }
+            scaled++;
+        } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
+            size_t row = (size_t)t->shape[1] * 4;
+            for (int64_t id = 0; id < t->shape[0]; id++)
+                if (!at_tokenizer_id_to_token(tok, (int32_t)id)) memset(p + (size_t)id * row, 0, row), zeroed++;
+        }
+    }
+    CHECK_MSG(scaled == 2 && zeroed > 100000, "sharpen_model: %d projections scaled, %d rows zeroed", scaled, zeroed);
+    CHECK_OK(at_write_file_atomic(path, data, len));
+done:
+    at_st_close(f);
+    at_tokenizer_free(tok);
+    free(data);
+}
+
 /* The prompt of QUESTION with the image at path. */
 static int prompt_of(at_bundle *b, const char *path, at_vlm_images *im, int32_t **ids, size_t *n)
 {
@@ -73,23 +127,18 @@ static int prompt_of(at_bundle *b, const char *path, at_vlm_images *im, int32_t 
     return st == AT_OK;
 }
 
-static int is_stop(const at_bundle *b, int32_t t)
+/* What every run here generates with: greedy, MAX_NEW tokens. */
+static at_gen_params params(const at_bundle *b)
 {
-    for (int i = 0; i < b->n_stop_ids; i++)
-        if (b->stop_ids[i] == t) return 1;
-    return 0;
+    at_gen_params gp = at_gen_params_default();
+    gp.max_new_tokens = MAX_NEW;
+    gp.stop_ids = b->stop_ids;
+    gp.n_stop_ids = b->n_stop_ids;
+    return gp;
 }
 
-static int argmax(const float *x, int n)
-{
-    int k = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[k]) k = i;
-    return k;
-}
-
-/* The reference: greedy tokens (until a stop token or MAX_NEW) and the
- * first logits, from the library's parts. Returns the token count. */
+/* The reference: the tokens drawn (params(), until a stop token or MAX_NEW)
+ * and the first logits, from the library's parts. Returns the token count. */
 static int reference(at_bundle *b, const at_vlm_images *im, const int32_t *ids, size_t n, int32_t *out, float *logits0)
 {
     at_decoder *d = b->decoder;
@@ -113,15 +162,22 @@ static int reference(at_bundle *b, const at_vlm_images *im, const int32_t *ids, 
     at_prefill_extra ex = {pos, feats, vc->image_token_id};
     at_status st = at_decoder_prefill_ex(d, cache, ids, (int)n, NULL, logits, 0, &ex);
     CHECK_OK(st);
-    while (st == AT_OK && got < MAX_NEW) {
+    at_gen_params gp = params(b);
+    at_gen_seq *seq = NULL;
+    CHECK_OK(at_gen_seq_new(b->tokenizer, V, &gp, &seq));
+    CHECK_OK(at_gen_seq_start(seq, ids, n));
+    at_finish_reason fin = AT_FINISH_NONE;
+    while (st == AT_OK && seq && fin == AT_FINISH_NONE) {
         CHECK_OK(at_tensor_download(logits, host, (size_t)V * sizeof *host));
         if (got == 0) memcpy(logits0, host, (size_t)V * sizeof *host);
-        int32_t t = argmax(host, V);
-        out[got++] = t;
-        if (is_stop(b, t)) break;
+        int32_t t = -1;
+        CHECK_OK(at_gen_seq_next(seq, host, 512 - cache->len[0], &t, &fin));
+        if (t >= 0 && got < MAX_NEW) out[got++] = t;
+        if (fin != AT_FINISH_NONE) break;
         st = at_decoder_decode_step(d, cache, &t, NULL, logits);
         CHECK_OK(st);
     }
+    at_gen_seq_free(seq);
     at_kv_cache_free(cache);
     at_tensor_free(feats);
     at_tensor_free(logits);
@@ -138,15 +194,6 @@ typedef struct {
     int cached, encoded, prompt;
 } run_result;
 
-static at_gen_params greedy(const at_bundle *b)
-{
-    at_gen_params gp = at_gen_params_default();
-    gp.max_new_tokens = MAX_NEW;
-    gp.stop_ids = b->stop_ids;
-    gp.n_stop_ids = b->n_stop_ids;
-    return gp;
-}
-
 /* One sequence through the scheduler s. */
 static void sched_run(at_scheduler *s, at_bundle *b, const at_vlm_images *im, const int32_t *ids, size_t n,
                       run_result *r)
@@ -154,7 +201,7 @@ static void sched_run(at_scheduler *s, at_bundle *b, const at_vlm_images *im, co
     memset(r, 0, sizeof *r);
     at_prompt_media media = {0};
     CHECK_OK(at_vlm_media(b, ids, n, im, &media));
-    at_gen_params gp = greedy(b);
+    at_gen_params gp = params(b);
     int slot = -1;
     CHECK_OK(at_scheduler_add_media(s, ids, n, &media, &gp, NULL, &slot));
     at_vlm_media_free(&media);
@@ -359,7 +406,8 @@ static void test_server(at_bundle *b, const char *tmp, const run_result *ra, con
     int ok_node = system("node --version >/dev/null 2>&1") == 0, ok_chromium = access("/usr/bin/chromium", X_OK) == 0;
     CHECK_MSG(ok_node && ok_chromium, "the browser check needs node and /usr/bin/chromium: run scripts/setup.sh");
     if (ok_node && ok_chromium && at_test_js_ready("playwright-core")) {
-        snprintf(cmd, sizeof cmd, "node tests/js/vlm_chat_check.mjs http://127.0.0.1:%d/ " IMG_A " %s", port, want);
+        snprintf(cmd, sizeof cmd, "node tests/js/vlm_chat_check.mjs http://127.0.0.1:%d/ " IMG_A " %s %d", port, want,
+                 MAX_NEW);
         int rc = system(cmd);
         CHECK_MSG(rc == 0, "tests/js/vlm_chat_check.mjs failed (status %d)", rc);
     }
@@ -443,8 +491,9 @@ int main(void)
     char tmp[] = "/tmp/anytune-vlm-serve-XXXXXX", model[64], cmd[256];
     CHECK(mkdtemp(tmp) != NULL);
     snprintf(model, sizeof model, "%s/model", tmp);
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tools/make_tiny_vlm.py %s >/dev/null", model);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tools/make_tiny_vlm.py %s --dtype f32 >/dev/null", model);
     CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    sharpen_model(model);
     at_bundle *b = load(model);
     if (b) {
         CHECK(b->vision != NULL);
@@ -460,6 +509,8 @@ int main(void)
             double diff = 0;
             for (int i = 0; i < V; i++) diff = fabs(la[i] - lb[i]) > diff ? fabs(la[i] - lb[i]) : diff;
             CHECK_MSG(diff > 1e-3, "the two images give the same logits (max difference %g)", diff);
+            CHECK_MSG(ka != kb || memcmp(ref_a, ref_b, (size_t)ka * sizeof *ref_a),
+                      "the two images give the same tokens");
             size_t first_pad = first_image_token(b, ids_a, na);
             CHECK(first_pad < na && first_pad == first_image_token(b, ids_b, nb));
 
@@ -486,7 +537,7 @@ int main(void)
             /* the generator (infer's chat): the same text, and its own prefix cache */
             at_generator *g = NULL;
             CHECK_OK(at_generator_new(b->decoder, b->tokenizer, 512, &g));
-            at_gen_params gp = greedy(b);
+            at_gen_params gp = params(b);
             const at_vlm_images *ims[3] = {&ia, &ia, &ib};
             const int32_t *idss[3] = {ids_a, ids_a, ids_b};
             size_t ns[3] = {na, na, nb};

@@ -7,11 +7,11 @@
 //    same body, and equals `want` (the answer anytune infer gave for the file);
 //  - the thumbnail row empties once the message is sent; the user message shows
 //    the image; a non-image file is refused with a message.
-// Usage: node tests/js/vlm_chat_check.mjs URL IMAGE.png WANT_FILE   (run by tests/test_vlm_serve.c)
+// Usage: node tests/js/vlm_chat_check.mjs URL IMAGE.png WANT_FILE MAX_TOKENS   (run by tests/test_vlm_serve.c)
 import { chromium } from 'playwright-core';
 import { readFileSync } from 'node:fs';
 
-const [url, image, wantFile] = process.argv.slice(2);
+const [url, image, wantFile, maxTokens] = process.argv.slice(2);
 const want = readFileSync(wantFile, 'utf8');
 let failures = 0;
 function check(cond, msg) {
@@ -28,7 +28,7 @@ try {
   await page.goto(url);
   await page.waitForFunction(() => document.querySelectorAll('#model option').length > 0);
   await page.fill('#temperature', '0');
-  await page.fill('#max_tokens', '10');
+  await page.fill('#max_tokens', maxTokens);
 
   // a file that is not an image is refused
   await page.setInputFiles('#attach-file', { name: 'notes.txt', mimeType: 'text/plain', buffer: Buffer.from('hi') });
