@@ -41,10 +41,11 @@ import io
 import json
 import math
 import os
-import struct
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from safetensors_np import write_safetensors
 
 OUT = "tests/data/images"
 MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -177,21 +178,6 @@ def check_against_transformers(img, min_pixels, max_pixels, flat, grid):
     assert tuple(out["image_grid_thw"][0]) == grid
     assert np.abs(out["pixel_values"] - flat).max() <= 1e-6
     return True
-
-
-def write_safetensors(path, tensors, metadata):
-    """tensors: (name, numpy array of uint8, float32 or int32) pairs, in file order."""
-    header, blobs, off = {"__metadata__": metadata}, [], 0
-    for name, arr in tensors:
-        dt = {np.uint8: "U8", np.float32: "F32", np.int32: "I32"}[arr.dtype.type]
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def make_vision_dataset():

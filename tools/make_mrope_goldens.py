@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_image_goldens import write_safetensors  # noqa: E402  (one safetensors writer for the tools)
+from safetensors_np import write_safetensors  # noqa: E402
 
 IMAGE, VIDEO, VSTART, VEND = 151655, 151656, 151652, 151653
 

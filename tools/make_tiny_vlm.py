@@ -35,8 +35,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_image_goldens import write_safetensors  # noqa: E402  (one safetensors writer for the tools)
+from safetensors_np import write_safetensors
 
 TOKENIZER_DIR = "tests/data/tokenizers/qwen2"
 VOCAB = 151936
@@ -60,30 +59,6 @@ CHAT_TEMPLATE = (
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def to_bf16_bits(a):
-    """f32 -> bf16 (round to nearest even) as uint16 bit patterns."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return u.astype(np.uint16)
-
-
-def write_model(path, tensors, dtype):
-    if dtype == "f32":
-        write_safetensors(path, [(n, a.astype(np.float32)) for n, a in tensors], {"format": "pt"})
-        return
-    # bf16: the shared writer knows U8/F32/I32 only; the header is the same format
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, a in tensors:
-        b = to_bf16_bits(a).tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as fh:
-        fh.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
 
 
 def model(kind, hidden, layers, rs):
@@ -160,7 +135,8 @@ def main():
     cfg["torch_dtype"] = "bfloat16" if a.dtype == "bf16" else "float32"
     with open(os.path.join(a.out, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=1)
-    write_model(os.path.join(a.out, "model.safetensors"), tensors, a.dtype)
+    write_safetensors(os.path.join(a.out, "model.safetensors"), [(n, t.astype(np.float32)) for n, t in tensors],
+                      {"format": "pt"}, bf16=a.dtype == "bf16")
     for f in ("vocab.json", "merges.txt"):
         shutil.copyfile(os.path.join(TOKENIZER_DIR, f), os.path.join(a.out, f))
     with open(os.path.join(TOKENIZER_DIR, "tokenizer_config.json")) as fh:
