@@ -12,7 +12,9 @@
  *    from the cache and runs no vision forward; the same text with another
  *    image misses from that image's first token on (the scheduler and the
  *    generator);
- *  - anytune infer --images prints the scheduler's answer;
+ *  - anytune infer --images prints the scheduler's answer, and infer
+ *    --val_dataset answers records with images (ms-swift's "images", tags
+ *    or none) as the scheduler does;
  *  - anytune serve (in process): a data: URL image gets that answer, a file
  *    under --allowed_local_media_path too, and usage/health show the cache;
  *    a file outside it (a symbolic link, ".."), no folder given, an http
@@ -485,6 +487,73 @@ static void test_cli(const char *model, const run_result *ra)
     CHECK_MSG(rc == 0 && !strcmp(out, ra->text), "infer --images (status %d): \"%s\", want \"%s\"", rc, out, ra->text);
 }
 
+/* The scheduler's answer to one user message with the image at path. */
+static void answer_of(at_bundle *b, const char *path, const char *content, run_result *r)
+{
+    at_image img = {0};
+    at_vlm_images im = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    at_scheduler *s = NULL;
+    memset(r, 0, sizeof *r);
+    CHECK_OK(at_image_load(path, 0, &img));
+    CHECK_OK(at_vlm_images_add(b, &img, path, &im));
+    cJSON *m = cJSON_CreateArray(), *u = cJSON_CreateObject();
+    cJSON_AddStringToObject(u, "role", "user");
+    cJSON_AddStringToObject(u, "content", content);
+    cJSON_AddItemToArray(m, u);
+    CHECK_OK(at_vlm_encode_chat(b, m, &im, &ids, &n));
+    CHECK_OK(at_scheduler_new(b->decoder, b->tokenizer, 1, 512, &s));
+    if (s && ids) sched_run(s, b, &im, ids, n, r);
+    at_scheduler_free(s);
+    cJSON_Delete(m);
+    free(ids);
+    at_vlm_images_free(&im);
+    at_image_free(&img);
+}
+
+/* anytune infer --val_dataset on the vision records: the answers of a
+ * record with a tag and of one without equal the scheduler's. */
+static void test_dataset(at_bundle *b, const char *model, const char *tmp)
+{
+    const char *bin = getenv("ANYTUNE_BIN");
+    if (!bin) return;
+    char cmd[8192], result[128];
+    snprintf(result, sizeof result, "%s/result.jsonl", tmp);
+    snprintf(cmd, sizeof cmd, "%s infer --model %s --val_dataset tests/data/datasets/vision/vlm.jsonl --result_path %s "
+             "--max_new_tokens %d --temperature 0 --max_batch_size 2 2>/dev/null", bin, model, result, MAX_NEW);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    run_result red, blue;
+    answer_of(b, "tests/data/datasets/vision/images/red.png", AT_IMAGE_TAG "What colour is this?", &red);
+    answer_of(b, "tests/data/datasets/vision/images/blue.png", "Name the colour.", &blue);
+    char *text = NULL;
+    CHECK_OK(at_read_file(result, &text, NULL));
+    int lines = 0, seen_red = 0, seen_blue = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        lines++;
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(ms, 0), "content");
+        const cJSON *resp = cJSON_GetObjectItemCaseSensitive(j, "response");
+        const cJSON *fin = cJSON_GetObjectItemCaseSensitive(j, "finish_reason");
+        const cJSON *imgs = cJSON_GetObjectItemCaseSensitive(j, "images");
+        CHECK_MSG(cJSON_IsString(fin) && strcmp(fin->valuestring, "error") && cJSON_GetArraySize(imgs) >= 1,
+                  "a result line: %.200s", line);
+        if (cJSON_IsString(c) && cJSON_IsString(resp) && strstr(c->valuestring, "What colour is this?")) {
+            seen_red = 1;
+            CHECK_MSG(!strcmp(resp->valuestring, red.text), "red: \"%s\", want \"%s\"", resp->valuestring, red.text);
+        }
+        if (cJSON_IsString(c) && cJSON_IsString(resp) && strstr(c->valuestring, "Name the colour.")) {
+            seen_blue = 1;
+            CHECK_MSG(!strcmp(resp->valuestring, blue.text), "blue: \"%s\", want \"%s\"", resp->valuestring,
+                      blue.text);
+        }
+        cJSON_Delete(j);
+    }
+    CHECK_MSG(lines == 5 && seen_red && seen_blue, "%d result lines (red %d, blue %d)", lines, seen_red, seen_blue);
+    free(text);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -560,6 +629,7 @@ int main(void)
             at_generator_free(g);
 
             test_cli(model, &ra);
+            test_dataset(b, model, tmp);
             test_server(b, tmp, &ra, &rb, first_pad);
         }
         free(la);

@@ -447,6 +447,7 @@ int at_cmd_infer(int argc, char **argv)
     cJSON *msgs = NULL;
     if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
     ss.b = b;
+    if (at_opt_int(o, "max_pixels") > 0) b->image_proc.max_pixels = (uint64_t)at_opt_int(o, "max_pixels");
     ss.context = at_bundle_context(b, (int)at_opt_int(o, "max_model_len"));
     ss.stream = at_opt_bool(o, "stream");
     ss.verbose = at_opt_bool(o, "verbose");
@@ -492,7 +493,6 @@ int at_cmd_infer(int argc, char **argv)
         goto done;
     }
     if (at_generator_new(b->decoder, b->tokenizer, ss.context, &ss.gen) != AT_OK) goto fail;
-    if (at_opt_int(o, "max_pixels") > 0) b->image_proc.max_pixels = (uint64_t)at_opt_int(o, "max_pixels");
     for (int i = 0; i < at_opt_list_count(o, "images"); i++)
         if (add_image(&ss, at_opt_list_get(o, "images", i)) != AT_OK) goto fail;
 
