@@ -44,9 +44,7 @@ static const at_opt_spec specs[] = {
     {.name = "images", .type = AT_OPT_LIST,
      .help = "images for --prompt (paths or data URLs; a vision-language model): each <image> in the prompt "
              "stands for the next one, or they all come first"},
-    {.name = "max_pixels", .type = AT_OPT_INT, .def = "0", .range = "[0, 9223372036854775807]",
-     .help = "images are resized to at most this many pixels (0: preprocessor_config.json's; ms-swift's "
-             "MAX_PIXELS)"},
+    AT_MAX_PIXELS_OPTION_ROW,
     {.name = "val_dataset", .type = AT_OPT_LIST,
      .help = "answer every record of these files (the formats sft reads; the last assistant turn is the "
              "reference) into --result_path, in batches (as ms-swift's infer --val_dataset)"},

@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "cli/cmd_serve.h"
 #include "infer/bundle.h"
+#include "infer/vlm.h"
 #include "serve/server.h"
 
 static const at_opt_spec specs[] = {
@@ -55,8 +56,7 @@ static const at_opt_spec specs[] = {
     {.name = "allowed_local_media_path", .type = AT_OPT_STRING,
      .help = "a vision-language model reads image files (file:// URLs, paths) of requests only under this folder "
              "(default: none, data: URLs only; http(s) URLs are always refused)"},
-    {.name = "max_pixels", .type = AT_OPT_INT, .def = "0", .range = "[0, 9223372036854775807]",
-     .help = "images are resized to at most this many pixels (0: preprocessor_config.json's; ms-swift's MAX_PIXELS)"},
+    AT_MAX_PIXELS_OPTION_ROW,
     {.name = "max_image_pixels", .type = AT_OPT_INT, .def = "0", .range = "[0, 9223372036854775807]",
      .help = "a request's image with more pixels (before resizing) is refused (0: 178956970, Pillow's bomb limit)"},
     {.name = "limit_mm_per_prompt", .type = AT_OPT_INT, .def = "16", .range = "[1, 1024]",

@@ -25,6 +25,13 @@
 #include "infer/bundle.h"
 #include "infer/generate.h"
 
+/* The option row (base/options.h) of --max_pixels, for the commands that
+ * read images (infer, serve): it overrides the bundle's image_proc.max_pixels. */
+#define AT_MAX_PIXELS_OPTION_ROW                                                                                  \
+    {.name = "max_pixels", .type = AT_OPT_INT, .def = "0", .range = "[0, 9223372036854775807]",                 \
+     .help = "images are resized to at most this many pixels (0: preprocessor_config.json's; ms-swift's "          \
+             "MAX_PIXELS)"}
+
 typedef struct at_vlm_images {
     int n;
     float *pixels;          /* [n_patches, patch_dim], all images one after another */
