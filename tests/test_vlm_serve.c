@@ -223,6 +223,32 @@ static void sched_run(at_scheduler *s, at_bundle *b, const at_vlm_images *im, co
     }
 }
 
+/* Two sequences at once (one prefill call places both images' features). */
+static void sched_run_two(at_scheduler *s, at_bundle *b, const at_vlm_images *im[2], int32_t *const ids[2],
+                          const size_t n[2], run_result r[2])
+{
+    int slot[2] = {-1, -1};
+    at_gen_params gp = params(b);
+    for (int k = 0; k < 2; k++) {
+        memset(&r[k], 0, sizeof r[k]);
+        at_prompt_media media = {0};
+        CHECK_OK(at_vlm_media(b, ids[k], n[k], im[k], &media));
+        CHECK_OK(at_scheduler_add_media(s, ids[k], n[k], &media, &gp, &r[k], &slot[k]));
+        at_vlm_media_free(&media);
+    }
+    for (int done = 0, guard = 0; done < 2 && guard < 1000; guard++) {
+        const at_sched_event *ev = NULL;
+        int nev = 0;
+        CHECK_OK(at_scheduler_step(s, &ev, &nev));
+        for (int i = 0; i < nev; i++) {
+            run_result *x = ev[i].user;
+            if (ev[i].token >= 0 && x->n < 64) x->tokens[x->n++] = ev[i].token;
+            x->encoded = ev[i].images_encoded;
+            done += ev[i].finish != AT_FINISH_NONE;
+        }
+    }
+}
+
 static size_t first_image_token(const at_bundle *b, const int32_t *ids, size_t n)
 {
     int32_t pad = at_vision_get_config(b->vision)->image_token_id;
@@ -465,8 +491,9 @@ static void test_server(at_bundle *b, const char *tmp, const run_result *ra, con
     rmdir(allowed);
 }
 
-/* anytune infer --images prints the scheduler's answer. */
-static void test_cli(const char *model, const run_result *ra)
+/* anytune infer --images prints the scheduler's answer; with --max_pixels
+ * 3136 (56x56) its prompt has the tokens of the image resized that small. */
+static void test_cli(at_bundle *b, const char *model, const run_result *ra)
 {
     const char *bin = getenv("ANYTUNE_BIN");
     if (!bin) {
@@ -485,6 +512,28 @@ static void test_cli(const char *model, const run_result *ra)
     out[n] = 0;
     if (n && out[n - 1] == '\n') out[n - 1] = 0;
     CHECK_MSG(rc == 0 && !strcmp(out, ra->text), "infer --images (status %d): \"%s\", want \"%s\"", rc, out, ra->text);
+
+    uint64_t keep = b->image_proc.max_pixels;
+    b->image_proc.max_pixels = 3136;
+    at_vlm_images im;
+    int32_t *ids = NULL;
+    size_t small = 0;
+    if (prompt_of(b, IMG_A, &im, &ids, &small)) {
+        CHECK_MSG(small < (size_t)ra->prompt, "max_pixels 3136: %zu prompt tokens, %d by default", small, ra->prompt);
+        snprintf(cmd, sizeof cmd, "%s infer --model %s --images " IMG_A " --prompt '" QUESTION "' --max_new_tokens 2 "
+                 "--max_pixels 3136 --verbose 2>&1 >/dev/null", bin, model);
+        p = popen(cmd, "r");
+        n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        rc = p ? pclose(p) : -1;
+        out[n] = 0;
+        char want[64];
+        snprintf(want, sizeof want, "[prefill: %zu tokens (0 cached)", small);
+        CHECK_MSG(rc == 0 && strstr(out, want), "infer --max_pixels 3136 --verbose (status %d) said %s, want %s", rc, out,
+                  want);
+    }
+    free(ids);
+    at_vlm_images_free(&im);
+    b->image_proc.max_pixels = keep;
 }
 
 /* The scheduler's answer to one user message with the image at path. */
@@ -602,6 +651,21 @@ int main(void)
                       "image B after A: %d images encoded, %d cached (first image token at %zu)", rb.encoded, rb.cached,
                       first_pad);
             at_scheduler_free(s);
+            /* both images in one batch, in a fresh scheduler (no cache) */
+            CHECK_OK(at_scheduler_new(b->decoder, b->tokenizer, 2, 512, &s));
+            if (s) {
+                const at_vlm_images *two_im[2] = {&ia, &ib};
+                int32_t *const two_ids[2] = {ids_a, ids_b};
+                const size_t two_n[2] = {na, nb};
+                run_result two[2];
+                sched_run_two(s, b, two_im, two_ids, two_n, two);
+                CHECK_MSG(two[0].n == ka && !memcmp(two[0].tokens, ref_a, (size_t)ka * sizeof *ref_a) &&
+                              two[1].n == kb && !memcmp(two[1].tokens, ref_b, (size_t)kb * sizeof *ref_b) &&
+                              two[0].encoded == 1 && two[1].encoded == 1,
+                          "A and B together: %d and %d tokens, %d and %d images encoded", two[0].n, two[1].n,
+                          two[0].encoded, two[1].encoded);
+            }
+            at_scheduler_free(s);
 
             /* the generator (infer's chat): the same text, and its own prefix cache */
             at_generator *g = NULL;
@@ -628,7 +692,7 @@ int main(void)
             }
             at_generator_free(g);
 
-            test_cli(model, &ra);
+            test_cli(b, model, &ra);
             test_dataset(b, model, tmp);
             test_server(b, tmp, &ra, &rb, first_pad);
         }
