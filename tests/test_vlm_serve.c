@@ -513,6 +513,17 @@ static void test_cli(at_bundle *b, const char *model, const run_result *ra)
     if (n && out[n - 1] == '\n') out[n - 1] = 0;
     CHECK_MSG(rc == 0 && !strcmp(out, ra->text), "infer --images (status %d): \"%s\", want \"%s\"", rc, out, ra->text);
 
+    /* the chat: /image PATH, then the question */
+    snprintf(cmd, sizeof cmd, "printf '/image " IMG_A "\\n" QUESTION "\\n' | %s infer --model %s --max_new_tokens %d "
+             "--temperature 0 2>/dev/null", bin, model, MAX_NEW);
+    p = popen(cmd, "r");
+    n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    rc = p ? pclose(p) : -1;
+    out[n] = 0;
+    if (n && out[n - 1] == '\n') out[n - 1] = 0;
+    CHECK_MSG(rc == 0 && !strcmp(out, ra->text), "infer's chat with /image (status %d): \"%s\", want \"%s\"", rc, out,
+              ra->text);
+
     uint64_t keep = b->image_proc.max_pixels;
     b->image_proc.max_pixels = 3136;
     at_vlm_images im;
