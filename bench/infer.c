@@ -29,10 +29,11 @@
  *
  *   bench_infer [--shape small|qwen|all] [--formats f16,q8_0,q4_0] [--prompt P]
  *               [--decode D] [--runs N] [--no-llama] [--streams S] [--keep]
- *               [--no-load]
+ *               [--no-load] [--source DIR]
  *
  * --keep leaves the GGUF files in the temporary folder it prints.
- * Run from the source tree (it reads demo/ and bench/js/). Threads: OpenMP's
+ * It reads demo/'s tokenizer and bench/js/ from the source tree: the one
+ * it was built from (AT_SOURCE_DIR), or --source DIR. Threads: OpenMP's
  * (OMP_NUM_THREADS), given to llama.cpp as its thread count too. Figures
  * are medians of N runs (default 3) after a warm-up. */
 #include <math.h>
@@ -60,6 +61,7 @@
 
 typedef struct {
     int prompt, decode, runs, llama, streams, keep, load;
+    char script[1024]; /* LLAMA_SCRIPT under the source tree */
 } opts;
 
 /* The prompt of run r (bench/js/llama_bench.mjs uses the same rule):
@@ -189,8 +191,8 @@ static at_status run_streams(at_bundle *b, int vocab, int streams, int decode, d
 /* llama.cpp at `threads` threads on the GGUF at path (bench/js/llama_bench.mjs). */
 static int run_llama_at(const char *path, int threads, const opts *o, speeds *out, char *build, size_t blen)
 {
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node %s '%s' %d %d %d %d 2>/dev/null", LLAMA_SCRIPT,
+    char cmd[2600];
+    snprintf(cmd, sizeof cmd, "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node '%s' '%s' %d %d %d %d 2>/dev/null", o->script,
              path, threads, o->prompt, o->decode, o->runs);
     FILE *p = popen(cmd, "r");
     if (!p) return 0;
@@ -233,7 +235,7 @@ int main(int argc, char **argv)
 {
     at_threads_setup(argv);
     opts o = {.prompt = 512, .decode = 32, .runs = 3, .llama = 1, .streams = 8, .load = 1};
-    const char *shape = "all", *formats = "f16,q8_0,q4_0";
+    const char *shape = "all", *formats = "f16,q8_0,q4_0", *src = AT_SOURCE_DIR;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
         else if (!strcmp(argv[i], "--formats") && i + 1 < argc) formats = argv[++i];
@@ -244,9 +246,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-llama")) o.llama = 0;
         else if (!strcmp(argv[i], "--keep")) o.keep = 1;
         else if (!strcmp(argv[i], "--no-load")) o.load = 0;
+        else if (!strcmp(argv[i], "--source") && i + 1 < argc) src = argv[++i];
         else {
             fprintf(stderr, "usage: bench_infer [--shape small|qwen|all] [--formats f16,q8_0,q4_0] [--prompt P] "
-                            "[--decode D] [--runs N] [--streams S] [--no-llama] [--keep] [--no-load]\n");
+                            "[--decode D] [--runs N] [--streams S] [--no-llama] [--keep] [--no-load] "
+                            "[--source DIR]\n");
             return 2;
         }
     }
@@ -256,13 +260,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_infer: --prompt, --decode and --streams must be positive\n");
         return 2;
     }
-    if (o.llama && access(LLAMA_SCRIPT, R_OK) != 0) {
-        fprintf(stderr, "bench_infer: run from the source tree (%s not found); llama.cpp skipped\n", LLAMA_SCRIPT);
+    char tok_path[1024];
+    snprintf(o.script, sizeof o.script, "%s/%s", src, LLAMA_SCRIPT);
+    snprintf(tok_path, sizeof tok_path, "%s/%s", src, TOKENIZER);
+    if (strchr(src, '\'')) { /* it goes into a shell command between single quotes */
+        fprintf(stderr, "bench_infer: --source %s: a path with a single quote is not supported\n", src);
+        return 2;
+    }
+    if (access(tok_path, R_OK) != 0) {
+        fprintf(stderr, "bench_infer: %s not found: give the anytune source tree with --source DIR (it was built "
+                        "from %s)\n", tok_path, AT_SOURCE_DIR);
+        return 2;
+    }
+    if (o.llama && access(o.script, R_OK) != 0) {
+        fprintf(stderr, "bench_infer: %s not found; llama.cpp skipped\n", o.script);
         o.llama = 0;
     }
     at_tokenizer *tok = NULL;
-    if (at_tokenizer_load(TOKENIZER, NULL, &tok) != AT_OK) {
-        fprintf(stderr, "bench_infer: %s (run from the source tree)\n", at_last_error());
+    if (at_tokenizer_load(tok_path, NULL, &tok) != AT_OK) {
+        fprintf(stderr, "bench_infer: %s\n", at_last_error());
         return 1;
     }
     int tvocab = (int)at_tokenizer_vocab_size(tok);

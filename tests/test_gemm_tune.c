@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device/cpu/cpu_libs.h"
 #include "device/cpu/gemm.h"
 #include "device/cpu/gemm_tune.h"
 #include "testing.h"
@@ -189,6 +190,18 @@ int main(void)
         run_and_check();
         at_gemm_tune_result rc = at_gemm_tune_result_of(cls);
         CHECK(rc.known && rc.from_cache && rc.choice == AT_GEMM_ANYTUNE && rc.gflops[0] == 12.5);
+    }
+
+    /* the f32 engine line names exactly the libraries this build links */
+    {
+        char v[256];
+        CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "auto"));
+        const char *e = at_cpu_gemm_engine(AT_F32);
+        at_cpu_onednn_version(v, sizeof v);
+        CHECK_MSG((strstr(e, "oneDNN") != NULL) == (strcmp(v, "not linked") != 0), "engine line \"%s\", oneDNN %s", e, v);
+        at_cpu_openblas_version(v, sizeof v);
+        CHECK_MSG((strstr(e, "OpenBLAS") != NULL) == (strcmp(v, "not linked") != 0), "engine line \"%s\", OpenBLAS %s",
+                  e, v);
     }
 
     /* measuring off, or an engine pinned: nothing measured */

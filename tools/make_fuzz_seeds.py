@@ -204,6 +204,15 @@ def make_gguf():
     out("gguf", "lie_duplicate_tensor.gguf", gguf([], [g_tinfo("x", [4], 0, 0), g_tinfo("x", [4], 0, 32)],
                                                    f32 + b"\0" * 16 + f32))
     out("gguf", "lie_overlap.gguf", gguf([], [g_tinfo("x", [16], 0, 0), g_tinfo("y", [4], 0, 32)], f32 * 4 + f32 * 2))
+    # the language model of a Qwen2-VL export (llama.cpp's qwen2vl: M-RoPE sections + a fourth 0)
+    vl = [g_kv("general.architecture", STR, "qwen2vl"), g_kv("qwen2vl.embedding_length", U32, 64),
+          g_kv("qwen2vl.block_count", U32, 1), g_kv("qwen2vl.feed_forward_length", U32, 128),
+          g_kv("qwen2vl.attention.head_count", U32, 4), g_kv("qwen2vl.attention.head_count_kv", U32, 2),
+          g_kv("qwen2vl.vocab_size", U32, 8)]
+    out("gguf", "model_qwen2vl.gguf", gguf(vl + [g_kv("qwen2vl.rope.dimension_sections", ARR, (I32, [2, 3, 3, 0]))],
+                                          [], b""))
+    out("gguf", "lie_qwen2vl_sections.gguf",
+        gguf(vl + [g_kv("qwen2vl.rope.dimension_sections", ARR, (I32, [2, 3, 3, 5]))], [], b""))
 
 
 # --------------------------------------------------------------------- config

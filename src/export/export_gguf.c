@@ -19,7 +19,7 @@ const char *at_export_gguf_arch(const at_model_config *cfg)
 {
     const char *t = cfg->model_type;
     if (!strcmp(t, "llama") || !strcmp(t, "mistral")) return "llama";
-    if (!strcmp(t, "qwen2")) return "qwen2";
+    if (!strcmp(t, "qwen2")) return at_model_config_mrope(cfg) ? "qwen2vl" : "qwen2";
     if (!strcmp(t, "qwen3")) return "qwen3";
     return NULL;
 }
@@ -37,8 +37,7 @@ at_status at_export_parse_quant(const char *s, at_dtype *out)
     return AT_OK;
 }
 
-/* llama.cpp's llama_ftype of a file whose matrices are mostly `t`. */
-static uint32_t file_type(at_dtype t)
+uint32_t at_export_gguf_file_type(at_dtype t)
 {
     switch (t) {
     case AT_F32: return 0;
@@ -102,6 +101,31 @@ done:
     return st;
 }
 
+at_dtype at_export_gguf_tensor_type(const at_tensor *t, at_dtype q)
+{
+    if (t->ndim == 1) return AT_F32;
+    if ((q == AT_Q8_0 || q == AT_Q4_0) && at_tensor_cols(t) % 32 != 0) return AT_F16;
+    return q;
+}
+
+at_status at_export_gguf_convert(const at_tensor *t, at_dtype type, at_tensor **out)
+{
+    *out = NULL;
+    int quantized = type == AT_Q8_0 || type == AT_Q4_0;
+    gguf_job j = {0};
+    at_tensor *c = NULL;
+    at_status st = host_copy(&j, t, quantized ? AT_F32 : type, &c);
+    if (st == AT_OK && quantized) {
+        st = at_export_quantize(c, type, out);
+    } else if (st == AT_OK) {
+        *out = c;
+        j.n_owned = 0; /* handed over */
+    }
+    for (size_t i = 0; i < j.n_owned; i++) at_tensor_free(j.owned[i]);
+    free(j.owned);
+    return st;
+}
+
 static int is_q(const char *name)
 {
     const char *s = strstr(name, ".self_attn.");
@@ -124,13 +148,11 @@ static at_status add_model_tensor(void *ctx, const char *hf_name, const at_tenso
         return at_error(AT_ERR_INTERNAL, "export: %s has no GGUF name", hf_name);
     int permute = !strcmp(j->arch, "llama") && (is_q(hf_name) || is_k(hf_name));
     int heads = is_q(hf_name) ? j->weights->cfg.num_attention_heads : j->weights->cfg.num_key_value_heads;
-    at_dtype want = t->ndim == 1 ? AT_F32 : j->quant;
+    at_dtype want = at_export_gguf_tensor_type(t, j->quant);
     int quantized = want == AT_Q8_0 || want == AT_Q4_0;
-    if (quantized && at_tensor_cols(t) % 32 != 0) {
+    if (t->ndim > 1 && want != j->quant) {
         at_log_debug("export: %s: rows of %lld values are not a multiple of 32: written F16", name,
                     (long long)at_tensor_cols(t));
-        want = AT_F16;
-        quantized = 0;
         j->n_fallback++;
     }
     const at_tensor *src = t;
@@ -188,6 +210,12 @@ static at_status add_hparams(at_gguf_writer *w, const char *arch, const at_model
     }
     AT_TRY(add_f32k(w, arch, "rope.freq_base", c->rope_theta));
     AT_TRY(add_f32k(w, arch, "attention.layer_norm_rms_epsilon", c->rms_norm_eps));
+    if (at_model_config_mrope(c)) { /* llama.cpp's four sections: t, h, w and a fourth (0) */
+        int32_t sec[4] = {c->mrope_section[0], c->mrope_section[1], c->mrope_section[2], 0};
+        char k[128];
+        snprintf(k, sizeof k, "%s.rope.dimension_sections", arch);
+        AT_TRY(at_gguf_add_array(w, k, AT_GGUF_INT32, sec, 4));
+    }
     if (c->rope_type == AT_ROPE_LINEAR) {
         char k[128];
         snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
@@ -337,7 +365,7 @@ at_status at_export_gguf_model(const at_decoder_weights *wts, const char *path, 
     AT_CHECK(at_gguf_add_string(j.w, "general.architecture", arch));
     AT_CHECK(at_gguf_add_string(j.w, "general.type", "model"));
     AT_CHECK(at_gguf_add_string(j.w, "general.name", o->name ? o->name : "anytune export"));
-    AT_CHECK(at_gguf_add_u32(j.w, "general.file_type", file_type(q)));
+    AT_CHECK(at_gguf_add_u32(j.w, "general.file_type", at_export_gguf_file_type(q)));
     if (q == AT_Q8_0 || q == AT_Q4_0) AT_CHECK(at_gguf_add_u32(j.w, "general.quantization_version", 2));
     AT_CHECK(add_hparams(j.w, arch, c));
     if (o->tok) AT_CHECK(add_tokenizer(j.w, o->tok, c->vocab_size));

@@ -49,9 +49,25 @@ typedef struct {
     int progress;              /* progress bar on stderr */
 } at_export_gguf_opts;
 
-/* "llama", "qwen2" or "qwen3" for cfg's model_type; NULL when GGUF has no
- * architecture llama.cpp would run the model as. */
+/* "llama", "qwen2" or "qwen3" for cfg's model_type ("qwen2vl" for the
+ * language model of Qwen2-VL / Qwen2.5-VL: M-RoPE, written as
+ * qwen2vl.rope.dimension_sections = the mrope_section pairs + a 0, as
+ * llama.cpp's converter does; its vision tower goes to a separate mmproj
+ * file, export_vision.h); NULL when GGUF has no architecture llama.cpp would
+ * run the model as. */
 const char *at_export_gguf_arch(const at_model_config *cfg);
+
+/* llama.cpp's general.file_type (llama_ftype) of a file mostly of type t. */
+uint32_t at_export_gguf_file_type(at_dtype t);
+
+/* The type a tensor of t's shape is written in, in a file of type q: 1-D
+ * tensors F32; matrices q, or F16 when q is Q8_0 / Q4_0 and their rows are
+ * not a multiple of 32 (as llama.cpp's converter falls back). */
+at_dtype at_export_gguf_tensor_type(const at_tensor *t, at_dtype q);
+
+/* *out = a new host tensor holding t (host or device, f32/bf16/f16) in type
+ * (f32, f16, bf16: cast; Q8_0, Q4_0: quantized). Caller frees. */
+at_status at_export_gguf_convert(const at_tensor *t, at_dtype type, at_tensor **out);
 
 /* Parses "f32", "f16", "bf16", "q8_0", "q4_0" (any case). */
 at_status at_export_parse_quant(const char *s, at_dtype *out);

@@ -12,6 +12,7 @@
 #include "base/progress.h"
 #include "device/cpu/cpu_backend.h"
 #include "export/export_files.h"
+#include "export/export_vision.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "ops/ops.h"
@@ -61,12 +62,12 @@ at_status at_export_each_hf_tensor(const at_decoder_weights *w, at_export_tensor
 typedef struct {
     char **names;
     const at_tensor **tensors;
+    at_st_shape *shapes; /* the shape written (ndim 0: the tensor's own) */
     size_t n, cap;
 } tensor_list;
 
-static at_status list_add(void *ctx, const char *name, const at_tensor *t)
+static at_status list_add_shaped(tensor_list *l, const char *name, const at_tensor *t, const at_st_shape *shape)
 {
-    tensor_list *l = ctx;
     if (!t) return at_error(AT_ERR_INTERNAL, "export: %s is missing", name);
     if (l->n == l->cap) {
         size_t c = l->cap ? l->cap * 2 : 64;
@@ -76,11 +77,20 @@ static at_status list_add(void *ctx, const char *name, const at_tensor *t)
         const at_tensor **nt = realloc(l->tensors, c * sizeof *nt);
         if (!nt) return at_error(AT_ERR_NOMEM, "export: out of memory");
         l->tensors = nt;
+        at_st_shape *ns = realloc(l->shapes, c * sizeof *ns);
+        if (!ns) return at_error(AT_ERR_NOMEM, "export: out of memory");
+        l->shapes = ns;
         l->cap = c;
     }
     if (!(l->names[l->n] = strdup(name))) return at_error(AT_ERR_NOMEM, "export: out of memory");
+    l->shapes[l->n] = shape ? *shape : (at_st_shape){0};
     l->tensors[l->n++] = t;
     return AT_OK;
+}
+
+static at_status list_add(void *ctx, const char *name, const at_tensor *t)
+{
+    return list_add_shaped(ctx, name, t, NULL);
 }
 
 static void list_free(tensor_list *l)
@@ -88,6 +98,28 @@ static void list_free(tensor_list *l)
     for (size_t i = 0; i < l->n; i++) free(l->names[i]);
     free(l->names);
     free(l->tensors);
+    free(l->shapes);
+}
+
+/* A vision-language model: the language model's model.* names under
+ * model.language_model.* when the source kept them there (lm_head stays),
+ * then the tower's tensors under the source's own names and shapes. */
+static at_status add_vision(tensor_list *l, const at_export_vision *v)
+{
+    if (at_export_vision_lm_nested(v))
+        for (size_t i = 0; i < l->n; i++) {
+            if (strncmp(l->names[i], "model.", 6) != 0) continue;
+            size_t n = strlen(l->names[i]) + 32;
+            char *nn = malloc(n);
+            if (!nn) return at_error(AT_ERR_NOMEM, "export: out of memory");
+            snprintf(nn, n, "model.language_model.%s", l->names[i] + 6);
+            free(l->names[i]);
+            l->names[i] = nn;
+        }
+    for (size_t i = 0; i < at_export_vision_count(v); i++)
+        AT_TRY(list_add_shaped(l, at_export_vision_name(v, i), at_export_vision_tensor(v, i),
+                               at_export_vision_shape(v, i)));
+    return AT_OK;
 }
 
 static const char *torch_dtype_name(at_dtype t)
@@ -202,9 +234,14 @@ static at_status write_config(const at_decoder_weights *w, const char *source_di
     }
     cJSON_DeleteItemFromObjectCaseSensitive(j, "torch_dtype");
     cJSON_AddStringToObject(j, "torch_dtype", torch_dtype_name(dtype));
-    /* the family the weights were read as (--model_type may differ from the source's) */
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, w->cfg.model_type) != 0) {
+    /* the family the weights were read as (--model_type may differ from the
+     * source's); a config of that family (qwen2_vl's language model is
+     * qwen2) is kept as it is */
+    at_model_config as_read;
+    int same_family = at_model_config_from_json(j, "config.json", &as_read) == AT_OK &&
+                      !strcmp(as_read.model_type, w->cfg.model_type);
+    at_clear_error();
+    if (!same_family) {
         char *text = NULL;
         cJSON *fresh = NULL;
         AT_CHECK(at_model_config_to_json(&w->cfg, &text));
@@ -257,7 +294,7 @@ static at_status write_shard(const tensor_list *l, size_t begin, size_t end, at_
         if (bar) at_progress_update(bar, *done_bytes, NULL);
     }
     const at_st_kv meta[] = {{"format", "pt"}};
-    st = at_safetensors_write(path, ts, (const char *const *)l->names + begin, n, meta, 1);
+    st = at_safetensors_write_shaped(path, ts, (const char *const *)l->names + begin, l->shapes + begin, n, meta, 1);
 done:
     for (size_t i = 0; owned && i < n; i++) at_tensor_free(owned[i]);
     free(owned);
@@ -281,6 +318,7 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
     cJSON *index = NULL, *tok_json = NULL, *tok_cfg = NULL, *tok_map = NULL;
     at_status st = AT_OK;
     AT_CHECK(at_export_each_hf_tensor(w, list_add, &l));
+    if (o->vision) AT_CHECK(add_vision(&l, o->vision));
     if (o->score) { /* a reward model: the score head, no LM head */
         if (l.n && !strcmp(l.names[l.n - 1], "lm_head.weight")) free(l.names[--l.n]);
         AT_CHECK(list_add(&l, "score.weight", o->score));
@@ -368,6 +406,9 @@ at_status at_export_hf(const at_decoder_weights *w, const char *out_dir, const a
     }
     AT_CHECK(write_config(w, o->source_dir, dtype, o->score != NULL, staging));
     AT_CHECK(copy_if_present(o->source_dir, "generation_config.json", staging));
+    /* a vision-language model's image (and video) processor */
+    AT_CHECK(copy_if_present(o->source_dir, "preprocessor_config.json", staging));
+    AT_CHECK(copy_if_present(o->source_dir, "video_preprocessor_config.json", staging));
     if (o->tokenizer) {
         AT_CHECK(at_tokenizer_hf_save(tok_json, tok_cfg, tok_map, staging));
     } else {

@@ -9,6 +9,8 @@
  *   model-00001-of-0000N.safetensors  + model.safetensors.index.json
  *                                     ({"metadata": {"total_size"}, "weight_map"})
  *   generation_config.json            copied when the source has one
+ *   preprocessor_config.json,         copied when the source has them (a
+ *   video_preprocessor_config.json    vision-language model's processor)
  *   tokenizer files                   copied: tokenizer.json, tokenizer_config.json,
  *                                     special_tokens_map.json, added_tokens.json,
  *                                     vocab.json, merges.txt, tokenizer.model,
@@ -33,6 +35,8 @@
 #include "model/weights.h"
 #include "text/tokenizer.h"
 
+struct at_export_vision;
+
 typedef struct {
     at_dtype dtype;          /* AT_F32, AT_BF16, AT_F16; AT_DTYPE_COUNT: the model's own
                                 (config torch_dtype, else the matrices' dtype) */
@@ -47,6 +51,10 @@ typedef struct {
                                 score.weight in place of lm_head, and config.json's architectures become
                                 *ForSequenceClassification with one label (id2label {"0": "LABEL_0"}),
                                 as transformers saves such a model */
+    const struct at_export_vision *vision; /* a vision-language model's tower (export_vision.h), or NULL: its
+                                tensors follow the language model's under the source's names and shapes, and
+                                the language model is written under model.language_model.* when the source
+                                kept it there */
 } at_export_hf_opts;
 
 /* Writes w as a Hugging Face folder out_dir (see above). o may be NULL. */

@@ -13,6 +13,7 @@
 #include "export/export_files.h"
 #include "export/export_gguf.h"
 #include "export/export_hf.h"
+#include "export/export_vision.h"
 #include "export/merge.h"
 #include "model/adapter.h"
 #include "model/gguf.h"
@@ -230,6 +231,28 @@ static at_status load_score(const char *dir, int64_t hidden, at_tensor **out)
     return st;
 }
 
+/* A PEFT folder's adapter_config.json and adapter_model.safetensors as they
+ * are, as a new export folder out (export_files.h). */
+static at_status copy_peft(const char *dir, const char *out, int overwrite)
+{
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    char *staging = NULL;
+    at_status st;
+    AT_CHECK(at_export_begin(out, overwrite, &staging));
+    for (size_t i = 0; i < 2; i++) {
+        char *s = at_path_join(dir, files[i]), *d = at_path_join(staging, files[i]);
+        st = s && d ? at_export_copy_file(s, d) : at_error(AT_ERR_NOMEM, "export: out of memory");
+        free(s);
+        free(d);
+        if (st != AT_OK) goto done;
+    }
+    AT_CHECK(at_export_commit(staging, out));
+done:
+    if (st != AT_OK) at_export_abort(staging);
+    free(staging);
+    return st;
+}
+
 at_status at_export_run(const at_export_args *a)
 {
     if (!a->model) return at_error(AT_ERR_INVALID, "export: --model is required");
@@ -248,6 +271,8 @@ at_status at_export_run(const at_export_args *a)
     at_chat_template *ct = NULL;
     at_gguf *src_gguf = NULL;
     at_tensor *score = NULL;
+    at_export_vision *vis = NULL;
+    char *mm_path = NULL, *mm_final = NULL;
     char *model_dir = NULL, *tdir = NULL, *staging = NULL, *path = NULL, *tmpl = NULL;
     at_status st;
     int is_dir = at_is_dir(a->model);
@@ -277,7 +302,23 @@ at_status at_export_run(const at_export_args *a)
                       ad ? " --merge_lora" : "");
         goto done;
     }
+    /* A vision-language folder's tower goes with a whole model (merged or
+     * not): the folder read as its own family, not as --model_type's. */
+    if (is_dir && !a->model_type && !(ad && !a->merge_lora)) {
+        AT_CHECK(at_export_vision_load(a->model, ad ? a->adapters : NULL, ad ? ad->scale : 1.0, &vis));
+        int merged = 0, replaced = 0;
+        if (vis) at_export_vision_applied(vis, &merged, &replaced);
+        if (merged || replaced)
+            at_log_info("export: vision tower: %d LoRA pair%s merged, %d tensor%s taken from %s", merged,
+                        merged == 1 ? "" : "s", replaced, replaced == 1 ? "" : "s", a->adapters);
+    }
     if (!gguf) {
+        if (ad && !a->merge_lora && at_export_vision_in_adapter(a->adapters)) {
+            /* the tower's pairs and tensors have no at_adapter form: the folder's files as they are */
+            AT_CHECK(copy_peft(a->adapters, a->output_dir, a->overwrite));
+            at_log_info("export: adapter (with its vision-tower tensors) copied in PEFT format to %s", a->output_dir);
+            goto done;
+        }
         if (ad && !a->merge_lora) {
             AT_CHECK(at_export_peft(ad, a->output_dir, a->overwrite));
             at_log_info("export: adapter written in PEFT format to %s", a->output_dir);
@@ -296,6 +337,7 @@ at_status at_export_run(const at_export_args *a)
             .overwrite = a->overwrite,
             .progress = a->progress,
             .score = score,
+            .vision = vis,
         };
         AT_CHECK(at_export_hf(w, a->output_dir, &ho));
         goto done;
@@ -326,6 +368,10 @@ at_status at_export_run(const at_export_args *a)
         goto done;
     }
     if (ad && !a->merge_lora) {
+        if (at_export_vision_in_adapter(a->adapters))
+            at_log_warn("export: the vision-tower tensors of %s are left out: llama.cpp's LoRA GGUF adapts the "
+                        "language model only (--merge_lora writes them into the model and its mmproj file)",
+                        a->adapters);
         AT_CHECK(at_export_gguf_adapter(ad, &w->cfg, path, q));
     } else {
         if (ad) AT_CHECK(at_merge_lora(w, ad));
@@ -350,8 +396,33 @@ at_status at_export_run(const at_export_args *a)
         snprintf(name, sizeof name, "%s", slash && slash[1] ? slash + 1 : a->model);
         go.name = name;
         AT_CHECK(at_export_gguf_model(w, path, &go));
+        if (vis) { /* the tower as llama.cpp's mtmd takes it: a file of its own beside the model */
+            char mm[4200];
+            const char *fslash = strrchr(a->output_dir, '/');
+            at_export_mmproj_name(single_file ? (fslash ? fslash + 1 : a->output_dir) : fname, mm, sizeof mm);
+            if (!(mm_path = at_path_join(staging, mm))) {
+                st = at_error(AT_ERR_NOMEM, "export: out of memory");
+                goto done;
+            }
+            AT_CHECK(at_export_vision_mmproj(vis, &w->cfg, mm_path, q, name));
+            char *parent = single_file ? dir_of(a->output_dir) : NULL;
+            mm_final = at_path_join(single_file ? parent : a->output_dir, mm);
+            free(parent);
+            if (!mm_final) {
+                st = at_error(AT_ERR_NOMEM, "export: out of memory");
+                goto done;
+            }
+            if (single_file && !a->overwrite && at_file_exists(mm_final)) {
+                st = at_error(AT_ERR_INVALID, "export: %s exists (pass --overwrite to replace it)", mm_final);
+                goto done;
+            }
+        }
     }
     if (single_file) {
+        if (mm_path && rename(mm_path, mm_final) != 0) {
+            st = at_error(AT_ERR_IO, "export: %s: cannot rename into place: %s", mm_final, strerror(errno));
+            goto done;
+        }
         if (rename(path, a->output_dir) != 0) {
             st = at_error(AT_ERR_IO, "export: %s: cannot rename into place: %s", a->output_dir, strerror(errno));
             goto done;
@@ -360,15 +431,26 @@ at_status at_export_run(const at_export_args *a)
         st = parent ? at_fsync_dir(parent) : at_error(AT_ERR_NOMEM, "export: out of memory");
         free(parent);
         at_export_abort(staging); /* the staging folder, empty now */
-        at_log_info("export: wrote %s", a->output_dir);
+        if (mm_final)
+            at_log_info("export: wrote %s and the vision tower %s (llama.cpp: llama-mtmd-cli -m %s --mmproj %s)",
+                        a->output_dir, mm_final, a->output_dir, mm_final);
+        else
+            at_log_info("export: wrote %s", a->output_dir);
         goto done;
     }
     AT_CHECK(at_export_commit(staging, a->output_dir));
-    at_log_info("export: wrote %s/%s", a->output_dir, fname);
+    if (mm_final)
+        at_log_info("export: wrote %s/%s and the vision tower %s (llama.cpp: llama-mtmd-cli -m %s/%s --mmproj %s)",
+                    a->output_dir, fname, mm_final, a->output_dir, fname, mm_final);
+    else
+        at_log_info("export: wrote %s/%s", a->output_dir, fname);
 done:
     if (st != AT_OK) at_export_abort(staging);
     free(staging);
     free(path);
+    free(mm_path);
+    free(mm_final);
+    at_export_vision_free(vis);
     free(model_dir);
     free(tdir);
     free(tmpl);

@@ -22,22 +22,29 @@ at_tensor **at_merge_target(at_decoder_weights *w, int layer, at_module m)
     }
 }
 
-/* W' = round_dtype(f32(W) + s · B·A) into a new tensor *out. */
-static at_status merge_one(const at_tensor *W, const at_tensor *A, const at_tensor *B, double s, at_tensor **out)
+at_status at_merge_lora_matrix(const at_tensor *W, const at_tensor *A, const at_tensor *B, double s, at_dtype dtype,
+                               at_tensor **out)
 {
     at_backend *cpu = at_cpu_backend();
     at_tensor *w32 = NULL, *res = NULL;
     at_status st;
     *out = NULL;
+    if (W->ndim != 2 || A->ndim != 2 || B->ndim != 2 || A->shape[1] != W->shape[1] || B->shape[0] != W->shape[0] ||
+        B->shape[1] != A->shape[0])
+        return at_error(AT_ERR_INVALID, "merge: %s: A [%lld, %lld] and B [%lld, %lld] do not fit W [%lld, %lld]",
+                        W->name, (long long)A->shape[0], (long long)A->shape[1], (long long)B->shape[0],
+                        (long long)B->shape[1], (long long)W->shape[0], (long long)W->shape[1]);
+    if (A->dtype != AT_F32 || B->dtype != AT_F32)
+        return at_error(AT_ERR_INVALID, "merge: %s: adapter tensors must be f32", W->name);
     AT_CHECK(at_tensor_new(cpu, AT_F32, 2, W->shape, W->name, &w32));
     AT_CHECK(at_cast(w32, W));
     /* C = s·(B·A) + 1·C: the f32 GEMM accumulates the rank-r product. */
     AT_CHECK(at_matmul(w32, B, A, 0, 0, (float)s, 1.0f));
-    if (W->dtype == AT_F32) {
+    if (dtype == AT_F32) {
         res = w32;
         w32 = NULL;
     } else {
-        AT_CHECK(at_tensor_new(cpu, W->dtype, 2, W->shape, W->name, &res));
+        AT_CHECK(at_tensor_new(cpu, dtype, 2, W->shape, W->name, &res));
         AT_CHECK(at_cast(res, w32));
     }
     *out = res;
@@ -69,16 +76,8 @@ at_status at_merge_lora(at_decoder_weights *w, const at_adapter *a)
             if (W->dtype != AT_F32 && W->dtype != AT_BF16 && W->dtype != AT_F16)
                 return at_error(AT_ERR_UNSUPPORTED, "merge: %s is %s; merging needs f32, bf16 or f16 weights", W->name,
                                 at_dtype_name(W->dtype));
-            int64_t r = p->A->shape[0];
-            if (W->ndim != 2 || p->A->ndim != 2 || p->B->ndim != 2 || p->A->shape[1] != W->shape[1] ||
-                p->B->shape[0] != W->shape[0] || p->B->shape[1] != r)
-                return at_error(AT_ERR_INVALID, "merge: %s: A [%lld, %lld] and B [%lld, %lld] do not fit W [%lld, %lld]",
-                                name, (long long)p->A->shape[0], (long long)p->A->shape[1], (long long)p->B->shape[0],
-                                (long long)p->B->shape[1], (long long)W->shape[0], (long long)W->shape[1]);
-            if (p->A->dtype != AT_F32 || p->B->dtype != AT_F32)
-                return at_error(AT_ERR_INVALID, "merge: %s: adapter tensors must be f32", name);
             at_tensor *merged = NULL;
-            AT_TRY(merge_one(W, p->A, p->B, a->scale, &merged));
+            AT_TRY(at_merge_lora_matrix(W, p->A, p->B, a->scale, W->dtype, &merged));
             at_tensor_free(W);
             *slot = merged;
         }

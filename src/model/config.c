@@ -583,10 +583,26 @@ at_status at_model_config_from_gguf(const at_gguf *g, const char *what, at_model
     at_status st = at_gguf_get_string(g, "general.architecture", &arch, NULL);
     if (st == AT_ERR_NOT_FOUND) return at_error(AT_ERR_FORMAT, "%s: general.architecture is missing", what);
     if (st != AT_OK) return st;
-    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3"))
-        return at_error(AT_ERR_UNSUPPORTED, "%s: architecture \"%.40s\" is not supported (llama, qwen2, qwen3 are)",
-                        what, arch);
-    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", arch);
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3") && strcmp(arch, "qwen2vl"))
+        return at_error(AT_ERR_UNSUPPORTED,
+                        "%s: architecture \"%.40s\" is not supported (llama, qwen2, qwen3, qwen2vl are)", what, arch);
+    /* qwen2vl: the language model of Qwen2-VL / Qwen2.5-VL, a qwen2 decoder with M-RoPE */
+    int vl = !strcmp(arch, "qwen2vl");
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", vl ? "qwen2" : arch);
+    if (vl) { /* llama.cpp's four sections: t, h, w and a fourth this decoder has not (0) */
+        const at_gguf_value *sec = at_gguf_get(g, "qwen2vl.rope.dimension_sections");
+        int64_t s[4] = {0};
+        for (size_t i = 0; sec && sec->type == AT_GGUF_ARRAY && i < sec->v.arr.count && i < 4; i++) {
+            at_gguf_value e;
+            if (at_gguf_value_elem(sec, i, &e) != AT_OK || at_gguf_value_int(&e, &s[i]) != AT_OK || s[i] < 0 ||
+                s[i] > AT_MAX_ROPE_PAIRS)
+                return at_error(AT_ERR_FORMAT, "%s: qwen2vl.rope.dimension_sections[%zu] is not a section size", what, i);
+        }
+        if (!sec || s[3] != 0 || s[0] + s[1] + s[2] <= 0)
+            return at_error(AT_ERR_UNSUPPORTED, "%s: qwen2vl.rope.dimension_sections is missing or has a fourth "
+                            "section", what);
+        for (int i = 0; i < 3; i++) cfg->mrope_section[i] = (int)s[i];
+    }
     AT_TRY(gguf_req(g, arch, "embedding_length", what, &cfg->hidden_size));
     AT_TRY(gguf_req(g, arch, "block_count", what, &cfg->num_hidden_layers));
     AT_TRY(gguf_req(g, arch, "feed_forward_length", what, &cfg->intermediate_size));
@@ -658,7 +674,7 @@ at_status at_model_config_from_gguf(const at_gguf *g, const char *what, at_model
     cfg->vocab_size = (int)v;
 
     cfg->tie_word_embeddings = at_gguf_find_tensor(g, "output.weight") == NULL;
-    cfg->attn_qkv_bias = at_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL || strcmp(arch, "qwen2") == 0;
+    cfg->attn_qkv_bias = at_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL || strcmp(cfg->model_type, "qwen2") == 0;
     cfg->attn_o_bias = at_gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
     cfg->qk_norm = at_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL;
     if (emb) {

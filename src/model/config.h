@@ -146,7 +146,9 @@ static inline int at_model_config_mrope(const at_model_config *cfg) { return cfg
 /* One line: "llama: 5 layers, hidden 64, heads 8/4 x 8, ffn 172, vocab 512". Returns buf. */
 const char *at_model_config_describe(const at_model_config *cfg, char *buf, size_t len);
 
-/* Builds the config of a GGUF file of arch "llama", "qwen2" or "qwen3" from
+/* Builds the config of a GGUF file of arch "llama", "qwen2", "qwen3" or
+ * "qwen2vl" (a qwen2 language model with M-RoPE: rope.dimension_sections'
+ * first three, the fourth 0) from
  * its metadata ({arch}.embedding_length, block_count, feed_forward_length,
  * attention.head_count(_kv), attention.key_length, attention.layer_norm_rms_epsilon,
  * rope.freq_base, rope.scaling.type/factor, context_length, vocab_size or the

@@ -2,7 +2,7 @@
  *  - a Hugging Face folder (config.json + model.safetensors, or sharded
  *    model-*.safetensors with model.safetensors.index.json), or a
  *    *.safetensors / *.safetensors.index.json file inside one;
- *  - a GGUF file (arch llama, qwen2, qwen3; q/k rows of arch llama turned
+ *  - a GGUF file (arch llama, qwen2, qwen3, qwen2vl; q/k rows of arch llama turned
  *    back to the HF rotate_half order);
  *  - a llama2.c checkpoint (.bin).
  * The kind is found from the path (folder) and the file's first bytes ("GGUF"

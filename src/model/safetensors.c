@@ -725,6 +725,12 @@ at_status at_st_get(const at_st_model *m, const char *name, int ndim, const int6
 at_status at_safetensors_write(const char *path, const at_tensor *const *tensors, const char *const *names,
                                size_t n, const at_st_kv *metadata, size_t n_meta)
 {
+    return at_safetensors_write_shaped(path, tensors, names, NULL, n, metadata, n_meta);
+}
+
+at_status at_safetensors_write_shaped(const char *path, const at_tensor *const *tensors, const char *const *names,
+                                      const at_st_shape *shapes, size_t n, const at_st_kv *metadata, size_t n_meta)
+{
     at_status st = AT_OK;
     cJSON *root = NULL;
     char *hdr = NULL;
@@ -746,6 +752,15 @@ at_status at_safetensors_write(const char *path, const at_tensor *const *tensors
             st = at_error(AT_ERR_UNSUPPORTED, "%s: tensor %s: dtype %s cannot be stored in safetensors", path, nm[i],
                           at_dtype_name(tensors[i]->dtype));
             goto done;
+        }
+        if (shapes && shapes[i].ndim > 0) {
+            int64_t ne = 1;
+            for (int d = 0; d < shapes[i].ndim && d < AT_ST_MAX_DIMS; d++) ne *= shapes[i].shape[d];
+            if (shapes[i].ndim > AT_ST_MAX_DIMS || ne != at_tensor_numel(tensors[i])) {
+                st = at_error(AT_ERR_INVALID, "%s: tensor %s: the shape to write does not hold its %lld elements", path,
+                              nm[i], (long long)at_tensor_numel(tensors[i]));
+                goto done;
+            }
         }
         if (strcmp(nm[i], "__metadata__") == 0) {
             st = at_error(AT_ERR_INVALID, "%s: \"__metadata__\" is not a tensor name", path);
@@ -800,7 +815,9 @@ at_status at_safetensors_write(const char *path, const at_tensor *const *tensors
         cJSON_AddStringToObject(e, "dtype", st_dtype_of(t->dtype));
         cJSON_AddItemToObject(e, "shape", shape);
         cJSON_AddItemToObject(e, "data_offsets", offs);
-        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+        const at_st_shape *fs = shapes && shapes[order[j]].ndim > 0 ? &shapes[order[j]] : NULL;
+        for (int d = 0; d < (fs ? fs->ndim : t->ndim); d++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)(fs ? fs->shape[d] : t->shape[d])));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + nb)));
         off += nb;

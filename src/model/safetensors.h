@@ -140,4 +140,16 @@ typedef struct {
 at_status at_safetensors_write(const char *path, const at_tensor *const *tensors, const char *const *names,
                                size_t n, const at_st_kv *metadata, size_t n_meta);
 
+/* The shape a tensor is written under when it is not the tensor's own (same
+ * number of elements): a Conv3d weight of 5 dimensions held as a matrix. */
+typedef struct {
+    int ndim; /* 0: the tensor's own shape */
+    int64_t shape[AT_ST_MAX_DIMS];
+} at_st_shape;
+
+/* at_safetensors_write, tensor i written with shape shapes[i] when shapes is
+ * non-NULL and shapes[i].ndim > 0 (a different element count is refused). */
+at_status at_safetensors_write_shaped(const char *path, const at_tensor *const *tensors, const char *const *names,
+                                      const at_st_shape *shapes, size_t n, const at_st_kv *metadata, size_t n_meta);
+
 #endif

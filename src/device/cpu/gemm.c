@@ -308,8 +308,13 @@ const char *at_cpu_gemm_engine(at_dtype compute)
     default: break;
     }
     if (!at_gemm_tune_enabled() || engines_built() == 1u) return ours_name(0);
-    static char buf[96];
-    snprintf(buf, sizeof buf, "measured per shape class (%s, OpenBLAS, oneDNN)", ours_name(0));
+    /* the engines this build links, in the order of at_gemm_engine_id */
+    static char buf[128];
+    int n = snprintf(buf, sizeof buf, "measured per shape class (%s", ours_name(0));
+    for (int e = 0; e < AT_GEMM_ENGINES && n > 0 && (size_t)n < sizeof buf; e++)
+        if (e != AT_GEMM_ANYTUNE && (engines_built() >> e & 1))
+            n += snprintf(buf + n, sizeof buf - (size_t)n, ", %s", e == AT_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS");
+    if (n > 0 && (size_t)n < sizeof buf) snprintf(buf + n, sizeof buf - (size_t)n, ")");
     return buf;
 }
 
