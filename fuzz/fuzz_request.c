@@ -32,13 +32,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     at_request_kind kind = (data[0] & 1) ? AT_REQ_COMPLETION : AT_REQ_CHAT;
-    at_request_limits lim = {4096, 4, 64};
+    at_request_limits lim = {4096, 4, 64, 2};
     at_serve_request req;
     char *out = NULL;
     if (at_serve_request_parse((const char *)data + 1, size - 1, kind, &lim, &req) != AT_OK) {
         out = at_resp_error(at_last_error(), "invalid_request_error", req.param, NULL);
     } else {
-        at_usage u = {(int)req.n_prompt_ids, req.max_tokens};
+        at_usage u = {(int)req.n_prompt_ids, req.max_tokens, req.n_images - 1};
         const char *text = req.prompt ? req.prompt : (req.n_stop ? req.stop[0] : "");
         out = at_resp_full(kind, "id", 0, req.model ? req.model : "m", text, 0, "stop", u);
         free(out);

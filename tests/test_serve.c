@@ -341,6 +341,11 @@ static void test_errors(int port)
     expect_error(port, "POST", C, NULL, "{\"messages\": []}", 400, "messages");
     expect_error(port, "POST", C, NULL, "{\"messages\": [{\"content\": \"hi\"}]}", 400, "messages");
     expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages");
+    /* an image for a model without a vision tower (test_vlm_serve.c serves one that has it) */
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+                 "\"image_url\": {\"url\": \"data:image/png;base64,iVBORw0KGgo=\"}}]}]}", 400, "messages");
+    expect_error(port, "POST", C, NULL, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video_url\"}]}]}",
+                 400, "messages");
     expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature");
     expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"temperature\": 9}", 400, "temperature");
     expect_error(port, "POST", P, NULL, "{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p");

@@ -5,7 +5,8 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const messagesEl = $('messages');
-  const history = []; // [{role, content}] without the system prompt
+  const history = []; // [{role, content}] without the system prompt; a user turn with images has a content list
+  const attached = []; // data: URLs of the images for the next message
   let controller = null; // the AbortController of the answer in progress
   let conversation = 0; // bumped by Clear: an answer ending later is not part of the new conversation
 
@@ -43,7 +44,7 @@
     }
   }
 
-  function addMessage(role, text) {
+  function addMessage(role, text, images) {
     const div = document.createElement('div');
     div.className = 'msg ' + role;
     div.dataset.role = role;
@@ -55,10 +56,46 @@
     body.textContent = text;
     const meta = document.createElement('div');
     meta.className = 'meta';
-    div.append(label, body, meta);
+    const pics = document.createElement('div');
+    pics.className = 'images';
+    for (const url of images || []) pics.append(thumb(url, 'attached image'));
+    div.append(label, pics, body, meta);
     messagesEl.append(div);
     messagesEl.scrollTop = messagesEl.scrollHeight;
     return { div, body, meta };
+  }
+
+  // An <img> of a data: URL the page made itself from a file (FileReader), never markup.
+  function thumb(url, alt) {
+    const img = document.createElement('img');
+    img.className = 'thumb';
+    img.alt = alt;
+    img.src = url;
+    return img;
+  }
+
+  // The attachments row: one thumbnail per image; clicking one removes it.
+  function showAttached() {
+    const row = $('attachments');
+    row.replaceChildren();
+    attached.forEach((url, i) => {
+      const b = document.createElement('button');
+      b.type = 'button';
+      b.title = 'remove this image';
+      b.setAttribute('aria-label', 'remove image ' + (i + 1));
+      b.append(thumb(url, 'image ' + (i + 1)));
+      b.addEventListener('click', () => { attached.splice(i, 1); showAttached(); });
+      row.append(b);
+    });
+  }
+
+  function readAsDataURL(file) {
+    return new Promise((resolve, reject) => {
+      const r = new FileReader();
+      r.onload = () => resolve(r.result);
+      r.onerror = () => reject(r.error || new Error('cannot read ' + file.name));
+      r.readAsDataURL(file);
+    });
   }
 
   function showError(text) {
@@ -142,14 +179,37 @@
     setBusy(false);
   }
 
+  // A message with images goes as an OpenAI content list: the images
+  // (image_url parts with data: URLs), then the text.
   function send() {
     const text = $('prompt').value;
-    if (!text.trim() || controller) return;
+    if ((!text.trim() && !attached.length) || controller) return;
     $('prompt').value = '';
-    history.push({ role: 'user', content: text });
-    addMessage('user', text);
+    const images = attached.splice(0);
+    showAttached();
+    const content = images.length
+      ? [...images.map((url) => ({ type: 'image_url', image_url: { url } })), { type: 'text', text }]
+      : text;
+    history.push({ role: 'user', content });
+    addMessage('user', text, images);
     generate();
   }
+
+  $('attach').addEventListener('click', () => $('attach-file').click());
+  $('attach-file').addEventListener('change', async (e) => {
+    const files = Array.from(e.target.files || []);
+    e.target.value = ''; // the same file can be chosen again
+    try {
+      for (const f of files) {
+        if (!/^image\/(png|jpeg|webp)$/.test(f.type)) throw new Error(f.name + ': only PNG, JPEG and WebP images are read');
+        attached.push(await readAsDataURL(f));
+      }
+      showError('');
+    } catch (err) {
+      showError(String(err.message || err));
+    }
+    showAttached();
+  });
 
   $('chat-form').addEventListener('submit', (e) => { e.preventDefault(); send(); });
   $('prompt').addEventListener('keydown', (e) => {
@@ -170,6 +230,8 @@
     if (controller) controller.abort();
     conversation++;
     history.length = 0;
+    attached.length = 0;
+    showAttached();
     messagesEl.replaceChildren();
     showError('');
     setBusy(false);

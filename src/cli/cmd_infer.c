@@ -4,7 +4,10 @@
  * user message; without one (or --template none) the text is continued as
  * it is, and an empty prompt starts from the BOS token alone, as llama2.c's
  * run does. With no --prompt: an interactive chat that keeps the history
- * (/reset, /system TEXT, /exit). */
+ * (/reset, /system TEXT, /image PATH, /exit). A vision-language model takes
+ * images: --images a.jpg,b.png with --prompt (each "<image>" in the prompt
+ * stands for the next image; without tags they come first), or /image PATH
+ * before a line of the chat. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +23,8 @@
 #include "device/registry.h"
 #include "infer/bundle.h"
 #include "infer/generate.h"
+#include "infer/vlm.h"
+#include "data/media.h"
 #include "model/loader.h"
 #include "plan/planner.h"
 
@@ -36,6 +41,10 @@ static const at_opt_spec specs[] = {
                                       "mistral, or a .jinja file"},
     {.name = "prompt", .type = AT_OPT_STRING, .help = "answer this and exit (\"\" with no template: start from BOS)"},
     {.name = "system", .type = AT_OPT_STRING, .help = "system message"},
+    {.name = "images", .type = AT_OPT_LIST,
+     .help = "images for --prompt (paths or data URLs; a vision-language model): each <image> in the prompt "
+             "stands for the next one, or they all come first"},
+    AT_MAX_PIXELS_OPTION_ROW,
     {.name = "val_dataset", .type = AT_OPT_LIST,
      .help = "answer every record of these files (the formats sft reads; the last assistant turn is the "
              "reference) into --result_path, in batches (as ms-swift's infer --val_dataset)"},
@@ -159,6 +168,7 @@ static int print_text(void *user, const char *text, size_t len)
 /* Everything a turn needs. */
 typedef struct {
     at_bundle *b;
+    at_vlm_images images; /* the conversation's images, in order (a vision-language model) */
     at_generator *gen;
     at_gen_params gp;
     int context;
@@ -185,15 +195,31 @@ static at_status turn(session *ss, const int32_t *ids, size_t n, char **text)
     char *out = NULL;
     at_gen_stats stats;
     at_finish_reason fin;
-    at_status st = at_generator_run(ss->gen, ids, n, &gp, print_text, &pc, &out, &fin, &stats);
+    at_prompt_media media = {0};
+    at_status st = ss->b->vision ? at_vlm_media(ss->b, ids, n, &ss->images, &media) : AT_OK;
+    if (st == AT_OK)
+        st = at_generator_run_media(ss->gen, ids, n, ss->b->vision ? &media : NULL, &gp, print_text, &pc, &out, &fin,
+                                    &stats);
+    at_vlm_media_free(&media);
     if (st != AT_OK) return st;
     if (!ss->stream) fputs(out, stdout);
     fputc('\n', stdout);
     fflush(stdout);
     if (ss->verbose) report_speed(&stats);
+    if (ss->verbose && ss->b->vision) fprintf(stderr, "[images encoded: %d]\n", stats.images_encoded);
     if (text) *text = out;
     else free(out);
     return AT_OK;
+}
+
+/* Decodes the image at ref (a path or a data URL) into the conversation's images. */
+static at_status add_image(session *ss, const char *ref)
+{
+    at_image img = {0};
+    AT_TRY(at_media_load_image(ref, 0, &img));
+    at_status st = at_vlm_images_add(ss->b, &img, ref, &ss->images);
+    at_image_free(&img);
+    return st;
 }
 
 static cJSON *message(const char *role, const char *content)
@@ -209,11 +235,11 @@ static cJSON *message(const char *role, const char *content)
 static at_status encode_history(session *ss, cJSON *history, int32_t **ids, size_t *n)
 {
     for (;;) {
-        AT_TRY(at_bundle_encode_chat(ss->b, history, ids, n));
+        AT_TRY(at_vlm_encode_chat(ss->b, history, &ss->images, ids, n));
         if ((int)*n < ss->context - 16) return AT_OK;
         cJSON *first = cJSON_GetArrayItem(history, 0);
         int skip = first && !strcmp(cJSON_GetObjectItem(first, "role")->valuestring, "system");
-        if (cJSON_GetArraySize(history) - skip <= 1)
+        if (cJSON_GetArraySize(history) - skip <= 1 || ss->images.n)
             return at_error(AT_ERR_INVALID, "the message has %zu tokens; the context holds %d", *n, ss->context);
         free(*ids);
         *ids = NULL;
@@ -249,12 +275,13 @@ static char *read_line(FILE *f)
 }
 
 static const char chat_commands[] = "/reset (forget the conversation), /system TEXT (set the system message and "
-                                    "reset), /help, /exit";
+                                    "reset), /image PATH (an image for the next message), /help, /exit";
 
 static int interactive(session *ss, const char *system)
 {
     int tty = isatty(0);
     cJSON *history = cJSON_CreateArray();
+    int pending = 0; /* images attached to the next message */
     char *sys = system ? strdup(system) : NULL;
     if (sys) cJSON_AddItemToArray(history, message("system", sys));
     if (tty)
@@ -276,6 +303,18 @@ static int interactive(session *ss, const char *system)
             free(line);
             continue;
         }
+        if (!strncmp(line, "/image ", 7)) {
+            const char *path = line + 7;
+            while (*path == ' ') path++;
+            if (add_image(ss, path) == AT_OK) {
+                pending++;
+                fprintf(stderr, "(image %d attached to the next message)\n", ss->images.n);
+            } else {
+                fprintf(stderr, "anytune: error: %s\n", at_last_error());
+            }
+            free(line);
+            continue;
+        }
         if (!strcmp(line, "/reset") || !strncmp(line, "/system", 7)) {
             if (!strncmp(line, "/system", 7)) {
                 const char *t = line + 7;
@@ -286,6 +325,8 @@ static int interactive(session *ss, const char *system)
             cJSON_Delete(history);
             history = cJSON_CreateArray();
             if (sys) cJSON_AddItemToArray(history, message("system", sys));
+            at_vlm_images_free(&ss->images);
+            pending = 0;
             /* said on stderr, so that stdout holds the answers alone */
             fprintf(stderr, "(history cleared%s)\n", sys ? ", system message set" : "");
             free(line);
@@ -296,11 +337,33 @@ static int interactive(session *ss, const char *system)
         at_status st;
         char *answer = NULL;
         if (ss->b->tmpl) {
-            cJSON_AddItemToArray(history, message("user", line));
+            /* the images attached since the last message go first in it, unless it places them */
+            size_t tl = strlen(AT_IMAGE_TAG), ll = strlen(line);
+            char *content = malloc((size_t)pending * tl + ll + 1);
+            if (!content) {
+                free(line);
+                break;
+            }
+            for (int i = 0; i < pending; i++) memcpy(content + (size_t)i * tl, AT_IMAGE_TAG, tl);
+            memcpy(content + (strstr(line, AT_IMAGE_TAG) ? 0 : (size_t)pending * tl), line, ll + 1);
+            cJSON_AddItemToArray(history, message("user", content));
+            free(content);
+            pending = 0;
             st = encode_history(ss, history, &ids, &n);
             if (st == AT_OK) st = turn(ss, ids, n, &answer);
-            if (st == AT_OK) cJSON_AddItemToArray(history, message("assistant", answer));
-            else cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
+            if (st == AT_OK) {
+                cJSON_AddItemToArray(history, message("assistant", answer));
+            } else if (ss->images.n) { /* the images and the tags no longer pair up: start over */
+                cJSON_Delete(history);
+                history = cJSON_CreateArray();
+                if (sys) cJSON_AddItemToArray(history, message("system", sys));
+                at_vlm_images_free(&ss->images);
+                fprintf(stderr, "(history and images cleared)\n");
+            } else {
+                cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
+            }
+        } else if (pending) {
+            st = at_error(AT_ERR_INVALID, "images need a chat template (the model has none; give --template)");
         } else {
             st = at_bundle_encode_text(ss->b, line, &ids, &n);
             if (st == AT_OK) st = turn(ss, ids, n, NULL);
@@ -382,6 +445,7 @@ int at_cmd_infer(int argc, char **argv)
     cJSON *msgs = NULL;
     if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
     ss.b = b;
+    if (at_opt_int(o, "max_pixels") > 0) b->image_proc.max_pixels = (uint64_t)at_opt_int(o, "max_pixels");
     ss.context = at_bundle_context(b, (int)at_opt_int(o, "max_model_len"));
     ss.stream = at_opt_bool(o, "stream");
     ss.verbose = at_opt_bool(o, "verbose");
@@ -427,6 +491,8 @@ int at_cmd_infer(int argc, char **argv)
         goto done;
     }
     if (at_generator_new(b->decoder, b->tokenizer, ss.context, &ss.gen) != AT_OK) goto fail;
+    for (int i = 0; i < at_opt_list_count(o, "images"); i++)
+        if (add_image(&ss, at_opt_list_get(o, "images", i)) != AT_OK) goto fail;
 
     const char *prompt = at_opt_str(o, "prompt");
     if (!prompt) {
@@ -437,7 +503,10 @@ int at_cmd_infer(int argc, char **argv)
         msgs = cJSON_CreateArray();
         if (at_opt_str(o, "system")) cJSON_AddItemToArray(msgs, message("system", at_opt_str(o, "system")));
         cJSON_AddItemToArray(msgs, message("user", prompt));
-        if (at_bundle_encode_chat(b, msgs, &ids, &n) != AT_OK) goto fail;
+        if (at_vlm_encode_chat(b, msgs, &ss.images, &ids, &n) != AT_OK) goto fail;
+    } else if (ss.images.n) {
+        at_error(AT_ERR_INVALID, "--images needs a chat template (the model has none; give --template)");
+        goto fail;
     } else if (at_bundle_encode_text(b, prompt, &ids, &n) != AT_OK) {
         goto fail;
     }
@@ -455,6 +524,7 @@ done:
     free(ids);
     free(stops);
     at_generator_free(ss.gen);
+    at_vlm_images_free(&ss.images);
     at_bundle_free(b);
     at_options_free(o);
     return rc;

@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "cli/cmd_serve.h"
 #include "infer/bundle.h"
+#include "infer/vlm.h"
 #include "serve/server.h"
 
 static const at_opt_spec specs[] = {
@@ -52,6 +53,14 @@ static const at_opt_spec specs[] = {
      .help = "the largest max_tokens a request may ask (0: the context)", .range = "[0, 16777216]"},
     {.name = "max_body_bytes", .type = AT_OPT_INT, .def = "1048576",
      .help = "the largest request body", .range = "[1, 1073741824]"},
+    {.name = "allowed_local_media_path", .type = AT_OPT_STRING,
+     .help = "a vision-language model reads image files (file:// URLs, paths) of requests only under this folder "
+             "(default: none, data: URLs only; http(s) URLs are always refused)"},
+    AT_MAX_PIXELS_OPTION_ROW,
+    {.name = "max_image_pixels", .type = AT_OPT_INT, .def = "0", .range = "[0, 9223372036854775807]",
+     .help = "a request's image with more pixels (before resizing) is refused (0: 178956970, Pillow's bomb limit)"},
+    {.name = "limit_mm_per_prompt", .type = AT_OPT_INT, .def = "16", .range = "[1, 1024]",
+     .help = "images one request may hold"},
     {.name = "max_queue", .type = AT_OPT_INT, .def = "64",
      .help = "requests that may wait for a free slot", .range = "[0, 1048576]"},
     {.name = "idle_timeout", .type = AT_OPT_INT, .def = "30",
@@ -184,6 +193,10 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     so.idle_timeout_s = (int)at_opt_int(o, "idle_timeout");
     so.max_connections_per_client = (int)at_opt_int(o, "max_connections_per_client");
     so.api_key = at_opt_str(o, "api_key");
+    so.allowed_local_media_path = at_opt_str(o, "allowed_local_media_path");
+    so.max_image_pixels = (uint64_t)at_opt_int(o, "max_image_pixels");
+    so.max_images = (int)at_opt_int(o, "limit_mm_per_prompt");
+    if (at_opt_int(o, "max_pixels") > 0) b->image_proc.max_pixels = (uint64_t)at_opt_int(o, "max_pixels");
     if (c->webui_train && (!so.api_key || !so.api_key[0])) {
         /* an empty --api_key would leave the Train tab open: a token instead */
         if (random_token(token) != AT_OK) goto fail;

@@ -1,5 +1,6 @@
 /* anytune infer --val_dataset FILE --result_path OUT.jsonl: every record's
- * prompt answered, as ms-swift's `swift infer --val_dataset` does. The
+ * prompt answered, as ms-swift's `swift infer --val_dataset` does (with a
+ * vision-language model, the records' images too: data/media.h's forms). The
  * records are the files sft reads; a conversation's prompt is its messages
  * up to the last assistant turn, whose text is kept as the reference
  * ("labels") beside the answer ("response"). The prompts go through the
@@ -22,11 +23,15 @@
 #include "base/progress.h"
 #include "cli/cli.h"
 #include "data/dataset.h"
+#include "data/media.h"
 #include "infer/bundle.h"
 #include "infer/scheduler.h"
+#include "infer/vlm.h"
 
 typedef struct {
     cJSON *prompt;     /* the messages asked */
+    const char *const *images; /* their images (borrowed from the dataset) */
+    size_t n_images;
     const char *label; /* the reference answer (borrowed from the dataset), or NULL */
     char *text;        /* the answer so far */
     size_t len, cap;
@@ -95,6 +100,23 @@ static at_status run_data_args(const char *adapter, cJSON **args, const char ***
     return AT_OK;
 }
 
+/* The images of a record, decoded through the model's processor (its
+ * messages name the reference). */
+static at_status record_images(const at_bundle *b, const item *it, at_vlm_images *im)
+{
+    for (size_t k = 0; k < it->n_images; k++) {
+        at_image img = {0};
+        at_status st = at_media_load_image(it->images[k], 0, &img);
+        if (st == AT_OK) st = at_vlm_images_add(b, &img, it->images[k], im);
+        at_image_free(&img);
+        if (st != AT_OK) {
+            at_vlm_images_free(im);
+            return st;
+        }
+    }
+    return AT_OK;
+}
+
 int at_cli_infer_dataset(const at_options *o, at_bundle *b, const at_gen_params *gp, int context)
 {
     int rc = 1;
@@ -155,6 +177,8 @@ int at_cli_infer_dataset(const at_options *o, at_bundle *b, const at_gen_params 
         at_messages m = s->messages;
         m.n = k;
         if (at_messages_to_json(&m, &it->prompt) != AT_OK) goto fail;
+        it->images = s->images;
+        it->n_images = s->n_images;
         n_items++;
     }
     if (!n_items) {
@@ -172,21 +196,32 @@ int at_cli_infer_dataset(const at_options *o, at_bundle *b, const at_gen_params 
             item *it = &items[next++];
             int32_t *ids = NULL;
             size_t nids = 0;
-            st = at_bundle_encode_chat(b, it->prompt, &ids, &nids);
+            at_vlm_images im = {0};
+            at_prompt_media media = {0};
+            st = record_images(b, it, &im);
+            if (st == AT_OK) st = at_vlm_encode_chat(b, it->prompt, &im, &ids, &nids);
             if (st == AT_OK && (int)nids >= context - 1) {
                 free(ids);
+                at_vlm_images_free(&im);
                 it->finish = AT_FINISH_LENGTH;
                 it->prompt_tokens = (int)nids;
                 done++;
                 continue;
             }
-            if (st != AT_OK) goto fail;
+            if (st == AT_OK && im.n) st = at_vlm_media(b, ids, nids, &im, &media);
+            if (st != AT_OK) {
+                free(ids);
+                at_vlm_images_free(&im);
+                goto fail;
+            }
             at_gen_params p = *gp;
             int room = context - (int)nids;
             if (p.max_new_tokens <= 0 || p.max_new_tokens > room) p.max_new_tokens = room;
             int slot;
-            st = at_scheduler_add(sched, ids, nids, &p, it, &slot);
+            st = at_scheduler_add_media(sched, ids, nids, im.n ? &media : NULL, &p, it, &slot);
             free(ids);
+            at_vlm_media_free(&media);
+            at_vlm_images_free(&im);
             if (st != AT_OK) goto fail;
         }
         if (done >= n_items) break;
@@ -223,6 +258,11 @@ int at_cli_infer_dataset(const at_options *o, at_bundle *b, const at_gen_params 
         if (items[i].label) cJSON_AddStringToObject(line, "labels", items[i].label);
         else cJSON_AddNullToObject(line, "labels");
         cJSON_AddItemReferenceToObject(line, "messages", items[i].prompt);
+        if (items[i].n_images) {
+            cJSON *imgs = cJSON_AddArrayToObject(line, "images");
+            for (size_t k = 0; imgs && k < items[i].n_images; k++)
+                cJSON_AddItemToArray(imgs, cJSON_CreateString(items[i].images[k]));
+        }
         cJSON_AddStringToObject(line, "finish_reason", at_finish_reason_name(items[i].finish));
         cJSON_AddNumberToObject(line, "prompt_tokens", items[i].prompt_tokens);
         cJSON_AddNumberToObject(line, "completion_tokens", items[i].completion_tokens);

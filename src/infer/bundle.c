@@ -378,6 +378,26 @@ done:
     return st;
 }
 
+/* The vision tower and the image processor of a vision-language folder. */
+static at_status load_vision(at_bundle *b, const char *model)
+{
+    if (kind_of(model) != SRC_FOLDER || !at_is_dir(model)) return AT_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    cJSON *root = NULL;
+    if (!at_file_exists(path) || at_json_parse_file(path, &root) != AT_OK) {
+        at_clear_error();
+        return AT_OK; /* the decoder's loader read its config already; nothing vision-like here */
+    }
+    at_vision_kind kind = AT_VISION_NONE;
+    at_status st = at_vision_kind_of(root, path, &kind);
+    cJSON_Delete(root);
+    AT_TRY(st);
+    if (kind == AT_VISION_NONE) return AT_OK;
+    AT_TRY(at_vision_load(model, model, b->decoder->be, &b->vision));
+    return at_image_processor_load(model, &b->image_proc, NULL);
+}
+
 at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
 {
     *out = NULL;
@@ -399,6 +419,7 @@ at_status at_bundle_load(const at_bundle_opts *o, at_bundle **out)
     collect_stops(b);
     if (kind_of(o->model) == SRC_FOLDER && at_is_dir(o->model)) generation_config_stops(b, o->model);
     AT_CHECK(load_adapters(b, o));
+    AT_CHECK(load_vision(b, o->model));
 done:
     if (st != AT_OK) {
         at_bundle_free(b);
@@ -415,6 +436,7 @@ void at_bundle_free(at_bundle *b)
         at_adapter_free(b->adapters[i].adapter);
         free(b->adapters[i].path);
     }
+    at_vision_free(b->vision);
     at_chat_template_free(b->tmpl);
     at_tokenizer_free(b->tokenizer);
     at_decoder_free(b->decoder);

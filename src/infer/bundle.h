@@ -19,7 +19,9 @@
 #include "base/status.h"
 #include "device/backend.h"
 #include "model/adapter.h"
+#include "data/image_proc.h"
 #include "model/decoder.h"
+#include "model/vision.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -41,6 +43,10 @@ typedef struct at_bundle {
     int n_stop_ids;
     at_bundle_adapter adapters[AT_BUNDLE_MAX_ADAPTERS];
     int n_adapters;
+    /* a vision-language folder (config.json with vision_config): its tower,
+     * on the decoder's backend, and its image processor; NULL otherwise */
+    at_vision *vision;
+    at_image_processor image_proc;
 } at_bundle;
 
 typedef struct at_bundle_opts {

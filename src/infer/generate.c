@@ -242,7 +242,7 @@ struct at_generator {
     at_kv_cache *cache;
     at_tensor *logits; /* f32 [1, V] on the decoder's backend */
     float *host;       /* [V] */
-    int32_t *cached;   /* the ids whose keys and values are in the cache */
+    uint64_t *cached;  /* the keys (at_prompt_media) of the tokens whose keys and values are in the cache */
     at_adapter *adapter; /* the adapter those keys and values were computed with */
 };
 
@@ -293,6 +293,37 @@ void at_generator_free(at_generator *g)
 
 void at_generator_reset(at_generator *g) { at_kv_cache_reset(g->cache); }
 
+at_status at_prompt_media_features(const at_prompt_media *m, float **out, int64_t *rows, int64_t *cols)
+{
+    *out = NULL;
+    *rows = *cols = 0;
+    const at_vision_config *vc = at_vision_get_config(m->vision);
+    int64_t n_tok = 0;
+    AT_TRY(at_vision_tokens(vc, m->grid_thw, m->n_images, m->n_patches, &n_tok));
+    int64_t sh[2] = {n_tok, vc->out_hidden_size};
+    at_tensor *t = NULL;
+    AT_TRY(at_tensor_new(at_vision_backend(m->vision), AT_F32, 2, sh, "vision.features", &t));
+    at_status st = at_vision_forward(m->vision, t, m->pixels, m->n_patches, m->grid_thw, m->n_images, 0);
+    float *h = st == AT_OK ? malloc((size_t)(n_tok * sh[1]) * sizeof *h) : NULL;
+    if (st == AT_OK && !h) st = at_error(AT_ERR_NOMEM, "vision features: out of memory");
+    if (st == AT_OK) st = at_tensor_download(t, h, (size_t)(n_tok * sh[1]) * sizeof *h);
+    at_tensor_free(t);
+    if (st != AT_OK) {
+        free(h);
+        return st;
+    }
+    *out = h;
+    *rows = n_tok;
+    *cols = sh[1];
+    return AT_OK;
+}
+
+/* The key of prompt token i. */
+static uint64_t key_at(const at_prompt_media *m, const int32_t *ids, size_t i)
+{
+    return m && m->keys ? m->keys[i] : at_prompt_text_key(ids[i]);
+}
+
 static at_status fetch_logits(at_generator *g)
 {
     return at_tensor_download(g->logits, g->host, (size_t)g->d->cfg.vocab_size * sizeof *g->host);
@@ -302,6 +333,45 @@ at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, con
                            at_gen_text_fn on_text, void *user, char **out_text, at_finish_reason *fin,
                            at_gen_stats *stats)
 {
+    return at_generator_run_media(g, prompt, n, NULL, p, on_text, user, out_text, fin, stats);
+}
+
+/* Prefills prompt[at, at + T) (the cache holds prompt[0, at)); the image
+ * tokens among them take their rows of feats (computed on first need into
+ * *feats, counted in *encoded). */
+static at_status prefill_piece(at_generator *g, const int32_t *prompt, size_t at, int T, const at_prompt_media *m,
+                               float **feats, int *encoded)
+{
+    at_prefill_extra ex = {0};
+    at_tensor *ft = NULL;
+    if (m && m->mrope_pos) ex.mrope_pos = m->mrope_pos + at * 3;
+    size_t before = 0, k = 0;
+    if (m && m->n_images) {
+        for (size_t i = 0; i < at; i++) before += prompt[i] == m->image_token;
+        for (size_t i = at; i < at + (size_t)T; i++) k += prompt[i] == m->image_token;
+    }
+    at_status st = AT_OK;
+    if (k) {
+        int64_t rows = 0, cols = 0;
+        if (!*feats) {
+            AT_TRY(at_prompt_media_features(m, feats, &rows, &cols));
+            *encoded += m->n_images;
+        }
+        int64_t sh[2] = {(int64_t)k, g->d->cfg.hidden_size};
+        AT_TRY(at_tensor_new(g->d->be, AT_F32, 2, sh, "generate.features", &ft));
+        st = at_tensor_upload(ft, *feats + before * (size_t)sh[1], k * (size_t)sh[1] * sizeof **feats);
+        ex.features = ft;
+        ex.feature_token = m->image_token;
+    }
+    if (st == AT_OK) st = at_decoder_prefill_ex(g->d, g->cache, prompt + at, T, NULL, g->logits, 0, &ex);
+    at_tensor_free(ft);
+    return st;
+}
+
+at_status at_generator_run_media(at_generator *g, const int32_t *prompt, size_t n, const at_prompt_media *media,
+                                 const at_gen_params *p, at_gen_text_fn on_text, void *user, char **out_text,
+                                 at_finish_reason *fin, at_gen_stats *stats)
+{
     if (out_text) *out_text = NULL;
     if (fin) *fin = AT_FINISH_NONE;
     if (stats) memset(stats, 0, sizeof *stats);
@@ -310,6 +380,8 @@ at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, con
         return at_error(AT_ERR_INVALID, "generate: the prompt has %zu tokens; the context holds %d", n, g->max_seq);
     at_gen_seq *seq = NULL;
     buf all = {0};
+    float *feats = NULL;
+    int encoded = 0;
     at_status st = AT_OK;
     AT_CHECK(at_gen_seq_new(g->tok, g->d->cfg.vocab_size, p, &seq));
     AT_CHECK(at_gen_seq_start(seq, prompt, n));
@@ -320,17 +392,20 @@ at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, con
 
     /* reuse the cached prefix; at least the last prompt token runs again for its logits */
     int len = g->cache->len[0], keep = 0;
-    while (keep < len && (size_t)keep < n - 1 && g->cached[keep] == prompt[keep]) keep++;
+    while (keep < len && (size_t)keep < n - 1 && g->cached[keep] == key_at(media, prompt, (size_t)keep)) keep++;
     g->cache->len[0] = keep;
+    /* text positions follow the cache's length (a kept prefix of text has none
+     * of a previous prompt's images); explicit ones reset the delta */
+    if (!media || !media->mrope_pos) g->cache->rope_delta[0] = 0;
     double t0 = now_s();
     for (size_t at = (size_t)keep; at < n;) {
         int T = (int)(n - at < PREFILL_CHUNK ? n - at : PREFILL_CHUNK);
-        st = at_decoder_prefill(g->d, g->cache, prompt + at, T, NULL, g->logits, 0);
+        st = prefill_piece(g, prompt, at, T, media, &feats, &encoded);
         if (st != AT_OK) {
             g->cache->len[0] = 0; /* the cache no longer matches `cached` */
             goto done;
         }
-        memcpy(g->cached + at, prompt + at, (size_t)T * sizeof *prompt);
+        for (size_t i = at; i < at + (size_t)T; i++) g->cached[i] = key_at(media, prompt, i);
         at += (size_t)T;
     }
     AT_CHECK(fetch_logits(g));
@@ -339,6 +414,7 @@ at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, con
         stats->prompt_tokens = (int)n;
         stats->prefilled_tokens = (int)n - keep;
         stats->prefill_s = t1 - t0;
+        stats->images_encoded = encoded;
     }
     at_finish_reason f = AT_FINISH_NONE;
     while (f == AT_FINISH_NONE) {
@@ -362,7 +438,7 @@ at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, con
             g->cache->len[0] = 0;
             goto done;
         }
-        g->cached[pos] = tok;
+        g->cached[pos] = at_prompt_text_key(tok);
         AT_CHECK(fetch_logits(g));
     }
     /* text released by the finish (held back or flushed) */
@@ -389,6 +465,7 @@ at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, con
     }
 done:
     (void)at_decoder_set_adapter(g->d, NULL);
+    free(feats);
     free(all.p);
     at_gen_seq_free(seq);
     return st;

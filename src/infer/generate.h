@@ -19,6 +19,7 @@
 #include "infer/sampling.h"
 #include "model/adapter.h"
 #include "model/decoder.h"
+#include "model/vision.h"
 #include "text/tokenizer.h"
 
 typedef enum {
@@ -81,6 +82,33 @@ int at_gen_seq_tokens(const at_gen_seq *g);       /* tokens generated (stop toke
 /* The generated ids (the stop token included), owned by g. */
 const int32_t *at_gen_seq_ids(const at_gen_seq *g);
 
+/* ---- a prompt's images ---------------------------------------------------- */
+
+/* What a prompt of a vision-language model carries besides its ids (built by
+ * infer/vlm.h; everything borrowed). The prefix caches (the generator's
+ * below, the scheduler's) compare keys, not ids: an image token's key is a
+ * hash of its image's pixel values, grid and its index in the image, so a
+ * cached prefix holding an image is reused only for the same image. The
+ * features are computed when a prefill first needs them (never for a prompt
+ * whose images all come from the cache). */
+typedef struct at_prompt_media {
+    at_vision *vision;              /* the tower (on the decoder's backend) */
+    int n_images;
+    const float *pixels;            /* host [n_patches, patch dim]: at_vision_forward's input */
+    int64_t n_patches;
+    const int32_t (*grid_thw)[3];   /* [n_images] */
+    int32_t image_token;            /* <|image_pad|> */
+    const uint64_t *keys;           /* [n]: the prompt's keys (at_prompt_key) */
+    const int32_t *mrope_pos;       /* [n, 3]: (t, h, w) positions (mrope.h) */
+} at_prompt_media;
+
+/* The key of a text token: its id. An image token's have the top bit set. */
+static inline uint64_t at_prompt_text_key(int32_t id) { return (uint32_t)id; }
+
+/* The features of every image of m: host f32 [rows, cols] (*out, caller
+ * frees), rows = the image tokens, cols = the language model's width. */
+at_status at_prompt_media_features(const at_prompt_media *m, float **out, int64_t *rows, int64_t *cols);
+
 /* ---- one sequence on a decoder ------------------------------------------ */
 
 typedef struct at_generator at_generator;
@@ -91,6 +119,7 @@ typedef struct at_gen_stats {
     int new_tokens;       /* tokens generated */
     double prefill_s;     /* seconds of the prefill (to the first token's logits) */
     double decode_s;      /* seconds of the decode steps after it */
+    int images_encoded;   /* images run through the vision tower (0 when the cache held them) */
 } at_gen_stats;
 
 /* Called with each piece of text as it is produced; return nonzero to stop
@@ -109,6 +138,12 @@ void at_generator_free(at_generator *g); /* NULL ok */
 at_status at_generator_run(at_generator *g, const int32_t *prompt, size_t n, const at_gen_params *p,
                            at_gen_text_fn on_text, void *user, char **out_text, at_finish_reason *fin,
                            at_gen_stats *stats);
+
+/* at_generator_run for a prompt with images (media NULL: at_generator_run).
+ * An M-RoPE model's prompt without media gets text positions. */
+at_status at_generator_run_media(at_generator *g, const int32_t *prompt, size_t n, const at_prompt_media *media,
+                                 const at_gen_params *p, at_gen_text_fn on_text, void *user, char **out_text,
+                                 at_finish_reason *fin, at_gen_stats *stats);
 
 /* Forgets the cached prompt (the next run prefills everything). */
 void at_generator_reset(at_generator *g);

@@ -9,6 +9,14 @@
  * calls: one decode step for every running sequence and one prefill for the
  * sequences still reading their prompts (one of each per adapter in use).
  *
+ * Prefix cache: a finished sequence leaves its keys and values in its slot.
+ * A new sequence takes the free slot whose cached tokens share the longest
+ * prefix with its prompt (same adapter), and prefills only the rest (at
+ * least its last token, for the logits). Tokens are compared by their keys
+ * (at_prompt_media): an image's tokens match only the same image, and its
+ * features (the vision tower's forward) are computed at the first prefill
+ * that needs them, never when the cache holds the whole image.
+ *
  * Not thread-safe: one thread (the server's engine) owns a scheduler. */
 #ifndef AT_INFER_SCHEDULER_H
 #define AT_INFER_SCHEDULER_H
@@ -33,6 +41,8 @@ typedef struct at_sched_event {
     at_finish_reason finish;  /* NONE while running; the slot is free after this step */
     int prompt_tokens;
     int completion_tokens;    /* so far */
+    int cached_tokens;        /* prompt tokens taken from the prefix cache */
+    int images_encoded;       /* images run through the vision tower for this sequence */
 } at_sched_event;
 
 /* A scheduler on decoder d (borrowed) with max_batch slots of up to max_seq
@@ -49,6 +59,12 @@ int at_scheduler_max_seq(const at_scheduler *s);
  * AT_ERR_INVALID when no slot is free or the prompt does not fit. */
 at_status at_scheduler_add(at_scheduler *s, const int32_t *prompt, size_t n, const at_gen_params *p, void *user,
                            int *slot);
+
+/* at_scheduler_add for a prompt with images (media NULL: at_scheduler_add).
+ * media is copied (its vision tower is borrowed). An M-RoPE model's prompt
+ * without media gets text positions. */
+at_status at_scheduler_add_media(at_scheduler *s, const int32_t *prompt, size_t n, const at_prompt_media *media,
+                                 const at_gen_params *p, void *user, int *slot);
 
 /* Ends the sequence in `slot` at the next step (finish CANCELLED). */
 void at_scheduler_cancel(at_scheduler *s, int slot);

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "device/cpu/gemm.h"
 #include "infer/scheduler.h"
+#include "infer/vlm.h"
 
 struct at_job {
     /* input, owned */
@@ -18,6 +19,8 @@ struct at_job {
     at_gen_params p;
     char *stop[AT_GEN_MAX_STOP];
     int32_t *stop_ids;
+    at_vlm_images images;
+    at_prompt_media media; /* media.vision NULL: none */
     /* output, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -26,6 +29,7 @@ struct at_job {
     int finished;
     at_finish_reason finish;
     int prompt_tokens, completion_tokens;
+    int cached_tokens, images_encoded;
     char error[256];
     atomic_int cancelled;
     atomic_int refs;
@@ -59,6 +63,8 @@ static void job_free(at_job *j)
     free(j->ids);
     for (int i = 0; i < AT_GEN_MAX_STOP; i++) free(j->stop[i]);
     free(j->stop_ids);
+    at_vlm_media_free(&j->media);
+    at_vlm_images_free(&j->images);
     free(j->text);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -135,6 +141,8 @@ int at_job_wait(at_job *j, int timeout_ms, at_job_news *news)
     news->finish = j->finish;
     news->prompt_tokens = j->prompt_tokens;
     news->completion_tokens = j->completion_tokens;
+    news->cached_tokens = j->cached_tokens;
+    news->images_encoded = j->images_encoded;
     memcpy(news->error, j->error, sizeof news->error);
     pthread_mutex_unlock(&j->mu);
     return any;
@@ -142,10 +150,32 @@ int at_job_wait(at_job *j, int timeout_ms, at_job_news *news)
 
 at_status at_engine_submit(at_engine *e, const int32_t *ids, size_t n, const at_gen_params *p, at_job **out)
 {
+    return at_engine_submit_media(e, ids, n, NULL, NULL, p, out);
+}
+
+at_status at_engine_submit_media(at_engine *e, const int32_t *ids, size_t n, at_vlm_images *images,
+                                 at_prompt_media *media, const at_gen_params *p, at_job **out)
+{
     *out = NULL;
-    if (p->n_stop > AT_GEN_MAX_STOP) return at_error(AT_ERR_INVALID, "too many stop strings");
-    at_job *j = calloc(1, sizeof *j);
-    if (!j) return at_error(AT_ERR_NOMEM, "out of memory");
+    at_vlm_images im = {0};
+    at_prompt_media md = {0};
+    if (images) {
+        im = *images;
+        memset(images, 0, sizeof *images);
+    }
+    if (media) {
+        md = *media;
+        memset(media, 0, sizeof *media);
+    }
+    at_job *j = p->n_stop <= AT_GEN_MAX_STOP ? calloc(1, sizeof *j) : NULL;
+    if (!j) {
+        at_vlm_media_free(&md);
+        at_vlm_images_free(&im);
+        if (p->n_stop > AT_GEN_MAX_STOP) return at_error(AT_ERR_INVALID, "too many stop strings");
+        return at_error(AT_ERR_NOMEM, "out of memory");
+    }
+    j->images = im;
+    j->media = md;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     atomic_init(&j->refs, 1);
@@ -204,7 +234,8 @@ static void admit(at_engine *e)
             continue;
         }
         int slot = -1;
-        at_status st = at_scheduler_add(e->sched, j->ids, j->n, &j->p, j, &slot);
+        at_status st = at_scheduler_add_media(e->sched, j->ids, j->n, j->media.vision ? &j->media : NULL, &j->p, j,
+                                              &slot);
         if (st != AT_OK) {
             job_update(j, NULL, 0, AT_FINISH_ERROR, (int)j->n, 0, at_last_error());
             at_job_release(j);
@@ -254,6 +285,16 @@ static void *engine_main(void *arg)
         for (int i = 0; i < n_ev; i++) {
             at_job *j = ev[i].user;
             produced += ev[i].token >= 0;
+            pthread_mutex_lock(&j->mu);
+            int first = j->completion_tokens == 0 && ev[i].completion_tokens > 0;
+            j->cached_tokens = ev[i].cached_tokens;
+            int new_images = ev[i].images_encoded - j->images_encoded;
+            j->images_encoded = ev[i].images_encoded;
+            pthread_mutex_unlock(&j->mu);
+            pthread_mutex_lock(&e->mu);
+            e->stats.images_encoded += new_images;
+            if (first) e->stats.cached_tokens += ev[i].cached_tokens;
+            pthread_mutex_unlock(&e->mu);
             job_update(j, ev[i].text, ev[i].len, ev[i].finish, ev[i].prompt_tokens, ev[i].completion_tokens,
                        ev[i].finish == AT_FINISH_ERROR ? (st != AT_OK ? at_last_error() : "generation failed")
                                                       : NULL);

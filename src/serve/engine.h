@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "infer/bundle.h"
 #include "infer/generate.h"
+#include "infer/vlm.h"
 
 typedef struct at_engine at_engine;
 typedef struct at_job at_job;
@@ -29,6 +30,11 @@ at_status at_engine_start(at_bundle *b, int max_batch, int max_seq, int max_queu
  * message says which). */
 at_status at_engine_submit(at_engine *e, const int32_t *ids, size_t n, const at_gen_params *p, at_job **out);
 
+/* at_engine_submit for a prompt with images: takes *images and *media
+ * (at_vlm_media of ids) on success and failure alike, leaving them zeroed. */
+at_status at_engine_submit_media(at_engine *e, const int32_t *ids, size_t n, at_vlm_images *images,
+                                 at_prompt_media *media, const at_gen_params *p, at_job **out);
+
 /* What a job has produced since the last call. */
 typedef struct at_job_news {
     char *text;        /* new text (a new string, caller frees; NULL when none) */
@@ -36,6 +42,8 @@ typedef struct at_job_news {
     int finished;
     at_finish_reason finish;
     int prompt_tokens, completion_tokens;
+    int cached_tokens;  /* prompt tokens the prefix cache held */
+    int images_encoded; /* images the vision tower ran on for this job */
     char error[256];   /* when finish is AT_FINISH_ERROR */
 } at_job_news;
 
@@ -51,6 +59,8 @@ typedef struct at_engine_stats {
     int running, waiting, max_batch;
     int peak_batch;         /* most sequences that produced a token in one step */
     long long steps, tokens;
+    long long images_encoded; /* images run through the vision tower (the prefix cache spares repeats) */
+    long long cached_tokens;  /* prompt tokens taken from the prefix cache */
 } at_engine_stats;
 void at_engine_get_stats(at_engine *e, at_engine_stats *s);
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/json.h"
+#include "data/media.h"
 #include "data/records.h"
 
 static at_status bad(at_serve_request *r, const char *param, const char *fmt, const char *detail)
@@ -53,8 +54,9 @@ static at_status boolean(at_serve_request *r, const cJSON *o, const char *key, i
     return AT_OK;
 }
 
-/* content: a string, null, or a list of text parts (joined). A new string. */
-static at_status content_text(at_serve_request *r, const cJSON *c, char **out)
+/* content: a string, null, or a list of parts: text (joined) and images
+ * ("<image>" tags; their references appended to r->images). A new string. */
+static at_status content_text(at_serve_request *r, const cJSON *c, const at_request_limits *lim, char **out)
 {
     *out = NULL;
     if (!c || cJSON_IsNull(c)) {
@@ -62,26 +64,33 @@ static at_status content_text(at_serve_request *r, const cJSON *c, char **out)
     } else if (cJSON_IsString(c)) {
         *out = strdup(c->valuestring);
     } else if (cJSON_IsArray(c)) {
-        size_t len = 0;
-        const cJSON *part;
-        cJSON_ArrayForEach(part, c) {
-            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-            if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
-                !cJSON_IsString(text))
-                return bad(r, "messages", "'%s': only text content parts are supported%s", NULL);
-            len += strlen(text->valuestring);
+        at_arena a = {0};
+        at_media_list list = {0};
+        const char *text = NULL;
+        at_status st = at_media_content_text(&a, NULL, c, "content", &text, &list);
+        int max = lim->max_images > 0 ? lim->max_images : AT_SERVE_MAX_IMAGES;
+        if (st == AT_OK && (size_t)r->n_images + list.n > (size_t)max) {
+            char d[64];
+            snprintf(d, sizeof d, " (at most %d)", max);
+            at_arena_free(&a);
+            return bad(r, "messages", "'%s': too many images in one request%s", d);
         }
-        *out = malloc(len + 1);
-        if (*out) {
-            size_t at = 0;
-            cJSON_ArrayForEach(part, c) {
-                const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
-                size_t n = strlen(t);
-                memcpy(*out + at, t, n);
-                at += n;
-            }
-            (*out)[at] = 0;
+        if (st == AT_OK && list.n) {
+            char **im = realloc(r->images, ((size_t)r->n_images + list.n) * sizeof *im);
+            if (im) r->images = im;
+            for (size_t i = 0; im && i < list.n && st == AT_OK; i++)
+                if ((im[r->n_images] = strdup(list.items[i]))) r->n_images++;
+                else st = at_error(AT_ERR_NOMEM, "out of memory");
+            if (!im) st = at_error(AT_ERR_NOMEM, "out of memory");
+        }
+        if (st == AT_OK) *out = strdup(text);
+        at_arena_free(&a);
+        if (st == AT_ERR_NOMEM) return st;
+        if (st != AT_OK) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", at_last_error());
+            snprintf(r->param, sizeof r->param, "messages");
+            return at_error(AT_ERR_INVALID, "'messages': %s", why);
         }
     } else {
         return bad(r, "messages", "'%s': a message's content must be a string or a list of text parts%s", NULL);
@@ -90,7 +99,7 @@ static at_status content_text(at_serve_request *r, const cJSON *c, char **out)
     return AT_OK;
 }
 
-static at_status parse_messages(at_serve_request *r, const cJSON *o)
+static at_status parse_messages(at_serve_request *r, const cJSON *o, const at_request_limits *lim)
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!m) return bad(r, "messages", "'%s' is required%s", NULL);
@@ -104,7 +113,7 @@ static at_status parse_messages(at_serve_request *r, const cJSON *o)
         if (!cJSON_IsObject(msg) || !cJSON_IsString(role) || !role->valuestring[0])
             return bad(r, "messages", "'%s': every message needs a string 'role'%s", NULL);
         char *text = NULL;
-        AT_TRY(content_text(r, cJSON_GetObjectItemCaseSensitive(msg, "content"), &text));
+        AT_TRY(content_text(r, cJSON_GetObjectItemCaseSensitive(msg, "content"), lim, &text));
         cJSON *copy = cJSON_CreateObject();
         if (!copy || !cJSON_AddStringToObject(copy, "role", role->valuestring) ||
             !cJSON_AddStringToObject(copy, "content", text)) {
@@ -215,7 +224,7 @@ at_status at_serve_request_parse(const char *body, size_t len, at_request_kind k
             goto done;
         }
     }
-    if (kind == AT_REQ_CHAT) AT_CHECK(parse_messages(r, o));
+    if (kind == AT_REQ_CHAT) AT_CHECK(parse_messages(r, o, lim));
     else AT_CHECK(parse_prompt(r, o));
 
     double d;
@@ -285,6 +294,8 @@ void at_serve_request_free(at_serve_request *r)
 {
     free(r->model);
     cJSON_Delete(r->messages);
+    for (int i = 0; i < r->n_images; i++) free(r->images[i]);
+    free(r->images);
     free(r->prompt);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);

@@ -9,6 +9,10 @@
  * list of token ids), max_tokens / max_completion_tokens, temperature,
  * top_p, top_k, min_p, repetition_penalty, presence_penalty,
  * frequency_penalty, seed, stop (a string or a list), stream,
+ * (chat content lists may hold {"type": "image_url", "image_url": {"url":
+ * ...}} parts, also ms-swift's {"type": "image", "image": ...}: each becomes
+ * an "<image>" tag in the text and its reference is kept in images, as
+ * data/media.h reads them; http(s) URLs are refused: nothing is fetched),
  * stream_options.include_usage, n (only 1). Unknown fields are ignored, as
  * vLLM does; logprobs and best_of > 1 are refused. */
 #ifndef AT_SERVE_REQUEST_H
@@ -27,12 +31,17 @@ typedef struct at_request_limits {
     int max_tokens;    /* largest max_tokens accepted */
     int max_stop;      /* stop strings, <= AT_GEN_MAX_STOP */
     size_t max_stop_len;
+    int max_images;    /* images in one request; 0: AT_SERVE_MAX_IMAGES */
 } at_request_limits;
+
+#define AT_SERVE_MAX_IMAGES 16
 
 typedef struct at_serve_request {
     at_request_kind kind;
     char *model;          /* NULL when absent */
     cJSON *messages;      /* chat: a normalized array [{role, content: string}] */
+    char **images;        /* chat: the image references of the content lists, in order */
+    int n_images;
     char *prompt;         /* completion as text, or NULL */
     int32_t *prompt_ids;  /* completion as token ids, or NULL */
     size_t n_prompt_ids;

@@ -47,6 +47,10 @@ static cJSON *usage_obj(at_usage u)
     cJSON_AddNumberToObject(o, "prompt_tokens", u.prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", u.completion_tokens);
     cJSON_AddNumberToObject(o, "total_tokens", u.prompt_tokens + u.completion_tokens);
+    if (u.cached_tokens >= 0) {
+        cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
+        if (d) cJSON_AddNumberToObject(d, "cached_tokens", u.cached_tokens);
+    }
     return o;
 }
 

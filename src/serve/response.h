@@ -11,6 +11,7 @@
 
 typedef struct at_usage {
     int prompt_tokens, completion_tokens;
+    int cached_tokens; /* < 0: no prompt_tokens_details; else its cached_tokens */
 } at_usage;
 
 /* {"error": {"message", "type", "param", "code"}}; param and code may be NULL (null). */

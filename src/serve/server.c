@@ -12,8 +12,11 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include "base/file.h"
 #include "base/log.h"
+#include "infer/vlm.h"
 #include "serve/engine.h"
+#include "serve/image_ref.h"
 #include "serve/request.h"
 #include "serve/response.h"
 #include "serve/score_request.h"
@@ -37,6 +40,7 @@ struct at_server {
     atomic_int in_flight; /* requests with a job whose answer is not yet sent */
     atomic_int open_conns; /* connections open now */
     atomic_ullong counter;
+    char *media_dir;      /* o.allowed_local_media_path (a copy) */
 };
 
 /* Connections past max_connections (up to RESERVE_CONNECTIONS more) are the
@@ -179,7 +183,7 @@ static int stream_next(stream_ctx *c)
             ok = sse_add(c, at_resp_chunk(c->kind, c->id, c->created, c->model, 0, nw.text, nw.len, NULL, NULL, 0));
         free(nw.text);
         if (ok && nw.finished) {
-            at_usage u = {nw.prompt_tokens, nw.completion_tokens};
+            at_usage u = {nw.prompt_tokens, nw.completion_tokens, nw.cached_tokens};
             if (nw.finish == AT_FINISH_ERROR)
                 ok = sse_add(c, at_resp_error(nw.error[0] ? nw.error : "generation failed", "server_error", NULL,
                                               NULL));
@@ -245,6 +249,22 @@ static enum MHD_Result parse_error(struct MHD_Connection *c, at_status st, const
     return reply_error(c, 400, at_last_error(), "invalid_request_error", req->param, NULL);
 }
 
+/* The images of a chat request, decoded and through the model's processor;
+ * the message of an error names the image (its place in the request). */
+static at_status load_images(at_server *s, const at_serve_request *req, at_vlm_images *im)
+{
+    for (int i = 0; i < req->n_images; i++) {
+        at_image img = {0};
+        char name[48];
+        snprintf(name, sizeof name, "image %d of the request", i + 1);
+        at_status st = at_serve_image_load(req->images[i], s->o.allowed_local_media_path, s->o.max_image_pixels, &img);
+        if (st == AT_OK) st = at_vlm_images_add(s->b, &img, name, im);
+        at_image_free(&img);
+        if (st != AT_OK) return st == AT_ERR_NOMEM ? st : at_error_wrap(st, "%s", name);
+    }
+    return AT_OK;
+}
+
 static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_ctx *cc, at_request_kind kind)
 {
     at_serve_request req;
@@ -253,7 +273,9 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
     at_job *job = NULL;
     enum MHD_Result ret;
     char msg[400];
-    at_request_limits lim = {s->o.max_tokens, AT_GEN_MAX_STOP, 1024};
+    at_request_limits lim = {s->o.max_tokens, AT_GEN_MAX_STOP, 1024, s->o.max_images};
+    at_vlm_images images = {0};
+    at_prompt_media media = {0};
     at_status st = at_serve_request_parse(cc->body ? cc->body : "", cc->len, kind, &lim, &req);
     if (st != AT_OK) {
         ret = parse_error(c, st, &req);
@@ -280,10 +302,24 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
             goto done;
         }
     }
+    if (kind == AT_REQ_CHAT && req.n_images) {
+        if (!s->b->vision) {
+            snprintf(msg, sizeof msg, "The model `%s` reads no images (it has no vision tower).", s->name);
+            ret = reply_error(c, 400, msg, "invalid_request_error", "messages", "model_not_supported");
+            goto done;
+        }
+        st = load_images(s, &req, &images);
+        if (st != AT_OK) {
+            ret = st == AT_ERR_NOMEM ? reply_error(c, 500, "out of memory", "server_error", NULL, NULL)
+                                     : reply_error(c, 400, at_last_error(), "invalid_request_error", "messages", NULL);
+            goto done;
+        }
+    }
     if (kind == AT_REQ_CHAT) {
         pthread_mutex_lock(&s->render_mu);
-        st = at_bundle_encode_chat(s->b, req.messages, &ids, &n);
+        st = at_vlm_encode_chat(s->b, req.messages, &images, &ids, &n);
         pthread_mutex_unlock(&s->render_mu);
+        if (st == AT_OK && images.n) st = at_vlm_media(s->b, ids, n, &images, &media);
     } else if (req.prompt) {
         st = at_bundle_encode_text(s->b, req.prompt, &ids, &n);
     } else {
@@ -337,7 +373,7 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
         ret = reply_error(c, 400, at_last_error(), "invalid_request_error", NULL, NULL);
         goto done;
     }
-    st = at_engine_submit(s->engine, ids, n, &gp, &job);
+    st = at_engine_submit_media(s->engine, ids, n, images.n ? &images : NULL, images.n ? &media : NULL, &gp, &job);
     if (st != AT_OK) {
         ret = reply_error(c, 503, at_last_error(), "server_error", NULL, NULL);
         goto done;
@@ -412,13 +448,15 @@ static enum MHD_Result completions(at_server *s, struct MHD_Connection *c, conn_
     } else {
         char id[64];
         make_id(s, kind, id, sizeof id);
-        at_usage u = {nw.prompt_tokens, nw.completion_tokens};
+        at_usage u = {nw.prompt_tokens, nw.completion_tokens, nw.cached_tokens};
         ret = reply(c, 200, at_resp_full(kind, id, unix_now(), model, text, len, finish_name(nw.finish), u));
     }
     free(text);
 done:
     at_job_release(job);
     free(ids);
+    at_vlm_media_free(&media);
+    at_vlm_images_free(&images);
     at_serve_request_free(&req);
     return ret;
 }
@@ -596,12 +634,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!is_get) return reply_error(c, 405, "use GET", "invalid_request_error", NULL, NULL);
         at_engine_stats st;
         at_engine_get_stats(s->engine, &st);
-        char *j = malloc(256);
+        char *j = malloc(320);
         if (!j) return MHD_NO;
         int stopping = atomic_load(&s->stopping);
-        snprintf(j, 256, "{\"status\":\"%s\",\"running\":%d,\"waiting\":%d,\"max_batch_size\":%d,\"peak_batch\":%d,"
-                 "\"steps\":%lld,\"tokens\":%lld}", stopping ? "stopping" : "ok", st.running, st.waiting, st.max_batch,
-                 st.peak_batch, st.steps, st.tokens);
+        snprintf(j, 320, "{\"status\":\"%s\",\"running\":%d,\"waiting\":%d,\"max_batch_size\":%d,\"peak_batch\":%d,"
+                 "\"steps\":%lld,\"tokens\":%lld,\"images_encoded\":%lld,\"cached_tokens\":%lld}",
+                 stopping ? "stopping" : "ok", st.running, st.waiting, st.max_batch, st.peak_batch, st.steps, st.tokens,
+                 st.images_encoded, st.cached_tokens);
         return reply(c, stopping ? 503 : 200, j);
     }
     if (in_reserve(c)) {
@@ -684,6 +723,7 @@ static void server_free(at_server *s)
 {
     free(s->api_key);
     free(s->name);
+    free(s->media_dir);
     pthread_mutex_destroy(&s->render_mu);
     free(s);
 }
@@ -701,7 +741,7 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
     if (s->o.max_batch_size < 1) s->o.max_batch_size = 1;
     if (s->o.max_tokens <= 0 || s->o.max_tokens > s->context) s->o.max_tokens = s->context;
     if (s->o.default_max_tokens <= 0) s->o.default_max_tokens = 16;
-    if (!s->o.max_body_bytes) s->o.max_body_bytes = 1 << 20;
+    if (!s->o.max_body_bytes) s->o.max_body_bytes = b->vision ? 20u << 20 : 1u << 20;
     if (s->o.max_queue <= 0) s->o.max_queue = 64;
     if (s->o.max_score_pairs <= 0) s->o.max_score_pairs = 256;
     if (s->o.max_connections <= 0) s->o.max_connections = 256;
@@ -712,6 +752,13 @@ at_status at_server_start(at_bundle *b, const at_server_opts *o, at_server **out
     s->api_key = o->api_key && o->api_key[0] ? strdup(o->api_key) : NULL;
     s->o.api_key = NULL;
     s->o.served_model_name = NULL;
+    s->media_dir = o->allowed_local_media_path && o->allowed_local_media_path[0] ? strdup(o->allowed_local_media_path)
+                                                                                  : NULL;
+    s->o.allowed_local_media_path = s->media_dir;
+    if (s->media_dir && !at_is_dir(s->media_dir)) {
+        st = at_error(AT_ERR_NOT_FOUND, "--allowed_local_media_path %s: no such folder", s->media_dir);
+        goto done;
+    }
     if (!s->name || (o->api_key && o->api_key[0] && !s->api_key)) {
         st = at_error(AT_ERR_NOMEM, "out of memory");
         goto done;

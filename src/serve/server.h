@@ -7,9 +7,15 @@
  *                               pairs, vLLM's Score API (serve/score_request.h);
  *                               the two above refuse a reward model, this one a
  *                               generative model (400, code model_not_supported)
- *   GET  /health                {"status": "ok", running/waiting counts}
+ *   GET  /health                {"status": "ok", running/waiting counts, images_encoded,
+ *                               cached_tokens (the prefix cache's work)}
  *   GET  /, /ui/...             the web UI: a chat page; with webui_train also
  *                               the Train tab and its endpoints (serve/webui.h)
+ *
+ * A vision-language model (the bundle has a vision tower) takes images in
+ * chat content lists (serve/request.h, serve/image_ref.h); usage then says
+ * prompt_tokens_details.cached_tokens, the prompt tokens the prefix cache
+ * held (infer/scheduler.h).
  *
  * Streaming answers are server-sent events ("data: {chunk}\n\n" ... "data:
  * [DONE]\n\n"). Every request runs on the engine (engine.h): concurrent
@@ -38,7 +44,7 @@ typedef struct at_server_opts {
     int max_model_len;        /* tokens per sequence (prompt + answer); 0: from the model */
     int max_tokens;           /* the largest max_tokens accepted; 0: max_model_len */
     int default_max_tokens;   /* when a completions request gives none (chat: the rest of the context); 0: 16 */
-    size_t max_body_bytes;    /* 0: 1 MiB */
+    size_t max_body_bytes;    /* 0: 1 MiB (20 MiB for a vision-language model: images come inline) */
     int max_queue;            /* requests waiting for a slot; 0: 64 */
     int max_connections;      /* 0: 256; a reserve of 4 more serves /health only (server.c) */
     int max_connections_per_client; /* connections one client address may hold; 0: a quarter of max_connections,
@@ -53,6 +59,10 @@ typedef struct at_server_opts {
                                    the names (serve with adapters: which one is meant is not guessed) */
     at_reward_model *reward_model; /* the bundle's reward model (borrowed; NULL: a generative model) */
     int max_score_pairs;      /* pairs one /v1/score request may hold; 0: 256 */
+    const char *allowed_local_media_path; /* image files of requests are read only under this folder; NULL: none
+                                 (data: URLs only; serve/image_ref.h) */
+    uint64_t max_image_pixels; /* an image with more pixels is refused (400); 0: the decoder's limit */
+    int max_images;           /* images in one request; 0: AT_SERVE_MAX_IMAGES */
     int webui_train;          /* `anytune web-ui`: the Train tab starts `anytune sft` jobs */
     const char *webui_train_program; /* what those jobs run; NULL: this program (/proc/self/exe) */
 } at_server_opts;
