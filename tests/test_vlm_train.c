@@ -12,7 +12,8 @@
  *    saves the tower's weights in model.safetensors, moved, the patch
  *    embedding as the Conv3d it is in the base, and the folder keeps the
  *    model's config.json (vision_config) and preprocessor_config.json: it
- *    loads as a vision-language model again (train/vision_ckpt.h);
+ *    loads as a vision-language model again (train/vision_ckpt.h); an adapter
+ *    holding tower tensors is refused by inference (merge it first);
  *  - --freeze_vit false --vit_freeze_steps 2: the tower's LoRA pairs are
  *    their initial values at checkpoints 1 and 2 (A as at 1, B zero), moved
  *    at 3; the language model's adapter moves from step 1;
@@ -284,6 +285,23 @@ static void test_freeze(void)
             free(y);
         }
         free(names);
+    }
+    {
+        /* inference with that adapter would leave its aligner out: refused, naming the way (merge it) */
+        char ck[1400];
+        snprintf(ck, sizeof ck, "%s/checkpoint-2", r.run_dir);
+        const char *ads[1] = {ck};
+        at_bundle_opts bo = {0};
+        bo.model = model;
+        bo.adapters = ads;
+        bo.n_adapters = 1;
+        at_bundle *b = NULL;
+        at_status st = at_bundle_load(&bo, &b);
+        CHECK_MSG(st == AT_ERR_UNSUPPORTED && strstr(at_last_error(), "vision-tower") &&
+                  strstr(at_last_error(), "--merge_lora"), "an adapter with a trained aligner loaded for inference: %s",
+                  st == AT_OK ? "(no error)" : at_last_error());
+        at_bundle_free(b);
+        at_clear_error();
     }
     /* full fine-tuning with the vision transformer trained: its weights move and are saved beside the
      * language model's, the patch embedding with the base's 5-D shape */

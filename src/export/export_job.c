@@ -313,7 +313,7 @@ at_status at_export_run(const at_export_args *a)
                         merged == 1 ? "" : "s", replaced, replaced == 1 ? "" : "s", a->adapters);
     }
     if (!gguf) {
-        if (ad && !a->merge_lora && at_export_vision_in_adapter(a->adapters)) {
+        if (ad && !a->merge_lora && at_adapter_has_tower(a->adapters)) {
             /* the tower's pairs and tensors have no at_adapter form: the folder's files as they are */
             AT_CHECK(copy_peft(a->adapters, a->output_dir, a->overwrite));
             at_log_info("export: adapter (with its vision-tower tensors) copied in PEFT format to %s", a->output_dir);
@@ -368,7 +368,7 @@ at_status at_export_run(const at_export_args *a)
         goto done;
     }
     if (ad && !a->merge_lora) {
-        if (at_export_vision_in_adapter(a->adapters))
+        if (at_adapter_has_tower(a->adapters))
             at_log_warn("export: the vision-tower tensors of %s are left out: llama.cpp's LoRA GGUF adapts the "
                         "language model only (--merge_lora writes them into the model and its mmproj file)",
                         a->adapters);

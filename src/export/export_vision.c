@@ -13,6 +13,7 @@
 #include "device/cpu/cpu_backend.h"
 #include "export/export_gguf.h"
 #include "export/merge.h"
+#include "model/adapter.h"
 #include "model/gguf.h"
 #include "ops/ops.h"
 
@@ -91,16 +92,6 @@ static at_status tensor_of(const at_st_info *info, int copy, at_tensor **out)
 /* The canonical (visual.*) name of an adapter tensor name, or NULL when it
  * is not the tower's: PEFT's base_model.model[.model]. prefix, or a plain
  * [model.] one, then visual. */
-static const char *tower_name(const char *name)
-{
-    static const char *const prefixes[] = {"base_model.model.model.", "base_model.model.", "model.", ""};
-    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
-        size_t n = strlen(prefixes[i]);
-        if (!strncmp(name, prefixes[i], n) && !strncmp(name + n, "visual.", 7)) return name + n;
-    }
-    return NULL;
-}
-
 static int find_canon(const at_export_vision *v, const char *name)
 {
     for (size_t i = 0; i < v->n; i++)
@@ -112,19 +103,6 @@ static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && !strcmp(s + n - m, suffix);
-}
-
-int at_export_vision_in_adapter(const char *adapter_dir)
-{
-    char *path = adapter_dir && at_is_dir(adapter_dir) ? at_path_join(adapter_dir, "adapter_model.safetensors") : NULL;
-    at_st_file *f = NULL;
-    int found = 0;
-    if (path && at_file_exists(path) && at_st_open(path, &f) == AT_OK)
-        for (size_t k = 0; k < at_st_count(f) && !found; k++) found = tower_name(at_st_info_at(f, k)->name) != NULL;
-    at_clear_error();
-    at_st_close(f);
-    free(path);
-    return found;
 }
 
 /* The adapter's tower tensors (export_vision.h): replacements first, then
@@ -141,7 +119,7 @@ static at_status apply_adapter(at_export_vision *v, const char *adapter_dir, dou
     for (int pass = 0; pass < 2; pass++) {
         for (size_t k = 0; k < at_st_count(f); k++) {
             const at_st_info *info = at_st_info_at(f, k);
-            const char *tn = tower_name(info->name);
+            const char *tn = at_adapter_tower_name(info->name);
             if (!tn) continue;
             int is_a = ends_with(tn, ".lora_A.weight"), is_b = ends_with(tn, ".lora_B.weight");
             char base[160];

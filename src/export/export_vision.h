@@ -77,9 +77,6 @@ const char *at_export_vision_name(const at_export_vision *v, size_t i);
 const at_tensor *at_export_vision_tensor(const at_export_vision *v, size_t i);
 const at_st_shape *at_export_vision_shape(const at_export_vision *v, size_t i);
 
-/* Whether the PEFT folder adapter_dir's adapter_model.safetensors holds
- * tensors of a vision tower (LoRA pairs or full tensors, names as above). */
-int at_export_vision_in_adapter(const char *adapter_dir);
 
 /* The mmproj file name for a language-model GGUF file name: "mmproj-" + it
  * (model-f16.gguf -> mmproj-model-f16.gguf), as llama.cpp's converter

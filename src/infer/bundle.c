@@ -324,6 +324,12 @@ static at_status load_adapters(at_bundle *b, const at_bundle_opts *o)
         a->path = strdup(path);
         if (!a->path) return at_error(AT_ERR_NOMEM, "out of memory");
         b->n_adapters++;
+        /* a trained tower or aligner would be left out here (adapters switch per request; the tower is shared):
+           refused rather than answered without it */
+        if (at_adapter_has_tower(path))
+            return at_error(AT_ERR_UNSUPPORTED, "--adapters %s: the adapter holds vision-tower tensors (a run with "
+                            "--freeze_vit false or --freeze_aligner false): merge it into the model first (anytune "
+                            "export --adapters %s --merge_lora --to hf ...) and run the merged folder", item, path);
         at_status st = at_adapter_load(path, &b->decoder->cfg, b->decoder->be, &a->adapter);
         if (st != AT_OK) return at_error_wrap(st, "--adapters %s", item);
     }

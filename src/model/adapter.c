@@ -163,6 +163,29 @@ at_status at_adapter_new(const at_model_config *cfg, at_backend *be, int rank, d
     return st;
 }
 
+const char *at_adapter_tower_name(const char *name)
+{
+    static const char *const prefixes[] = {"base_model.model.model.", "base_model.model.", "model.", ""};
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        size_t n = strlen(prefixes[i]);
+        if (!strncmp(name, prefixes[i], n) && !strncmp(name + n, "visual.", 7)) return name + n;
+    }
+    return NULL;
+}
+
+int at_adapter_has_tower(const char *dir)
+{
+    char *path = dir && at_is_dir(dir) ? at_path_join(dir, "adapter_model.safetensors") : NULL;
+    at_st_file *f = NULL;
+    int found = 0;
+    if (path && at_file_exists(path) && at_st_open(path, &f) == AT_OK)
+        for (size_t k = 0; k < at_st_count(f) && !found; k++) found = at_adapter_tower_name(at_st_info_at(f, k)->name) != NULL;
+    at_clear_error();
+    at_st_close(f);
+    free(path);
+    return found;
+}
+
 at_status at_adapter_save(const at_adapter *a, const char *dir)
 {
     return at_adapter_save_with(a, dir, NULL, 0);

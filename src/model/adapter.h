@@ -81,6 +81,15 @@ at_status at_adapter_load(const char *dir, const at_model_config *cfg, at_backen
  * [r, in] and .lora_b [out, r] (q/k's lora_b rows in the interleaved RoPE
  * order for general.architecture "llama", turned back here). */
 
+/* The vision tower's own name (visual.*) of an adapter tensor named name
+ * (PEFT's base_model.model[.model].visual.*, or [model.]visual.*); NULL
+ * when it is not a tower tensor. Points into name. */
+const char *at_adapter_tower_name(const char *name);
+/* Whether the PEFT folder dir's adapter_model.safetensors holds tensors of
+ * a vision tower (its LoRA pairs or trained modules: train/vision_ckpt.h);
+ * 0 when it has none or cannot be read. */
+int at_adapter_has_tower(const char *dir);
+
 /* PEFT's tensor name for layer l, module m, "lora_A" or "lora_B". */
 void at_adapter_tensor_name(int layer, at_module m, const char *which, char *buf, size_t len);
 

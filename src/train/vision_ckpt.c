@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
+#include "model/adapter.h"
 
 #define PATCH_EMBED "visual.patch_embed.proj.weight"
 
@@ -26,12 +27,6 @@ void at_vision_ckpt_tensors(const at_vision *v, int full, const at_tensor **tens
         shapes[*n] = s;
         (*n)++;
     }
-}
-
-/* A tower tensor's name (its own, or PEFT's for a LoRA pair). */
-static int tower_name(const char *name)
-{
-    return !strncmp(name, "visual.", 7) || !strncmp(name, "base_model.model.visual.", 24);
 }
 
 /* The parameter of v named name, or -1. */
@@ -83,7 +78,7 @@ at_status at_vision_ckpt_load(at_vision *v, const char *dir, int trainable_only)
     } else {
         for (size_t i = 0; st == AT_OK && i < at_st_model_count(m); i++) {
             const char *name = at_st_model_info_at(m, i)->name;
-            if (!tower_name(name)) continue;
+            if (!at_adapter_tower_name(name)) continue;
             long k = find_param(v, name);
             if (k < 0) st = at_error(AT_ERR_INVALID, "%s: %s is not a tensor of the vision tower (LoRA pairs need the "
                                      "tower's LoRA)", p, name);
