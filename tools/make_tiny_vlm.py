@@ -19,7 +19,7 @@ export):
                                 (images of the tests stay a few patches)
     generation_config.json
 
-Only numpy. Run from the repository root:
+Only numpy; it finds the tokenizer files from its own location:
 
     python3 tools/make_tiny_vlm.py OUT_DIR [--kind qwen2_vl|qwen2_5_vl]
         [--hidden 64] [--layers 2] [--dtype f32|bf16] [--seed 0] [--vocab qwen2|bytes]
@@ -39,7 +39,7 @@ import numpy as np
 
 from safetensors_np import write_safetensors
 
-TOKENIZER_DIR = "tests/data/tokenizers/qwen2"
+TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests/data/tokenizers/qwen2")
 VOCAB = 151936
 SPECIAL = [(151643, "<|endoftext|>"), (151644, "<|im_start|>"), (151645, "<|im_end|>"),
            (151646, "<|object_ref_start|>"), (151647, "<|object_ref_end|>"), (151648, "<|box_start|>"),
