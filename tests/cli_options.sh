@@ -46,6 +46,7 @@ refused "num_train_epochs -1" "--num_train_epochs -1: out of range" sft --num_tr
 refused "lora_rank 2^31 as typed" "--lora_rank 2147483648: out of range [1, 65536]" sft --lora_rank 2147483648
 refused "top_p 0 (infer)" "--top_p 0: out of range (0, 1]" infer --top_p 0 --prompt x
 refused "port 70000 (serve)" "--port 70000: out of range [0, 65535]" serve --port 70000
+refused "max_body_bytes 100 (serve)" "--max_body_bytes must be 0 (the default for the model) or >= 1024" serve --max_body_bytes 100
 refused "a choice misspelled" "did you mean 'cosine'" sft --lr_scheduler_type cosin
 
 # issue 21.9: ms-swift's vocabulary

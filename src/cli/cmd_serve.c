@@ -51,8 +51,9 @@ static const at_opt_spec specs[] = {
      .help = "context per request in tokens (0: the model's, at most 4096)", .range = "[0, 16777216]"},
     {.name = "max_tokens_limit", .type = AT_OPT_INT, .def = "0",
      .help = "the largest max_tokens a request may ask (0: the context)", .range = "[0, 16777216]"},
-    {.name = "max_body_bytes", .type = AT_OPT_INT, .def = "1048576",
-     .help = "the largest request body", .range = "[1, 1073741824]"},
+    {.name = "max_body_bytes", .type = AT_OPT_INT, .def = "0",
+     .help = "the largest request body (0: 1 MiB, or 20 MiB for a vision-language model, whose images come inline)",
+     .range = "[0, 1073741824]"},
     {.name = "allowed_local_media_path", .type = AT_OPT_STRING,
      .help = "a vision-language model reads image files (file:// URLs, paths) of requests only under this folder "
              "(default: none, data: URLs only; http(s) URLs are always refused)"},
@@ -172,9 +173,13 @@ int at_cli_serve(int argc, char **argv, const at_serve_cli *c)
     at_reward_model *rm = NULL;
     at_server *srv = NULL;
     char token[49] = {0}, *query = NULL;
-    if (at_opt_int(o, "max_body_bytes") < 1024 || at_opt_int(o, "max_batch_size") < 1) {
-        at_error(AT_ERR_INVALID, "--max_body_bytes must be >= 1024 and --max_batch_size >= 1");
-        goto fail;
+    if ((at_opt_int(o, "max_body_bytes") != 0 && at_opt_int(o, "max_body_bytes") < 1024) ||
+        at_opt_int(o, "max_batch_size") < 1) {
+        /* a usage error, as the option table's range checks are (status 2) */
+        fprintf(stderr, "anytune serve: error: --max_body_bytes must be 0 (the default for the model) or >= 1024, "
+                        "and --max_batch_size >= 1\n");
+        rc = 2;
+        goto done;
     }
     if (at_cli_load_bundle(o, &b) != AT_OK) goto fail;
     /* a reward model (a score head) answers /v1/score instead of generating */
