@@ -91,6 +91,30 @@ def mrope_cases():
     return cases
 
 
+def vision_tensors(q25, w, f, out, depth, tp, p, m2, weight, norm, bias):
+    """The vision tower's tensors as transformers' checkpoints name and shape
+    them (Qwen2-VL; q25: Qwen2.5-VL), in file order: weight, norm and bias
+    make a matrix, a norm's scale and a bias of the shape given, called in
+    that order (a random generator draws the same values each time)."""
+    t = [("visual.patch_embed.proj.weight", weight(w, 3, tp, p, p))]
+    for i in range(depth):
+        b = "visual.blocks.%d." % i
+        t += [(b + "norm1.weight", norm(w))] + ([] if q25 else [(b + "norm1.bias", bias(w))])
+        t += [(b + "norm2.weight", norm(w))] + ([] if q25 else [(b + "norm2.bias", bias(w))])
+        t += [(b + "attn.qkv.weight", weight(3 * w, w)), (b + "attn.qkv.bias", bias(3 * w)),
+              (b + "attn.proj.weight", weight(w, w)), (b + "attn.proj.bias", bias(w))]
+        if q25:
+            for n_, shp in (("gate_proj", (f, w)), ("up_proj", (f, w)), ("down_proj", (w, f))):
+                t += [(b + "mlp.%s.weight" % n_, weight(*shp)), (b + "mlp.%s.bias" % n_, bias(shp[0]))]
+        else:
+            t += [(b + "mlp.fc1.weight", weight(f, w)), (b + "mlp.fc1.bias", bias(f)),
+                  (b + "mlp.fc2.weight", weight(w, f)), (b + "mlp.fc2.bias", bias(w))]
+    t += [("visual.merger.ln_q.weight", norm(w))] + ([] if q25 else [("visual.merger.ln_q.bias", bias(w))])
+    t += [("visual.merger.mlp.0.weight", weight(w * m2, w * m2)), ("visual.merger.mlp.0.bias", bias(w * m2)),
+          ("visual.merger.mlp.2.weight", weight(out, w * m2)), ("visual.merger.mlp.2.bias", bias(out))]
+    return t
+
+
 def tiny_model(kind):
     rs = np.random.RandomState(1)
     w, heads, depth, out, m2, tp, p = 16, 2, 2, 24, 4, 2, 14
@@ -110,22 +134,7 @@ def tiny_model(kind):
            "image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": VSTART,
            "vision_end_token_id": VEND, "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 2]},
            "vision_config": vcfg, "torch_dtype": "float32"}
-    t = [("visual.patch_embed.proj.weight", rs.randn(w, 3, tp, p, p))]
-    for i in range(depth):
-        b = "visual.blocks.%d." % i
-        t += [(b + "norm1.weight", rs.randn(w))] + ([] if q25 else [(b + "norm1.bias", rs.randn(w))])
-        t += [(b + "norm2.weight", rs.randn(w))] + ([] if q25 else [(b + "norm2.bias", rs.randn(w))])
-        t += [(b + "attn.qkv.weight", rs.randn(3 * w, w)), (b + "attn.qkv.bias", rs.randn(3 * w)),
-              (b + "attn.proj.weight", rs.randn(w, w)), (b + "attn.proj.bias", rs.randn(w))]
-        if q25:
-            for n_, shp in (("gate_proj", (f, w)), ("up_proj", (f, w)), ("down_proj", (w, f))):
-                t += [(b + "mlp.%s.weight" % n_, rs.randn(*shp)), (b + "mlp.%s.bias" % n_, rs.randn(shp[0]))]
-        else:
-            t += [(b + "mlp.fc1.weight", rs.randn(f, w)), (b + "mlp.fc1.bias", rs.randn(f)),
-                  (b + "mlp.fc2.weight", rs.randn(w, f)), (b + "mlp.fc2.bias", rs.randn(w))]
-    t += [("visual.merger.ln_q.weight", rs.randn(w))] + ([] if q25 else [("visual.merger.ln_q.bias", rs.randn(w))])
-    t += [("visual.merger.mlp.0.weight", rs.randn(w * m2, w * m2)), ("visual.merger.mlp.0.bias", rs.randn(w * m2)),
-          ("visual.merger.mlp.2.weight", rs.randn(out, w * m2)), ("visual.merger.mlp.2.bias", rs.randn(out))]
+    t = vision_tensors(q25, w, f, out, depth, tp, p, m2, rs.randn, rs.randn, rs.randn)
     d = "tests/data/models/tiny-%s" % kind.replace("_vl", "-vl")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as fh:

@@ -37,6 +37,7 @@ import sys
 
 import numpy as np
 
+from make_mrope_goldens import vision_tensors
 from safetensors_np import write_safetensors
 
 TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests/data/tokenizers/qwen2")
@@ -121,22 +122,7 @@ def model(kind, hidden, layers, rs, vocab=VOCAB, ids=None):
               (b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
               (b + "mlp.down_proj.weight", n(hidden, inter))]
     t += [("model.norm.weight", np.ones(hidden))]
-    t += [("visual.patch_embed.proj.weight", n(w, 3, tp, p, p))]
-    for i in range(depth):
-        b = "visual.blocks.%d." % i
-        t += [(b + "norm1.weight", np.ones(w))] + ([] if q25 else [(b + "norm1.bias", np.zeros(w))])
-        t += [(b + "norm2.weight", np.ones(w))] + ([] if q25 else [(b + "norm2.bias", np.zeros(w))])
-        t += [(b + "attn.qkv.weight", n(3 * w, w)), (b + "attn.qkv.bias", np.zeros(3 * w)),
-              (b + "attn.proj.weight", n(w, w)), (b + "attn.proj.bias", np.zeros(w))]
-        if q25:
-            for nm, shp in (("gate_proj", (vf, w)), ("up_proj", (vf, w)), ("down_proj", (w, vf))):
-                t += [(b + "mlp.%s.weight" % nm, n(*shp)), (b + "mlp.%s.bias" % nm, np.zeros(shp[0]))]
-        else:
-            t += [(b + "mlp.fc1.weight", n(vf, w)), (b + "mlp.fc1.bias", np.zeros(vf)),
-                  (b + "mlp.fc2.weight", n(w, vf)), (b + "mlp.fc2.bias", np.zeros(w))]
-    t += [("visual.merger.ln_q.weight", np.ones(w))] + ([] if q25 else [("visual.merger.ln_q.bias", np.zeros(w))])
-    t += [("visual.merger.mlp.0.weight", n(w * m2, w * m2)), ("visual.merger.mlp.0.bias", np.zeros(w * m2)),
-          ("visual.merger.mlp.2.weight", n(hidden, w * m2)), ("visual.merger.mlp.2.bias", np.zeros(hidden))]
+    t += vision_tensors(q25, w, vf, hidden, depth, tp, p, m2, n, np.ones, np.zeros)
     return cfg, t
 
 
