@@ -235,7 +235,7 @@ static void test_inference(at_backend *be)
         last[b] = c->ids[b * T + n_new[b]];
         CHECK(last[b] != IMAGE_PAD);
     }
-    at_prefill_extra ex = {v.pos, v.t_feats, IMAGE_PAD};
+    at_prefill_extra ex = {v.pos, v.t_feats, IMAGE_PAD, NULL, 0};
     CHECK_OK(at_decoder_prefill_ex(c->d, kv, c->ids, T, n_new, lg, 1, &ex));
     CHECK_OK(at_tensor_download(lg, got, (size_t)B * T * V * sizeof *got));
     double worst = 0;
