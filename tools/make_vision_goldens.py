@@ -56,6 +56,8 @@ import struct
 
 import torch
 
+from make_mrope_goldens import qwen3_shapes
+
 torch.set_default_dtype(torch.float64)
 
 
@@ -272,28 +274,6 @@ def tensor_shapes(cfg):
         t["visual.merger.ln_q.bias"] = (w,)
     t["visual.merger.mlp.0.weight"], t["visual.merger.mlp.0.bias"] = (m2 * w, m2 * w), (m2 * w,)
     t["visual.merger.mlp.2.weight"], t["visual.merger.mlp.2.bias"] = (out, m2 * w), (out,)
-    return t
-
-
-def qwen3_shapes(vc):
-    w, f, out, m2 = vc["hidden_size"], vc["intermediate_size"], vc["out_hidden_size"], vc["spatial_merge_size"] ** 2
-    t = {"visual.patch_embed.proj.weight": (w, vc["in_channels"], vc["temporal_patch_size"], vc["patch_size"],
-                                            vc["patch_size"]),
-         "visual.patch_embed.proj.bias": (w,), "visual.pos_embed.weight": (vc["num_position_embeddings"], w)}
-    for i in range(vc["depth"]):
-        pre = f"visual.blocks.{i}."
-        for nm in ("norm1", "norm2"):
-            t[pre + nm + ".weight"], t[pre + nm + ".bias"] = (w,), (w,)
-        t[pre + "attn.qkv.weight"], t[pre + "attn.qkv.bias"] = (3 * w, w), (3 * w,)
-        t[pre + "attn.proj.weight"], t[pre + "attn.proj.bias"] = (w, w), (w,)
-        for nm, o, i_ in (("linear_fc1", f, w), ("linear_fc2", w, f)):
-            t[pre + "mlp." + nm + ".weight"], t[pre + "mlp." + nm + ".bias"] = (o, i_), (o,)
-    mergers = [("visual.merger.", w)] + [(f"visual.deepstack_merger_list.{j}.", m2 * w)
-                                         for j in range(len(vc["deepstack_visual_indexes"]))]
-    for pre, nw in mergers:
-        t[pre + "norm.weight"], t[pre + "norm.bias"] = (nw,), (nw,)
-        t[pre + "linear_fc1.weight"], t[pre + "linear_fc1.bias"] = (m2 * w, m2 * w), (m2 * w,)
-        t[pre + "linear_fc2.weight"], t[pre + "linear_fc2.bias"] = (out, m2 * w), (out,)
     return t
 
 

@@ -65,9 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_goldens import (LORA_ALPHA, LORA_R, hf_inv_freq, hf_rmsnorm, lora_dict, make_lora, make_weights,  # noqa: E402
                           read_safetensors, repeat_kv, rotate_half, write_adapter, write_safetensors)
 import make_mrope_goldens  # noqa: E402
-import make_vision_goldens  # noqa: E402
 
-torch.set_default_dtype(torch.float32)  # make_vision_goldens sets float64 for its own reference
 
 VSTART, VEND, IMAGE, VIDEO = 150, 151, 152, 153
 # get_rope_index reads the token ids from its module: this vocabulary's
@@ -119,7 +117,7 @@ def tower_tensors(vc, gen):
     """The Qwen2-VL tower's tensors (vision_config.h), random: the loader's
     gate checks they are there; the language-model goldens do not use them."""
     if "deepstack_visual_indexes" in vc:  # Qwen3-VL's tower
-        shapes = make_vision_goldens.qwen3_shapes(vc)
+        shapes = make_mrope_goldens.qwen3_shapes(vc)
         return {n: torch.randn(*s, generator=gen) * 0.1 for n, s in sorted(shapes.items())}
     w, f, p, tp = vc["embed_dim"], vc["embed_dim"] * vc["mlp_ratio"], vc["patch_size"], vc["temporal_patch_size"]
     m2 = vc["spatial_merge_size"] ** 2

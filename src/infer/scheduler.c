@@ -297,6 +297,10 @@ static at_status prefill_extra(at_scheduler *s, int T, const int *n_new, at_pref
         slot *sl = &s->slots[b];
         if (!n_new[b] || !image_tokens(sl, sl->prefilled, sl->prefilled + n_new[b])) continue;
         rows += image_tokens(sl, sl->prefilled, sl->prefilled + n_new[b]);
+        const at_vision_config *vc = at_vision_get_config(sl->media.vision);
+        if (vc->kind == AT_VISION_QWEN3_VL && vc->n_deepstack)
+            return at_error(AT_ERR_UNSUPPORTED, "serve: Qwen3-VL's deepstack features are not passed through the "
+                            "scheduler yet (anytune infer --images runs the model)");
         if (!sl->feats) {
             int64_t r, c;
             AT_TRY(at_prompt_media_features(&sl->media, &sl->feats, &r, &c));
