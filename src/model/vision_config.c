@@ -27,6 +27,12 @@ at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind 
     return AT_OK;
 }
 
+const char *at_vision_kind_name(at_vision_kind kind)
+{
+    return kind == AT_VISION_QWEN2_VL ? "Qwen2-VL" : kind == AT_VISION_QWEN2_5_VL ? "Qwen2.5-VL"
+           : kind == AT_VISION_QWEN3_VL ? "Qwen3-VL" : "text-only";
+}
+
 /* A required positive integer (at most max) of obj into *out; dflt >= 0 is
  * taken when the key is absent. */
 static at_status get_int(const cJSON *obj, const char *key, const char *what, long long dflt, long long max, int *out)
@@ -323,7 +329,7 @@ at_status at_vision_gate(const char *config_dir, const char *weights)
     AT_CHECK(at_st_model_open(weights, &m));
     AT_CHECK(at_vision_check_weights(&vc, m, weights));
     at_log_info("%s: a %s model (vision tower of %d blocks, width %d, M-RoPE sections %d/%d/%d)", config_dir,
-                kind == AT_VISION_QWEN2_VL ? "Qwen2-VL" : kind == AT_VISION_QWEN3_VL ? "Qwen3-VL" : "Qwen2.5-VL", vc.depth, vc.width, vc.mrope_section[0],
+                at_vision_kind_name(kind), vc.depth, vc.width, vc.mrope_section[0],
                 vc.mrope_section[1], vc.mrope_section[2]);
 done:
     at_st_model_close(m);

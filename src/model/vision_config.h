@@ -68,6 +68,9 @@ typedef struct {
  * with another model_type is AT_ERR_UNSUPPORTED. */
 at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind *kind);
 
+/* "Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL" (messages). */
+const char *at_vision_kind_name(at_vision_kind kind);
+
 /* Reads and validates the vision side of a parsed config.json (what names it
  * in messages). */
 at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vision_config *vc);
