@@ -864,6 +864,15 @@ static void test_measured(void)
     printf("estimate vs measured: skipped under AddressSanitizer (its shadow memory and quarantine are RSS too)\n");
     return;
 #else
+    /* Memory, not numbers, is compared here. A lower ISA level changes the
+     * kernels' speed and their per-thread packing buffers (a few MB at any
+     * level, inside the 8 MiB allowance), not what the planner counts: the
+     * run at the host's level covers it (at the scalar level the children's
+     * steps take a minute). */
+    if (getenv("ANYTUNE_TEST_LOWER_ISA")) {
+        printf("estimate vs measured: at the host's ISA level only\n");
+        return;
+    }
     char exe[1024];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     CHECK(n > 0);
