@@ -42,13 +42,6 @@
 #include "train/trainer.h"
 #include "testing.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define AT_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AT_ASAN 1
-#endif
-#endif
 
 static const char *QWEN = "tests/data/plan/qwen2.5-0.5b.config.json";
 static const char *MISTRAL = "tests/data/models/configs/mistral-7b-instruct-v0.3.config.json";
@@ -860,7 +853,7 @@ done:
 
 static void test_measured(void)
 {
-#ifdef AT_ASAN
+#if AT_TEST_ASAN
     printf("estimate vs measured: skipped under AddressSanitizer (its shadow memory and quarantine are RSS too)\n");
     return;
 #else
