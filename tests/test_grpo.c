@@ -320,6 +320,23 @@ static void test_rewards(void)
     c.reward_funcs[1] = "soft_overlong";
     c.soft_cache_length = 0;
     CHECK(at_grpo_rewards_init(&c, &r) == AT_ERR_INVALID);
+    c.soft_cache_length = 20;
+    /* names key the logs' columns: never two of one name */
+    c.reward_funcs[1] = "format";
+    CHECK(at_grpo_rewards_init(&c, &r) == AT_ERR_INVALID);
+    CHECK(strstr(at_last_error(), "--reward_funcs format is listed twice") != NULL);
+    c.n_reward_funcs = 1;
+    c.n_reward_weights = 0;
+    c.reward_model = "some/where/format/";
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(r.n == 2 && !strcmp(r.names[0], "format") && !strcmp(r.names[1], "format_model"));
+    c.reward_model = "reward"; /* a key of completions.jsonl */
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(!strcmp(r.names[1], "reward_model"));
+    c.reward_model = "my-rm";
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(!strcmp(r.names[1], "my-rm"));
+    c.reward_model = NULL;
     /* an external scorer */
     at_grpo_sample cs[3] = {{"q1", "yes it is", "s", 3, NULL},
                             {"q2", "no \"quoted\"\nline", NULL, 4, NULL},
