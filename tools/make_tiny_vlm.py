@@ -85,6 +85,26 @@ def bytes_tokenizer():
     return vocab, special
 
 
+def lm_tensors(prefix, vocab, hidden, heads, kv, head_dim, inter, layers, n, qwen3):
+    """The language model's tensors under prefix, as transformers initialises
+    them (n: normal matrices; norms 1, biases 0): Qwen2's q/k/v biases, or
+    Qwen3's q/k norms (qwen3)."""
+    t = [(prefix + "embed_tokens.weight", n(vocab, hidden))]
+    for i in range(layers):
+        b = prefix + "layers.%d." % i
+        t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden))]
+        for proj, rows in (("q", heads), ("k", kv), ("v", kv)):
+            t.append((b + "self_attn.%s_proj.weight" % proj, n(rows * head_dim, hidden)))
+            if not qwen3:
+                t.append((b + "self_attn.%s_proj.bias" % proj, np.zeros(rows * head_dim)))
+        t.append((b + "self_attn.o_proj.weight", n(hidden, heads * head_dim)))
+        if qwen3:
+            t += [(b + "self_attn.q_norm.weight", np.ones(head_dim)), (b + "self_attn.k_norm.weight", np.ones(head_dim))]
+        t += [(b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
+              (b + "mlp.down_proj.weight", n(hidden, inter))]
+    return t + [(prefix + "norm.weight", np.ones(hidden))]
+
+
 def model3(hidden, layers, rs, vocab, ids):
     """Qwen3-VL: its config.json layout (text_config, vision_config) and names."""
     heads, kv = 4, 2
@@ -110,18 +130,7 @@ def model3(hidden, layers, rs, vocab, ids):
     def n(*shape):
         return rs.normal(0.0, 0.02, shape)
 
-    t = [("model.language_model.embed_tokens.weight", n(vocab, hidden))]
-    for i in range(layers):
-        b = "model.language_model.layers.%d." % i
-        t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden)),
-              (b + "self_attn.q_proj.weight", n(heads * head_dim, hidden)),
-              (b + "self_attn.k_proj.weight", n(kv * head_dim, hidden)),
-              (b + "self_attn.v_proj.weight", n(kv * head_dim, hidden)),
-              (b + "self_attn.o_proj.weight", n(hidden, heads * head_dim)),
-              (b + "self_attn.q_norm.weight", np.ones(head_dim)), (b + "self_attn.k_norm.weight", np.ones(head_dim)),
-              (b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
-              (b + "mlp.down_proj.weight", n(hidden, inter))]
-    t += [("model.language_model.norm.weight", np.ones(hidden))]
+    t = lm_tensors("model.language_model.", vocab, hidden, heads, kv, head_dim, inter, layers, n, True)
     for name, shape in qwen3_shapes(vcfg).items():  # as transformers initialises them: norms 1, biases 0
         v = np.ones(shape) if "norm" in name and name.endswith("weight") else \
             np.zeros(shape) if name.endswith("bias") else n(*shape)
@@ -160,17 +169,7 @@ def model(kind, hidden, layers, rs, vocab=VOCAB, ids=None):
     def n(*shape):
         return rs.normal(0.0, 0.02, shape)
 
-    t = [("model.embed_tokens.weight", n(vocab, hidden))]
-    for i in range(layers):
-        b = "model.layers.%d." % i
-        t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden)),
-              (b + "self_attn.q_proj.weight", n(heads * head_dim, hidden)), (b + "self_attn.q_proj.bias", np.zeros(heads * head_dim)),
-              (b + "self_attn.k_proj.weight", n(kv * head_dim, hidden)), (b + "self_attn.k_proj.bias", np.zeros(kv * head_dim)),
-              (b + "self_attn.v_proj.weight", n(kv * head_dim, hidden)), (b + "self_attn.v_proj.bias", np.zeros(kv * head_dim)),
-              (b + "self_attn.o_proj.weight", n(hidden, heads * head_dim)),
-              (b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
-              (b + "mlp.down_proj.weight", n(hidden, inter))]
-    t += [("model.norm.weight", np.ones(hidden))]
+    t = lm_tensors("model.", vocab, hidden, heads, kv, head_dim, inter, layers, n, False)
     t += vision_tensors(q25, w, vf, hidden, depth, tp, p, m2, n, np.ones, np.zeros)
     return cfg, t
 
