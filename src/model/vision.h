@@ -77,8 +77,10 @@ at_backend *at_vision_backend(const at_vision *v);
  * Owned by v. */
 size_t at_vision_param_count(const at_vision *v);
 at_tensor *at_vision_param(const at_vision *v, size_t i);
-/* Whether parameter i belongs to the merger (visual.merger.*: the aligner)
- * rather than the vision transformer (patch embedding and blocks). */
+/* Whether parameter i belongs to the merger (visual.merger.*, and Qwen3-VL's
+ * visual.deepstack_merger_list.*: the aligner, they project into the
+ * language model)
+ * rather than the vision transformer (patch embedding, positions, blocks). */
 int at_vision_param_is_aligner(const at_vision *v, size_t i);
 /* Its gradient (f32, the parameter's shape, owned by v), or NULL when that
  * part is not trainable (at_vision_set_trainable). */
@@ -97,8 +99,8 @@ at_status at_vision_set_trainable(at_vision *v, int vit, int aligner);
  * --vit_freeze_steps: the tower's gradient tensors keep their addresses. */
 void at_vision_hold_vit(at_vision *v, int hold);
 /* LoRA on every linear of the vision transformer's blocks (attn.qkv,
- * attn.proj, mlp.fc1 / fc2 or gate_proj / up_proj / down_proj; not the
- * merger's): y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ with A [rank, in], B [out, rank],
+ * attn.proj, mlp.fc1 / fc2, linear_fc1 / linear_fc2 or gate_proj / up_proj /
+ * down_proj; not the mergers'): y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ with A [rank, in], B [out, rank],
  * s = alpha / rank (use_rslora: alpha / sqrt(rank)), no dropout. A starts
  * Kaiming-uniform (±1/sqrt(in), from seed) and B zero, as PEFT starts them.
  * The pairs become parameters after the tower's, A then B of each linear,
