@@ -8,6 +8,7 @@
 #include <string.h>
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cpu/cpu_kernels.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -847,6 +848,11 @@ static void test_attention(void)
     }
     attn_case c2 = {2, 130, 130, 3, 1, 8, NULL, kvl, seg};
     run_attn_case("segments+kv_len", &c2, AT_F32, 1);
+    /* the same two without the backward's dS store (dS formed twice) */
+    size_t store = at_cpu_attention_ds_store_limit(0);
+    run_attn_case("causal gqa, no dS store", &c1, AT_F32, 1);
+    run_attn_case("segments+kv_len, no dS store", &c2, AT_F32, 1);
+    at_cpu_attention_ds_store_limit(store);
     /* decode-like: 3 queries against 100 keys, default q_index (Tk − Tq + i) */
     attn_case c3 = {1, 3, 100, 8, 2, 32, NULL, NULL, NULL};
     run_attn_case("decode", &c3, AT_F16, 1);

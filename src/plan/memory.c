@@ -113,12 +113,17 @@ static int64_t lora_bytes(const at_model_config *c, int rank, unsigned mask)
 /* Scratch of the attention kernels (cpu_attention.c): per thread, tiles of
  * 64 queries × 64 keys (forward: 2·64·D + 3·64·D + 64·64 + 128 floats;
  * backward: 8·64·D + 2·64·64 + 128), and in the backward one float per
- * (row, head, query). Device kernels need about the same or less. */
+ * (row, head, query) and the store of dS tiles between its passes (64 x 64
+ * floats per row, head and pair of 64-blocks, when at most 16 MiB; only the
+ * causally visible tiles are touched, about half). Device kernels need about
+ * the same or less. */
 static int64_t attention_bytes(const at_model_config *c, int64_t rows, int64_t T, int threads, int train)
 {
-    int64_t D = c->head_dim, nt = threads > 1 ? threads : 1;
+    int64_t D = c->head_dim, nt = threads > 1 ? threads : 1, nb = (T + 63) / 64;
+    int64_t store = rows * c->num_attention_heads * nb * 64 * 64;
+    store = store * nb > ((int64_t)4 << 20) ? 0 : store * (nb + 1) / 2;
     int64_t fwd = nt * (2 * 64 * D + 3 * 64 * D + 64 * 64 + 128);
-    int64_t bwd = train ? nt * (8 * 64 * D + 2 * 64 * 64 + 128) + rows * c->num_attention_heads * T : 0;
+    int64_t bwd = train ? nt * (8 * 64 * D + 2 * 64 * 64 + 128) + rows * c->num_attention_heads * T + store : 0;
     return 4 * (fwd > bwd ? fwd : bwd);
 }
 

@@ -27,8 +27,11 @@
  * Two passes keep every output owned by one task, so there are no atomics:
  * pass 1 runs over (batch, kv head, key block) and sums dK, dV over the query
  * heads of the group and all query blocks; pass 2 runs over (batch, query
- * head, query block) for dQ. S and dP are thus formed twice; the price of a
- * deterministic result without locks.
+ * head, query block) for dQ. Pass 1 keeps each dS tile it forms in a store of
+ * B·Hq·ceil(Tq/BQ)·ceil(Tk/BK) tiles when that fits in DS_STORE_MAX bytes, and
+ * pass 2 reads it back (dQ += dS K: one product instead of three, and no
+ * exp); beyond that size, or without the memory, pass 2 forms S and dP again.
+ * Either way dQ gets the same dS values, so the result does not depend on it.
  *
  * Visibility of key j to query i of sequence b: j ≤ lim_i with
  * lim_i = min(q_index[b,i] (default Tk − Tq + i), kv_len[b] − 1), and with
@@ -38,6 +41,17 @@
 
 #define BQ 64
 #define BK 64
+/* 14.7 MB for Qwen2.5-0.5B's 14 heads at 512 tokens; small beside a step's activations
+ * (plan/memory.c counts the touched half) */
+#define DS_STORE_MAX ((size_t)16 << 20)
+static size_t ds_store_max = DS_STORE_MAX;
+
+size_t at_cpu_attention_ds_store_limit(size_t bytes)
+{
+    size_t old = ds_store_max;
+    ds_store_max = bytes;
+    return old;
+}
 
 typedef struct {
     int64_t B, Tq, Tk, Hq, Hkv, G, D;
@@ -317,7 +331,16 @@ typedef struct {
     const float *lse, *Dd; /* [B, Hq, Tq] */
     void *dq, *dk, *dv;
     at_dtype dqt, dkt, dvt;
+    float *ds;              /* the dS store, [B, Hq, nqb, nkb] tiles of BQ x BK; NULL: none */
+    unsigned char *ds_done; /* per tile: pass 1 wrote it */
+    int64_t nqb, nkb;
 } bwd_args;
+
+/* Index of the dS tile of (b, h, qb, kb) in the store. */
+static int64_t ds_tile(const geo *g, const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_t kb)
+{
+    return ((b * g->Hq + h) * a->nqb + qb) * a->nkb + kb;
+}
 
 /* Qs, dO, acc1, acc2 ([BQ or BK][D] each), Kf, Kt, Vt, tmp ([BK][D]), S, dP ([BQ][BK]), lse, Di ([BQ]) */
 static size_t bwd_ws_floats(int64_t D) { return (size_t)(8 * BK * D + 2 * BQ * BK + 2 * BQ); }
@@ -386,10 +409,13 @@ static void bwd_kv_task(const geo *g, const bwd_args *a, float *ws, int64_t b, i
                 loaded = 1;
             }
             load_qside(g, a, b, h, &qk, Qs, dO, L, Di);
-            probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dP);
+            int64_t tile = ds_tile(g, a, b, h, qb, kb);
+            float *dS = a->ds ? a->ds + tile * (BQ * BK) : dP;
+            probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dS);
             /* dV[j] += Σ_i P[i, j] dO[i];  dK[j] += Σ_i dS[i, j] Qs[i]  (Qs carries the scale) */
             v->gemm_acc(dV, D, S, 1, BK, dO, D, nk, D, qk.nq);
-            v->gemm_acc(dK, D, dP, 1, BK, Qs, D, nk, D, qk.nq);
+            v->gemm_acc(dK, D, dS, 1, BK, Qs, D, nk, D, qk.nq);
+            if (a->ds) a->ds_done[tile] = 1;
         }
     }
     int64_t koff = ((b * g->Tk + j0) * g->Hkv + kvh) * D, kstride = g->Hkv * D;
@@ -412,6 +438,14 @@ static void bwd_q_task(const geo *g, const bwd_args *a, float *ws, int64_t b, in
         int64_t nk = qk.maxlim + 1 - j0 < BK ? qk.maxlim + 1 - j0 : BK;
         int vis = block_visibility(g, b, &qk, j0, nk);
         if (!vis) continue;
+        int64_t tile = ds_tile(g, a, b, h, qb, j0 / BK);
+        if (a->ds && a->ds_done[tile]) {
+            /* pass 1's tile: its columns past this block's last visible key
+             * (pass 1 may have had more) are dS = 0 for every row */
+            load_rows(g, Kf, a->k, a->kt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f);
+            v->gemm_acc(dQ, D, a->ds + tile * (BQ * BK), BK, 1, Kf, D, qk.nq, D, nk);
+            continue;
+        }
         load_keys(g, Kf, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
         load_keys(g, NULL, Vt, tmp, a->vv, a->vt, b, kvh, j0, nk);
         probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dP);
@@ -441,7 +475,18 @@ at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv,
     }
     bwd_args a = {at_tensor_data(q), at_tensor_data(k), at_tensor_data(v), at_tensor_data(dout),
                   q->dtype, k->dtype, v->dtype, dout->dtype, at_tensor_data(lse), Dd,
-                  at_tensor_data(dq), at_tensor_data(dk), at_tensor_data(dv), dq->dtype, dk->dtype, dv->dtype};
+                  at_tensor_data(dq), at_tensor_data(dk), at_tensor_data(dv), dq->dtype, dk->dtype, dv->dtype,
+                  NULL, NULL, nqb, nkb};
+    size_t ntiles = (size_t)(g.B * g.Hq * nqb * nkb);
+    if (ntiles > 0 && ntiles <= ds_store_max / (BQ * BK * sizeof(float))) {
+        /* without the memory, pass 2 recomputes (no error) */
+        a.ds = malloc(ntiles * (BQ * BK) * sizeof(float));
+        a.ds_done = a.ds ? calloc(ntiles, 1) : NULL;
+        if (!a.ds_done) {
+            free(a.ds);
+            a.ds = NULL;
+        }
+    }
     const void *po = at_tensor_data(out), *pdo = at_tensor_data(dout);
     int64_t D = g.D;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -471,6 +516,8 @@ at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv,
             bwd_q_task(&g, &a, w, b, h, qb);
         }
     }
+    free(a.ds_done);
+    free(a.ds);
     free(Dd);
     free(ws);
     return AT_OK;

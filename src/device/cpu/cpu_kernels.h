@@ -15,4 +15,9 @@ AT_BACKEND_OPS(AT_CPU_KERNEL_DECLARE_)
 /* The table of CPU kernels (static storage). */
 const at_backend_ops *at_cpu_ops(void);
 
+/* The largest store of dS tiles (bytes) the attention backward keeps between
+ * its two passes (cpu_attention.c); returns the previous limit. Tests set 0
+ * to run the path that forms dS twice. Not thread-safe: set it before use. */
+size_t at_cpu_attention_ds_store_limit(size_t bytes);
+
 #endif

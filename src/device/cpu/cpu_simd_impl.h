@@ -513,7 +513,10 @@ static void rope_row_f32(float *y, const float *x, const float *cs, const float 
 #if defined(VL)
 /* A register-blocked micro-kernel: a 4-row × 2-vector tile of C stays in
  * registers over all of K (per k: two loads of B, four broadcasts of A,
- * eight multiply-adds). Edges: single rows, single vectors, then scalar
+ * eight multiply-adds); with 32 vector registers (AVX-512) 8 rows first,
+ * sixteen multiply-adds per two loads of B (attention's 64 x 64 tiles ran
+ * bound by the loads). Each element still adds its products in k order,
+ * whatever the blocking. Edges: single rows, single vectors, then scalar
  * columns. */
 static void gemm_acc_f32(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                          int64_t ldb, int64_t M, int64_t N, int64_t K)
@@ -521,6 +524,31 @@ static void gemm_acc_f32(float *c, int64_t ldc, const float *a, int64_t a_rs, in
     int64_t n0 = 0;
     for (; n0 + 2 * VL <= N; n0 += 2 * VL) {
         int64_t m = 0;
+#if VL >= 16
+        for (; m + 8 <= M; m += 8) {
+#define GA_LOAD(r) vf x##r##0 = VLOAD(c + (m + r) * ldc + n0), x##r##1 = VLOAD(c + (m + r) * ldc + n0 + VL);
+#define GA_FMA(r)                                                                                                      \
+    s = VSET1(a[(m + r) * a_rs + ka]);                                                                                 \
+    x##r##0 = VFMA(s, b0, x##r##0);                                                                                    \
+    x##r##1 = VFMA(s, b1, x##r##1);
+#define GA_STORE(r)                                                                                                    \
+    VSTORE(c + (m + r) * ldc + n0, x##r##0);                                                                           \
+    VSTORE(c + (m + r) * ldc + n0 + VL, x##r##1);
+#define GA_ROWS(M_) M_(0) M_(1) M_(2) M_(3) M_(4) M_(5) M_(6) M_(7)
+            GA_ROWS(GA_LOAD)
+            for (int64_t k = 0; k < K; k++) {
+                const float *bk = b + k * ldb + n0;
+                vf b0 = VLOAD(bk), b1 = VLOAD(bk + VL), s;
+                int64_t ka = k * a_cs;
+                GA_ROWS(GA_FMA)
+            }
+            GA_ROWS(GA_STORE)
+#undef GA_ROWS
+#undef GA_STORE
+#undef GA_FMA
+#undef GA_LOAD
+        }
+#endif
         for (; m + 4 <= M; m += 4) {
             float *c0 = c + m * ldc + n0, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
             const float *a0 = a + m * a_rs, *a1 = a0 + a_rs, *a2 = a1 + a_rs, *a3 = a2 + a_rs;
