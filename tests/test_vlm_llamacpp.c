@@ -7,8 +7,9 @@
  *
  * The models are tools/make_tiny_vlm.py's (f32), made to depend on their
  * images (tests/tiny_vlm.h: attention outputs x30, unused embedding rows
- * zeroed, the tower's qkv x8 so that its attention is not uniform and an
- * error in its q, k or rotary changes the answer). Each model answers two
+ * zeroed, the tower's attention qkv and proj x16 so that its attention is
+ * not uniform and weighs in the features: an error in its q, k or rotary
+ * changes the answers). Each model answers two
  * images, a photo and its negative, whose answers must differ (else the
  * check would not see the tower). The images' sides are multiples of 28
  * within both processors' pixel limits, so neither resizes them and the
@@ -16,7 +17,11 @@
  * and 224x168 (Qwen2.5-VL, its processor's max_pixels raised: 8x6 merged
  * tokens, so its 4x4-unit windows are cut by the image's edges and its
  * window blocks differ from the full-attention one). The export is f32,
- * so the two engines differ only by rounding. */
+ * so the two engines differ only by rounding. Planted once: the patch
+ * embedding's colour channels reversed, or q and k of the tower swapped, in
+ * the mmproj: all four answers differ. Not seen: Qwen2.5-VL's last block
+ * windowed instead of full (n_wa_pattern 3), a small change of the features
+ * of a random tower that the greedy answers do not show. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,15 +34,15 @@
 #define QUESTION "What is in the picture?"
 #define N_NEW 16
 
-/* `cmd`'s output (stdout) into out, at most len - 1 bytes, the trailing
- * newlines cut; returns the command's status. */
+/* `cmd`'s output (stdout) into out, at most len - 1 bytes, its last
+ * newline cut; returns the command's status. */
 static int run_capture(const char *cmd, char *out, size_t len)
 {
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t n = fread(out, 1, len - 1, p);
     out[n] = 0;
-    while (n && out[n - 1] == '\n') out[--n] = 0;
+    if (n && out[n - 1] == '\n') out[--n] = 0; /* infer's own; an answer may end in newlines */
     return pclose(p);
 }
 
@@ -84,7 +89,7 @@ static void check_kind(const char *bin, const char *tmp, const char *kind, int w
     int ok = system(cmd) == 0;
     CHECK_MSG(ok, "%s failed", cmd);
     if (!ok) return;
-    tiny_vlm_sharpen(model, 8.0f);
+    tiny_vlm_sharpen(model, 16.0f);
     if (w * h > 112 * 112) set_max_pixels(model, w * h);
     ok = make_images(tmp, w, h, images);
     CHECK_MSG(ok, "%s: the images could not be made (python3-pil)", kind);
@@ -110,6 +115,7 @@ static void check_kind(const char *bin, const char *tmp, const char *kind, int w
         const char *d = strstr(log, "decode: ");
         CHECK_MSG(d && sscanf(d, "decode: %d tokens", &n_ours[i]) == 1, "%s: infer --verbose said %s", kind, log);
         n_ours[i]++;
+        printf("%s, %s: anytune infer answers \"%s\" (%d tokens)\n", kind, images[i], ours[i], n_ours[i]);
     }
     CHECK_MSG(strcmp(ours[0], ours[1]) != 0, "%s: the photo and its negative get the same answer \"%s\"", kind,
               ours[0]);

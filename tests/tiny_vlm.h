@@ -16,9 +16,10 @@
  * prompt, a fifth of which is the image), and the embedding rows of ids the
  * trimmed tokenizer lacks zeroed (tied, so their logits are 0 and a greedy
  * answer, the largest of ~7000 positive-tailed logits, is always text).
- * tower_qkv (1: unchanged) scales every tower block's attn.qkv weight: the
- * random tower's attention is nearly uniform, so an error in its q, k or
- * rotary would hardly change the features; scaled, the scores spread. */
+ * tower_qkv (1: unchanged) scales every tower block's attn.qkv and
+ * attn.proj weights: the random tower's attention is nearly uniform and
+ * small beside the residual, so an error in its q, k or rotary would hardly
+ * change the features; scaled, the scores spread and the output weighs. */
 static inline void tiny_vlm_sharpen(const char *dir, float tower_qkv)
 {
     char path[512];
@@ -38,7 +39,8 @@ static inline void tiny_vlm_sharpen(const char *dir, float tower_qkv)
         const at_st_info *t = at_st_info_at(f, i);
         uint8_t *p = (uint8_t *)data + (t->data - (const uint8_t *)data);
         int o_proj = strstr(t->name, "self_attn.o_proj.weight") != NULL, embed = !strcmp(t->name, "model.embed_tokens.weight");
-        int qkv = tower_qkv != 1.0f && strstr(t->name, "visual.blocks.") && strstr(t->name, ".attn.qkv.weight");
+        int qkv = tower_qkv != 1.0f && strstr(t->name, "visual.blocks.") &&
+                  (strstr(t->name, ".attn.qkv.weight") || strstr(t->name, ".attn.proj.weight"));
         if ((o_proj || embed || qkv) && !(t->has_dtype && t->dtype == AT_F32)) {
             CHECK_MSG(0, "%s: not f32", t->name);
         } else if (o_proj || qkv) {
@@ -57,7 +59,7 @@ static inline void tiny_vlm_sharpen(const char *dir, float tower_qkv)
                 if (!at_tokenizer_id_to_token(tok, (int32_t)id)) memset(p + (size_t)id * row, 0, row), zeroed++;
         }
     }
-    CHECK_MSG(scaled == 2 && zeroed > 100000 && (tower_qkv == 1.0f || tower == 2),
+    CHECK_MSG(scaled == 2 && zeroed > 100000 && (tower_qkv == 1.0f || tower == 4),
               "tiny_vlm_sharpen: %d projections scaled, %d rows zeroed, %d tower blocks", scaled, zeroed, tower);
     CHECK_OK(at_write_file_atomic(path, data, len));
 done:
