@@ -37,7 +37,7 @@
  * even when tied. The matmul peak is at_cpu_gemm on a 2048³ problem
  * (bf16 × bf16 → f32, and f32), measured in the same run.
  *
- *   bench_train [--shape small|qwen|all] [--steps N] [--formats f32,bf16,qlora-nf4,qlora-q8_0]
+ *   bench_train [--shape small|qwen|vision|all] [--steps N] [--formats f32,bf16,qlora-nf4,qlora-q8_0]
  *               [--no-torch] [--checkpointing] [--no-peak] [--no-load]
  * (--no-peak skips the GEMM peak measurement, for profiling the steps alone)
  *
@@ -66,6 +66,7 @@
 #include "model/weights.h"
 #include "ops/ops.h"
 #include "train/optimizer.h"
+#include "train_vision.h"
 
 enum { F_F32, F_BF16, F_NF4, F_Q8, F_COUNT };
 static const char *FORMAT_NAMES[F_COUNT] = {"f32", "bf16", "qlora-nf4", "qlora-q8_0"};
@@ -333,7 +334,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--no-load") == 0) load = 0;
         else {
             fprintf(stderr,
-                    "usage: %s [--shape small|qwen|all] [--steps N] [--formats f32,bf16,qlora-nf4,qlora-q8_0] "
+                    "usage: %s [--shape small|qwen|vision|all] [--steps N] [--formats f32,bf16,qlora-nf4,qlora-q8_0] "
                     "[--no-torch] [--checkpointing] [--no-peak] [--no-load]\n",
                     argv[0]);
             return 2;
@@ -413,6 +414,8 @@ int main(int argc, char **argv)
             break;
         }
     }
+    int rc = 0; /* the vision row: bench/train_vision.c */
+    if (!strcmp(which, "all") || !strcmp(which, "vision")) rc = bench_train_vision(steps, torch, n_threads());
     if (getloadavg(la, 3) > 0) printf("\nload average at end: %.2f %.2f %.2f\n", la[0], la[1], la[2]);
-    return 0;
+    return rc;
 }

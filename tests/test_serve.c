@@ -873,6 +873,43 @@ static void test_sigterm(void)
     close(err[0]);
 }
 
+/* A body of `size` bytes: a valid completion request padded with spaces
+ * (JSON allows them after the value). */
+static char *padded_request(size_t size)
+{
+    static const char req[] = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 2}";
+    char *body = malloc(size + 1);
+    if (!body) return NULL;
+    memset(body, ' ', size);
+    memcpy(body, req, sizeof req - 1);
+    body[size] = 0;
+    return body;
+}
+
+/* The server's default body limit for a text model (max_body_bytes 0): 1
+ * MiB; a request just under it is served, one just over it refused (413). */
+static void test_default_body_limit(at_bundle *b)
+{
+    at_server_opts o = {0};
+    o.max_batch_size = 1;
+    at_server *s = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    int port = at_server_port(s), status = 0;
+    char *under = padded_request((1u << 20) - 1024), *over = padded_request((1u << 20) + 1024);
+    cJSON *j = under ? post_json(port, "/v1/completions", NULL, under, &status) : NULL;
+    CHECK_MSG(status == 200 && jstr(j, "choices.0.text"), "a request of 1 MiB - 1 KiB: status %d", status);
+    cJSON_Delete(j);
+    http_resp r;
+    CHECK(over && http(port, "POST", "/v1/completions", NULL, over, &r));
+    CHECK_MSG(r.status == 413 && r.body && strstr(r.body, "larger than 1048576 bytes"),
+              "a request of 1 MiB + 1 KiB: status %d, %.200s", r.status, r.body ? r.body : "");
+    free(r.body);
+    free(under);
+    free(over);
+    at_server_stop(s, 5);
+}
+
 static at_bundle *load(const char *adapter_item)
 {
     at_bundle_opts o = {0};
@@ -938,6 +975,7 @@ int main(void)
             at_server_stop(s, 5);
         }
     }
+    if (b) test_default_body_limit(b);
     if (b) test_abuse(b);
     if (b) test_shutdown(b);
     if (b) test_many_addresses(b);

@@ -4,7 +4,7 @@
  *    here from the library's parts (at_vision_forward's features placed by
  *    at_decoder_prefill_ex with at_mrope_position_ids' positions, then
  *    decode steps), greedy, and another image gives other logits and tokens.
- *    The random folder is made to see its images first (sharpen_model): as
+ *    The random folder is made to see its images first (tiny_vlm_sharpen): as
  *    written, its answer is the prompt's last token again whatever the
  *    image (the tied embedding of that token dominates), so a tower whose
  *    features never reached the model would pass;
@@ -19,7 +19,10 @@
  *    under --allowed_local_media_path too, and usage/health show the cache;
  *    a file outside it (a symbolic link, ".."), no folder given, an http
  *    URL, bad base64, a corrupt image, an image over the pixel limit and a
- *    body over the limit are refused with a message naming the problem. */
+ *    body over the limit are refused with a message naming the problem;
+ *  - serve's defaults for a vision-language model: bodies up to 20 MiB,
+ *    --limit_mm_per_prompt, the prefix cache of text-only chats (and the
+ *    scheduler's for text-only prompts). */
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -40,6 +43,7 @@
 #include "model/safetensors.h"
 #include "serve/server.h"
 #include "testing.h"
+#include "tiny_vlm.h"
 
 #define IMG_A "tests/data/images/photo.png"
 #define IMG_B "tests/data/images/photo.jpg"
@@ -63,55 +67,6 @@ static cJSON *question(void)
     cJSON_AddStringToObject(u, "content", AT_IMAGE_TAG QUESTION);
     cJSON_AddItemToArray(m, u);
     return m;
-}
-
-/* Rewrites dir/model.safetensors (f32) so that its answers depend on its
- * images: every layer's attention output projection times 30 (the
- * residual stream at the last token is then mostly attention over the
- * prompt, a fifth of which is the image), and the embedding rows of ids the
- * trimmed tokenizer lacks zeroed (tied, so their logits are 0 and a greedy
- * answer, the largest of ~7000 positive-tailed logits, is always text). */
-static void sharpen_model(const char *dir)
-{
-    char path[128];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    char *data = NULL;
-    size_t len = 0;
-    at_st_file *f = NULL;
-    at_tokenizer *tok = NULL;
-    CHECK_OK(at_read_file(path, &data, &len));
-    CHECK_OK(at_tokenizer_load(dir, NULL, &tok));
-    if (!data || !tok || at_st_parse(data, len, path, &f) != AT_OK) {
-        CHECK(0);
-        goto done;
-    }
-    int scaled = 0, zeroed = 0;
-    for (size_t i = 0; at_st_info_at(f, i); i++) {
-        const at_st_info *t = at_st_info_at(f, i);
-        uint8_t *p = (uint8_t *)data + (t->data - (const uint8_t *)data);
-        if ((strstr(t->name, "self_attn.o_proj.weight") || !strcmp(t->name, "model.embed_tokens.weight")) &&
-            !(t->has_dtype && t->dtype == AT_F32)) {
-            CHECK_MSG(0, "%s: not f32", t->name);
-        } else if (strstr(t->name, "self_attn.o_proj.weight")) {
-            for (size_t k = 0; k < t->nbytes; k += 4) {
-                float v;
-                memcpy(&v, p + k, 4);
-                v *= 30.0f;
-                memcpy(p + k, &v, 4);
-            }
-            scaled++;
-        } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
-            size_t row = (size_t)t->shape[1] * 4;
-            for (int64_t id = 0; id < t->shape[0]; id++)
-                if (!at_tokenizer_id_to_token(tok, (int32_t)id)) memset(p + (size_t)id * row, 0, row), zeroed++;
-        }
-    }
-    CHECK_MSG(scaled == 2 && zeroed > 100000, "sharpen_model: %d projections scaled, %d rows zeroed", scaled, zeroed);
-    CHECK_OK(at_write_file_atomic(path, data, len));
-done:
-    at_st_close(f);
-    at_tokenizer_free(tok);
-    free(data);
 }
 
 /* The prompt of QUESTION with the image at path. */
@@ -491,6 +446,116 @@ static void test_server(at_bundle *b, const char *tmp, const run_result *ra, con
     rmdir(allowed);
 }
 
+/* The server's defaults for a vision-language model: a body of up to 20
+ * MiB (max_body_bytes 0; photos come inline as data: URLs): one of 2 MiB
+ * is served, one over 20 MiB refused (413); --limit_mm_per_prompt
+ * (max_images) 1: a request with two images is refused (400) naming the
+ * limit; and a text-only chat again takes all but its last token from the
+ * prefix cache with the same answer (the first time, the slot's cache of
+ * the image chat gives it the system prompt's tokens). */
+static void test_server_defaults(at_bundle *b, const run_result *ra)
+{
+    at_server_opts o = {0};
+    o.max_batch_size = 1;
+    o.max_model_len = 512;
+    o.max_images = 1;
+    at_server *s = NULL;
+    CHECK_OK(at_server_start(b, &o, &s));
+    if (!s) return;
+    int port = at_server_port(s), status = 0;
+    char *ua = data_url(IMG_A, "image/png"), *body = chat_body(ua);
+    size_t len = strlen(body), big = 2u << 20, huge = (20u << 20) + 1024;
+    char *padded = malloc(huge + 1);
+    if (padded) {
+        memset(padded, ' ', huge);
+        memcpy(padded, body, len);
+        padded[big] = 0;
+        cJSON *j = post(port, padded, &status);
+        CHECK_MSG(status == 200 && content_of(j) && !strcmp(content_of(j), ra->text),
+                  "a request of 2 MiB to a vision-language model: status %d, \"%s\"", status,
+                  content_of(j) ? content_of(j) : "(none)");
+        cJSON_Delete(j);
+        padded[big] = ' ';
+        padded[huge] = 0;
+        refused(port, padded, 413, "larger than 20971520 bytes");
+    }
+    free(padded);
+    free(body);
+
+    /* two images where one is allowed */
+    cJSON *o2 = cJSON_Parse(body = chat_body(ua));
+    free(body);
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o2,
+                                                                                                          "messages"), 0),
+                                                      "content");
+    cJSON_AddItemToArray(content, cJSON_Duplicate(cJSON_GetArrayItem(content, 0), 1));
+    body = cJSON_PrintUnformatted(o2);
+    refused(port, body, 400, "too many images in one request (at most 1");
+    free(body);
+    cJSON_Delete(o2);
+
+    /* text only, twice: the repeat from the prefix cache */
+    static const char text_body[] = "{\"messages\": [{\"role\": \"user\", \"content\": \"" QUESTION "\"}], "
+                                    "\"temperature\": 0, \"max_tokens\": 8}";
+    cJSON *j1 = post(port, text_body, &status), *j2 = NULL;
+    CHECK_MSG(status == 200 && content_of(j1), "text only: status %d", status);
+    j2 = post(port, text_body, &status);
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j2, "usage"), "prompt_tokens");
+    CHECK_MSG(status == 200 && content_of(j1) && content_of(j2) && !strcmp(content_of(j1), content_of(j2)) &&
+                  cJSON_IsNumber(pt) && cached_of(j2) == pt->valueint - 1,
+              "text only again: status %d, \"%s\" then \"%s\", %d cached of %d", status,
+              content_of(j1) ? content_of(j1) : "", content_of(j2) ? content_of(j2) : "", cached_of(j2),
+              cJSON_IsNumber(pt) ? pt->valueint : -1);
+    CHECK_MSG(health(port, "images_encoded") == 1, "images encoded %lld", health(port, "images_encoded"));
+    cJSON_Delete(j1);
+    cJSON_Delete(j2);
+    free(ua);
+    at_server_stop(s, 5);
+}
+
+/* The scheduler's prefix cache for a text-only prompt of the
+ * vision-language model: the same prompt again takes all but its last
+ * token from the cache and gives a fresh scheduler's tokens; a prompt
+ * sharing only its start takes that start. */
+static void test_text_prefix_cache(at_bundle *b)
+{
+    static const char *const contents[2] = {QUESTION, "What is in the box?"};
+    int32_t *ids[2] = {NULL, NULL};
+    size_t n[2] = {0, 0};
+    at_vlm_images none = {0};
+    for (int k = 0; k < 2; k++) {
+        cJSON *m = cJSON_CreateArray(), *u = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", contents[k]);
+        cJSON_AddItemToArray(m, u);
+        CHECK_OK(at_vlm_encode_chat(b, m, &none, &ids[k], &n[k]));
+        cJSON_Delete(m);
+    }
+    size_t common = 0;
+    while (ids[0] && ids[1] && common < n[0] && common < n[1] && ids[0][common] == ids[1][common]) common++;
+    at_scheduler *fresh = NULL, *s = NULL;
+    CHECK_OK(at_scheduler_new(b->decoder, b->tokenizer, 1, 512, &fresh));
+    CHECK_OK(at_scheduler_new(b->decoder, b->tokenizer, 1, 512, &s));
+    if (fresh && s && ids[0] && ids[1]) {
+        run_result want, first, again, other;
+        sched_run(fresh, b, &none, ids[0], n[0], &want);
+        sched_run(s, b, &none, ids[0], n[0], &first);
+        sched_run(s, b, &none, ids[0], n[0], &again);
+        CHECK_MSG(want.n > 0 && first.cached == 0 && again.cached == (int)n[0] - 1 && again.encoded == 0,
+                  "text only: %d then %d of %zu prompt tokens cached", first.cached, again.cached, n[0]);
+        CHECK_MSG(again.n == want.n && !memcmp(again.tokens, want.tokens, (size_t)want.n * sizeof *want.tokens),
+                  "text only from the cache: %d tokens (first %d), fresh %d (first %d)", again.n, again.tokens[0],
+                  want.n, want.tokens[0]);
+        sched_run(s, b, &none, ids[1], n[1], &other);
+        CHECK_MSG(common > 10 && other.cached == (int)common, "another question: %d cached, %zu tokens in common",
+                  other.cached, common);
+    }
+    at_scheduler_free(fresh);
+    at_scheduler_free(s);
+    free(ids[0]);
+    free(ids[1]);
+}
+
 /* anytune infer --images prints the scheduler's answer; with --max_pixels
  * 3136 (56x56) its prompt has the tokens of the image resized that small. */
 static void test_cli(at_bundle *b, const char *model, const run_result *ra)
@@ -622,7 +687,7 @@ int main(void)
     snprintf(model, sizeof model, "%s/model", tmp);
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 tools/make_tiny_vlm.py %s --dtype f32 >/dev/null", model);
     CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-    sharpen_model(model);
+    tiny_vlm_sharpen(model, 1.0f);
     at_bundle *b = load(model);
     if (b) {
         CHECK(b->vision != NULL);
@@ -706,6 +771,8 @@ int main(void)
             test_cli(b, model, &ra);
             test_dataset(b, model, tmp);
             test_server(b, tmp, &ra, &rb, first_pad);
+            test_server_defaults(b, &ra);
+            test_text_prefix_cache(b);
         }
         free(la);
         free(lb);

@@ -71,7 +71,7 @@ static at_status content_text(at_serve_request *r, const cJSON *c, const at_requ
         int max = lim->max_images > 0 ? lim->max_images : AT_SERVE_MAX_IMAGES;
         if (st == AT_OK && (size_t)r->n_images + list.n > (size_t)max) {
             char d[64];
-            snprintf(d, sizeof d, " (at most %d)", max);
+            snprintf(d, sizeof d, " (at most %d: --limit_mm_per_prompt)", max);
             at_arena_free(&a);
             return bad(r, "messages", "'%s': too many images in one request%s", d);
         }
