@@ -320,6 +320,23 @@ static void test_rewards(void)
     c.reward_funcs[1] = "soft_overlong";
     c.soft_cache_length = 0;
     CHECK(at_grpo_rewards_init(&c, &r) == AT_ERR_INVALID);
+    c.soft_cache_length = 20;
+    /* names key the logs' columns: never two of one name */
+    c.reward_funcs[1] = "format";
+    CHECK(at_grpo_rewards_init(&c, &r) == AT_ERR_INVALID);
+    CHECK(strstr(at_last_error(), "--reward_funcs format is listed twice") != NULL);
+    c.n_reward_funcs = 1;
+    c.n_reward_weights = 0;
+    c.reward_model = "some/where/format/";
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(r.n == 2 && !strcmp(r.names[0], "format") && !strcmp(r.names[1], "format_model"));
+    c.reward_model = "reward"; /* a key of completions.jsonl */
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(!strcmp(r.names[1], "reward_model"));
+    c.reward_model = "my-rm";
+    CHECK_OK(at_grpo_rewards_init(&c, &r));
+    CHECK(!strcmp(r.names[1], "my-rm"));
+    c.reward_model = NULL;
     /* an external scorer */
     at_grpo_sample cs[3] = {{"q1", "yes it is", "s", 3, NULL},
                             {"q2", "no \"quoted\"\nline", NULL, 4, NULL},
@@ -339,7 +356,11 @@ static void test_rewards(void)
     CHECK(strstr(at_last_error(), "status 127") != NULL);
 }
 
-#define DEMO_STEPS 40 /* the demo's own number of steps */
+/* The demo's own number of steps. The ASan build runs its first 6 (the same
+ * code under the sanitizers in a seventh of the time); whether the reward
+ * rises over the 40 is the release build's check. */
+#define DEMO_STEPS 40
+#define DEMO_STEPS_RUN (AT_TEST_ASAN ? 6 : DEMO_STEPS)
 
 static double rm_tol(double r) { return 1e-5 * (1 + fabs(r)); }
 
@@ -590,8 +611,11 @@ static void test_cli(const char *root)
     char err[512], out[512], path[700];
     snprintf(err, sizeof err, "%s/stderr.txt", root);
     snprintf(out, sizeof out, "%s/demo", root);
+    char steps[16];
+    snprintf(steps, sizeof steps, "%d", DEMO_STEPS_RUN);
     char *argv[] = {(char *)bin, "rlhf", "--rlhf_type", "grpo", "--logging_steps", "1",
-                    "--log_completions", "true", "--add_version", "false", "--output_dir", out, NULL};
+                    "--log_completions", "true", "--add_version", "false", "--output_dir", out,
+                    AT_TEST_ASAN ? "--max_steps" : NULL, steps, NULL}; /* release: the demo's own 40 */
     int status = at_test_run(argv, err);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the grpo demo failed (status %d)", status);
     CHECK(at_test_file_has(err, "the GRPO demo"));
@@ -626,19 +650,21 @@ static void test_cli(const char *root)
         cJSON_Delete(j);
     }
     free(text);
-    CHECK(lines == DEMO_STEPS);
+    CHECK(lines == DEMO_STEPS_RUN);
     /* the mean reward of the first and the last quarter of the steps */
     double a = 0, b = 0;
-    int q = DEMO_STEPS / 4;
+    int q = DEMO_STEPS_RUN / 4;
     for (int i = 0; i < q; i++) {
         a += r[i] / q;
-        b += r[DEMO_STEPS - q + i] / q;
+        b += r[DEMO_STEPS_RUN - q + i] / q;
     }
     printf("  %d steps: mean reward %.3f (first %d steps) -> %.3f (last %d); mean length %.1f -> %.1f tokens\n",
            lines, a, q, b, q, len0, len1);
-    /* about -0.8 -> -0.05 on the machine where this was written; the penalty's range is [-1, 0] */
-    CHECK_MSG(b > a + 0.3, "the mean reward did not rise: %.3f -> %.3f", a, b);
-    CHECK(len1 < len0);
+    if (DEMO_STEPS_RUN == DEMO_STEPS) {
+        /* about -0.8 -> -0.05 on the machine where this was written; the penalty's range is [-1, 0] */
+        CHECK_MSG(b > a + 0.3, "the mean reward did not rise: %.3f -> %.3f", a, b);
+        CHECK(len1 < len0);
+    }
     /* every completion with its reward */
     snprintf(path, sizeof path, "%s/completions.jsonl", out);
     text = NULL;
@@ -653,7 +679,7 @@ static void test_cli(const char *root)
         cJSON_Delete(j);
     }
     free(text);
-    CHECK_MSG(nc == DEMO_STEPS * 2 * 8, "completions.jsonl has %d lines", nc);
+    CHECK_MSG(nc == DEMO_STEPS_RUN * 2 * 8, "completions.jsonl has %d lines", nc);
 
     /* μ = 2 with the KL term: each generated batch serves two steps (old log-probs kept), the reference
      * pass runs (kl logged), dynamic sampling and the overlong filter on */

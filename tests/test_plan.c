@@ -42,13 +42,6 @@
 #include "train/trainer.h"
 #include "testing.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define AT_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AT_ASAN 1
-#endif
-#endif
 
 static const char *QWEN = "tests/data/plan/qwen2.5-0.5b.config.json";
 static const char *MISTRAL = "tests/data/models/configs/mistral-7b-instruct-v0.3.config.json";
@@ -860,10 +853,19 @@ done:
 
 static void test_measured(void)
 {
-#ifdef AT_ASAN
+#if AT_TEST_ASAN
     printf("estimate vs measured: skipped under AddressSanitizer (its shadow memory and quarantine are RSS too)\n");
     return;
 #else
+    /* Memory, not numbers, is compared here. A lower ISA level changes the
+     * kernels' speed and their per-thread packing buffers (a few MB at any
+     * level, inside the 8 MiB allowance), not what the planner counts: the
+     * run at the host's level covers it (at the scalar level the children's
+     * steps take a minute). */
+    if (getenv("ANYTUNE_TEST_LOWER_ISA")) {
+        printf("estimate vs measured: at the host's ISA level only\n");
+        return;
+    }
     char exe[1024];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     CHECK(n > 0);

@@ -78,4 +78,19 @@ int at_test_file_has(const char *path, const char *text);
 #define AT_TEST_UNDER_EMULATOR 0
 #endif
 
+/* 1 in the AddressSanitizer build (gcc's __SANITIZE_ADDRESS__ or clang's
+ * feature test), where a test may skip what sanitizers cannot see (RSS
+ * measured against the planner: the shadow memory counts too) or run a
+ * long end-to-end job shorter, with the release build asserting the rest. */
+#if defined(__SANITIZE_ADDRESS__)
+#define AT_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AT_TEST_ASAN 1
+#endif
+#endif
+#ifndef AT_TEST_ASAN
+#define AT_TEST_ASAN 0
+#endif
+
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/log.h"
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -236,6 +237,20 @@ double at_grpo_reward_soft_overlong(const at_grpo_config *c, int tokens)
 
 /* ---- the set ---- */
 
+/* Each function's name keys its column: rewards/NAME/mean in logging.jsonl
+ * and NAME in completions.jsonl, beside that file's own keys. Two functions
+ * of one name would write over each other there. */
+static int name_taken(const at_grpo_rewards *r, const char *name)
+{
+    static const char *const line_keys[] = {"generation", "prompt", "completion", "solution",
+                                            "reward", "advantage", "tokens"};
+    for (size_t i = 0; i < sizeof line_keys / sizeof line_keys[0]; i++)
+        if (!strcmp(name, line_keys[i])) return 1;
+    for (int i = 0; i < r->n; i++)
+        if (!strcmp(name, r->names[i])) return 1;
+    return 0;
+}
+
 at_status at_grpo_rewards_init(const at_grpo_config *c, at_grpo_rewards *r)
 {
     memset(r, 0, sizeof *r);
@@ -253,6 +268,9 @@ at_status at_grpo_rewards_init(const at_grpo_config *c, at_grpo_rewards *r)
                 return at_error(AT_ERR_INVALID, "--reward_funcs soft_overlong needs --soft_cache_length in (0, "
                                 "soft_max_length %d)", max_len);
         }
+        if (name_taken(r, BUILTINS[k]))
+            return at_error(AT_ERR_INVALID, "--reward_funcs %s is listed twice (give it a larger "
+                            "--reward_weights instead)", BUILTINS[k]);
         r->names[r->n++] = BUILTINS[k];
     }
     if (c->reward_model) {
@@ -263,6 +281,12 @@ at_status at_grpo_rewards_init(const at_grpo_config *c, at_grpo_rewards *r)
         size_t start = end;
         while (start > 0 && path[start - 1] != '/') start--;
         snprintf(r->model_name, sizeof r->model_name, "%.*s", (int)(end - start), path + start);
+        /* a folder named like a built-in, "reward_command" or a key of completions.jsonl ("reward") */
+        if (name_taken(r, r->model_name) || !strcmp(r->model_name, "reward_command")) {
+            size_t len = strlen(r->model_name);
+            snprintf(r->model_name + len, sizeof r->model_name - len, "_model");
+            at_log_info("--reward_model: its rewards are logged as %s (the folder's name is taken)", r->model_name);
+        }
         r->names[r->n++] = r->model_name;
     }
     if (c->reward_command) r->names[r->n++] = "reward_command";
