@@ -101,6 +101,9 @@ extern const at_cpu_qgemv at_cpu_qgemv_avx512vnni;
 void at_cpu_quant_x_avx2(int64_t n, const float *x, int8_t *q, float *d);
 void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
                          const uint8_t *blocks, float *out);
+/* out[m] = block b alone (blk points at it) of gemv_i8's sum, m < M. */
+void at_cpu_gemv_i8_block_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                               const uint8_t *blk, int64_t b, float *out);
 
 /* Whether the decode path (M <= 8 rows, Q8_0 / Q4_0 weights) runs on int8
  * activations at the current ISA level, so that its bound above applies. */

@@ -246,6 +246,16 @@ static inline __attribute__((always_inline)) void gemv_i8_body(const int MM, con
     for (int m = 0; m < MM; m++) out[m] = hsum(_mm256_add_ps(acc0[m], acc1[m]));
 }
 
+void at_cpu_gemv_i8_block_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                               const uint8_t *blk, int64_t b, float *out)
+{
+    __m256 acc[8];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    if (t == AT_Q8_0) i8_block(M, AT_Q8_0, K, xq, xd, xc, blk, b, acc);
+    else i8_block(M, AT_Q4_0, K, xq, xd, xc, blk, b, acc);
+    for (int m = 0; m < M; m++) out[m] = hsum(acc[m]);
+}
+
 void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
                          const uint8_t *blocks, float *out)
 {

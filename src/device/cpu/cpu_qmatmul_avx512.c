@@ -161,16 +161,9 @@ const at_cpu_qgemv at_cpu_qgemv_avx512 = {
  * nibbles shifted down in the odd lanes: values in order) multiply x
  * directly, the sum starting from xc's −8·Σx. The two blocks' scales are
  * converted together and spread over their lanes by one permute. Two
- * accumulators per row (even and odd pairs); an odd last block takes the
- * 256-bit form of the AVX2 kernel. */
+ * accumulators per row (even and odd pairs); an odd last block goes to the
+ * AVX2 kernel's (at_cpu_gemv_i8_block_avx2). */
 #define VNNI __attribute__((target("avx512vnni")))
-
-static inline __attribute__((always_inline)) __m256i block_bytes(const int fmt, const uint8_t *blk)
-{
-    if (fmt == AT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-}
 
 static inline __attribute__((always_inline)) __m512i pair_bytes(const int fmt, const uint8_t *b0, const uint8_t *b1)
 {
@@ -232,21 +225,7 @@ static inline __attribute__((always_inline)) VNNI void gemv_i8_body(const int MM
         blk += 2 * bb;
     }
     float last[8] = {0};
-    if (b < nb) {
-        __m256i w = block_bytes(fmt, blk), ones = _mm256_set1_epi16(1);
-        float dw = f16_scale(blk);
-        for (int m = 0; m < MM; m++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + 32 * b)), s;
-            if (fmt == AT_Q8_0) s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x)), ones);
-            else
-                s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones),
-                                     _mm256_loadu_si256((const __m256i *)(xc + m * (K / 4) + 8 * b)));
-            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * xd[m * nb + b]));
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            last[m] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-        }
-    }
+    if (b < nb) at_cpu_gemv_i8_block_avx2(MM, K, xq, xd, xc, (at_dtype)fmt, blk, b, last);
     for (int m = 0; m < MM; m++) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m])) + last[m];
 }
 
