@@ -748,19 +748,21 @@ static void test_rope(void)
         begin("rope", dt);
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int inverse = 0; inverse < 2; inverse++)
-                for (int variant = 0; variant < 4; variant++) {
+                for (int variant = 0; variant < 5; variant++) {
                     /* 0, 1: one position a token (1: in place); 2: three components (M-RoPE,
-                     * a section may be empty); 3: two halves (the vision tower's 2-D RoPE) */
+                     * a section may be empty); 3: two halves (the vision tower's 2-D RoPE);
+                     * 4: variant 2's sections interleaved (Qwen3-VL's M-RoPE) */
                     int inplace = variant == 1;
                     if (inplace && combos[c][0] != combos[c][1]) continue;
                     const int64_t *sh = shapes[s];
                     int64_t ntok = sh[0] ? sh[0] * sh[1] : sh[1], D = sh[3], half = D / 2;
                     int nd = sh[0] ? 4 : 3;
                     const int64_t *xs = sh[0] ? sh : sh + 1;
-                    at_rope_sections sec3 = {3, {(int)(half / 4), (int)((half - half / 4) / 2), 0, 0}};
+                    at_rope_sections sec3 = {3, {(int)(half / 4), (int)((half - half / 4) / 2), 0, 0}, 0};
                     sec3.len[2] = (int)half - sec3.len[0] - sec3.len[1];
-                    at_rope_sections sec2 = {2, {(int)(half / 2), (int)(half - half / 2), 0, 0}};
-                    const at_rope_sections *sec = variant == 2 ? &sec3 : variant == 3 ? &sec2 : NULL;
+                    sec3.interleaved = variant == 4;
+                    at_rope_sections sec2 = {2, {(int)(half / 2), (int)(half - half / 2), 0, 0}, 0};
+                    const at_rope_sections *sec = variant == 2 || variant == 4 ? &sec3 : variant == 3 ? &sec2 : NULL;
                     int64_t np = ntok * (sec ? sec->n : 1);
                     int32_t *pv = malloc((size_t)np * sizeof *pv);
                     for (int64_t i = 0; i < np; i++) pv[i] = i == 0 ? 0 : irand(0, 4096);
@@ -776,7 +778,8 @@ static void test_rope(void)
                     char desc[80];
                     snprintf(desc, sizeof desc, "%lld tok H%lld D%lld%s%s%s", (long long)ntok, (long long)sh[2],
                              (long long)D, inverse ? " inverse" : "", inplace ? " in place" : "",
-                             variant == 2 ? " 3 sections" : variant == 3 ? " 2 sections" : "");
+                             variant == 2 ? " 3 sections" : variant == 3 ? " 2 sections" :
+                             variant == 4 ? " 3 interleaved" : "");
                     CHECK_OK(at_ref_rope(Y.h, X.h, P.h, Fq.h, sec, inverse));
                     at_tensor *yd = inplace ? X.d : Y.d;
                     if (called(at_rope(yd, X.d, P.d, Fq.d, sec, inverse), desc))

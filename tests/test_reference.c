@@ -523,7 +523,7 @@ static void test_rope_sections_golden(void)
     {
         const cJSON *secs = cJSON_GetObjectItem(c, "sections"), *inv = cJSON_GetObjectItem(c, "inv_freq"),
                     *pos = cJSON_GetObjectItem(c, "pos"), *xs = cJSON_GetObjectItem(c, "x"), *ys = cJSON_GetObjectItem(c, "y");
-        at_rope_sections sec = {cJSON_GetArraySize(secs), {0}};
+        at_rope_sections sec = {cJSON_GetArraySize(secs), {0}, 0};
         int64_t half = cJSON_GetArraySize(inv), D = 2 * half, ntok = cJSON_GetArraySize(pos) / sec.n;
         int64_t H = cJSON_GetArraySize(xs) / (ntok * D), shape[3] = {ntok, H, D}, np = cJSON_GetArraySize(pos);
         for (int k = 0; k < sec.n; k++) sec.len[k] = cJSON_GetArrayItem(secs, k)->valueint;

@@ -1,5 +1,7 @@
-/* The Qwen2-VL and Qwen2.5-VL vision towers (model/vision.h) against the
- * hand-written float64 PyTorch reference of tools/make_vision_goldens.py:
+/* The Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision towers (model/vision.h)
+ * against the hand-written float64 PyTorch reference of
+ * tools/make_vision_goldens.py (Qwen3-VL: with its interpolated learned
+ * positions, and its deepstack features stacked after the merger's):
  *  - the features and the gradient of every weight for a random upstream
  *    gradient (two images a sample, odd grids; a two-frame image for
  *    Qwen2-VL; Qwen2.5-VL's windows cut at the images' edges), loaded from
@@ -285,12 +287,12 @@ done:
 }
 
 int main(void) {
-    static const char *const cases[] = {"qwen2_vl", "qwen2_5_vl"};
+    static const char *const cases[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
     at_backend *cuda[2] = {NULL, at_test_gpu_backend()};
 #ifdef AT_CUDA_EMU_LIBRARY
     CHECK_OK(at_cuda_backend_load(AT_CUDA_EMU_LIBRARY, 0, &cuda[0]));
 #endif
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         test_case(cases[i], at_cpu_backend());
         test_case(cases[i], golden_ref_backend());
         for (int b = 0; b < 2; b++)

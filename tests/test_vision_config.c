@@ -1,4 +1,4 @@
-/* Qwen2-VL / Qwen2.5-VL: the vision config, the tower's tensor names and
+/* Qwen2-VL / Qwen2.5-VL / Qwen3-VL: the vision config, the tower's tensor names and
  * shapes, the loader's check of the tower's weights, and M-RoPE
  * position ids against tools/make_mrope_goldens.py (get_rope_index). */
 #include <stdlib.h>
@@ -35,6 +35,17 @@ static const char *qwen2_5_vl_3b =
     " \"num_heads\": 16, \"in_chans\": 3, \"out_hidden_size\": 2048, \"patch_size\": 14, \"spatial_merge_size\": 2,"
     " \"spatial_patch_size\": 14, \"window_size\": 112, \"fullatt_block_indexes\": [7, 15, 23, 31],"
     " \"tokens_per_second\": 2, \"temporal_patch_size\": 2}}";
+
+/* Laid out as Qwen3-VL-2B-Instruct's: text_config, the vision side's own key names. */
+static const char *qwen3_vl_2b =
+    "{\"model_type\": \"qwen3_vl\", \"image_token_id\": 151655, \"video_token_id\": 151656,"
+    " \"vision_start_token_id\": 151652, \"vision_end_token_id\": 151653, \"tie_word_embeddings\": true,"
+    " \"text_config\": {\"model_type\": \"qwen3_vl_text\", \"hidden_size\": 2048, \"head_dim\": 128,"
+    " \"rope_scaling\": {\"mrope_interleaved\": true, \"mrope_section\": [24, 20, 20], \"rope_type\": \"default\"}},"
+    " \"vision_config\": {\"deepstack_visual_indexes\": [5, 11, 17], \"depth\": 24, \"hidden_act\": \"gelu_pytorch_tanh\","
+    " \"hidden_size\": 1024, \"in_channels\": 3, \"intermediate_size\": 4096, \"model_type\": \"qwen3_vl\","
+    " \"num_heads\": 16, \"num_position_embeddings\": 2304, \"out_hidden_size\": 2048, \"patch_size\": 16,"
+    " \"spatial_merge_size\": 2, \"temporal_patch_size\": 2}}";
 
 static const at_vision_tensor *find(const at_vision_tensor *t, size_t n, const char *name) {
     for (size_t i = 0; i < n; i++)
@@ -74,6 +85,26 @@ static void test_published_configs(void) {
     CHECK(x && x->shape[0] == 3420 && x->shape[1] == 1280);
     CHECK(find(t, n, "visual.blocks.0.norm1.bias") == NULL && find(t, n, "visual.merger.ln_q.bias") == NULL);
     free(t);
+
+    CHECK_OK(parse(qwen3_vl_2b, &vc));
+    CHECK(vc.kind == AT_VISION_QWEN3_VL && vc.width == 1024 && vc.intermediate_size == 4096 &&
+          vc.out_hidden_size == 2048 && vc.patch_size == 16 && vc.num_position_embeddings == 2304);
+    CHECK(vc.n_deepstack == 3 && vc.deepstack_visual_indexes[2] == 17 && vc.mrope_section[0] == 24 &&
+          !strcmp(vc.hidden_act, "gelu_pytorch_tanh"));
+    CHECK_OK(at_vision_tensors(&vc, &t, &n));
+    /* patch embedding (weight, bias), positions, 24 blocks of 12, the merger and 3 deepstack mergers of 6 */
+    CHECK(n == 3 + 24 * 12 + 4 * 6);
+    x = find(t, n, "visual.pos_embed.weight");
+    CHECK(x && x->ndim == 2 && x->shape[0] == 2304 && x->shape[1] == 1024);
+    x = find(t, n, "visual.merger.norm.weight");
+    CHECK(x && x->shape[0] == 1024);
+    x = find(t, n, "visual.deepstack_merger_list.2.norm.weight"); /* after the 2x2 merge */
+    CHECK(x && x->shape[0] == 4096);
+    x = find(t, n, "visual.deepstack_merger_list.0.linear_fc2.weight");
+    CHECK(x && x->shape[0] == 2048 && x->shape[1] == 4096);
+    x = find(t, n, "visual.blocks.23.mlp.linear_fc1.weight");
+    CHECK(x && x->shape[0] == 4096 && x->shape[1] == 1024);
+    free(t);
 }
 
 static void test_bad_configs(void) {
@@ -92,6 +123,15 @@ static void test_bad_configs(void) {
          "{\"depth\": 2, \"hidden_size\": 16, \"intermediate_size\": 8, \"out_hidden_size\": 8, \"num_heads\": 2, "
          "\"fullatt_block_indexes\": [2]}}", "fullatt_block_indexes"},
         {"{\"model_type\": \"llava\", \"vision_config\": {}}", "not supported"},
+#define Q3 "{\"model_type\": \"qwen3_vl\", \"text_config\": {\"rope_scaling\": {\"mrope_section\": [1, 1, 1]}}, " \
+           "\"vision_config\": {\"depth\": 2, \"hidden_size\": 16, \"intermediate_size\": 8, \"out_hidden_size\": 8, " \
+           "\"num_heads\": 2, "
+        {Q3 "\"num_position_embeddings\": 20, \"deepstack_visual_indexes\": [0]}}", "not a square"},
+        {Q3 "\"num_position_embeddings\": 16, \"deepstack_visual_indexes\": [2]}}", "deepstack_visual_indexes[0]"},
+        {Q3 "\"num_position_embeddings\": 16, \"deepstack_visual_indexes\": [1, 0]}}", "deepstack_visual_indexes[1]"},
+        {Q3 "\"num_position_embeddings\": 16}}", "deepstack_visual_indexes[0]"}, /* transformers' default 8, 16, 24 */
+        {Q3 "\"deepstack_visual_indexes\": [], \"hidden_act\": \"silu\"}}", "gelu_pytorch_tanh"},
+#undef Q3
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         at_vision_config vc;

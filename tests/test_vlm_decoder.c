@@ -1,12 +1,14 @@
-/* A Qwen2-VL language model against PyTorch (tools/make_vlm_goldens.py: a
- * hand-written Qwen2-VL text decoder with M-RoPE from get_rope_index's ids
- * and random features placed at the <|image_pad|> tokens by masked_scatter;
- * two rows, three images of odd grids, two in one row):
+/* A Qwen2-VL and a Qwen3-VL language model against PyTorch
+ * (tools/make_vlm_goldens.py: a hand-written Qwen2-VL / Qwen3-VL text decoder
+ * with M-RoPE from get_rope_index's ids (Qwen3-VL: interleaved, q/k norms)
+ * and random features placed at the <|image_pad|> tokens by masked_scatter,
+ * Qwen3-VL's random deepstack features added there after layers 0 and 1 of
+ * 3; two rows, three images of odd grids, two in one row):
  *  - the folder loads (config.json model_type qwen2_vl, tensors under
  *    model.language_model.*) as a Qwen2 decoder with M-RoPE sections 2/3/3;
  *  - at_mrope_position_ids gives the golden position ids;
  *  - training with a LoRA adapter: the loss, every LoRA gradient and the
- *    features' gradient (checkpointing on and off);
+ *    features' gradient (checkpointing on and off), and the deepstack's;
  *  - full fine-tuning: every weight's gradient (the embedding gets none from
  *    the image rows) and the features' gradient;
  *  - inference: one batched prefill with positions and features (logits of
@@ -25,7 +27,8 @@
  * largest value. 1e-4 leaves a factor 10 while a wrong rotation, a lost row
  * or an embedding gradient at an image row gives O(1) errors. */
 #define TOL 1e-4
-#define NAME "qwen2_vl_lm"
+static const char *NAME = "qwen2_vl_lm";
+static int NDS; /* deepstack layers of the case (Qwen3-VL: 2) */
 #define IMAGE_PAD 152
 #define VSTART 150
 
@@ -35,6 +38,7 @@ typedef struct {
     int32_t *len;         /* host [B] */
     int64_t n_feat;       /* image tokens */
     at_tensor *t_pos, *t_feats, *t_dfeats;
+    at_tensor *t_ds, *t_dds; /* Qwen3-VL's deepstack features [NDS · n_feat, hidden] and their gradient */
 } vlm_case;
 
 static void vlm_free(vlm_case *v)
@@ -45,6 +49,8 @@ static void vlm_free(vlm_case *v)
     at_tensor_free(v->t_pos);
     at_tensor_free(v->t_feats);
     at_tensor_free(v->t_dfeats);
+    at_tensor_free(v->t_ds);
+    at_tensor_free(v->t_dds);
     memset(v, 0, sizeof *v);
 }
 
@@ -97,6 +103,16 @@ static at_status vlm_open(vlm_case *v, at_backend *be, int lora)
     AT_CHECK(at_tensor_new(c->d->be, AT_F32, 2, sf, "features", &v->t_feats));
     AT_CHECK(at_tensor_upload(v->t_feats, feats, (size_t)(v->n_feat * H) * sizeof *feats));
     AT_CHECK(at_tensor_new(c->d->be, AT_F32, 2, sf, "d_features", &v->t_dfeats));
+    if (NDS) {
+        float *ds = NULL;
+        int64_t sd[2] = {NDS * v->n_feat, H};
+        AT_CHECK(golden_array(c->gf, "deepstack", AT_F32, (void **)&ds, shape, &nd));
+        if (shape[0] != sd[0]) st = at_error(AT_ERR_FORMAT, "golden: deepstack has %lld rows", (long long)shape[0]);
+        if (st == AT_OK) st = at_tensor_new(c->d->be, AT_F32, 2, sd, "deepstack", &v->t_ds);
+        if (st == AT_OK) st = at_tensor_upload(v->t_ds, ds, (size_t)(sd[0] * H) * sizeof *ds);
+        if (st == AT_OK) st = at_tensor_new(c->d->be, AT_F32, 2, sd, "d_deepstack", &v->t_dds);
+        free(ds);
+    }
 done:
     free(gpos);
     free(grid);
@@ -127,6 +143,9 @@ static at_status vlm_step(vlm_case *v, unsigned flags, at_decoder_grads *g, at_l
     o.host_ids = c->ids;
     o.feature_token = IMAGE_PAD;
     o.d_features = v->t_dfeats;
+    o.deepstack = v->t_ds;
+    o.n_deepstack = NDS;
+    o.d_deepstack = v->t_dds;
     AT_CHECK(at_decoder_forward_backward_opts(c->d, a, c->t_ids, v->t_pos, NULL, c->t_labels, &o,
                                               1.0f / (float)c->n_targets, g, s));
 done:
@@ -134,10 +153,25 @@ done:
     return st;
 }
 
+/* Qwen3-VL's folder: a Qwen3 decoder (q/k norms, no biases) from
+ * text_config, interleaved M-RoPE 2/3/3 that survives a round trip. */
+static void test_config3(void)
+{
+    at_model_config cfg, back;
+    char *json = NULL;
+    CHECK_OK(at_model_config_load(GOLDEN_DIR "/qwen3_vl_lm", &cfg));
+    CHECK(!strcmp(cfg.model_type, "qwen3") && cfg.qk_norm && !cfg.attn_qkv_bias && cfg.mrope_interleaved);
+    CHECK(cfg.mrope_section[0] == 2 && cfg.mrope_section[1] == 3 && cfg.mrope_section[2] == 3);
+    CHECK_OK(at_model_config_to_json(&cfg, &json));
+    if (json) CHECK_OK(at_model_config_parse(json, strlen(json), "round trip", &back));
+    if (json) CHECK(back.mrope_interleaved && !memcmp(back.mrope_section, cfg.mrope_section, sizeof cfg.mrope_section));
+    free(json);
+}
+
 static void test_config(void)
 {
     at_model_config cfg;
-    CHECK_OK(at_model_config_load(GOLDEN_DIR "/" NAME, &cfg));
+    CHECK_OK(at_model_config_load(GOLDEN_DIR "/qwen2_vl_lm", &cfg));
     CHECK(!strcmp(cfg.model_type, "qwen2") && cfg.attn_qkv_bias && !cfg.attn_o_bias);
     CHECK(cfg.mrope_section[0] == 2 && cfg.mrope_section[1] == 3 && cfg.mrope_section[2] == 3);
     /* written back and read again: the sections survive */
@@ -169,6 +203,7 @@ static void test_lora(at_backend *be)
     CHECK_OK(vlm_open(&v, be, 1));
     if (!v.c.d) return;
     CHECK(v.c.d->mrope.n == 3 && v.c.d->mrope.len[0] == 2 && v.c.d->mrope.len[2] == 3);
+    CHECK(v.c.d->mrope.interleaved == (NDS > 0));
     at_decoder_grads *g = NULL;
     CHECK_OK(at_decoder_grads_new(v.c.d, 0, &g));
     unsigned flags[2] = {AT_ACTS_TRAIN | AT_ACTS_CHECKPOINT, AT_ACTS_TRAIN};
@@ -184,6 +219,10 @@ static void test_lora(at_backend *be)
         e = err_vs(&v, "d_features", v.t_dfeats);
         printf("  d_features rel err %.2e\n", e);
         CHECK_MSG(e >= 0 && e <= TOL, "d_features rel err %g", e);
+        if (!NDS) continue;
+        e = err_vs(&v, "d_deepstack", v.t_dds);
+        printf("  d_deepstack rel err %.2e\n", e);
+        CHECK_MSG(e >= 0 && e <= TOL, "d_deepstack rel err %g", e);
     }
     at_decoder_grads_free(g);
     vlm_free(&v);
@@ -204,6 +243,11 @@ static void test_full(at_backend *be)
     e = err_vs(&v, "full_d_features", v.t_dfeats);
     printf("  d_features rel err %.2e\n", e);
     CHECK_MSG(e >= 0 && e <= TOL, "full d_features rel err %g", e);
+    if (NDS) {
+        e = err_vs(&v, "full_d_deepstack", v.t_dds);
+        printf("  d_deepstack rel err %.2e\n", e);
+        CHECK_MSG(e >= 0 && e <= TOL, "full d_deepstack rel err %g", e);
+    }
     at_decoder_grads_free(g);
     vlm_free(&v);
 }
@@ -235,7 +279,7 @@ static void test_inference(at_backend *be)
         last[b] = c->ids[b * T + n_new[b]];
         CHECK(last[b] != IMAGE_PAD);
     }
-    at_prefill_extra ex = {v.pos, v.t_feats, IMAGE_PAD};
+    at_prefill_extra ex = {v.pos, v.t_feats, IMAGE_PAD, v.t_ds, NDS};
     CHECK_OK(at_decoder_prefill_ex(c->d, kv, c->ids, T, n_new, lg, 1, &ex));
     CHECK_OK(at_tensor_download(lg, got, (size_t)B * T * V * sizeof *got));
     double worst = 0;
@@ -286,8 +330,14 @@ int main(void)
 {
     at_backend *cpu = at_cpu_backend();
     test_config();
-    test_lora(cpu);
-    test_full(cpu);
-    test_inference(cpu);
+    test_config3();
+    for (int k = 0; k < 2; k++) {
+        NAME = k ? "qwen3_vl_lm" : "qwen2_vl_lm";
+        NDS = k ? 2 : 0;
+        printf("%s\n", NAME);
+        test_lora(cpu);
+        test_full(cpu);
+        test_inference(cpu);
+    }
     return at_test_result("test_vlm_decoder");
 }

@@ -161,7 +161,7 @@ static int reference(at_bundle *b, const at_vlm_images *im, const int32_t *ids, 
     CHECK_OK(at_mrope_position_ids(&tk, ids, n, (const int32_t(*)[3])im->grid, (size_t)im->n, planar, NULL));
     for (size_t i = 0; i < n; i++)
         for (int k = 0; k < 3; k++) pos[i * 3 + (size_t)k] = planar[(size_t)k * n + i];
-    at_prefill_extra ex = {pos, feats, vc->image_token_id};
+    at_prefill_extra ex = {pos, feats, vc->image_token_id, NULL, 0};
     at_status st = at_decoder_prefill_ex(d, cache, ids, (int)n, NULL, logits, 0, &ex);
     CHECK_OK(st);
     at_gen_params gp = params(b);

@@ -1,12 +1,14 @@
 /* A vision-language training step (train/vlm_step.h) on the golden Qwen2-VL
- * language model of tools/make_vlm_goldens.py with a random tower
- * (at_vision_random) and random pixels:
+ * and Qwen3-VL language models of tools/make_vlm_goldens.py with a random
+ * tower (at_vision_random) and random pixels:
  *  - M-RoPE positions of a batch, one sample per row and the two samples
  *    packed in one row, equal get_rope_index's (the golden position_ids);
  *  - the packed row's loss, LoRA gradients and tower gradients equal the
  *    unpacked batch's (segments keep the samples apart, positions restart);
  *  - the tower's gradients (merger and patch embedding, reached through
- *    d_features) against central finite differences of the loss;
+ *    d_features; Qwen3-VL: a deepstack merger's, reached only through the
+ *    deepstack features' gradient) against central finite differences of
+ *    the loss;
  *  - frozen tower (freeze_vit and freeze_aligner): no tower gradient, same loss;
  *  - errors: more images in the ids than grids. */
 #include "base/json.h"
@@ -14,7 +16,7 @@
 #include "train/vlm_step.h"
 #include "train_goldens.h"
 
-#define NAME "qwen2_vl_lm"
+static const char *NAME = "qwen2_vl_lm";
 #define IMAGE_PAD 152
 
 typedef struct {
@@ -45,7 +47,9 @@ static at_status sc_open(step_case *s)
     memset(s, 0, sizeof *s);
     AT_CHECK(tc_open(&s->c, NAME, at_cpu_backend(), AT_F32, 1));
     at_vision_config vc;
-    AT_CHECK(at_json_parse_file(GOLDEN_DIR "/" NAME "/config.json", &root));
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s/config.json", GOLDEN_DIR, NAME);
+    AT_CHECK(at_json_parse_file(path, &root));
     AT_CHECK(at_vision_config_from_json(root, NAME, &vc));
     AT_CHECK(at_vision_random(&vc, at_cpu_backend(), 7, &s->v));
     int64_t shape[4] = {0};
@@ -269,7 +273,9 @@ static void test_step(step_case *s)
      * truncation of a smooth loss of O(1) curvature is of the same order:
      * |fd - g| <= 0.02 |g| + 0.01 leaves a margin while a missing or
      * misplaced tower gradient is off by O(|g|). */
-    const char *which[] = {"visual.merger.mlp.2.weight", "visual.patch_embed.proj.weight"};
+    const int q3 = at_vision_get_config(s->v)->kind == AT_VISION_QWEN3_VL;
+    const char *which[] = {q3 ? "visual.deepstack_merger_list.1.linear_fc2.weight" : "visual.merger.mlp.2.weight",
+                           "visual.patch_embed.proj.weight"};
     for (int k = 0; k < 2 && t1; k++) {
         size_t off = 0, idx = 0;
         at_tensor *p = NULL;
@@ -321,9 +327,12 @@ done:
 
 int main(void)
 {
-    step_case s;
-    CHECK_OK(sc_open(&s));
-    if (s.v) {
+    for (int k = 0; k < 2; k++) {
+        step_case s;
+        NAME = k ? "qwen3_vl_lm" : "qwen2_vl_lm";
+        printf("%s\n", NAME);
+        CHECK_OK(sc_open(&s));
+        if (!s.v) continue;
         test_positions(&s);
         test_step(&s);
         test_no_stale_features(&s);

@@ -25,7 +25,11 @@
  *    dataset's file:line and the image (strict), skipped with the rest
  *    trained (not strict);
  *  - the vision demo: the bundled model names the colour of at most half
- *    the test pictures before training, of 90% or more after. */
+ *    the test pictures before training, of 90% or more after;
+ *  - a tiny random Qwen3-VL folder (make_tiny_vlm.py --kind qwen3_vl: learned
+ *    positions, deepstack mergers, interleaved M-RoPE): the first loss equals
+ *    the library's step, and packed = unpacked with the tower, its aligner
+ *    and deepstack mergers trained (their tensors in the adapter). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +54,7 @@
 #include "testing.h"
 
 static char tmp[256], model[300], imgdir[PATH_MAX];
+static int qwen3; /* the Qwen3-VL part of the run */
 
 /* A dataset file in tmp with the given lines; returns its path (static buffer rotation). */
 static const char *write_dataset(const char *name, const char *text)
@@ -460,7 +465,8 @@ static void test_packing(void)
     double da = max_diff(ckpt_file(&r[0], 1, "adapter_model.safetensors"),
                          ckpt_file(&r[1], 1, "adapter_model.safetensors"), &shared);
     char *names = tensor_names(ckpt_file(&r[0], 1, "adapter_model.safetensors"));
-    CHECK_MSG(names && strstr(names, "|visual.merger.") && strstr(names, "visual.blocks."),
+    CHECK_MSG(names && strstr(names, "|visual.merger.") && strstr(names, "visual.blocks.") &&
+              (!qwen3 || strstr(names, "|visual.deepstack_merger_list.1.linear_fc2.weight|")),
               "the tower's tensors are not in the adapter");
     free(names);
     CHECK_MSG(shared > 6 && da <= 1e-7, "packed vs unpacked differ by %g (%d shared tensors)", da, shared);
@@ -611,6 +617,22 @@ int main(void)
         test_bad_images();
         test_demo();
     }
+    /* Qwen3-VL: its own folder and outputs under tmp/q3 */
+    char top[sizeof tmp];
+    memcpy(top, tmp, sizeof top);
+    snprintf(tmp, sizeof tmp, "%.240s/q3", top);
+    snprintf(model, sizeof model, "%s/model", tmp);
+    char *argv3[] = {"/usr/bin/python3", "tools/make_tiny_vlm.py", model, "--dtype", "f32", "--kind", "qwen3_vl",
+                     "--vocab", "bytes", NULL};
+    qwen3 = 1;
+    ws = ws == 0 && at_mkdirs(tmp) == AT_OK ? at_test_run(argv3, NULL) : -1;
+    CHECK_MSG(ws == 0, "tools/make_tiny_vlm.py --kind qwen3_vl failed (status %d)", ws);
+    if (ws == 0) {
+        printf("Qwen3-VL\n");
+        test_first_loss();
+        test_packing();
+    }
+    memcpy(tmp, top, sizeof top);
     at_remove_tree(tmp);
     return at_test_result("test_vlm_train");
 }

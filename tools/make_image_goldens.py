@@ -152,8 +152,14 @@ def smart_resize(height, width, factor=28, min_pixels=MIN_PIXELS, max_pixels=MAX
     return h_bar, w_bar
 
 
-def process(img, min_pixels, max_pixels):
-    """Qwen2VLImageProcessor._preprocess for one image, in numpy."""
+# Qwen3-VL's preprocessor_config.json: patch 16 (factor 32), mean and std 0.5
+PRESETS = {"qwen2_vl": (PATCH, MEAN, STD), "qwen3_vl": (16, [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])}
+
+
+def process(img, min_pixels, max_pixels, preset="qwen2_vl"):
+    """Qwen2VLImageProcessor._preprocess for one image, in numpy, with the
+    patch size, mean and std of preset."""
+    PATCH, MEAN, STD = PRESETS[preset]
     w, h = img.size
     rh, rw = smart_resize(h, w, PATCH * MERGE, min_pixels, max_pixels)
     resized = np.array(img.resize((rw, rh), resample=Image.BICUBIC))  # uint8, as transformers' resize
@@ -168,12 +174,14 @@ def process(img, min_pixels, max_pixels):
     return resized, np.ascontiguousarray(flat, dtype=np.float32), (gt, gh, gw)
 
 
-def check_against_transformers(img, min_pixels, max_pixels, flat, grid):
+def check_against_transformers(img, min_pixels, max_pixels, flat, grid, preset="qwen2_vl"):
     try:
         from transformers import Qwen2VLImageProcessor
     except ImportError:
         return False
-    proc = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    patch, mean, std = PRESETS[preset]
+    proc = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch, image_mean=mean,
+                                 image_std=std)
     out = proc(images=[img], return_tensors="np")
     assert tuple(out["image_grid_thw"][0]) == grid
     assert np.abs(out["pixel_values"] - flat).max() <= 1e-6
@@ -225,17 +233,23 @@ def main():
              ("wide_default", "wide.png", MIN_PIXELS, MAX_PIXELS, False),
              ("lossy_default", "lossy.webp", MIN_PIXELS, MAX_PIXELS, False),
              ("exif6_default", "exif6.jpg", MIN_PIXELS, MAX_PIXELS, False),
-             ("rgba_default", "rgba.png", MIN_PIXELS, MAX_PIXELS, False)]
+             ("rgba_default", "rgba.png", MIN_PIXELS, MAX_PIXELS, False),
+             ("photo_qwen3", "photo.jpg", 64 * 64, 160 * 120, True, "qwen3_vl"),
+             ("tiny_qwen3", "tiny.png", 4096, 128 * 128, True, "qwen3_vl")]
     meta_cases, hf = [], 0
-    for case, f, lo, hi, keep in cases:
+    for case, f, lo, hi, keep, *preset in cases:
+        preset = preset[0] if preset else "qwen2_vl"
         img = load(f)
-        resized, flat, grid = process(img, lo, hi)
+        resized, flat, grid = process(img, lo, hi, preset)
         tensors.append(("resized." + case, resized))
         if keep:
             tensors.append(("patches." + case, flat))
             tensors.append(("grid." + case, np.array(grid, dtype=np.int32)))
-        hf += check_against_transformers(img, lo, hi, flat, grid)
+        hf += check_against_transformers(img, lo, hi, flat, grid, preset)
         meta_cases.append({"name": case, "file": f, "min_pixels": lo, "max_pixels": hi, "patches": keep})
+        if preset != "qwen2_vl":
+            meta_cases[-1].update(patch_size=PRESETS[preset][0], image_mean=PRESETS[preset][1],
+                                  image_std=PRESETS[preset][2])
     table = []
     sizes = [(100, 150), (42, 42), (70, 70), (98, 126), (14, 14), (7, 10), (1, 1), (3024, 4032), (1080, 1920),
              (4032, 3024), (20, 300), (28, 5600), (27, 5600), (50000, 300), (640, 480), (1000, 1000), (13, 2000)]

@@ -115,6 +115,29 @@ def vision_tensors(q25, w, f, out, depth, tp, p, m2, weight, norm, bias):
     return t
 
 
+def qwen3_shapes(vc):
+    """Qwen3-VL's tower tensors, name -> shape, from its vision_config."""
+    w, f, out, m2 = vc["hidden_size"], vc["intermediate_size"], vc["out_hidden_size"], vc["spatial_merge_size"] ** 2
+    t = {"visual.patch_embed.proj.weight": (w, vc["in_channels"], vc["temporal_patch_size"], vc["patch_size"],
+                                            vc["patch_size"]),
+         "visual.patch_embed.proj.bias": (w,), "visual.pos_embed.weight": (vc["num_position_embeddings"], w)}
+    for i in range(vc["depth"]):
+        pre = f"visual.blocks.{i}."
+        for nm in ("norm1", "norm2"):
+            t[pre + nm + ".weight"], t[pre + nm + ".bias"] = (w,), (w,)
+        t[pre + "attn.qkv.weight"], t[pre + "attn.qkv.bias"] = (3 * w, w), (3 * w,)
+        t[pre + "attn.proj.weight"], t[pre + "attn.proj.bias"] = (w, w), (w,)
+        for nm, o, i_ in (("linear_fc1", f, w), ("linear_fc2", w, f)):
+            t[pre + "mlp." + nm + ".weight"], t[pre + "mlp." + nm + ".bias"] = (o, i_), (o,)
+    mergers = [("visual.merger.", w)] + [(f"visual.deepstack_merger_list.{j}.", m2 * w)
+                                         for j in range(len(vc["deepstack_visual_indexes"]))]
+    for pre, nw in mergers:
+        t[pre + "norm.weight"], t[pre + "norm.bias"] = (nw,), (nw,)
+        t[pre + "linear_fc1.weight"], t[pre + "linear_fc1.bias"] = (m2 * w, m2 * w), (m2 * w,)
+        t[pre + "linear_fc2.weight"], t[pre + "linear_fc2.bias"] = (out, m2 * w), (out,)
+    return t
+
+
 def tiny_model(kind):
     rs = np.random.RandomState(1)
     w, heads, depth, out, m2, tp, p = 16, 2, 2, 24, 4, 2, 14

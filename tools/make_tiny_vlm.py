@@ -1,11 +1,14 @@
 #!/usr/bin/python3
-"""Writes a tiny, random, complete Qwen2-VL or Qwen2.5-VL model folder, as a
+"""Writes a tiny, random, complete Qwen2-VL, Qwen2.5-VL or Qwen3-VL model folder, as a
 Hugging Face checkpoint of the real model has it, for end-to-end tests and
 demos of the vision-language paths (sft with images, infer --images, serve,
 export):
 
     config.json                 model_type qwen2_vl / qwen2_5_vl, a vision_config,
-                                rope_scaling mrope with sections summing to head_dim / 2
+                                rope_scaling mrope with sections summing to head_dim / 2;
+                                qwen3_vl: text_config (a Qwen3 decoder, interleaved
+                                M-RoPE), a vision_config with deepstack mergers, the
+                                language model under model.language_model.*
     model.safetensors           the language model (model.*, tied lm_head) and the
                                 vision tower (visual.*), f32 or bf16, initialised
                                 as transformers does (normal, std 0.02; norms 1;
@@ -21,7 +24,7 @@ export):
 
 Only numpy; it finds the tokenizer files from its own location:
 
-    python3 tools/make_tiny_vlm.py OUT_DIR [--kind qwen2_vl|qwen2_5_vl]
+    python3 tools/make_tiny_vlm.py OUT_DIR [--kind qwen2_vl|qwen2_5_vl|qwen3_vl]
         [--hidden 64] [--layers 2] [--dtype f32|bf16] [--seed 0] [--vocab qwen2|bytes]
 
 The vocabulary has Qwen2's 151,936 rows (the special tokens' ids are fixed
@@ -37,7 +40,7 @@ import sys
 
 import numpy as np
 
-from make_mrope_goldens import vision_tensors
+from make_mrope_goldens import qwen3_shapes, vision_tensors
 from safetensors_np import write_safetensors
 
 TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests/data/tokenizers/qwen2")
@@ -82,7 +85,62 @@ def bytes_tokenizer():
     return vocab, special
 
 
+def lm_tensors(prefix, vocab, hidden, heads, kv, head_dim, inter, layers, n, qwen3):
+    """The language model's tensors under prefix, as transformers initialises
+    them (n: normal matrices; norms 1, biases 0): Qwen2's q/k/v biases, or
+    Qwen3's q/k norms (qwen3)."""
+    t = [(prefix + "embed_tokens.weight", n(vocab, hidden))]
+    for i in range(layers):
+        b = prefix + "layers.%d." % i
+        t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden))]
+        for proj, rows in (("q", heads), ("k", kv), ("v", kv)):
+            t.append((b + "self_attn.%s_proj.weight" % proj, n(rows * head_dim, hidden)))
+            if not qwen3:
+                t.append((b + "self_attn.%s_proj.bias" % proj, np.zeros(rows * head_dim)))
+        t.append((b + "self_attn.o_proj.weight", n(hidden, heads * head_dim)))
+        if qwen3:
+            t += [(b + "self_attn.q_norm.weight", np.ones(head_dim)), (b + "self_attn.k_norm.weight", np.ones(head_dim))]
+        t += [(b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
+              (b + "mlp.down_proj.weight", n(hidden, inter))]
+    return t + [(prefix + "norm.weight", np.ones(hidden))]
+
+
+def model3(hidden, layers, rs, vocab, ids):
+    """Qwen3-VL: its config.json layout (text_config, vision_config) and names."""
+    heads, kv = 4, 2
+    head_dim = hidden // heads
+    half = head_dim // 2
+    sec = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]  # Qwen3-VL's 24/20/20 of 64, scaled
+    inter = 2 * hidden
+    vcfg = {"depth": 2, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+            "in_channels": 3, "out_hidden_size": hidden, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1],
+            "model_type": "qwen3_vl", "initializer_range": 0.02}
+    tcfg = {"model_type": "qwen3_vl_text", "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim, "vocab_size": vocab,
+            "rms_norm_eps": 1e-6, "hidden_act": "silu", "rope_theta": 5000000.0, "max_position_embeddings": 32768,
+            "tie_word_embeddings": True, "attention_bias": False, "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "rope_scaling": {"rope_type": "default", "mrope_section": sec, "mrope_interleaved": True}}
+    cfg = {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "tie_word_embeddings": True,
+           "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+           "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+           "text_config": tcfg, "vision_config": vcfg}
+
+    def n(*shape):
+        return rs.normal(0.0, 0.02, shape)
+
+    t = lm_tensors("model.language_model.", vocab, hidden, heads, kv, head_dim, inter, layers, n, True)
+    for name, shape in qwen3_shapes(vcfg).items():  # as transformers initialises them: norms 1, biases 0
+        v = np.ones(shape) if "norm" in name and name.endswith("weight") else \
+            np.zeros(shape) if name.endswith("bias") else n(*shape)
+        t.append(("model." + name, v))
+    return cfg, t
+
+
 def model(kind, hidden, layers, rs, vocab=VOCAB, ids=None):
+    if kind == "qwen3_vl":
+        return model3(hidden, layers, rs, vocab, ids)
     q25 = kind == "qwen2_5_vl"
     heads, kv = 4, 2
     head_dim = hidden // heads
@@ -111,17 +169,7 @@ def model(kind, hidden, layers, rs, vocab=VOCAB, ids=None):
     def n(*shape):
         return rs.normal(0.0, 0.02, shape)
 
-    t = [("model.embed_tokens.weight", n(vocab, hidden))]
-    for i in range(layers):
-        b = "model.layers.%d." % i
-        t += [(b + "input_layernorm.weight", np.ones(hidden)), (b + "post_attention_layernorm.weight", np.ones(hidden)),
-              (b + "self_attn.q_proj.weight", n(heads * head_dim, hidden)), (b + "self_attn.q_proj.bias", np.zeros(heads * head_dim)),
-              (b + "self_attn.k_proj.weight", n(kv * head_dim, hidden)), (b + "self_attn.k_proj.bias", np.zeros(kv * head_dim)),
-              (b + "self_attn.v_proj.weight", n(kv * head_dim, hidden)), (b + "self_attn.v_proj.bias", np.zeros(kv * head_dim)),
-              (b + "self_attn.o_proj.weight", n(hidden, heads * head_dim)),
-              (b + "mlp.gate_proj.weight", n(inter, hidden)), (b + "mlp.up_proj.weight", n(inter, hidden)),
-              (b + "mlp.down_proj.weight", n(hidden, inter))]
-    t += [("model.norm.weight", np.ones(hidden))]
+    t = lm_tensors("model.", vocab, hidden, heads, kv, head_dim, inter, layers, n, False)
     t += vision_tensors(q25, w, vf, hidden, depth, tp, p, m2, n, np.ones, np.zeros)
     return cfg, t
 
@@ -129,7 +177,7 @@ def model(kind, hidden, layers, rs, vocab=VOCAB, ids=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--kind", choices=["qwen2_vl", "qwen2_5_vl"], default="qwen2_vl")
+    ap.add_argument("--kind", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"], default="qwen2_vl")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16")
@@ -172,10 +220,17 @@ def main():
     with open(os.path.join(a.out, "tokenizer_config.json"), "w") as fh:
         json.dump(tc, fh, indent=1, ensure_ascii=False)
     with open(os.path.join(a.out, "preprocessor_config.json"), "w") as fh:
-        json.dump({"min_pixels": 3136, "max_pixels": 112 * 112, "patch_size": 14, "temporal_patch_size": 2,
-                   "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
-                   "image_std": [0.26862954, 0.26130258, 0.27577711], "image_processor_type": "Qwen2VLImageProcessor",
-                   "processor_class": "Qwen2VLProcessor"}, fh, indent=1)
+        if a.kind == "qwen3_vl":  # Qwen3-VL's: patch 16, mean / std 0.5, the pixel bounds in size
+            json.dump({"size": {"shortest_edge": 4096, "longest_edge": 128 * 128}, "patch_size": 16,
+                       "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                       "image_std": [0.5, 0.5, 0.5], "image_processor_type": "Qwen2VLImageProcessorFast",
+                       "processor_class": "Qwen3VLProcessor"}, fh, indent=1)
+        else:
+            json.dump({"min_pixels": 3136, "max_pixels": 112 * 112, "patch_size": 14, "temporal_patch_size": 2,
+                       "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                       "image_std": [0.26862954, 0.26130258, 0.27577711],
+                       "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}, fh,
+                      indent=1)
     with open(os.path.join(a.out, "generation_config.json"), "w") as fh:
         json.dump({"bos_token_id": ids["<|endoftext|>"], "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
                    "pad_token_id": ids["<|endoftext|>"]}, fh, indent=1)

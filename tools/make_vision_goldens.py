@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes tests/data/vision/{qwen2_vl,qwen2_5_vl}/: a tiny random vision tower
+"""Writes tests/data/vision/{qwen2_vl,qwen2_5_vl,qwen3_vl}/: a tiny random vision tower
 (config.json + model.safetensors) and goldens.safetensors with its features
 and the gradients of every weight, for test_vision.c.
 
@@ -24,10 +24,21 @@ and modeling_qwen2_5_vl.py (Qwen2_5_VisionTransformerPretrainedModel):
   per side, padded with -100 and the padding dropped), hidden states and
   rotary reordered by window_index per merge unit, the merger's output put
   back with argsort(window_index).
+- Qwen3-VL (modeling_qwen3_vl.py, Qwen3VLVisionModel): the Conv3d with a
+  bias; fast_pos_embed_interpolate (linspace over the S x S learned grid in
+  float32, floor / clipped ceil, four bilinear weights, rows permuted to the
+  merge order, repeated per frame) added to it; Qwen2-VL's blocks with
+  linear_fc1 / linear_fc2 and gelu(approximate="tanh"); the merger norm
+  (LayerNorm over W) -> view (-1, m*m*W) -> linear_fc1 -> GELU -> linear_fc2,
+  and after each block of deepstack_visual_indexes its deepstack merger
+  (view first, LayerNorm over m*m*W: use_postshuffle_norm). Its "features"
+  are the merger's rows and then each deepstack merger's, stacked (the C
+  tower's layout).
 
 Cases: two images per sample with odd grids (in merge units: 3x5 and a
 two-frame 2x1 for Qwen2-VL; 5x3, 2x4 and 1x1 for Qwen2.5-VL, whose 2x2-unit
-windows are cut at the images' edges). The loss is sum(features * G) for a
+windows are cut at the images' edges; 3x5 two frames and 1x2 for Qwen3-VL,
+on a 5x5 position grid, deepstack after blocks 0 and 1 of 3). The loss is sum(features * G) for a
 fixed random G, so the gradients are those of a random upstream gradient.
 Also two bad copies of Qwen2-VL's weights: bad_missing.safetensors (no
 visual.blocks.1.attn.qkv.bias) and bad_shape.safetensors
@@ -44,6 +55,8 @@ import os
 import struct
 
 import torch
+
+from make_mrope_goldens import qwen3_shapes
 
 torch.set_default_dtype(torch.float64)
 
@@ -136,6 +149,56 @@ def qwen2_vl(p, cfg, pixels, grid):
     return lin(p, "visual.merger.mlp.2", torch.nn.functional.gelu(lin(p, "visual.merger.mlp.0", y)))
 
 
+def pos_interpolate(p, vc, grid):
+    """fast_pos_embed_interpolate: [N, W] in the merge order of the patches."""
+    emb = p["visual.pos_embed.weight"]
+    side = int(vc["num_position_embeddings"] ** 0.5)
+    m = vc["spatial_merge_size"]
+    out = []
+    for t, h, w in grid:
+        hi = torch.linspace(0, side - 1, h, dtype=torch.float32)
+        wi = torch.linspace(0, side - 1, w, dtype=torch.float32)
+        hf, wf = hi.int(), wi.int()
+        hc, wc = (hf + 1).clip(max=side - 1), (wf + 1).clip(max=side - 1)
+        dh, dw = hi - hf, wi - wf
+        idx = [(hf[:, None] * side + wf[None]).flatten(), (hf[:, None] * side + wc[None]).flatten(),
+               (hc[:, None] * side + wf[None]).flatten(), (hc[:, None] * side + wc[None]).flatten()]
+        wts = [((1 - dh)[:, None] * (1 - dw)[None]).flatten(), ((1 - dh)[:, None] * dw[None]).flatten(),
+               (dh[:, None] * (1 - dw)[None]).flatten(), (dh[:, None] * dw[None]).flatten()]
+        pe = sum(emb[i.long()] * wt.double()[:, None] for i, wt in zip(idx, wts))  # [h*w, W], row-major
+        pe = pe.repeat(t, 1).view(t, h // m, m, w // m, m, -1).permute(0, 1, 3, 2, 4, 5).flatten(0, 4)
+        out.append(pe)
+    return torch.cat(out)
+
+
+def qwen3_vl(p, cfg, pixels, grid):
+    vc = cfg["vision_config"]
+    heads, m, wd = vc["num_heads"], vc["spatial_merge_size"], vc["hidden_size"]
+    wpe = p["visual.patch_embed.proj.weight"]
+    x = pixels @ wpe.reshape(wpe.shape[0], -1).T + p["visual.patch_embed.proj.bias"]
+    x = x + pos_interpolate(p, vc, grid)
+    freqs = rot_pos_emb(grid, m, wd // heads)
+    mask = block_mask(cu_frames(grid), x.shape[0])
+
+    def merger(pre, x, post):
+        if post:
+            y = layernorm(x.reshape(-1, m * m * wd), p[pre + "norm.weight"], p[pre + "norm.bias"])
+        else:
+            y = layernorm(x, p[pre + "norm.weight"], p[pre + "norm.bias"]).reshape(-1, m * m * wd)
+        return lin(p, pre + "linear_fc2", torch.nn.functional.gelu(lin(p, pre + "linear_fc1", y)))
+
+    deep = []
+    for i in range(vc["depth"]):
+        pre = f"visual.blocks.{i}."
+        x = x + attention(p, pre, layernorm(x, p[pre + "norm1.weight"], p[pre + "norm1.bias"]), freqs, mask, heads)
+        h = lin(p, pre + "mlp.linear_fc1", layernorm(x, p[pre + "norm2.weight"], p[pre + "norm2.bias"]))
+        x = x + lin(p, pre + "mlp.linear_fc2", torch.nn.functional.gelu(h, approximate="tanh"))
+        if i in vc["deepstack_visual_indexes"]:
+            j = vc["deepstack_visual_indexes"].index(i)
+            deep.append(merger(f"visual.deepstack_merger_list.{j}.", x, True))
+    return torch.cat([merger("visual.merger.", x, False)] + deep)
+
+
 def get_window_index(vc, grid):
     m = vc["spatial_merge_size"]
     unit = m * m
@@ -187,6 +250,8 @@ def tensor_shapes(cfg):
     """The tower's tensors (names and shapes) as the checkpoints hold them."""
     vc = cfg["vision_config"]
     q25 = cfg["model_type"] == "qwen2_5_vl"
+    if cfg["model_type"] == "qwen3_vl":
+        return qwen3_shapes(vc)
     w = vc["hidden_size"] if q25 else vc["embed_dim"]
     f = vc["intermediate_size"] if q25 else w * vc["mlp_ratio"]
     out = vc["out_hidden_size"] if q25 else vc["hidden_size"]
@@ -248,10 +313,10 @@ def make_case(name, cfg, grid, store_bf16, seed):
         stored[nm] = (("BF16", shape, v32.contiguous().view(torch.int16).numpy().tobytes()) if store_bf16
                       else f32(v32))
         params[nm] = v32.double().requires_grad_(True)
-    k = vc["in_chans"] * vc["temporal_patch_size"] * vc["patch_size"] ** 2
+    k = vc.get("in_chans", vc.get("in_channels")) * vc["temporal_patch_size"] * vc["patch_size"] ** 2
     n = sum(t * h * w for t, h, w in grid)
     pixels = torch.randn(n, k, generator=gen).to(torch.float32).double()
-    model = qwen2_vl if cfg["model_type"] == "qwen2_vl" else qwen2_5_vl
+    model = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl}[cfg["model_type"]]
     feats = model(params, cfg, pixels, grid)
     g = torch.randn(feats.shape, generator=gen).to(torch.float32).double()
     (feats * g).sum().backward()
@@ -283,8 +348,9 @@ def make_case(name, cfg, grid, store_bf16, seed):
     # the features and the gradients of A, B and the merger's weights
     rank, scale = 2, 4.0 / 2
     lora, lora_t = {}, {}
-    mods = ["attn.qkv", "attn.proj"] + (["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
-                                        if cfg["model_type"] == "qwen2_5_vl" else ["mlp.fc1", "mlp.fc2"])
+    mods = ["attn.qkv", "attn.proj"] + {"qwen2_5_vl": ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"],
+                                        "qwen2_vl": ["mlp.fc1", "mlp.fc2"],
+                                        "qwen3_vl": ["mlp.linear_fc1", "mlp.linear_fc2"]}[cfg["model_type"]]
     for i in range(vc["depth"]):
         for mod in mods:
             nm = f"visual.blocks.{i}.{mod}"
@@ -304,7 +370,7 @@ def make_case(name, cfg, grid, store_bf16, seed):
         lora_t[nm] = f32(v)
         lora_t["grad." + nm] = f32(v.grad)
     for nm, v in params.items():
-        if nm.startswith("visual.merger."):
+        if nm.startswith("visual.merger.") or nm.startswith("visual.deepstack_merger_list."):
             lora_t["grad." + nm] = f32(v.grad)
     lora_t["features"] = f32(feats)
     write_safetensors(os.path.join(out, "lora.safetensors"), lora_t)
@@ -320,6 +386,16 @@ QWEN2_5_VL = {
                       "in_chans": 3, "out_hidden_size": 12, "patch_size": 4, "spatial_merge_size": 2,
                       "temporal_patch_size": 2, "window_size": 16, "fullatt_block_indexes": [1]}}
 
+QWEN3_VL = {
+    "model_type": "qwen3_vl",
+    "text_config": {"hidden_size": 12, "rope_scaling": {"rope_type": "default", "mrope_section": [1, 1, 1],
+                                                        "mrope_interleaved": True}},
+    "vision_config": {"depth": 3, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 16, "intermediate_size": 24,
+                      "num_heads": 2, "in_channels": 3, "out_hidden_size": 12, "patch_size": 4,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 25,
+                      "deepstack_visual_indexes": [0, 1]}}
+
 if __name__ == "__main__":
     make_case("qwen2_vl", QWEN2_VL, [[1, 6, 10], [2, 4, 2]], True, 1)
     make_case("qwen2_5_vl", QWEN2_5_VL, [[1, 10, 6], [1, 4, 8], [1, 2, 2]], False, 2)
+    make_case("qwen3_vl", QWEN3_VL, [[2, 6, 10], [1, 2, 4]], False, 3)

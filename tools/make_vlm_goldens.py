@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""Writes the goldens of a Qwen2-VL language model (tests/test_vlm_decoder.c):
-multimodal RoPE and image features placed at the <|image_pad|> tokens.
+"""Writes the goldens of a Qwen2-VL and a Qwen3-VL language model
+(tests/test_vlm_decoder.c): multimodal RoPE and image features placed at the
+<|image_pad|> tokens (Qwen3-VL: interleaved M-RoPE, q/k norms, and deepstack
+features added at those tokens after its first decoder layers).
 
 Run from the repository root with Debian's Python and torch (no transformers):
 
@@ -40,6 +42,17 @@ decoder layers of Qwen2 (q/k/v biases), and apply_multimodal_rotary_pos_emb:
 cos/sin of each of the three position components, the head_dim split into
 mrope_section * 2 chunks, chunk i taking component i % 3. Each row runs alone
 (no padding in the reference).
+
+tests/data/goldens/qwen3_vl_lm*: the same for Qwen3-VL (transformers'
+Qwen3VLTextModel written by hand): config.json with text_config (rope_scaling
+mrope_section [2, 3, 3], mrope_interleaved) and a Qwen3-VL vision_config,
+weights of a Qwen3 decoder (q_norm / k_norm, no biases) under
+model.language_model.*, Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope
+(frequency i takes t, h, w in turn: h at i = 1, 4, ... < 3·sec[1], w at
+i = 2, 5, ... < 3·sec[2], t elsewhere), and _deepstack_process: after decoder
+layer l < 2, hidden[image tokens] += deepstack[l]. Extra goldens:
+        deepstack   f32 [2 · n_image_tokens, hidden]   layer 0's rows, then layer 1's (random)
+        d_deepstack, full_d_deepstack   their gradients (LoRA / full runs)
 """
 import json
 import os
@@ -52,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_goldens import (LORA_ALPHA, LORA_R, hf_inv_freq, hf_rmsnorm, lora_dict, make_lora, make_weights,  # noqa: E402
                           read_safetensors, repeat_kv, rotate_half, write_adapter, write_safetensors)
 import make_mrope_goldens  # noqa: E402
+
 
 VSTART, VEND, IMAGE, VIDEO = 150, 151, 152, 153
 # get_rope_index reads the token ids from its module: this vocabulary's
@@ -80,9 +94,31 @@ ROWS = [[4, (1, 4, 6), 3, (1, 2, 4), 6],
         [2, (1, 6, 2), 9]]
 
 
+# Qwen3-VL: hidden 48, 3 heads of 16 (8 frequency pairs, interleaved), 1 KV head, 3 layers, deepstack after 0 and 1
+CFG3 = {
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "tie_word_embeddings": False,
+    "image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": VSTART, "vision_end_token_id": VEND,
+    "text_config": {
+        "model_type": "qwen3_vl_text", "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 80,
+        "num_hidden_layers": 3, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 16,
+        "vocab_size": 160, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 159,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}},
+    "vision_config": {"depth": 2, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 16, "intermediate_size": 24,
+                      "num_heads": 2, "in_channels": 3, "out_hidden_size": 48, "patch_size": 16,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16,
+                      "deepstack_visual_indexes": [0, 1], "model_type": "qwen3_vl"},
+    "torch_dtype": "float32", "transformers_version": "4.57.0",
+}
+N_DEEPSTACK = 2
+
+
 def tower_tensors(vc, gen):
     """The Qwen2-VL tower's tensors (vision_config.h), random: the loader's
     gate checks they are there; the language-model goldens do not use them."""
+    if "deepstack_visual_indexes" in vc:  # Qwen3-VL's tower
+        shapes = make_mrope_goldens.qwen3_shapes(vc)
+        return {n: torch.randn(*s, generator=gen) * 0.1 for n, s in sorted(shapes.items())}
     w, f, p, tp = vc["embed_dim"], vc["embed_dim"] * vc["mlp_ratio"], vc["patch_size"], vc["temporal_patch_size"]
     m2 = vc["spatial_merge_size"] ** 2
     shapes = {"visual.patch_embed.proj.weight": (w, vc["in_chans"], tp, p, p),
@@ -105,14 +141,23 @@ def mrope_cos_sin(cfg, pos):
     freqs = pos[:, :, None].float() * inv_freq[None, None, :].float()   # [3, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)                             # [3, T, D]
     cos, sin = emb.cos(), emb.sin()
+    if cfg["rope_scaling"].get("mrope_interleaved"):
+        # apply_interleaved_mrope on the [3, T, D/2] angles, then cat(freqs, freqs)
+        sec = cfg["rope_scaling"]["mrope_section"]
+        f = freqs[0].clone()
+        for dim, offset in ((1, 1), (2, 2)):
+            f[..., offset:sec[dim] * 3:3] = freqs[dim, ..., offset:sec[dim] * 3:3]
+        emb = torch.cat((f, f), dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
     sec = cfg["rope_scaling"]["mrope_section"] * 2
     cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sec, dim=-1))], dim=-1)
     sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sec, dim=-1))], dim=-1)
     return cos[None, None], sin[None, None]
 
 
-def vl_forward(cfg, W, ids, pos, feats, lora=None, lora_scale=1.0):
-    """One row: ids [T], pos [3, T], feats [n, hidden] for its image tokens.
+def vl_forward(cfg, W, ids, pos, feats, lora=None, lora_scale=1.0, deep=None):
+    """One row: ids [T], pos [3, T], feats [n, hidden] for its image tokens;
+    deep [k, n, hidden] (Qwen3-VL) added at them after layers 0..k-1.
     Returns f32 logits [T, V]."""
     T = ids.shape[0]
     H, Hkv, D, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"]
@@ -132,8 +177,12 @@ def vl_forward(cfg, W, ids, pos, feats, lora=None, lora_scale=1.0):
     for l in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % l
         x = hf_rmsnorm(h, W[p + "input_layernorm.weight"], eps)
-        q = lin(x, p + "self_attn.q_proj").view(1, T, H, D).transpose(1, 2)
-        k = lin(x, p + "self_attn.k_proj").view(1, T, Hkv, D).transpose(1, 2)
+        q = lin(x, p + "self_attn.q_proj").view(1, T, H, D)
+        k = lin(x, p + "self_attn.k_proj").view(1, T, Hkv, D)
+        if p + "self_attn.q_norm.weight" in W:  # Qwen3: RMSNorm over each head
+            q = hf_rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = hf_rmsnorm(k, W[p + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(x, p + "self_attn.v_proj").view(1, T, Hkv, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -143,6 +192,9 @@ def vl_forward(cfg, W, ids, pos, feats, lora=None, lora_scale=1.0):
         h = h + lin(o, p + "self_attn.o_proj")
         x = hf_rmsnorm(h, W[p + "post_attention_layernorm.weight"], eps)
         h = h + lin(F.silu(lin(x, p + "mlp.gate_proj")) * lin(x, p + "mlp.up_proj"), p + "mlp.down_proj")
+        if deep is not None and l < deep.shape[0]:  # _deepstack_process
+            h = h.clone()
+            h[mask[..., 0]] = h[mask[..., 0]] + deep[l]
     h = hf_rmsnorm(h, W["model.norm.weight"], eps)
     return F.linear(h, W["lm_head.weight"])[0].float()
 
@@ -167,12 +219,13 @@ def batch(gen):
     return rows, grids, labels
 
 
-def loss_of(cfg, W, rows, pos, feats, labels, lora=None):
+def loss_of(cfg, W, rows, pos, feats, labels, lora=None, deep=None):
     """Sum of each row's shifted cross-entropy, and the logits of each row."""
     total, n, logits, off = 0.0, 0, [], 0
     for b, ids in enumerate(rows):
         k = sum(1 for t in ids if t == IMAGE)
-        lg = vl_forward(cfg, W, torch.tensor(ids), pos[b], feats[off:off + k], lora, LORA_ALPHA / LORA_R)
+        lg = vl_forward(cfg, W, torch.tensor(ids), pos[b], feats[off:off + k], lora, LORA_ALPHA / LORA_R,
+                        None if deep is None else deep[:, off:off + k])
         off += k
         tgt = torch.tensor(labels[b][1:])
         total = total + F.cross_entropy(lg[:-1], tgt, ignore_index=-100, reduction="sum")
@@ -181,16 +234,17 @@ def loss_of(cfg, W, rows, pos, feats, labels, lora=None):
     return total, n, logits
 
 
-def main():
+def main(cfg=CFG, NAME=NAME, seed=1818):
     torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1818)
-    cfg = CFG
+    gen = torch.Generator().manual_seed(seed)
+    q3 = cfg["model_type"] == "qwen3_vl"
     folder = os.path.join(ROOT, NAME)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
         f.write("\n")
-    qcfg = dict(cfg, model_type="qwen2")  # make_weights' rules of a Qwen2 (q/k/v biases)
+    # make_weights' rules of a Qwen2 (q/k/v biases) or a Qwen3 (q/k norms), on the flat language config
+    qcfg = dict(cfg["text_config"], model_type="qwen3") if q3 else dict(cfg, model_type="qwen2")
     W = make_weights(qcfg, gen)
     stored = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v for k, v in W.items()}
     stored.update(tower_tensors(dict(cfg["vision_config"]), gen))
@@ -206,8 +260,9 @@ def main():
         gi += k
         pos.append(torch.tensor(p, dtype=torch.int64))
     n_img = sum(1 for ids in rows for t in ids if t == IMAGE)
-    feats = torch.randn(n_img, cfg["hidden_size"], generator=gen)
-    B, T, V = len(rows), max(len(r) for r in rows), cfg["vocab_size"]
+    feats = torch.randn(n_img, qcfg["hidden_size"], generator=gen)
+    deep = torch.randn(N_DEEPSTACK, n_img, qcfg["hidden_size"], generator=gen) if q3 else None
+    B, T, V = len(rows), max(len(r) for r in rows), qcfg["vocab_size"]
 
     out = {"grid_thw": torch.tensor(grids, dtype=torch.int32), "lengths": torch.tensor([len(r) for r in rows],
                                                                                       dtype=torch.int32)}
@@ -219,11 +274,14 @@ def main():
         lab_t[b, :len(ids)] = torch.tensor(labels[b])
         pos_t[b, :len(ids)] = pos[b].t().to(torch.int32)
     out.update(input_ids=ids_t, labels=lab_t, position_ids=pos_t, features=feats.clone())
+    if q3:
+        out["deepstack"] = deep.reshape(-1, qcfg["hidden_size"]).clone()
 
     # LoRA: gradients of the mean loss for A, B and the features
     P = {k: v.clone().requires_grad_(True) for k, v in lora_T.items()}
     fr = feats.clone().requires_grad_(True)
-    total, n, logits = loss_of(qcfg, W, rows, pos, fr, labels, lora_dict(qcfg, P))
+    dr = deep.clone().requires_grad_(True) if q3 else None
+    total, n, logits = loss_of(qcfg, W, rows, pos, fr, labels, lora_dict(qcfg, P), dr)
     loss = total / n
     loss.backward()
     lg = torch.zeros(B, T, V)
@@ -231,14 +289,19 @@ def main():
         lg[b, :l.shape[0]] = l.detach()
     out.update(logits=lg, loss=loss.detach().reshape(1).float(), n_targets=torch.tensor([n], dtype=torch.int32),
                d_features=fr.grad.detach().clone())
+    if q3:
+        out["d_deepstack"] = dr.grad.detach().reshape(-1, qcfg["hidden_size"]).clone()
     for k, v in P.items():
         out["lora." + k] = v.grad.detach().clone()
 
     # full fine-tuning: every weight's gradient, no adapter
     Wg = {k: v.clone().requires_grad_(True) for k, v in W.items()}
     fr = feats.clone().requires_grad_(True)
-    total, n, _ = loss_of(qcfg, Wg, rows, pos, fr, labels)
+    dr = deep.clone().requires_grad_(True) if q3 else None
+    total, n, _ = loss_of(qcfg, Wg, rows, pos, fr, labels, None, dr)
     (total / n).backward()
+    if q3:
+        out["full_d_deepstack"] = dr.grad.detach().reshape(-1, qcfg["hidden_size"]).clone()
     for k, v in Wg.items():
         out["full." + k] = v.grad.detach().clone()
     out["full_d_features"] = fr.grad.detach().clone()
@@ -251,3 +314,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    main(CFG3, "qwen3_vl_lm", 1919)

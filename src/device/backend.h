@@ -36,14 +36,18 @@ typedef enum { AT_GELU_ERF = 0, AT_GELU_TANH = 1, AT_GELU_QUICK = 2 } at_gelu_ki
 
 /* Rotary positions of several components (M-RoPE, 2-D RoPE; see at_rope):
  * token t has n positions pos[t, 0..n-1], and frequency i (of D/2) turns by
- * pos[t, k]·inv_freq[i] for the component k whose run holds i: the first
- * len[0] frequencies take component 0, the next len[1] component 1, and so
- * on (Σ len = D/2). Qwen2-VL's language model: n = 3 (t, h, w) and len =
- * mrope_section; its vision tower: n = 2 (row, column), len = [D/4, D/4]. */
+ * pos[t, k]·inv_freq[i] for the component k of i. Chunked (interleaved 0):
+ * the first len[0] frequencies take component 0, the next len[1] component
+ * 1, and so on (Σ len = D/2); Qwen2-VL's language model: n = 3 (t, h, w)
+ * and len = mrope_section; its vision tower: n = 2 (row, column), len =
+ * [D/4, D/4]. Interleaved (Qwen3-VL's language model, mrope_interleaved):
+ * frequency i takes component i mod n when i < n·len[i mod n], else 0
+ * (t h w t h w ... then t's tail: transformers' apply_interleaved_mrope). */
 #define AT_ROPE_MAX_SECTIONS 4
 typedef struct {
     int n;
     int len[AT_ROPE_MAX_SECTIONS];
+    int interleaved;
 } at_rope_sections;
 
 /* The component of frequency i under s (0 when s is NULL). */
@@ -51,6 +55,10 @@ static inline int at_rope_section_of(const at_rope_sections *s, int64_t i)
 {
     int k = 0;
     if (!s) return 0;
+    if (s->interleaved) {
+        k = (int)(i % s->n);
+        return i < (int64_t)s->n * s->len[k] ? k : 0;
+    }
     for (int64_t end = s->len[0]; k < s->n - 1 && i >= end; end += s->len[++k]) {}
     return k;
 }

@@ -311,6 +311,11 @@ at_status at_export_run(const at_export_args *a)
         if (merged || replaced)
             at_log_info("export: vision tower: %d LoRA pair%s merged, %d tensor%s taken from %s", merged,
                         merged == 1 ? "" : "s", replaced, replaced == 1 ? "" : "s", a->adapters);
+        if (gguf && vis && at_export_vision_config(vis)->kind == AT_VISION_QWEN3_VL) {
+            st = at_error(AT_ERR_UNSUPPORTED, "export: GGUF of a Qwen3-VL model (interleaved M-RoPE, deepstack "
+                          "features, its tower's mmproj) is not written yet; export it with --to hf");
+            goto done;
+        }
     }
     if (!gguf) {
         if (ad && !a->merge_lora && at_adapter_has_tower(a->adapters)) {

@@ -300,13 +300,13 @@ at_status at_prompt_media_features(const at_prompt_media *m, float **out, int64_
     const at_vision_config *vc = at_vision_get_config(m->vision);
     int64_t n_tok = 0;
     AT_TRY(at_vision_tokens(vc, m->grid_thw, m->n_images, m->n_patches, &n_tok));
-    int64_t sh[2] = {n_tok, vc->out_hidden_size};
+    int64_t sh[2] = {at_vision_feature_rows(vc, n_tok), vc->out_hidden_size};
     at_tensor *t = NULL;
     AT_TRY(at_tensor_new(at_vision_backend(m->vision), AT_F32, 2, sh, "vision.features", &t));
     at_status st = at_vision_forward(m->vision, t, m->pixels, m->n_patches, m->grid_thw, m->n_images, 0);
-    float *h = st == AT_OK ? malloc((size_t)(n_tok * sh[1]) * sizeof *h) : NULL;
+    float *h = st == AT_OK ? malloc((size_t)(sh[0] * sh[1]) * sizeof *h) : NULL;
     if (st == AT_OK && !h) st = at_error(AT_ERR_NOMEM, "vision features: out of memory");
-    if (st == AT_OK) st = at_tensor_download(t, h, (size_t)(n_tok * sh[1]) * sizeof *h);
+    if (st == AT_OK) st = at_tensor_download(t, h, (size_t)(sh[0] * sh[1]) * sizeof *h);
     at_tensor_free(t);
     if (st != AT_OK) {
         free(h);
@@ -343,7 +343,7 @@ static at_status prefill_piece(at_generator *g, const int32_t *prompt, size_t at
                                float **feats, int *encoded)
 {
     at_prefill_extra ex = {0};
-    at_tensor *ft = NULL;
+    at_tensor *ft = NULL, *dt = NULL;
     if (m && m->mrope_pos) ex.mrope_pos = m->mrope_pos + at * 3;
     size_t before = 0, k = 0;
     if (m && m->n_images) {
@@ -362,9 +362,26 @@ static at_status prefill_piece(at_generator *g, const int32_t *prompt, size_t at
         st = at_tensor_upload(ft, *feats + before * (size_t)sh[1], k * (size_t)sh[1] * sizeof **feats);
         ex.features = ft;
         ex.feature_token = m->image_token;
+        /* Qwen3-VL: the same tokens' rows of each deepstack section, layer by layer */
+        const at_vision_config *vc = at_vision_get_config(m->vision);
+        int64_t n_tok = 0;
+        if (st == AT_OK) st = at_vision_tokens(vc, m->grid_thw, m->n_images, m->n_patches, &n_tok);
+        const int nds = st == AT_OK ? (int)(at_vision_feature_rows(vc, n_tok) / n_tok) - 1 : 0;
+        int64_t sd[2] = {(int64_t)k * nds, sh[1]};
+        if (nds && st == AT_OK) st = at_tensor_new(g->d->be, AT_F32, 2, sd, "generate.deepstack", &dt);
+        for (int l = 0; l < nds && st == AT_OK; l++) {
+            at_tensor part;
+            int64_t sp[2] = {(int64_t)k, sh[1]};
+            at_tensor_view_inplace(&part, dt, (size_t)l * k * (size_t)sh[1], 2, sp);
+            st = at_tensor_upload(&part, *feats + ((size_t)(1 + l) * (size_t)n_tok + before) * (size_t)sh[1],
+                                  k * (size_t)sh[1] * sizeof **feats);
+        }
+        ex.deepstack = dt;
+        ex.n_deepstack = nds;
     }
     if (st == AT_OK) st = at_decoder_prefill_ex(g->d, g->cache, prompt + at, T, NULL, g->logits, 0, &ex);
     at_tensor_free(ft);
+    at_tensor_free(dt);
     return st;
 }
 

@@ -106,7 +106,9 @@ typedef struct at_prompt_media {
 static inline uint64_t at_prompt_text_key(int32_t id) { return (uint32_t)id; }
 
 /* The features of every image of m: host f32 [rows, cols] (*out, caller
- * frees), rows = the image tokens, cols = the language model's width. */
+ * frees), rows = the image tokens, cols = the language model's width; for
+ * Qwen3-VL the buffer goes on with its deepstack features, rows more for
+ * each deepstack layer (at_vision_feature_rows). */
 at_status at_prompt_media_features(const at_prompt_media *m, float **out, int64_t *rows, int64_t *cols);
 
 /* ---- one sequence on a decoder ------------------------------------------ */

@@ -28,7 +28,7 @@ typedef struct {
     at_gen_seq *seq;
     /* the prompt's images (copies; media.vision borrowed), NULL arrays: none */
     at_prompt_media media;
-    float *feats;    /* host [image tokens, hidden] once computed */
+    float *feats;    /* host [image tokens, hidden] once computed (Qwen3-VL: then each deepstack layer's as many) */
     int encoded;     /* images run through the tower */
     /* what the cache rows hold, kept after the sequence ends (the prefix cache):
      * the adapter they were computed with; their keys are s->keys[b] */
@@ -287,16 +287,21 @@ static size_t image_tokens(const slot *sl, int from, int to)
 
 /* The prefill's extras (want_prefill: the slots' chunks start at their
  * prefilled tokens): M-RoPE positions, and the features of the image tokens
- * of the chunks, slot by slot (computed on first need), in *ft (caller
- * frees). */
-static at_status prefill_extra(at_scheduler *s, int T, const int *n_new, at_prefill_extra *ex, at_tensor **ft)
+ * of the chunks, slot by slot (computed on first need), in *ft, and
+ * Qwen3-VL's deepstack features of the same tokens, layer by layer, in *dt
+ * (caller frees both). */
+static at_status prefill_extra(at_scheduler *s, int T, const int *n_new, at_prefill_extra *ex, at_tensor **ft,
+                               at_tensor **dt)
 {
     int64_t hd = s->d->cfg.hidden_size;
     size_t rows = 0;
+    int nds = 0; /* deepstack layers: one model, so the same for every slot */
     for (int b = 0; b < s->B; b++) {
         slot *sl = &s->slots[b];
         if (!n_new[b] || !image_tokens(sl, sl->prefilled, sl->prefilled + n_new[b])) continue;
         rows += image_tokens(sl, sl->prefilled, sl->prefilled + n_new[b]);
+        const at_vision_config *vc = at_vision_get_config(sl->media.vision);
+        nds = (int)at_vision_feature_rows(vc, 1) - 1;
         if (!sl->feats) {
             int64_t r, c;
             AT_TRY(at_prompt_media_features(&sl->media, &sl->feats, &r, &c));
@@ -315,21 +320,27 @@ static at_status prefill_extra(at_scheduler *s, int T, const int *n_new, at_pref
         ex->mrope_pos = s->pos;
     }
     if (!rows) return AT_OK;
-    float *h = malloc(rows * (size_t)hd * sizeof *h);
+    float *h = malloc((size_t)(1 + nds) * rows * (size_t)hd * sizeof *h);
     if (!h) return at_error(AT_ERR_NOMEM, "scheduler: out of memory");
-    size_t at = 0;
-    for (int b = 0; b < s->B; b++) {
-        const slot *sl = &s->slots[b];
-        size_t k = n_new[b] ? image_tokens(sl, sl->prefilled, sl->prefilled + n_new[b]) : 0;
-        if (!k) continue;
-        size_t before = image_tokens(sl, 0, sl->prefilled);
-        memcpy(h + at * (size_t)hd, sl->feats + before * (size_t)hd, k * (size_t)hd * sizeof *h);
-        at += k;
-    }
-    int64_t sh[2] = {(int64_t)rows, hd};
+    /* section l (0: the features, 1 + j: deepstack layer j) of every slot's chunk, slot by slot */
+    for (int l = 0, at = 0; l <= nds; l++)
+        for (int b = 0; b < s->B; b++) {
+            const slot *sl = &s->slots[b];
+            size_t k = n_new[b] ? image_tokens(sl, sl->prefilled, sl->prefilled + n_new[b]) : 0;
+            if (!k) continue;
+            size_t before = image_tokens(sl, 0, sl->prefilled), all = image_tokens(sl, 0, sl->n_prompt);
+            memcpy(h + (size_t)at * (size_t)hd, sl->feats + ((size_t)l * all + before) * (size_t)hd,
+                   k * (size_t)hd * sizeof *h);
+            at += (int)k;
+        }
+    int64_t sh[2] = {(int64_t)rows, hd}, sd[2] = {(int64_t)rows * nds, hd};
     at_status st = at_tensor_new(s->d->be, AT_F32, 2, sh, "scheduler.features", ft);
     if (st == AT_OK) st = at_tensor_upload(*ft, h, rows * (size_t)hd * sizeof *h);
+    if (st == AT_OK && nds) st = at_tensor_new(s->d->be, AT_F32, 2, sd, "scheduler.deepstack", dt);
+    if (st == AT_OK && nds) st = at_tensor_upload(*dt, h + rows * (size_t)hd, (size_t)sd[0] * (size_t)hd * sizeof *h);
     free(h);
+    ex->deepstack = *dt;
+    ex->n_deepstack = nds;
     ex->features = *ft;
     ex->feature_token = s->slots[0].media.image_token;
     for (int b = 0; b < s->B; b++)
@@ -342,8 +353,8 @@ static at_status prefill_extra(at_scheduler *s, int T, const int *n_new, at_pref
 static at_status forward(at_scheduler *s, at_adapter *adapter, int T, int *n_new, int want_prefill)
 {
     at_prefill_extra ex = {0};
-    at_tensor *ft = NULL;
-    at_status st = want_prefill ? prefill_extra(s, T, n_new, &ex, &ft) : AT_OK;
+    at_tensor *ft = NULL, *dt = NULL;
+    at_status st = want_prefill ? prefill_extra(s, T, n_new, &ex, &ft, &dt) : AT_OK;
     for (int b = 0; st == AT_OK && b < s->B; b++) {
         const slot *sl = &s->slots[b];
         uint64_t *ck = s->keys + (size_t)b * (size_t)s->max_seq + s->cache->len[b];
@@ -354,6 +365,7 @@ static at_status forward(at_scheduler *s, at_adapter *adapter, int T, int *n_new
     if (st == AT_OK) st = at_decoder_prefill_ex(s->d, s->cache, s->ids, T, n_new, s->logits, 0, &ex);
     (void)at_decoder_set_adapter(s->d, NULL);
     at_tensor_free(ft);
+    at_tensor_free(dt);
     if (st == AT_OK)
         st = at_tensor_download(s->logits, s->host, (size_t)s->B * (size_t)s->V * sizeof *s->host);
     return st;

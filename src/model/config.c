@@ -91,7 +91,7 @@ static at_status parse_mrope_section(const cJSON *rs, const char *what, at_model
     if (!cJSON_IsArray(ms) || k != 3 || cJSON_GetArraySize(ms) != 3)
         return at_error(AT_ERR_FORMAT, "%s: rope_scaling.mrope_section must be three integers in [0, %d]", what,
                         AT_MAX_ROPE_PAIRS);
-    return AT_OK;
+    return opt_bool(rs, "mrope_interleaved", what, &cfg->mrope_interleaved);
 }
 
 static at_status parse_rope_scaling(const cJSON *rs, const char *what, at_model_config *cfg)
@@ -181,6 +181,7 @@ static const struct {
     {"qwen3", "Qwen3ForCausalLM", "qwen3"},
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2"},
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2"},
+    {"qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3"},
 };
 
 static at_status parse_model_type(const cJSON *obj, const char *what, at_model_config *cfg)
@@ -201,7 +202,7 @@ static at_status parse_model_type(const cJSON *obj, const char *what, at_model_c
             return AT_OK;
         }
     return at_error(AT_ERR_UNSUPPORTED, "%s: model_type \"%.40s\" is not supported (llama, mistral, qwen2, qwen3, qwen2_vl, "
-                    "qwen2_5_vl are)", what, mt);
+                    "qwen2_5_vl, qwen3_vl are)", what, mt);
 }
 
 at_status at_model_config_from_json(const cJSON *obj, const char *what, at_model_config *cfg)
@@ -485,6 +486,7 @@ at_status at_model_config_to_json(const at_model_config *c, char **out)
         cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
         cJSON *ms = rs ? cJSON_AddArrayToObject(rs, "mrope_section") : NULL;
         if (rs) cJSON_AddStringToObject(rs, "type", "mrope");
+        if (rs && c->mrope_interleaved) cJSON_AddTrueToObject(rs, "mrope_interleaved");
         for (int k = 0; ms && k < 3; k++) cJSON_AddItemToArray(ms, cJSON_CreateNumber(c->mrope_section[k]));
     } else if (c->rope_type == AT_ROPE_DEFAULT) {
         cJSON_AddNullToObject(o, "rope_scaling");

@@ -56,8 +56,11 @@ typedef struct at_model_config {
      * token has three positions (temporal, height, width) and the first
      * mrope_section[0] frequency pairs turn by the temporal one, the next [1]
      * by the height, the last [2] by the width (sum = head_dim / 2; mrope.h
-     * computes the ids). All 0: one position per token. */
+     * computes the ids). All 0: one position per token.
+     * mrope_interleaved (Qwen3-VL: rope_scaling.mrope_interleaved): the
+     * frequencies take t, h, w in turn instead (at_rope_sections). */
     int mrope_section[3];
+    int mrope_interleaved;
 
     int tie_word_embeddings; /* lm_head shares model.embed_tokens.weight (no lm_head.weight needed) */
     int attn_qkv_bias;       /* q_proj/k_proj/v_proj have a bias: qwen2 always; attention_bias for llama/qwen3 */

@@ -37,6 +37,7 @@ at_status at_decoder_new(at_decoder_weights *w, at_decoder **out)
     if (at_model_config_mrope(&d->cfg)) {
         d->mrope.n = 3;
         for (int k = 0; k < 3; k++) d->mrope.len[k] = d->cfg.mrope_section[k];
+        d->mrope.interleaved = d->cfg.mrope_interleaved;
     }
     int64_t half = d->cfg.head_dim / 2;
     host = malloc((size_t)half * sizeof *host);
@@ -173,7 +174,7 @@ at_status at_decoder_logits(at_decoder *d, at_tensor *logits, const at_tensor *h
 /* ---- input-embedding injection ---------------------------------------------------- */
 
 at_status at_decoder_place_features(at_tensor *x, at_tensor *feats, const int32_t *ids, int64_t N, int32_t token,
-                                    int to_feats)
+                                    int mode)
 {
     char buf[200];
     int64_t hd = at_tensor_cols(x), n = 0;
@@ -193,16 +194,20 @@ at_status at_decoder_place_features(at_tensor *x, at_tensor *feats, const int32_
         int64_t sh[2] = {run, hd};
         at_tensor_view_inplace(&xr, x, (size_t)(i * hd), 2, sh);
         at_tensor_view_inplace(&fr, feats, (size_t)(j * hd), 2, sh);
-        if (to_feats) {
-            AT_TRY(at_cast(&fr, &xr));
-            AT_TRY(at_fill(&xr, 0.0f));
-        } else {
-            AT_TRY(at_cast(&xr, &fr));
-        }
+        if (mode == AT_PLACE_TAKE || mode == AT_PLACE_GET) AT_TRY(at_cast(&fr, &xr));
+        if (mode == AT_PLACE_TAKE) AT_TRY(at_fill(&xr, 0.0f));
+        if (mode == AT_PLACE_SET) AT_TRY(at_cast(&xr, &fr));
+        if (mode == AT_PLACE_ADD) AT_TRY(at_add(&xr, &xr, &fr));
         i += run;
         j += run;
     }
     return AT_OK;
+}
+
+void at_decoder_deepstack_rows(at_tensor *dst, const at_tensor *deepstack, int n_deepstack, int l)
+{
+    int64_t n = deepstack->shape[0] / n_deepstack, s[2] = {n, deepstack->shape[1]};
+    at_tensor_view_inplace(dst, deepstack, (size_t)(l * n * deepstack->shape[1]), 2, s);
 }
 
 /* ---- inference ----------------------------------------------------------------- */
@@ -350,13 +355,14 @@ at_status at_decoder_prefill_ex(at_decoder *d, at_kv_cache *cache, const int32_t
     AT_TRY(at_decoder_qact(d, (int64_t)B * T, &io.qact));
 
     AT_TRY(at_embedding_forward(&x, &t_ids, d->w->embed));
+    int32_t *mark = NULL; /* the ids, the padding marked apart (-1): it must not take features */
     if (extra && extra->features) {
-        /* the padding must not take features: it is marked apart (-1) */
-        int32_t *mark = malloc((size_t)N * sizeof *mark);
+        mark = malloc((size_t)N * sizeof *mark);
         if (!mark) return at_error(AT_ERR_NOMEM, "decoder prefill: out of memory");
         for (int64_t i = 0; i < N; i++) mark[i] = h_qi[i] >= 0 ? h_ids[i] : -1;
-        at_status st = at_decoder_place_features(&x, (at_tensor *)extra->features, mark, N, extra->feature_token, 0);
-        free(mark);
+        at_status st = at_decoder_place_features(&x, (at_tensor *)extra->features, mark, N, extra->feature_token,
+                                                 AT_PLACE_SET);
+        if (st != AT_OK) free(mark);
         AT_TRY(st);
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -365,9 +371,17 @@ at_status at_decoder_prefill_ex(at_decoder *d, at_kv_cache *cache, const int32_t
         io.lora = at_decoder_layer_lora(d, l, 0.0f, 0, &ll);
         io.k_cache = cache->k[l];
         io.v_cache = cache->v[l];
-        AT_TRY(at_attention_block_forward(c, lw, &la, &x, &x, &io));
-        AT_TRY(at_mlp_block_forward(c, lw, &la, &x, &x, &io));
+        at_status st = at_attention_block_forward(c, lw, &la, &x, &x, &io);
+        if (st == AT_OK) st = at_mlp_block_forward(c, lw, &la, &x, &x, &io);
+        if (st == AT_OK && mark && extra->deepstack && l < extra->n_deepstack) {
+            at_tensor ds;
+            at_decoder_deepstack_rows(&ds, extra->deepstack, extra->n_deepstack, l);
+            st = at_decoder_place_features(&x, &ds, mark, N, extra->feature_token, AT_PLACE_ADD);
+        }
+        if (st != AT_OK) free(mark);
+        AT_TRY(st);
     }
+    free(mark);
     float eps = (float)c->rms_norm_eps;
     at_tensor lg;
     if (all_positions) {

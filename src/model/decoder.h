@@ -59,13 +59,18 @@ static inline int at_decoder_pos_width(const at_decoder *d) { return d->mrope.n 
  * <|image_pad|> tokens' embeddings): x has N = B·T rows [N, hidden], ids the
  * host copy of the batch's ids [N]. Row j of feats [n, hidden] goes to the
  * j-th token whose id is `token` (row-major order); n must equal their count.
- *   forward (to_feats 0):  x[pos_j] = feats[j]
- *   backward (to_feats 1): feats[j] = x[pos_j], then x[pos_j] = 0: the
+ *   AT_PLACE_SET (0):  x[pos_j] = feats[j]                      (forward)
+ *   AT_PLACE_TAKE (1): feats[j] = x[pos_j], then x[pos_j] = 0: the
  *     gradient reaches the features, and the embedding table gets none from
- *     those rows (their lookup was overwritten).
+ *     those rows (their lookup was overwritten)                (its backward)
+ *   AT_PLACE_ADD (2):  x[pos_j] += feats[j]    (Qwen3-VL's deepstack features)
+ *   AT_PLACE_GET (3):  feats[j] = x[pos_j]                     (its backward)
  * One copy per run of consecutive such tokens (an image is one run). */
+enum { AT_PLACE_SET = 0, AT_PLACE_TAKE = 1, AT_PLACE_ADD = 2, AT_PLACE_GET = 3 };
 at_status at_decoder_place_features(at_tensor *x, at_tensor *feats, const int32_t *ids, int64_t N, int32_t token,
-                                    int to_feats);
+                                    int mode);
+/* dst: the view of layer l's rows of deepstack [n_deepstack · n, hidden] (at_fwd_opts). */
+void at_decoder_deepstack_rows(at_tensor *dst, const at_tensor *deepstack, int n_deepstack, int l);
 /* The bf16 scratch for `rows` tokens when activations times quantized weights
  * should be computed in bf16 (quant_bf16 above, and some matrix is
  * quantized); *out NULL otherwise. Owned by d; valid until the next call. */
@@ -158,6 +163,9 @@ typedef struct at_decoder_acts {
     const int32_t *host_ids;
     int32_t feature_token;
     at_tensor *d_features;
+    const at_tensor *deepstack;
+    int n_deepstack;
+    at_tensor *d_deepstack;
     int forward_done;       /* a forward ran since allocation */
     int loss_done;          /* at_decoder_loss left d_final ready (with gradients) */
     /* AT_ACTS_LOSS or AT_ACTS_TRAIN (buf NULL otherwise): */
@@ -223,11 +231,18 @@ typedef struct at_fwd_opts {
      * feature_token (after NEFTune's noise, which is on the text's embeddings,
      * as transformers' hook on embed_tokens). host_ids: the host copy of ids
      * [B·T]. d_features (NULL: not wanted) f32 [n, hidden]: the backward writes
-     * dL/dfeatures there. All must stay alive until the backward. */
+     * dL/dfeatures there. All must stay alive until the backward.
+     * Qwen3-VL's deepstack (NULL deepstack or n_deepstack 0: none): deepstack
+     * f32 [n_deepstack · n, hidden], n rows a layer; rows l·n.. are added to
+     * the feature tokens' hidden states after decoder layer l (l <
+     * n_deepstack). d_deepstack (NULL: not wanted) gets their gradient. */
     const at_tensor *features;
     const int32_t *host_ids;
     int32_t feature_token;
     at_tensor *d_features;
+    const at_tensor *deepstack;
+    int n_deepstack;
+    at_tensor *d_deepstack;
 } at_fwd_opts;
 
 /* The options the calls without at_fwd_opts run with: first_row and NEFTune's
@@ -377,6 +392,9 @@ typedef struct at_prefill_extra {
      * id is feature_token (sequence by sequence; at_decoder_place_features). */
     const at_tensor *features;
     int32_t feature_token;
+    /* Qwen3-VL's deepstack features (at_fwd_opts), for the same tokens */
+    const at_tensor *deepstack;
+    int n_deepstack;
 } at_prefill_extra;
 
 /* at_decoder_prefill with extra (NULL: at_decoder_prefill). */

@@ -284,7 +284,7 @@ static at_status forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids
     /* x_0[image tokens] = features (at_decoder_place_features) */
     if (a->features)
         AT_TRY(at_decoder_place_features(&a->resid[0], (at_tensor *)a->features, a->host_ids, (int64_t)B * T,
-                                         a->feature_token, 0));
+                                         a->feature_token, AT_PLACE_SET));
     for (int l = 0; l < c->num_hidden_layers; l++) {
         at_layer_acts *la = &a->layers[l];
         const at_layer_weights *lw = &d->w->layers[l];
@@ -294,6 +294,12 @@ static at_status forward(at_decoder *d, at_decoder_acts *a, const at_tensor *ids
         ll.row_tokens = a->T;
         AT_TRY(at_attention_block_forward(c, lw, la, &la->res_mid, &a->resid[l], &io));
         AT_TRY(at_mlp_block_forward(c, lw, la, &a->resid[l + 1], &la->res_mid, &io));
+        if (a->features && a->deepstack && l < a->n_deepstack) { /* x_{l+1}[image tokens] += deepstack_l */
+            at_tensor ds;
+            at_decoder_deepstack_rows(&ds, a->deepstack, a->n_deepstack, l);
+            AT_TRY(at_decoder_place_features(&a->resid[l + 1], &ds, a->host_ids, (int64_t)B * T, a->feature_token,
+                                             AT_PLACE_ADD));
+        }
     }
     AT_TRY(at_rmsnorm_forward(&a->final_norm, &a->final_rstd, &a->resid[c->num_hidden_layers], d->w->final_norm,
                               (float)c->rms_norm_eps));
@@ -314,6 +320,9 @@ at_status at_decoder_forward_train_opts(at_decoder *d, at_decoder_acts *a, const
     a->host_ids = o->host_ids;
     a->feature_token = o->feature_token;
     a->d_features = o->d_features;
+    a->deepstack = o->deepstack;
+    a->n_deepstack = o->deepstack ? o->n_deepstack : 0;
+    a->d_deepstack = o->d_deepstack;
     return forward(d, a, ids, pos, segments, o->lora_dropout, o->dropout_seed, 1);
 }
 
@@ -336,6 +345,8 @@ at_status at_decoder_forward(at_decoder *d, at_decoder_acts *a, const at_tensor 
 {
     a->features = NULL; /* injection is at_fwd_opts' (at_decoder_forward_train_opts) */
     a->d_features = NULL;
+    a->deepstack = a->d_deepstack = NULL;
+    a->n_deepstack = 0;
     return forward(d, a, ids, pos, segments, 0.0f, 0, 0);
 }
 
@@ -689,6 +700,12 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
         io.lora = at_decoder_layer_lora(d, l, a->lora_dropout, a->dropout_seed, &ll);
         ll.first_row = a->dropout_first_row;
         ll.row_tokens = a->T;
+        if (a->features && a->d_deepstack && l < a->n_deepstack) { /* ddeepstack_l = dx_{l+1}[image tokens] */
+            at_tensor ds;
+            at_decoder_deepstack_rows(&ds, a->d_deepstack, a->n_deepstack, l);
+            AT_TRY(at_decoder_place_features(dres, &ds, a->host_ids, (int64_t)a->B * a->T, a->feature_token,
+                                             AT_PLACE_GET));
+        }
         if (ckpt && l != L - 1) {
             /* recompute layer l from its input (same dropout masks: same seed);
              * the block output goes to scratch, resid[l+1] is already used */
@@ -712,7 +729,8 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
             at_tensor_view_inplace(&scratch, &a->bwd.hd[0], 0, 2, sh);
             df = &scratch;
         }
-        AT_TRY(at_decoder_place_features(dres, df, a->host_ids, (int64_t)a->B * a->T, a->feature_token, 1));
+        AT_TRY(at_decoder_place_features(dres, df, a->host_ids, (int64_t)a->B * a->T, a->feature_token,
+                                         AT_PLACE_TAKE));
     }
     /* x_0 = embed[ids]:  dembed[ids] += dx_0 (tied: on top of the head's gradient) */
     if (gw) AT_TRY(at_embedding_backward(gw->embed, dres, a->ids));

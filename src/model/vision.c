@@ -1,6 +1,6 @@
-/* The Qwen2-VL / Qwen2.5-VL vision tower and merger (see vision.h): the
- * weights, the forward and the backward, block by block as the decoder's
- * layers.c does, with only operations of ops/ops.h. */
+/* The Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision tower and merger (see
+ * vision.h): the weights, the forward and the backward, block by block as
+ * the decoder's layers.c does, with only operations of ops/ops.h. */
 #include "model/vision.h"
 
 #include <math.h>
@@ -30,11 +30,22 @@ static const char *const block_suffix[B_COUNT] = {
     "mlp.gate_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias", "mlp.down_proj.weight",
     "mlp.down_proj.bias"};
 enum { M_LNW, M_LNB, M_0W, M_0B, M_2W, M_2B, M_COUNT };
+/* Qwen3-VL's names of the roles that Qwen2-VL calls mlp.fc1 / fc2, and of a merger's tensors after its prefix */
+static const char *const block_suffix3[4] = {"mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight",
+                                             "mlp.linear_fc2.bias"};
+static const char *const merger_suffix3[M_COUNT] = {"norm.weight", "norm.bias", "linear_fc1.weight",
+                                                    "linear_fc1.bias", "linear_fc2.weight", "linear_fc2.bias"};
+#define MAX_MERGERS (1 + AT_VISION_MAX_DEEPSTACK) /* the merger, then Qwen3-VL's deepstack mergers */
 /* The blocks' linears that LoRA adapts, their weights' roles and PEFT's module names. */
 enum { L_QKV, L_PROJ, L_FC1, L_FC2, L_GATE, L_UP, L_DOWN, L_COUNT };
 static const int lora_weight[L_COUNT] = {B_QKVW, B_PROJW, B_FC1W, B_FC2W, B_GATEW, B_UPW, B_DOWNW};
 static const char *const lora_module[L_COUNT] = {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate_proj",
                                                  "mlp.up_proj", "mlp.down_proj"};
+static const char *lora_module_of(const at_vision_config *vc, int l)
+{
+    if (vc->kind == AT_VISION_QWEN3_VL && (l == L_FC1 || l == L_FC2)) return l == L_FC1 ? "mlp.linear_fc1" : "mlp.linear_fc2";
+    return lora_module[l];
+}
 static const char *const merger_name[M_COUNT] = {"visual.merger.ln_q.weight", "visual.merger.ln_q.bias",
                                                  "visual.merger.mlp.0.weight", "visual.merger.mlp.0.bias",
                                                  "visual.merger.mlp.2.weight", "visual.merger.mlp.2.bias"};
@@ -52,13 +63,23 @@ typedef struct {
     at_tensor *u[L_COUNT];         /* LoRA: x·Aᵀ of each adapted linear [N, r] */
 } block_acts;
 
+/* What a merger keeps: its input (a deepstack merger's: a copy of its
+ * block's output [N, W]), the norm's output and statistics, the MLP's
+ * hidden layer before and after GELU [N/m², m²W], Qwen2.5-VL's output in
+ * window order [N/m², O]. */
+typedef struct {
+    at_tensor *in, *ln, *mean, *rstd, *h, *a, *out;
+} merger_acts;
+
 struct at_vision {
     at_vision_config vc;
     at_backend *be;
     size_t n_params;
     at_tensor **params, **grads;
     int *blk;              /* [depth][B_COUNT]: parameter index of each role, -1 when the tower has none */
-    int merger[M_COUNT];   /* likewise */
+    int merger[MAX_MERGERS][M_COUNT]; /* likewise; [0] the merger, [1 + j] deepstack merger j */
+    int pe_bias, pos_embed; /* Qwen3-VL's patch_embed.proj.bias and pos_embed.weight, else -1 */
+    int pos_side;          /* Qwen3-VL: the position grid's side, sqrt(num_position_embeddings) */
     int train_vit, train_aligner;
     int vit_held;          /* at_vision_hold_vit: the vision transformer's gradients kept, not computed */
     size_t n_base;         /* the tower's own parameters; LoRA's A, B pairs follow */
@@ -73,7 +94,14 @@ struct at_vision {
     at_tensor *pix, *pos, *q_index, *seg_frame, *seg_window, *win_ids, *unwin_ids;
     at_tensor *x0;         /* patch embedding [N, W] */
     block_acts *acts;      /* [depth] (training) or [1] */
-    at_tensor *ln, *ln_mean, *ln_rstd, *h0, *a0, *mout; /* the merger's: ln_q [N, W]; [N/m², m²W] x2; [N/m², O] */
+    merger_acts ma[MAX_MERGERS];
+    /* Qwen3-VL's interpolated positions: per image the bilinear weights
+     * along its rows rh [h, S] and columns rw [w, S] (S = pos_side), all
+     * images' stacked; pe_ids [N] the row of the interpolated grid
+     * (images' h·w rows one after another) each patch takes */
+    at_tensor *pe_rh, *pe_rw, *pe_ids;
+    int32_t (*grid)[3];    /* the images' grids, n_grid of them */
+    int n_grid;
 };
 
 /* ---- parameters ---------------------------------------------------------- */
@@ -88,8 +116,16 @@ static at_tensor *G(const at_vision *v, int b, int role)
     int i = v->blk[b * B_COUNT + role];
     return i < 0 ? NULL : v->grads[i];
 }
-static at_tensor *MP(const at_vision *v, int role) { return v->merger[role] < 0 ? NULL : v->params[v->merger[role]]; }
-static at_tensor *MG(const at_vision *v, int role) { return v->merger[role] < 0 ? NULL : v->grads[v->merger[role]]; }
+static at_tensor *MP(const at_vision *v, int j, int role)
+{
+    return v->merger[j][role] < 0 ? NULL : v->params[v->merger[j][role]];
+}
+static at_tensor *MG(const at_vision *v, int j, int role)
+{
+    return v->merger[j][role] < 0 ? NULL : v->grads[v->merger[j][role]];
+}
+static at_tensor *XP(const at_vision *v, int i) { return i < 0 ? NULL : v->params[i]; }
+static at_tensor *XG(const at_vision *v, int i) { return i < 0 ? NULL : v->grads[i]; }
 
 void at_vision_release(at_vision *v);
 
@@ -116,8 +152,10 @@ typedef at_status (*fill_fn)(size_t i, const at_vision_tensor *t, float *dst, in
 static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill, void *ctx, at_vision **out)
 {
     *out = NULL;
-    if (vc->kind != AT_VISION_QWEN2_VL && vc->kind != AT_VISION_QWEN2_5_VL)
-        return at_error(AT_ERR_INVALID, "vision tower: the config is not Qwen2-VL or Qwen2.5-VL");
+    if (vc->kind != AT_VISION_QWEN2_VL && vc->kind != AT_VISION_QWEN2_5_VL && vc->kind != AT_VISION_QWEN3_VL)
+        return at_error(AT_ERR_INVALID, "vision tower: the config is not Qwen2-VL, Qwen2.5-VL or Qwen3-VL");
+    if (vc->n_deepstack < 0 || vc->n_deepstack > AT_VISION_MAX_DEEPSTACK)
+        return at_error(AT_ERR_INVALID, "vision tower: %d deepstack mergers", vc->n_deepstack);
     const int D = vc->width / vc->num_heads;
     if (D % 4) return at_error(AT_ERR_FORMAT, "vision tower: head size %d is not a multiple of 4 (2-D rotary)", D);
     at_vision_tensor *tab = NULL;
@@ -138,7 +176,11 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
     }
     v->n_params = v->n_base = n;
     for (int i = 0; i < vc->depth * B_COUNT; i++) v->blk[i] = -1;
-    for (int r = 0; r < M_COUNT; r++) v->merger[r] = -1;
+    for (int j = 0; j < MAX_MERGERS; j++)
+        for (int r = 0; r < M_COUNT; r++) v->merger[j][r] = -1;
+    v->pe_bias = v->pos_embed = -1;
+    for (v->pos_side = 0; (v->pos_side + 1) * (v->pos_side + 1) <= vc->num_position_embeddings; v->pos_side++) {}
+    const int q3 = vc->kind == AT_VISION_QWEN3_VL;
     for (size_t i = 0; i < n; i++) {
         const at_vision_tensor *t = &tab[i];
         int64_t shape[AT_MAX_DIMS] = {t->shape[0], t->shape[1], 1, 1};
@@ -159,11 +201,24 @@ static at_status build(const at_vision_config *vc, at_backend *be, fill_fn fill,
         AT_CHECK(at_tensor_upload(v->params[i], host, (size_t)numel * sizeof *host));
         int b = -1, pos = 0;
         if (sscanf(t->name, "visual.blocks.%d.%n", &b, &pos) == 1 && pos > 0 && b >= 0 && b < vc->depth) {
-            for (int r = 0; r < B_COUNT; r++)
-                if (!strcmp(t->name + pos, block_suffix[r])) v->blk[b * B_COUNT + r] = (int)i;
+            for (int r = 0; r < B_COUNT; r++) {
+                const char *sfx = q3 && r >= B_FC1W && r <= B_FC2B ? block_suffix3[r - B_FC1W] : block_suffix[r];
+                if (!strcmp(t->name + pos, sfx)) v->blk[b * B_COUNT + r] = (int)i;
+            }
         }
-        for (int r = 0; r < M_COUNT; r++)
-            if (!strcmp(t->name, merger_name[r])) v->merger[r] = (int)i;
+        int j = -1;
+        pos = 0;
+        if (q3 && !strncmp(t->name, "visual.merger.", 14)) j = 0, pos = 14;
+        else if (q3 && sscanf(t->name, "visual.deepstack_merger_list.%d.%n", &j, &pos) == 1 && pos > 0 && j >= 0 &&
+                 j < vc->n_deepstack)
+            j++;
+        else j = -1;
+        for (int r = 0; r < M_COUNT; r++) {
+            if (!q3 && !strcmp(t->name, merger_name[r])) v->merger[0][r] = (int)i;
+            if (j >= 0 && !strcmp(t->name + pos, merger_suffix3[r])) v->merger[j][r] = (int)i;
+        }
+        if (!strcmp(t->name, "visual.patch_embed.proj.bias")) v->pe_bias = (int)i;
+        if (!strcmp(t->name, "visual.pos_embed.weight")) v->pos_embed = (int)i;
     }
     /* HF's VisionRotaryEmbedding(D/2): inv_freq[j] = 1/θ^(2j/(D/2)), j < D/4, in f32 as torch computes it */
     int64_t sh = D / 2;
@@ -252,7 +307,8 @@ at_tensor *at_vision_grad(const at_vision *v, size_t i) { return i < v->n_params
 int at_vision_param_is_lora(const at_vision *v, size_t i) { return i >= v->n_base && i < v->n_params; }
 int at_vision_param_is_aligner(const at_vision *v, size_t i)
 {
-    return i < v->n_params && !strncmp(v->params[i]->name, "visual.merger.", 14);
+    return i < v->n_params && (!strncmp(v->params[i]->name, "visual.merger.", 14) ||
+                               !strncmp(v->params[i]->name, "visual.deepstack_merger_list.", 29));
 }
 
 at_status at_vision_set_trainable(at_vision *v, int vit, int aligner)
@@ -304,8 +360,8 @@ at_status at_vision_lora_add(at_vision *v, int rank, double alpha, int use_rslor
             size_t i = v->n_params;
             v->lora[b * L_COUNT + l] = (int)i;
             for (int k = 0; k < 2; k++) {
-                snprintf(name, sizeof name, "base_model.model.visual.blocks.%d.%s.lora_%c.weight", b, lora_module[l],
-                         "AB"[k]);
+                snprintf(name, sizeof name, "base_model.model.visual.blocks.%d.%s.lora_%c.weight", b,
+                         lora_module_of(&v->vc, l), "AB"[k]);
                 v->grads[i + k] = NULL;
                 AT_CHECK(at_tensor_zeros(v->be, AT_F32, 2, k ? sb : sa, name, &v->params[i + k]));
                 v->n_params++;
@@ -413,7 +469,9 @@ static at_status block_linear_backward(const at_vision *v, int b, int l, at_tens
 
 /* The blocks' and ln_q's norm: LayerNorm (Qwen2-VL) or RMSNorm (Qwen2.5-VL),
  * ops.h gives the math of both. mean is NULL for RMSNorm. */
-static int layernorm(const at_vision *v) { return v->vc.kind == AT_VISION_QWEN2_VL; }
+static int layernorm(const at_vision *v) { return v->vc.kind != AT_VISION_QWEN2_5_VL; }
+/* The blocks' MLP activation between fc1 and fc2: QuickGELU (Qwen2-VL), GELU's tanh form (Qwen3-VL). */
+static int block_gelu(const at_vision *v) { return v->vc.kind == AT_VISION_QWEN3_VL ? AT_GELU_TANH : AT_GELU_QUICK; }
 
 static at_status norm_forward(const at_vision *v, at_tensor *y, at_tensor *mean, at_tensor *rstd, const at_tensor *x,
                               const at_tensor *w, const at_tensor *b)
@@ -459,13 +517,13 @@ static void flat3(at_tensor *dst, const at_tensor *t)
 static at_rope_sections rope_2d(const at_vision *v)
 {
     const int D = v->vc.width / v->vc.num_heads;
-    at_rope_sections s = {2, {D / 4, D / 4, 0, 0}};
+    at_rope_sections s = {2, {D / 4, D / 4, 0, 0}, 0};
     return s;
 }
 
 static at_attn_params attn_params(const at_vision *v, int b)
 {
-    int full = v->vc.kind == AT_VISION_QWEN2_VL;
+    int full = v->vc.kind != AT_VISION_QWEN2_5_VL;
     for (int i = 0; i < v->vc.n_fullatt; i++) full |= v->vc.fullatt_block_indexes[i] == b;
     at_attn_params p = {1.0f / sqrtf((float)(v->vc.width / v->vc.num_heads)), v->q_index, NULL,
                         full ? v->seg_frame : v->seg_window};
@@ -512,7 +570,7 @@ static at_status block_forward(at_vision *v, int b, at_tensor *x, block_acts *a)
     if (out != mid) AT_TRY(at_cast(out, mid));
     if (layernorm(v)) {
         AT_TRY(block_linear(v, b, L_FC1, a->h1, 0.0f, a->n2, a));
-        AT_TRY(at_gelu_forward(a->act, a->h1, AT_GELU_QUICK));
+        AT_TRY(at_gelu_forward(a->act, a->h1, block_gelu(v)));
         return block_linear(v, b, L_FC2, out, 1.0f, a->act, a);
     }
     AT_TRY(block_linear(v, b, L_GATE, a->h1, 0.0f, a->n2, a));
@@ -543,7 +601,7 @@ static at_status block_backward(at_vision *v, int b, at_tensor *dx, const at_ten
     /* the MLP: dn2 = mlpᵀ(dout) */
     if (layernorm(v)) {
         AT_TRY(block_linear_backward(v, b, L_FC2, s->dact, 0.0f, dx, a->act, a, s->du));
-        AT_TRY(at_gelu_backward(s->dh1, s->dact, a->h1, AT_GELU_QUICK));
+        AT_TRY(at_gelu_backward(s->dh1, s->dact, a->h1, block_gelu(v)));
         AT_TRY(block_linear_backward(v, b, L_FC1, s->dn, 0.0f, s->dh1, a->n2, a, s->du));
     } else {
         AT_TRY(block_linear_backward(v, b, L_DOWN, s->dact, 0.0f, dx, a->act, a, s->du));
@@ -608,11 +666,16 @@ void at_vision_release(at_vision *v)
         free(v->acts);
         v->acts = NULL;
     }
-    at_tensor *t[] = {v->pix, v->pos, v->q_index, v->seg_frame, v->seg_window, v->win_ids, v->unwin_ids, v->x0,
-                      v->ln, v->ln_mean, v->ln_rstd, v->h0, v->a0, v->mout};
-    free_tensors(t, sizeof t / sizeof *t);
-    v->pix = v->pos = v->q_index = v->seg_frame = v->seg_window = v->win_ids = v->unwin_ids = v->x0 = NULL;
-    v->ln = v->ln_mean = v->ln_rstd = v->h0 = v->a0 = v->mout = NULL;
+    at_tensor **t[] = {&v->pix, &v->pos, &v->q_index, &v->seg_frame, &v->seg_window, &v->win_ids, &v->unwin_ids,
+                       &v->x0, &v->pe_rh, &v->pe_rw, &v->pe_ids};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        at_tensor_free(*t[i]);
+        *t[i] = NULL;
+    }
+    for (int j = 0; j < MAX_MERGERS; j++) free_tensors((at_tensor **)&v->ma[j], sizeof v->ma[j] / sizeof(at_tensor *));
+    free(v->grid);
+    v->grid = NULL;
+    v->n_grid = 0;
     v->kept = v->kept_blocks = 0;
 }
 
@@ -668,12 +731,14 @@ static at_status upload_i32(const at_vision *v, const int32_t *host, int ndim, c
  *   pos[r]     its (row, column) in its image, in patches
  *   frame[r]   its frame, counted over all images (attention's segments)
  *   window[r]  its window, counted likewise (Qwen2.5-VL)
- *   win[u]     the merged token (image order) that merged unit u is (u in block order).
+ *   win[u]     the merged token (image order) that merged unit u is (u in block order)
+ *   pe[r]      its row of the interpolated position grid (Qwen3-VL): the
+ *              images' h·w rows one after another, frames sharing them.
  * Windows (transformers' get_window_index): per frame, squares of
  * ws = window_size / (patch_size·m) merge units, row-major, cut at the
  * frame's bottom and right edges; units within a window row-major. */
 typedef struct {
-    int32_t *order, *pos, *frame, *window, *win;
+    int32_t *order, *pos, *frame, *window, *win, *pe;
 } patch_tables;
 
 static at_status make_tables(const at_vision *v, const int32_t (*g)[3], int n_images, patch_tables *pt)
@@ -687,11 +752,12 @@ static at_status make_tables(const at_vision *v, const int32_t (*g)[3], int n_im
     pt->frame = malloc((size_t)N * sizeof(int32_t));
     pt->window = malloc((size_t)N * sizeof(int32_t));
     pt->win = malloc((size_t)U * sizeof(int32_t));
-    if (!pt->order || !pt->pos || !pt->frame || !pt->window || !pt->win)
+    pt->pe = malloc((size_t)N * sizeof(int32_t));
+    if (!pt->order || !pt->pos || !pt->frame || !pt->window || !pt->win || !pt->pe)
         return at_error(AT_ERR_NOMEM, "out of memory (vision tables of %lld patches)", (long long)N);
     int64_t u = 0, base = 0; /* next unit in block order; first unit of the frame in image order */
-    int32_t frame = 0, window = 0;
-    for (int i = 0; i < n_images; i++) {
+    int32_t frame = 0, window = 0, pe_base = 0;
+    for (int i = 0; i < n_images; pe_base += g[i][1] * g[i][2], i++) {
         const int lh = g[i][1] / m, lw = g[i][2] / m;
         for (int t = 0; t < g[i][0]; t++, frame++, base += (int64_t)lh * lw) {
             for (int wh = 0; wh < lh; wh += ws)
@@ -707,6 +773,7 @@ static at_status make_tables(const at_vision *v, const int32_t (*g)[3], int n_im
                                 pt->pos[2 * r + 1] = uw * m + k % m;
                                 pt->frame[r] = frame;
                                 pt->window[r] = window;
+                                pt->pe[r] = pe_base + pt->pos[2 * r] * g[i][2] + pt->pos[2 * r + 1];
                             }
                         }
         }
@@ -721,9 +788,134 @@ static void tables_free(patch_tables *pt)
     free(pt->frame);
     free(pt->window);
     free(pt->win);
+    free(pt->pe);
 }
 
 /* ---- the tower ----------------------------------------------------------- */
+
+/* The bilinear weights of n points spread evenly over a grid side of S
+ * (transformers' fast_pos_embed_interpolate along one axis): point a sits
+ * at p = linspace(0, S-1, n)[a] (float32, as torch computes it), weight
+ * 1 - (p - floor p) on floor p and p - floor p on min(floor p + 1, S - 1).
+ * dst: [n, S], overwritten. */
+static void interp_weights(float *dst, int n, int S)
+{
+    memset(dst, 0, (size_t)n * (size_t)S * sizeof *dst);
+    const float step = n > 1 ? (float)(S - 1) / (float)(n - 1) : 0.0f;
+    for (int a = 0; a < n; a++) {
+        float p = a < n / 2 ? step * (float)a : (float)(S - 1) - step * (float)(n - 1 - a);
+        int f = (int)p, c = f + 1 < S ? f + 1 : S - 1;
+        float d = p - (float)f;
+        dst[(size_t)a * S + f] += 1.0f - d;
+        dst[(size_t)a * S + c] += d;
+    }
+}
+
+/* Qwen3-VL's position tables of a batch (the pe_* fields of at_vision). */
+static at_status prepare_pos_embed(at_vision *v, const patch_tables *pt, const int32_t (*g)[3], int n_images)
+{
+    const int S = v->pos_side;
+    int64_t sh = 0, sw = 0;
+    for (int i = 0; i < n_images; i++) sh += g[i][1], sw += g[i][2];
+    float *rh = malloc((size_t)(sh * S) * sizeof *rh), *rw = malloc((size_t)(sw * S) * sizeof *rw);
+    v->grid = malloc((size_t)n_images * sizeof *v->grid);
+    at_status st = AT_OK;
+    if (!rh || !rw || !v->grid) {
+        st = at_error(AT_ERR_NOMEM, "out of memory (vision position tables)");
+        goto done;
+    }
+    memcpy(v->grid, g, (size_t)n_images * sizeof *v->grid);
+    v->n_grid = n_images;
+    for (int i = 0, oh = 0, ow = 0; i < n_images; oh += g[i][1], ow += g[i][2], i++) {
+        interp_weights(rh + (int64_t)oh * S, g[i][1], S);
+        interp_weights(rw + (int64_t)ow * S, g[i][2], S);
+    }
+    int64_t s_h[2] = {sh, S}, s_w[2] = {sw, S}, s_n[1] = {v->n};
+    AT_CHECK(at_tensor_new(v->be, AT_F32, 2, s_h, "vision.pos_rows", &v->pe_rh));
+    AT_CHECK(at_tensor_upload(v->pe_rh, rh, (size_t)(sh * S) * sizeof *rh));
+    AT_CHECK(at_tensor_new(v->be, AT_F32, 2, s_w, "vision.pos_cols", &v->pe_rw));
+    AT_CHECK(at_tensor_upload(v->pe_rw, rw, (size_t)(sw * S) * sizeof *rw));
+    AT_CHECK(upload_i32(v, pt->pe, 1, s_n, "vision.pos_ids", &v->pe_ids));
+done:
+    free(rh);
+    free(rw);
+    return st;
+}
+
+/* Rows of the interpolated position grid of image i (row-major, h·w rows),
+ * its weights' views, its first row in pe_grid. */
+typedef struct {
+    at_tensor rh, rw;
+    int64_t h, w, first;
+} pe_image;
+
+static void pe_views(const at_vision *v, int i, int64_t *oh, int64_t *ow, int64_t *first, pe_image *pi)
+{
+    const int64_t S = v->pos_side;
+    pi->h = v->grid[i][1];
+    pi->w = v->grid[i][2];
+    pi->first = *first;
+    int64_t s_h[2] = {pi->h, S}, s_w[2] = {pi->w, S};
+    at_tensor_view_inplace(&pi->rh, v->pe_rh, (size_t)(*oh * S), 2, s_h);
+    at_tensor_view_inplace(&pi->rw, v->pe_rw, (size_t)(*ow * S), 2, s_w);
+    *oh += pi->h;
+    *ow += pi->w;
+    *first += pi->h * pi->w;
+}
+
+/* Qwen3-VL's learned positions, bilinearly interpolated to each image's grid
+ * and added to the patch embedding. With E = pos_embed viewed [S, S·W] and
+ * Rh, Rw an image's weights (interp_weights), separably:
+ *   T = Rh · E  [h, S·W],   grid[a] = Rw · T[a] viewed [S, W]  ([w, W], row a)
+ *   x0[r] += grid[pe_ids[r]]
+ * backward (dx0 the gradient of x0):
+ *   dgrid = scatter-add of dx0 by pe_ids,  dT[a] = Rwᵀ · dgrid[a],  dE += Rhᵀ · dT
+ * scratch: [Σ h·w, W] (grid) and [max h, S·W] (T). */
+static at_status pos_embed_pass(at_vision *v, at_tensor *x0, int backward)
+{
+    const int64_t S = v->pos_side, W = v->vc.width;
+    int64_t rows = 0, maxh = 0;
+    for (int i = 0; i < v->n_grid; i++) {
+        rows += (int64_t)v->grid[i][1] * v->grid[i][2];
+        if (v->grid[i][1] > maxh) maxh = v->grid[i][1];
+    }
+    at_tensor *grid = NULL, *t = NULL, *patch = NULL;
+    at_status st = AT_OK;
+    at_tensor e, tv, ta, ga;
+    int64_t se[2] = {S, S * W};
+    at_tensor_view_inplace(&e, backward ? v->grads[v->pos_embed] : v->params[v->pos_embed], 0, 2, se);
+    AT_CHECK(new_f32(v, rows, W, "vision.pos_grid", &grid));
+    AT_CHECK(new_f32(v, maxh, S * W, "vision.pos_rows_t", &t));
+    if (backward) {
+        AT_CHECK(at_fill(grid, 0.0f));
+        AT_CHECK(at_embedding_backward(grid, x0, v->pe_ids));
+    }
+    int64_t oh = 0, ow = 0, first = 0;
+    for (int i = 0; i < v->n_grid; i++) {
+        pe_image pi;
+        pe_views(v, i, &oh, &ow, &first, &pi);
+        int64_t s_t[2] = {pi.h, S * W}, s_a[2] = {S, W}, s_g[2] = {pi.w, W};
+        at_tensor_view_inplace(&tv, t, 0, 2, s_t);
+        if (!backward) AT_CHECK(at_matmul(&tv, &pi.rh, &e, 0, 0, 1.0f, 0.0f));
+        for (int64_t a = 0; a < pi.h; a++) {
+            at_tensor_view_inplace(&ta, t, (size_t)(a * S * W), 2, s_a);
+            at_tensor_view_inplace(&ga, grid, (size_t)((pi.first + a * pi.w) * W), 2, s_g);
+            if (backward) AT_CHECK(at_matmul(&ta, &pi.rw, &ga, 1, 0, 1.0f, 0.0f));
+            else AT_CHECK(at_matmul(&ga, &pi.rw, &ta, 0, 0, 1.0f, 0.0f));
+        }
+        if (backward) AT_CHECK(at_matmul(&e, &pi.rh, &tv, 1, 0, 1.0f, 1.0f));
+    }
+    if (!backward) {
+        AT_CHECK(new_f32(v, v->n, W, "vision.pos_patch", &patch));
+        AT_CHECK(at_embedding_forward(patch, v->pe_ids, grid));
+        AT_CHECK(at_add(x0, x0, patch));
+    }
+done:
+    at_tensor_free(grid);
+    at_tensor_free(t);
+    at_tensor_free(patch);
+    return st;
+}
 
 /* The inputs of the blocks: the pixels in block order, the rotary
  * positions, the attention's segments, the windows' permutation. */
@@ -757,6 +949,7 @@ static at_status prepare(at_vision *v, const float *pixels, const int32_t (*grid
         AT_CHECK(upload_i32(v, pt.win, 1, su, "vision.window_index", &v->win_ids));
         AT_CHECK(upload_i32(v, unwin, 1, su, "vision.window_reverse", &v->unwin_ids));
     }
+    if (v->pos_embed >= 0) AT_CHECK(prepare_pos_embed(v, &pt, grid_thw, n_images));
 done:
     tables_free(&pt);
     free(pix);
@@ -764,23 +957,123 @@ done:
     return st;
 }
 
+int64_t at_vision_feature_rows(const at_vision_config *vc, int64_t n_tokens)
+{
+    return n_tokens * (1 + (vc->kind == AT_VISION_QWEN3_VL ? vc->n_deepstack : 0));
+}
+
+/* Merger j (0: the merger, 1 + i: deepstack merger i) of the blocks' output x
+ * [N, W] into out [N/m², O]:
+ *   out = fc2(gelu(fc1(norm(x) viewed [N/m², m²W])))        the merger
+ *   out = fc2(gelu(fc1(norm(x viewed [N/m², m²W]))))        a deepstack merger
+ * (Qwen2-VL's and Qwen2.5-VL's fc1, fc2 are mlp.0, mlp.2; Qwen2.5-VL's out
+ * goes back to image order). With training, what the backward needs is kept
+ * in v->ma[j], a deepstack merger's input copied (its block's output is
+ * overwritten when the blocks run as in inference). */
+static at_status merger_forward(at_vision *v, int j, const at_tensor *x, at_tensor *out, int training)
+{
+    const int64_t N = v->n, U = v->n_tok, W = v->vc.width;
+    const int64_t mmW = W * v->vc.spatial_merge_size * v->vc.spatial_merge_size;
+    merger_acts *ma = &v->ma[j];
+    int64_t s4[2] = {U, mmW};
+    at_tensor in4, ln4;
+    const int64_t nr = j ? U : N, nc = j ? mmW : W; /* the norm's rows and width */
+    if (j && training) {
+        AT_TRY(new_f32(v, N, W, "vision.deepstack.in", &ma->in));
+        AT_TRY(at_cast(ma->in, x));
+        x = ma->in;
+    }
+    at_tensor_view_inplace(&in4, x, 0, 2, s4);
+    AT_TRY(new_f32(v, nr, nc, "vision.merger.norm", &ma->ln));
+    if (training && layernorm(v)) AT_TRY(new_f32(v, nr, 0, "vision.merger.mean", &ma->mean));
+    if (training) AT_TRY(new_f32(v, nr, 0, "vision.merger.rstd", &ma->rstd));
+    AT_TRY(new_f32(v, U, mmW, "vision.merger.h", &ma->h));
+    AT_TRY(new_f32(v, U, mmW, "vision.merger.act", &ma->a));
+    AT_TRY(norm_forward(v, ma->ln, ma->mean, ma->rstd, j ? &in4 : x, MP(v, j, M_LNW), MP(v, j, M_LNB)));
+    at_tensor_view_inplace(&ln4, ma->ln, 0, 2, s4);
+    AT_TRY(linear(ma->h, 0.0f, &ln4, MP(v, j, M_0W), MP(v, j, M_0B)));
+    AT_TRY(at_gelu_forward(ma->a, ma->h, AT_GELU_ERF));
+    if (!v->unwin_ids) return linear(out, 0.0f, ma->a, MP(v, j, M_2W), MP(v, j, M_2B));
+    /* Qwen2.5-VL: back to image order, features[j] = out[unwin[j]] */
+    AT_TRY(new_f32(v, U, v->vc.out_hidden_size, "vision.merger.out", &ma->out));
+    AT_TRY(linear(ma->out, 0.0f, ma->a, MP(v, j, M_2W), MP(v, j, M_2B)));
+    return at_embedding_forward(out, v->unwin_ids, ma->out);
+}
+
+/* Backward of merger j for dout (its output's gradient, image order): the
+ * trainable weights' gradients added, and dx (NULL: not wanted; else [N, W])
+ * overwritten with the gradient of its input x. */
+static at_status merger_backward(at_vision *v, int j, const at_tensor *dout, const at_tensor *x, at_tensor *dx)
+{
+    const int64_t N = v->n, U = v->n_tok, W = v->vc.width;
+    const int64_t mmW = W * v->vc.spatial_merge_size * v->vc.spatial_merge_size;
+    merger_acts *ma = &v->ma[j];
+    at_tensor *dord = NULL, *dh = NULL, *dln = NULL, *dxs = NULL;
+    at_tensor dln4, ln4, x4, dx4;
+    int64_t s4[2] = {U, mmW};
+    at_status st = AT_OK;
+    if (v->win_ids) { /* Qwen2.5-VL: the gradient of out in block order, dord[u] = dout[win[u]] */
+        AT_CHECK(new_f32(v, U, v->vc.out_hidden_size, "vision.d_merger_out", &dord));
+        AT_CHECK(at_embedding_forward(dord, v->win_ids, dout));
+        dout = dord;
+    }
+    AT_CHECK(new_f32(v, U, mmW, "vision.d_merger_h", &dh));
+    AT_CHECK(linear_backward(dh, 0.0f, dout, ma->a, MP(v, j, M_2W), MG(v, j, M_2W), MG(v, j, M_2B)));
+    AT_CHECK(at_gelu_backward(dh, dh, ma->h, AT_GELU_ERF));
+    if (dx || MG(v, j, M_LNW)) {
+        if (!dx) AT_CHECK(new_f32(v, N, W, "vision.d_merger_in", &dxs));
+        at_tensor *d = dx ? dx : dxs;
+        AT_CHECK(new_f32(v, j ? U : N, j ? mmW : W, "vision.d_merger_norm", &dln));
+        at_tensor_view_inplace(&dln4, dln, 0, 2, s4);
+        AT_CHECK(linear_backward(&dln4, 0.0f, dh, NULL, MP(v, j, M_0W), NULL, NULL));
+        at_tensor_view_inplace(&x4, x, 0, 2, s4);
+        at_tensor_view_inplace(&dx4, d, 0, 2, s4);
+        AT_CHECK(norm_backward(v, j ? &dx4 : d, MG(v, j, M_LNW), MG(v, j, M_LNB), dln, j ? &x4 : x, MP(v, j, M_LNW),
+                               ma->mean, ma->rstd));
+    }
+    at_tensor_view_inplace(&ln4, ma->ln, 0, 2, s4);
+    AT_CHECK(linear_backward(NULL, 0.0f, dh, &ln4, MP(v, j, M_0W), MG(v, j, M_0W), MG(v, j, M_0B)));
+done:
+    at_tensor_free(dord);
+    at_tensor_free(dh);
+    at_tensor_free(dln);
+    at_tensor_free(dxs);
+    return st;
+}
+
+/* Rows [j·n_tok, (j+1)·n_tok) of features: merger j's output. */
+static void feature_rows(at_tensor *dst, const at_tensor *features, int j, int64_t n_tok)
+{
+    int64_t s[2] = {n_tok, features->shape[1]};
+    at_tensor_view_inplace(dst, features, (size_t)(j * n_tok * features->shape[1]), 2, s);
+}
+
+/* Deepstack merger i's block, or -1. */
+static int deepstack_of(const at_vision *v, int b)
+{
+    for (int i = 0; v->vc.kind == AT_VISION_QWEN3_VL && i < v->vc.n_deepstack; i++)
+        if (v->vc.deepstack_visual_indexes[i] == b) return i;
+    return -1;
+}
+
 at_status at_vision_forward(at_vision *v, at_tensor *features, const float *pixels, int64_t n_patches,
                             const int32_t (*grid_thw)[3], int n_images, int training)
 {
     const at_vision_config *vc = &v->vc;
-    const int64_t W = vc->width, mm = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
+    const int64_t W = vc->width;
     int64_t n_tok = 0;
     char d[128];
     at_vision_release(v);
     AT_TRY(at_vision_tokens(vc, grid_thw, n_images, n_patches, &n_tok));
-    if (features->dtype != AT_F32 || features->ndim != 2 || features->shape[0] != n_tok ||
+    const int64_t rows = at_vision_feature_rows(vc, n_tok);
+    if (features->dtype != AT_F32 || features->ndim != 2 || features->shape[0] != rows ||
         features->shape[1] != vc->out_hidden_size || features->buf->backend != v->be)
         return at_error(AT_ERR_INVALID, "vision forward: features %s must be f32 [%lld, %d] on the tower's device",
-                        at_tensor_describe(features, d, sizeof d), (long long)n_tok, vc->out_hidden_size);
+                        at_tensor_describe(features, d, sizeof d), (long long)rows, vc->out_hidden_size);
     v->n = n_patches;
     v->n_tok = n_tok;
     at_status st = AT_OK;
-    /* a frozen tower's blocks run as in inference (the backward stops after the merger) */
+    /* a frozen tower's blocks run as in inference (the backward stops after the mergers) */
     const int blocks = training && v->train_vit && !v->vit_held;
     int na = blocks ? vc->depth : 1;
     v->acts = calloc((size_t)na, sizeof *v->acts);
@@ -789,34 +1082,24 @@ at_status at_vision_forward(at_vision *v, at_tensor *features, const float *pixe
     v->kept_blocks = blocks;
     AT_CHECK(prepare(v, pixels, grid_thw, n_images));
     for (int b = 0; b < na; b++) AT_CHECK(acts_alloc(v, &v->acts[b], blocks));
-    /* the patch embedding: x0 = pixels · Wpatchᵀ (no bias) */
+    /* the patch embedding: x0 = pixels · Wpatchᵀ (+ bias, + the interpolated positions: Qwen3-VL) */
     AT_CHECK(new_f32(v, v->n, W, "vision.x0", &v->x0));
-    AT_CHECK(linear(v->x0, 0.0f, v->pix, v->params[0], NULL));
+    AT_CHECK(linear(v->x0, 0.0f, v->pix, v->params[0], XP(v, v->pe_bias)));
+    if (v->pos_embed >= 0) AT_CHECK(pos_embed_pass(v, v->x0, 0));
     at_tensor *x = v->x0;
+    at_tensor fr;
     for (int b = 0; b < vc->depth; b++) {
         block_acts *a = &v->acts[blocks ? b : 0];
         AT_CHECK(block_forward(v, b, x, a));
         if (blocks) x = a->out;
+        int i = deepstack_of(v, b);
+        if (i >= 0) {
+            feature_rows(&fr, features, 1 + i, n_tok);
+            AT_CHECK(merger_forward(v, 1 + i, x, &fr, training));
+        }
     }
-    /* the merger: out = mlp.2(gelu(mlp.0(ln_q(x) as [N/m², m²·W]))) */
-    int64_t s4[2] = {n_tok, mm * W};
-    at_tensor ln4;
-    AT_CHECK(new_f32(v, v->n, W, "vision.ln_q", &v->ln));
-    if (training && layernorm(v)) AT_CHECK(new_f32(v, v->n, 0, "vision.ln_q.mean", &v->ln_mean));
-    if (training) AT_CHECK(new_f32(v, v->n, 0, "vision.ln_q.rstd", &v->ln_rstd));
-    AT_CHECK(new_f32(v, n_tok, mm * W, "vision.merger.h", &v->h0));
-    AT_CHECK(new_f32(v, n_tok, mm * W, "vision.merger.act", &v->a0));
-    AT_CHECK(norm_forward(v, v->ln, v->ln_mean, v->ln_rstd, x, MP(v, M_LNW), MP(v, M_LNB)));
-    at_tensor_view_inplace(&ln4, v->ln, 0, 2, s4);
-    AT_CHECK(linear(v->h0, 0.0f, &ln4, MP(v, M_0W), MP(v, M_0B)));
-    AT_CHECK(at_gelu_forward(v->a0, v->h0, AT_GELU_ERF));
-    if (v->unwin_ids) { /* Qwen2.5-VL: back to image order, features[j] = out[unwin[j]] */
-        AT_CHECK(new_f32(v, n_tok, vc->out_hidden_size, "vision.merger.out", &v->mout));
-        AT_CHECK(linear(v->mout, 0.0f, v->a0, MP(v, M_2W), MP(v, M_2B)));
-        AT_CHECK(at_embedding_forward(features, v->unwin_ids, v->mout));
-    } else {
-        AT_CHECK(linear(features, 0.0f, v->a0, MP(v, M_2W), MP(v, M_2B)));
-    }
+    feature_rows(&fr, features, 0, n_tok);
+    AT_CHECK(merger_forward(v, 0, x, &fr, training));
 done:
     if (st != AT_OK || !training) at_vision_release(v);
     return st;
@@ -826,7 +1109,6 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
 {
     const at_vision_config *vc = &v->vc;
     const int64_t N = v->n, W = vc->width, F = vc->intermediate_size;
-    const int64_t mm = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
     char d[128];
     const int vit = v->train_vit && !v->vit_held;
     if (!vit && !v->train_aligner) return AT_OK;
@@ -834,38 +1116,31 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
     if (vit && !v->kept_blocks)
         return at_error(AT_ERR_INVALID, "vision backward: the tower became trainable after the forward, which kept "
                         "no block's activations");
-    if (d_features->dtype != AT_F32 || d_features->ndim != 2 || d_features->shape[0] != v->n_tok ||
+    const int64_t rows = at_vision_feature_rows(vc, v->n_tok);
+    if (d_features->dtype != AT_F32 || d_features->ndim != 2 || d_features->shape[0] != rows ||
         d_features->shape[1] != vc->out_hidden_size)
         return at_error(AT_ERR_INVALID, "vision backward: d_features %s must be f32 [%lld, %d]",
-                        at_tensor_describe(d_features, d, sizeof d), (long long)v->n_tok, vc->out_hidden_size);
+                        at_tensor_describe(d_features, d, sizeof d), (long long)rows, vc->out_hidden_size);
     at_status st = AT_OK;
     block_scratch s = {0};
-    at_tensor *dout = NULL, *dh0 = NULL, *dln = NULL, *dx = NULL;
-    at_tensor dln4, ln4;
-    int64_t s4[2] = {v->n_tok, mm * W};
-    const at_tensor *dmo = d_features;
-    if (v->win_ids) { /* Qwen2.5-VL: the gradient of out in block order, dout[u] = d_features[win[u]] */
-        AT_CHECK(new_f32(v, v->n_tok, vc->out_hidden_size, "vision.d_merger_out", &dout));
-        AT_CHECK(at_embedding_forward(dout, v->win_ids, d_features));
-        dmo = dout;
-    }
+    at_tensor *dx = NULL, *dds = NULL;
+    at_tensor fr;
     /* the merger; its input gradient only when the blocks train */
-    AT_CHECK(new_f32(v, v->n_tok, mm * W, "vision.d_merger_h", &dh0));
-    AT_CHECK(linear_backward(dh0, 0.0f, dmo, v->a0, MP(v, M_2W), MG(v, M_2W), MG(v, M_2B)));
-    AT_CHECK(at_gelu_backward(dh0, dh0, v->h0, AT_GELU_ERF));
     const int need_dx = vit;
     /* the blocks' output: the last block's, or x0 updated in place when they ran as in inference */
     at_tensor *x_last = v->kept_blocks && vc->depth ? v->acts[vc->depth - 1].out : v->x0;
-    if (need_dx || MG(v, M_LNW)) {
-        AT_CHECK(new_f32(v, N, W, "vision.d_ln_q", &dln));
-        at_tensor_view_inplace(&dln4, dln, 0, 2, s4);
-        AT_CHECK(linear_backward(&dln4, 0.0f, dh0, v->ln, MP(v, M_0W), NULL, NULL));
-        AT_CHECK(new_f32(v, N, W, "vision.dx", &dx));
-        AT_CHECK(norm_backward(v, dx, MG(v, M_LNW), MG(v, M_LNB), dln, x_last, MP(v, M_LNW), v->ln_mean, v->ln_rstd));
+    if (need_dx) AT_CHECK(new_f32(v, N, W, "vision.dx", &dx));
+    feature_rows(&fr, d_features, 0, v->n_tok);
+    AT_CHECK(merger_backward(v, 0, &fr, x_last, dx));
+    if (!need_dx) { /* the deepstack mergers' weights alone */
+        for (int b = 0; b < vc->depth; b++) {
+            int i = deepstack_of(v, b);
+            if (i < 0) continue;
+            feature_rows(&fr, d_features, 1 + i, v->n_tok);
+            AT_CHECK(merger_backward(v, 1 + i, &fr, v->ma[1 + i].in, NULL));
+        }
+        goto done;
     }
-    at_tensor_view_inplace(&ln4, v->ln, 0, 2, s4);
-    AT_CHECK(linear_backward(NULL, 0.0f, dh0, &ln4, MP(v, M_0W), MG(v, M_0W), MG(v, M_0B)));
-    if (!need_dx) goto done;
     /* the blocks, last to first; dx holds the gradient of the residual stream */
     AT_CHECK(new_f32(v, N, W, "vision.d_mid", &s.dmid));
     AT_CHECK(new_f32(v, N, W, "vision.d_norm", &s.dn));
@@ -878,15 +1153,22 @@ at_status at_vision_backward(at_vision *v, const at_tensor *d_features)
     AT_CHECK(new_f32(v, N, F, "vision.d_h1", &s.dh1));
     if (!layernorm(v)) AT_CHECK(new_f32(v, N, F, "vision.d_h2", &s.dh2));
     if (v->lora) AT_CHECK(new_f32(v, N, v->lora_rank, "vision.d_lora_u", &s.du));
-    for (int b = vc->depth - 1; b >= 0; b--)
+    for (int b = vc->depth - 1; b >= 0; b--) {
+        int i = deepstack_of(v, b);
+        if (i >= 0) { /* block b's output also went through deepstack merger i */
+            if (!dds) AT_CHECK(new_f32(v, N, W, "vision.d_deepstack", &dds));
+            feature_rows(&fr, d_features, 1 + i, v->n_tok);
+            AT_CHECK(merger_backward(v, 1 + i, &fr, v->ma[1 + i].in, dds));
+            AT_CHECK(at_add(dx, dx, dds));
+        }
         AT_CHECK(block_backward(v, b, dx, b ? v->acts[b - 1].out : v->x0, &v->acts[b], &s));
-    /* the patch embedding: dWpatch += dx0ᵀ · pixels */
-    AT_CHECK(linear_backward(NULL, 0.0f, dx, v->pix, v->params[0], v->grads[0], NULL));
+    }
+    /* the positions (Qwen3-VL) and the patch embedding: dWpatch += dx0ᵀ · pixels, dbias += Σ dx0 */
+    if (v->pos_embed >= 0 && v->grads[v->pos_embed]) AT_CHECK(pos_embed_pass(v, dx, 1));
+    AT_CHECK(linear_backward(NULL, 0.0f, dx, v->pix, v->params[0], v->grads[0], XG(v, v->pe_bias)));
 done:
     free_tensors((at_tensor **)&s, sizeof s / sizeof(at_tensor *));
-    at_tensor_free(dout);
-    at_tensor_free(dh0);
-    at_tensor_free(dln);
     at_tensor_free(dx);
+    at_tensor_free(dds);
     return st;
 }

@@ -1,6 +1,7 @@
-/* The vision tower of Qwen2-VL and Qwen2.5-VL and its patch merger (the
- * "aligner"): pixel patches -> the embeddings that replace the language
- * model's <|image_pad|> tokens. Forward and backward through the ops layer,
+/* The vision tower of Qwen2-VL, Qwen2.5-VL and Qwen3-VL and its patch merger
+ * (the "aligner"): pixel patches -> the embeddings that replace the language
+ * model's <|image_pad|> tokens (and Qwen3-VL's deepstack features, added to
+ * the language model's hidden states there after its first layers). Forward and backward through the ops layer,
  * so it runs on every backend. The weights (vision_config.h lists them) are
  * f32 in memory whatever the file stores.
  *
@@ -11,7 +12,12 @@
  *   per block:  x += proj(attn(rope(q), rope(k), v)),  q|k|v = qkv(norm1(x))
  *               x += mlp(norm2(x))
  *   features = mlp.2(gelu(mlp.0(ln_q(x) viewed as [N/m², m²·W])))
- * Qwen2-VL: LayerNorm norms, mlp = fc2(quick_gelu(fc1(.))); Qwen2.5-VL:
+ * Qwen2-VL: LayerNorm norms, mlp = fc2(quick_gelu(fc1(.))); Qwen3-VL the
+ * same with gelu_tanh, x += bias + pos(grid) after the patch embedding
+ * (pos: the learned S x S positions bilinearly interpolated to the image's
+ * h x w patches, transformers' fast_pos_embed_interpolate), and deepstack
+ * merger i taking block deepstack_visual_indexes[i]'s output x_b:
+ * ds_i = fc2(gelu(fc1(LayerNorm(x_b viewed as [N/m², m²·W])))); Qwen2.5-VL:
  * RMSNorm norms, mlp = down(silu(gate(.)) · up(.)). Norm eps 1e-6.
  * Rotary: 2-D, each patch turns the first D/4 frequencies by its row and
  * the next D/4 by its column in the image (frequencies 1/10000^(4j/D), j <
@@ -71,8 +77,10 @@ at_backend *at_vision_backend(const at_vision *v);
  * Owned by v. */
 size_t at_vision_param_count(const at_vision *v);
 at_tensor *at_vision_param(const at_vision *v, size_t i);
-/* Whether parameter i belongs to the merger (visual.merger.*: the aligner)
- * rather than the vision transformer (patch embedding and blocks). */
+/* Whether parameter i belongs to the merger (visual.merger.*, and Qwen3-VL's
+ * visual.deepstack_merger_list.*: the aligner, they project into the
+ * language model)
+ * rather than the vision transformer (patch embedding, positions, blocks). */
 int at_vision_param_is_aligner(const at_vision *v, size_t i);
 /* Its gradient (f32, the parameter's shape, owned by v), or NULL when that
  * part is not trainable (at_vision_set_trainable). */
@@ -91,8 +99,8 @@ at_status at_vision_set_trainable(at_vision *v, int vit, int aligner);
  * --vit_freeze_steps: the tower's gradient tensors keep their addresses. */
 void at_vision_hold_vit(at_vision *v, int hold);
 /* LoRA on every linear of the vision transformer's blocks (attn.qkv,
- * attn.proj, mlp.fc1 / fc2 or gate_proj / up_proj / down_proj; not the
- * merger's): y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ with A [rank, in], B [out, rank],
+ * attn.proj, mlp.fc1 / fc2, linear_fc1 / linear_fc2 or gate_proj / up_proj /
+ * down_proj; not the mergers'): y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ with A [rank, in], B [out, rank],
  * s = alpha / rank (use_rslora: alpha / sqrt(rank)), no dropout. A starts
  * Kaiming-uniform (±1/sqrt(in), from seed) and B zero, as PEFT starts them.
  * The pairs become parameters after the tower's, A then B of each linear,
@@ -114,9 +122,14 @@ at_status at_vision_zero_grads(at_vision *v);
 at_status at_vision_tokens(const at_vision_config *vc, const int32_t (*grid_thw)[3], int n_images,
                            int64_t n_patches, int64_t *n_tokens);
 
+/* Rows of the forward's features for n_tokens image tokens: n_tokens, and
+ * for Qwen3-VL n_tokens more per deepstack merger (the merger's features,
+ * then deepstack merger 0's, 1's, ...: n_tokens rows each). */
+int64_t at_vision_feature_rows(const at_vision_config *vc, int64_t n_tokens);
+
 /* The forward. pixels: host f32 [n_patches, in_chans · temporal_patch_size
- * · patch_size²]; features: f32 [n_tokens, out_hidden_size] on v's backend
- * (at_vision_tokens gives n_tokens), overwritten. With training the
+ * · patch_size²]; features: f32 [at_vision_feature_rows, out_hidden_size]
+ * on v's backend (at_vision_tokens gives n_tokens), overwritten. With training the
  * activations the backward needs are kept in v (until the next forward or
  * at_vision_release): every block's when the vision transformer is
  * trainable (at_vision_set_trainable), else only the merger's (its blocks

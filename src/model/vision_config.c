@@ -1,6 +1,7 @@
 /* Qwen2-VL / Qwen2.5-VL vision config and tower weights (see vision_config.h). */
 #include "model/vision_config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +20,17 @@ at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind 
     const char *t = cJSON_IsString(mt) ? mt->valuestring : "";
     if (!strcasecmp(t, "qwen2_vl")) *kind = AT_VISION_QWEN2_VL;
     else if (!strcasecmp(t, "qwen2_5_vl")) *kind = AT_VISION_QWEN2_5_VL;
+    else if (!strcasecmp(t, "qwen3_vl")) *kind = AT_VISION_QWEN3_VL;
     else if (vcfg)
-        return at_error(AT_ERR_UNSUPPORTED, "%s: vision model_type \"%.40s\" is not supported (qwen2_vl and "
-                        "qwen2_5_vl are read)", what, t);
+        return at_error(AT_ERR_UNSUPPORTED, "%s: vision model_type \"%.40s\" is not supported (qwen2_vl, "
+                        "qwen2_5_vl and qwen3_vl are read)", what, t);
     return AT_OK;
+}
+
+const char *at_vision_kind_name(at_vision_kind kind)
+{
+    return kind == AT_VISION_QWEN2_VL ? "Qwen2-VL" : kind == AT_VISION_QWEN2_5_VL ? "Qwen2.5-VL"
+           : kind == AT_VISION_QWEN3_VL ? "Qwen3-VL" : "text-only";
 }
 
 /* A required positive integer (at most max) of obj into *out; dflt >= 0 is
@@ -57,19 +65,54 @@ at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vis
     if (vc->kind == AT_VISION_NONE) return at_error(AT_ERR_INVALID, "%s: not a vision-language model", what);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "vision_config");
     if (!cJSON_IsObject(v)) return at_error(AT_ERR_FORMAT, "%s: no \"vision_config\" object", what);
-    const int q25 = vc->kind == AT_VISION_QWEN2_5_VL;
+    const int q25 = vc->kind == AT_VISION_QWEN2_5_VL, q3 = vc->kind == AT_VISION_QWEN3_VL;
     const long long big = 1 << 20;
     AT_TRY(get_int(v, "depth", what, -1, 1024, &vc->depth));
     AT_TRY(get_int(v, "num_heads", what, -1, 1024, &vc->num_heads));
     AT_TRY(get_int(v, "in_chans", what, 3, 16, &vc->in_chans));
-    AT_TRY(get_int(v, "patch_size", what, 14, 1024, &vc->patch_size));
+    if (q3) AT_TRY(get_int(v, "in_channels", what, vc->in_chans, 16, &vc->in_chans));
+    AT_TRY(get_int(v, "patch_size", what, q3 ? 16 : 14, 1024, &vc->patch_size));
     AT_TRY(get_int(v, "temporal_patch_size", what, 2, 16, &vc->temporal_patch_size));
     AT_TRY(get_int(v, "spatial_merge_size", what, 2, 16, &vc->spatial_merge_size));
-    const char *act = q25 ? "silu" : "quick_gelu";
+    const char *act = q25 ? "silu" : q3 ? "gelu_pytorch_tanh" : "quick_gelu";
     at_status st = at_json_get_string(v, "hidden_act", what, &act);
     if (st != AT_OK && st != AT_ERR_NOT_FOUND) return st;
     snprintf(vc->hidden_act, sizeof vc->hidden_act, "%s", act);
-    if (q25) {
+    if (q3) {
+        AT_TRY(get_int(v, "hidden_size", what, -1, big, &vc->width));
+        AT_TRY(get_int(v, "intermediate_size", what, -1, big, &vc->intermediate_size));
+        AT_TRY(get_int(v, "out_hidden_size", what, -1, big, &vc->out_hidden_size));
+        AT_TRY(get_int(v, "num_position_embeddings", what, 2304, big, &vc->num_position_embeddings));
+        int side = (int)sqrt((double)vc->num_position_embeddings);
+        while (side * side > vc->num_position_embeddings) side--;
+        while ((side + 1) * (side + 1) <= vc->num_position_embeddings) side++;
+        if (side * side != vc->num_position_embeddings)
+            return at_error(AT_ERR_FORMAT, "%s: num_position_embeddings %d is not a square (a grid of positions)",
+                            what, vc->num_position_embeddings);
+        /* transformers' default when the key is absent */
+        static const int ds_default[3] = {8, 16, 24};
+        const cJSON *ds = cJSON_GetObjectItemCaseSensitive(v, "deepstack_visual_indexes");
+        if (!ds) {
+            vc->n_deepstack = 3;
+            memcpy(vc->deepstack_visual_indexes, ds_default, sizeof ds_default);
+        } else {
+            if (!cJSON_IsArray(ds) || cJSON_GetArraySize(ds) > AT_VISION_MAX_DEEPSTACK)
+                return at_error(AT_ERR_FORMAT, "%s: deepstack_visual_indexes must be a list of at most %d blocks",
+                                what, AT_VISION_MAX_DEEPSTACK);
+            const cJSON *e;
+            cJSON_ArrayForEach(e, ds) vc->deepstack_visual_indexes[vc->n_deepstack++] =
+                cJSON_IsNumber(e) && e->valuedouble == (int)e->valuedouble ? (int)e->valuedouble : -1;
+        }
+        for (int i = 0; i < vc->n_deepstack; i++) {
+            const int b = vc->deepstack_visual_indexes[i];
+            if (b < 0 || b >= vc->depth || (i && b <= vc->deepstack_visual_indexes[i - 1]))
+                return at_error(AT_ERR_FORMAT, "%s: deepstack_visual_indexes[%d] is not a block of 0..%d after the "
+                                "previous one", what, i, vc->depth - 1);
+        }
+        if (strcmp(vc->hidden_act, "gelu_pytorch_tanh"))
+            return at_error(AT_ERR_UNSUPPORTED, "%s: vision hidden_act \"%s\" (Qwen3-VL's tower uses "
+                            "gelu_pytorch_tanh)", what, vc->hidden_act);
+    } else if (q25) {
         AT_TRY(get_int(v, "hidden_size", what, -1, big, &vc->width));
         AT_TRY(get_int(v, "intermediate_size", what, -1, big, &vc->intermediate_size));
         AT_TRY(get_int(v, "out_hidden_size", what, -1, big, &vc->out_hidden_size));
@@ -121,6 +164,7 @@ at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vis
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
     if (!cJSON_IsObject(rs) && cJSON_IsObject(tc)) rs = cJSON_GetObjectItemCaseSensitive(tc, "rope_scaling");
+    if (!cJSON_IsObject(rs) && cJSON_IsObject(tc)) rs = cJSON_GetObjectItemCaseSensitive(tc, "rope_parameters");
     const cJSON *sec = cJSON_IsObject(rs) ? cJSON_GetObjectItemCaseSensitive(rs, "mrope_section") : NULL;
     if (!cJSON_IsArray(sec) || cJSON_GetArraySize(sec) != 3)
         return at_error(AT_ERR_FORMAT, "%s: rope_scaling.mrope_section must be a list of 3 numbers", what);
@@ -143,17 +187,36 @@ static void add(at_vision_tensor *t, size_t *n, const char *name, int ndim, int6
     x->shape[1] = b;
 }
 
+/* A merger's six tensors under prefix: Qwen3-VL's names (norm over nw
+ * features, linear_fc1, linear_fc2). */
+static void merger3(at_vision_tensor *t, size_t *k, const char *prefix, int64_t nw, int64_t w4, int64_t out)
+{
+    char nm[112];
+#define M(suffix, nd, a, b) (snprintf(nm, sizeof nm, "%s%s", prefix, suffix), add(t, k, nm, nd, a, b))
+    M("norm.weight", 1, nw, 0);
+    M("norm.bias", 1, nw, 0);
+    M("linear_fc1.weight", 2, w4, w4);
+    M("linear_fc1.bias", 1, w4, 0);
+    M("linear_fc2.weight", 2, out, w4);
+    M("linear_fc2.bias", 1, out, 0);
+#undef M
+}
+
 at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, size_t *n)
 {
-    const int q25 = vc->kind == AT_VISION_QWEN2_5_VL;
+    const int q25 = vc->kind == AT_VISION_QWEN2_5_VL, q3 = vc->kind == AT_VISION_QWEN3_VL;
     const int64_t w = vc->width, f = vc->intermediate_size, m2 = (int64_t)vc->spatial_merge_size * vc->spatial_merge_size;
-    size_t cap = 1 + (size_t)vc->depth * 14 + 6;
+    size_t cap = 3 + (size_t)vc->depth * 14 + 6 * (size_t)(1 + vc->n_deepstack);
     at_vision_tensor *t = malloc(cap * sizeof *t);
     if (!t) return at_error(AT_ERR_NOMEM, "out of memory");
     size_t k = 0;
     add(t, &k, "visual.patch_embed.proj.weight", 5, w, vc->in_chans);
     t[0].shape[2] = vc->temporal_patch_size;
     t[0].shape[3] = t[0].shape[4] = vc->patch_size;
+    if (q3) {
+        add(t, &k, "visual.patch_embed.proj.bias", 1, w, 0);
+        add(t, &k, "visual.pos_embed.weight", 2, vc->num_position_embeddings, w);
+    }
     for (int i = 0; i < vc->depth; i++) {
         char p[64], nm[96];
         snprintf(p, sizeof p, "visual.blocks.%d.", i);
@@ -166,7 +229,12 @@ at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, 
         T("attn.qkv.bias", 1, 3 * w, 0);
         T("attn.proj.weight", 2, w, w);
         T("attn.proj.bias", 1, w, 0);
-        if (q25) {
+        if (q3) {
+            T("mlp.linear_fc1.weight", 2, f, w);
+            T("mlp.linear_fc1.bias", 1, f, 0);
+            T("mlp.linear_fc2.weight", 2, w, f);
+            T("mlp.linear_fc2.bias", 1, w, 0);
+        } else if (q25) {
             T("mlp.gate_proj.weight", 2, f, w);
             T("mlp.gate_proj.bias", 1, f, 0);
             T("mlp.up_proj.weight", 2, f, w);
@@ -180,6 +248,17 @@ at_status at_vision_tensors(const at_vision_config *vc, at_vision_tensor **out, 
             T("mlp.fc2.bias", 1, w, 0);
         }
 #undef T
+    }
+    if (q3) {
+        merger3(t, &k, "visual.merger.", w, w * m2, vc->out_hidden_size);
+        for (int j = 0; j < vc->n_deepstack; j++) {
+            char p[64];
+            snprintf(p, sizeof p, "visual.deepstack_merger_list.%d.", j);
+            merger3(t, &k, p, w * m2, w * m2, vc->out_hidden_size);
+        }
+        *out = t;
+        *n = k;
+        return AT_OK;
     }
     add(t, &k, "visual.merger.ln_q.weight", 1, w, 0);
     if (!q25) add(t, &k, "visual.merger.ln_q.bias", 1, w, 0);
@@ -250,7 +329,7 @@ at_status at_vision_gate(const char *config_dir, const char *weights)
     AT_CHECK(at_st_model_open(weights, &m));
     AT_CHECK(at_vision_check_weights(&vc, m, weights));
     at_log_info("%s: a %s model (vision tower of %d blocks, width %d, M-RoPE sections %d/%d/%d)", config_dir,
-                kind == AT_VISION_QWEN2_VL ? "Qwen2-VL" : "Qwen2.5-VL", vc.depth, vc.width, vc.mrope_section[0],
+                at_vision_kind_name(kind), vc.depth, vc.width, vc.mrope_section[0],
                 vc.mrope_section[1], vc.mrope_section[2]);
 done:
     at_st_model_close(m);

@@ -15,7 +15,18 @@
  * and for both: patch_embed.proj (a Conv3d without bias, [width, in_chans,
  * temporal_patch_size, patch_size, patch_size], applied to each flattened
  * patch as one matmul) and the merger's MLP: mlp.0 (4 width -> 4 width),
- * GELU, mlp.2 (4 width -> the language model's hidden size). */
+ * GELU, mlp.2 (4 width -> the language model's hidden size).
+ *
+ * Qwen3-VL (transformers' Qwen3VLVisionModel; vision_config says
+ * hidden_size, intermediate_size, in_channels, out_hidden_size,
+ * num_position_embeddings, deepstack_visual_indexes): patch_embed.proj with
+ * a bias; pos_embed.weight [num_position_embeddings, width], a square grid
+ * of learned positions; blocks as Qwen2-VL's (LayerNorm, qkv, proj) with
+ * mlp.linear_fc1 / linear_fc2 and gelu_pytorch_tanh between; the merger
+ * merger.norm (LayerNorm over width), merger.linear_fc1, GELU,
+ * merger.linear_fc2; and one more merger per deepstack index,
+ * deepstack_merger_list.J.{norm, linear_fc1, linear_fc2}, whose LayerNorm
+ * is over 4 width (after the 2x2 merge: use_postshuffle_norm). */
 #ifndef AT_MODEL_VISION_CONFIG_H
 #define AT_MODEL_VISION_CONFIG_H
 
@@ -24,9 +35,10 @@
 #include <cjson/cJSON.h>
 #include "base/status.h"
 
-typedef enum { AT_VISION_NONE = 0, AT_VISION_QWEN2_VL, AT_VISION_QWEN2_5_VL } at_vision_kind;
+typedef enum { AT_VISION_NONE = 0, AT_VISION_QWEN2_VL, AT_VISION_QWEN2_5_VL, AT_VISION_QWEN3_VL } at_vision_kind;
 
 #define AT_VISION_MAX_FULLATT 64
+#define AT_VISION_MAX_DEEPSTACK 16
 
 typedef struct {
     at_vision_kind kind;
@@ -42,16 +54,22 @@ typedef struct {
     int window_size;         /* Qwen2.5-VL: 112 pixels; 0 for Qwen2-VL */
     int n_fullatt;           /* Qwen2.5-VL: blocks with full attention */
     int fullatt_block_indexes[AT_VISION_MAX_FULLATT];
-    char hidden_act[24];     /* "quick_gelu" (Qwen2-VL), "silu" (Qwen2.5-VL) */
+    char hidden_act[24];     /* "quick_gelu" (Qwen2-VL), "silu" (Qwen2.5-VL), "gelu_pytorch_tanh" (Qwen3-VL) */
+    int num_position_embeddings; /* Qwen3-VL: a square number, the learned position grid */
+    int n_deepstack;             /* Qwen3-VL: blocks whose output also goes through a deepstack merger */
+    int deepstack_visual_indexes[AT_VISION_MAX_DEEPSTACK];
     /* from the top level of config.json */
     int32_t image_token_id, video_token_id, vision_start_token_id, vision_end_token_id;
     int mrope_section[3];    /* rope_scaling.mrope_section: t, h, w pairs of head_dim / 2 */
 } at_vision_config;
 
-/* The kind from config.json's model_type ("qwen2_vl", "qwen2_5_vl"), or
+/* The kind from config.json's model_type ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"), or
  * AT_VISION_NONE for a text-only model (no vision_config). A vision_config
  * with another model_type is AT_ERR_UNSUPPORTED. */
 at_status at_vision_kind_of(const cJSON *root, const char *what, at_vision_kind *kind);
+
+/* "Qwen2-VL", "Qwen2.5-VL", "Qwen3-VL" (messages). */
+const char *at_vision_kind_name(at_vision_kind kind);
 
 /* Reads and validates the vision side of a parsed config.json (what names it
  * in messages). */
@@ -59,7 +77,7 @@ at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vis
 
 /* One tensor of the tower: its safetensors name and shape. */
 typedef struct {
-    char name[96];
+    char name[112];
     int ndim;
     int64_t shape[5];
 } at_vision_tensor;

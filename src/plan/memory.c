@@ -304,6 +304,10 @@ void at_mem_vision(const at_mem_train_request *r, at_mem_estimate *e)
                               (r->train_vit && !full ? N * r->lora_rank * linears / (vc->depth ? vc->depth : 1) : 0);
     int64_t f32 = per_block * (r->train_vit ? vc->depth : 1) + N * P + 4 * N * W + 3 * (N / mm) * vc->out_hidden_size;
     if (r->train_vit) f32 += N * (7 * W + (2 + swiglu) * F);
+    /* Qwen3-VL: each deepstack merger's input copy, norm, MLP layers and output (and its gradient), the
+     * interpolated positions' grid and a row block of it */
+    f32 += (int64_t)vc->n_deepstack * (4 * N * W + 3 * (N / mm) * vc->out_hidden_size);
+    if (vc->num_position_embeddings) f32 += 2 * N * W;
     e->activations += 4 * f32;
 }
 

@@ -133,7 +133,7 @@ static at_status load_vision(trainer *t)
                         "the tower's (%d, %d, %d)", a->model, t->improc.patch_size, t->improc.merge_size,
                         t->improc.temporal_patch_size, vc->patch_size, vc->spatial_merge_size, vc->temporal_patch_size);
     at_log_info("vision tower: %s, %d blocks of width %d; images up to %llu pixels", 
-                vc->kind == AT_VISION_QWEN2_5_VL ? "Qwen2.5-VL" : "Qwen2-VL", vc->depth, vc->width,
+                at_vision_kind_name(vc->kind), vc->depth, vc->width,
                 (unsigned long long)t->improc.max_pixels);
     return AT_OK;
 }

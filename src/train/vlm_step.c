@@ -64,7 +64,10 @@ at_status at_vlm_forward_backward(at_decoder *d, at_vision *v, at_decoder_acts *
     for (size_t i = 0; i < at_vision_param_count(v); i++) train |= at_vision_grad(v, i) != NULL;
     train &= g != NULL;
     AT_CHECK(at_vision_tokens(vc, im->grid_thw, im->n_images, im->n_patches, &n_tok));
-    int64_t sh[2] = {n_tok, d->cfg.hidden_size};
+    /* the merger's features, then Qwen3-VL's deepstack features (n_tok rows each) */
+    const int64_t rows = at_vision_feature_rows(vc, n_tok);
+    const int n_ds = (int)(rows / n_tok) - 1;
+    int64_t sh[2] = {rows, d->cfg.hidden_size};
     if (vc->out_hidden_size != d->cfg.hidden_size) {
         st = at_error(AT_ERR_INVALID, "vision step: the merger gives %d features a token, the language model takes %d",
                       vc->out_hidden_size, d->cfg.hidden_size);
@@ -73,10 +76,19 @@ at_status at_vlm_forward_backward(at_decoder *d, at_vision *v, at_decoder_acts *
     AT_CHECK(at_tensor_new(d->be, AT_F32, 2, sh, "image features", &feats));
     if (train) AT_CHECK(at_tensor_new(d->be, AT_F32, 2, sh, "d image features", &dfeats));
     AT_CHECK(at_vision_forward(v, feats, im->pixels, im->n_patches, im->grid_thw, im->n_images, train));
-    fo.features = feats;
+    at_tensor f0, df0, ds, dds;
+    int64_t s0[2] = {n_tok, sh[1]}, sd[2] = {rows - n_tok, sh[1]};
+    at_tensor_view_inplace(&f0, feats, 0, 2, s0);
+    at_tensor_view_inplace(&ds, feats, (size_t)(n_tok * sh[1]), 2, sd);
+    if (dfeats) at_tensor_view_inplace(&df0, dfeats, 0, 2, s0);
+    if (dfeats) at_tensor_view_inplace(&dds, dfeats, (size_t)(n_tok * sh[1]), 2, sd);
+    fo.features = &f0;
     fo.host_ids = host_ids;
     fo.feature_token = im->image_token_id;
-    fo.d_features = dfeats;
+    fo.d_features = dfeats ? &df0 : NULL;
+    fo.deepstack = n_ds ? &ds : NULL;
+    fo.n_deepstack = n_ds;
+    fo.d_deepstack = n_ds && dfeats ? &dds : NULL;
     AT_CHECK(at_decoder_forward_backward_opts(d, acts, ids, pos, segments, labels, &fo, grad_scale, g, stats));
     if (train) AT_CHECK(at_vision_backward(v, dfeats));
 done:

@@ -1,6 +1,8 @@
-/* One training micro-batch of a vision-language model (Qwen2-VL, Qwen2.5-VL):
+/* One training micro-batch of a vision-language model (Qwen2-VL, Qwen2.5-VL,
+ * Qwen3-VL):
  *   features = merger(tower(pixels))                        (model/vision.h)
- *   x_0      = embed[ids], features at the <|image_pad|> tokens (decoder.h)
+ *   x_0      = embed[ids], features at the <|image_pad|> tokens (decoder.h),
+ *              Qwen3-VL's deepstack features added there after layer l < k
  *   loss     = the decoder's causal-LM loss, with M-RoPE positions
  *   backward: decoder -> d_features -> merger / tower (their trainable parts)
  * and the M-RoPE positions of a batch whose rows may pack several samples:

@@ -368,7 +368,12 @@ static __global__ void k_rope(void *y, int ty, const void *x, int tx, const int3
         if (t < ntok) {
             for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
                 int k = 0; /* the position component of frequency i (at_rope_section_of) */
-                for (int64_t end = sec.len[0]; k < sec.n - 1 && i >= end; end += sec.len[++k]) {}
+                if (sec.interleaved) {
+                    k = (int)(i % sec.n);
+                    if (i >= (int64_t)sec.n * sec.len[k]) k = 0;
+                } else {
+                    for (int64_t end = sec.len[0]; k < sec.n - 1 && i >= end; end += sec.len[++k]) {}
+                }
                 float a = (float)pos[t * sec.n + k] * inv_freq[i];
                 cs[i] = cosf(a);
                 sn[i] = sign * sinf(a);
@@ -389,7 +394,7 @@ at_status cu_rope(at_tensor *y, const at_tensor *x, const at_tensor *pos, const 
     int64_t ntok = H * D > 0 ? cu_numel(x) / (H * D) : 0;
     if (ntok == 0 || half == 0) return AT_OK;
     int vec = half % AT_VEC == 0 && cu_aligned16(cu_ptr(y)) && cu_aligned16(cu_ptr(x));
-    at_rope_sections sec = {1, {(int)half, 0, 0, 0}};
+    at_rope_sections sec = {1, {(int)half, 0, 0, 0}, 0};
     if (sections) sec = *sections;
     /* a warp or more per token along its pairs, tokens stacked up to ~256 threads a block */
     int tx = row_threads(H * half, vec ? AT_VEC : 2), tpb = tx >= 256 ? 1 : 256 / tx;
