@@ -20,6 +20,7 @@
  *
  * Each row warms every engine up, then runs them in turn (measure_all) and
  * reports each one's median GFLOP/s; ratio = ours / best library on that row. */
+#include "base/threads.h"
 #include "bench_util.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/gemm.h"
@@ -277,6 +278,7 @@ int main(int argc, char **argv)
 {
     int quick = 0, reps = 0, libs_only = 0, keep_env = 0;
     const char *filter = NULL, *only_dt = NULL;
+    at_threads_setup(argv); /* threads wait as in the program (base/threads.h) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-q")) quick = 1;
         else if (!strcmp(argv[i], "-l")) libs_only = 1;

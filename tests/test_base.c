@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "base/progress.h"
+#include "base/threads.h"
 #include "base/rng.h"
 #include "base/sha256.h"
 #include "device/cpu/cpu_backend.h"
@@ -297,8 +298,48 @@ static void test_rng(void)
     CHECK(at_rng_hash_uniform(1, 5) != at_rng_hash_uniform(2, 5));
 }
 
+/* at_par_threads: both counts are timed, the faster kept, the slower timed
+ * again now and then, and a change of which is faster is followed. Times
+ * are reported, not measured: the test asserts the rule, not a machine. */
+static void test_par(void)
+{
+    unsigned key = at_par_key(63, 12345.0);
+    CHECK(key != at_par_key(63, 40000.0) && key == at_par_key(63, 16000.0));
+    CHECK(at_par_threads(key, 1) == 1);
+    double t_one = 1e-3, t_many = 3e-3;
+    int tried[2] = {0, 0};
+    for (int i = 0; i < 6; i++) { /* warming up: both, alternately */
+        int n = at_par_threads(key, 4);
+        CHECK(n == 1 || n == 4);
+        tried[n > 1]++;
+        at_par_record(key, n, n > 1 ? t_many : t_one);
+    }
+    CHECK(tried[0] == 3 && tried[1] == 3);
+    int many = 0;
+    for (int i = 0; i < 300; i++) {
+        int n = at_par_threads(key, 4);
+        many += n > 1;
+        at_par_record(key, n, n > 1 ? t_many : t_one);
+    }
+    /* 3x slower: timed again every 4 x AT_PAR_EXPLORE calls */
+    CHECK_MSG(many >= 1 && many <= 300 / (4 * AT_PAR_EXPLORE) + 1, "many threads chosen %d times of 300", many);
+    t_many = 0.2e-3; /* the load changed: many threads now win */
+    for (int i = 0; i < 3000; i++) {
+        int n = at_par_threads(key, 4);
+        at_par_record(key, n, n > 1 ? t_many : t_one);
+    }
+    many = 0;
+    for (int i = 0; i < 100; i++) {
+        int n = at_par_threads(key, 4);
+        many += n > 1;
+        at_par_record(key, n, n > 1 ? t_many : t_one);
+    }
+    CHECK_MSG(many >= 95, "after the change many threads chosen %d times of 100", many);
+}
+
 int main(void)
 {
+    test_par();
     test_rng();
     test_status();
     test_json();

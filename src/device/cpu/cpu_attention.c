@@ -6,6 +6,8 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/progress.h"
+#include "base/threads.h"
 #include "device/cpu/cpu_simd.h"
 
 /* FlashAttention on the CPU.
@@ -298,6 +300,12 @@ at_status at_cpu_attention_forward(at_tensor *out, at_tensor *lse, const at_tens
     if (ntask == 0) return AT_OK;
     int nt = g.B * g.Hq * g.Tq * g.Tk * g.D >= AT_CPU_PAR_MIN ? omp_get_max_threads() : 1;
     if (nt > ntask) nt = (int)ntask;
+    /* decoding: one thread or all, as measured (base/threads.h), by the size
+     * of the keys and values; a task gives the same values on any thread */
+    int timed = nt > 1 && g.Tq <= 8 && !omp_in_parallel();
+    unsigned key = timed ? at_par_key(40, 8.0 * (double)(g.B * g.Hkv * g.Tk * g.D)) : 0;
+    if (timed) nt = at_par_threads(key, nt);
+    double t0 = timed ? at_now_seconds() : 0;
     size_t per = fwd_ws_floats(g.D);
     float *ws;
     AT_TRY(alloc_ws(nt, per, &ws, "attention_forward"));
@@ -319,6 +327,7 @@ at_status at_cpu_attention_forward(at_tensor *out, at_tensor *lse, const at_tens
             }
         }
     }
+    if (timed) at_par_record(key, nt, at_now_seconds() - t0);
     free(ws);
     return AT_OK;
 }

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/progress.h"
+#include "base/threads.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm.h"
@@ -239,7 +241,8 @@ static at_status run_blocked(const qproblem *p)
  * int8 (quant_x, once per call); NF4 rows are dequantized into an f32 row
  * (in L1) first and dotted in f32. Without them, each row of W is
  * dequantized, rounded to bf16 when computing in bf16, and dotted with every
- * row of op(A). Threads split the rows of W. */
+ * row of op(A). Threads split the rows of W (one thread or all, as measured:
+ * at_par_threads). */
 #define SMALL_M 8
 
 static const at_cpu_qgemv *qgemv_get(void)
@@ -275,7 +278,13 @@ typedef struct {
     const float *a32; /* M x K f32 */
     const int8_t *xq; /* M x K int8 and M x K/32 scales (quant_x), or NULL */
     const float *xd;
+    const int32_t *xc; /* Q4_0: M x K/4 group sums (at_cpu_qgemv_xc), else NULL */
 } small_a;
+
+void at_cpu_qgemv_xc(int64_t n, const int8_t *q, int32_t *xc)
+{
+    for (int64_t i = 0; i < n / 4; i++) xc[i] = -8 * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+}
 
 /* out[m] = row r of W · row m of x (m < M): the decode kernels, or the
  * portable dequantize-then-dot; row: K floats of scratch. */
@@ -284,7 +293,7 @@ static void small_row(const qproblem *p, const at_cpu_qgemv *kq, const at_cpu_si
 {
     const qweight *w = p->w;
     if (x->xq) {
-        kq->gemv_i8((int)p->M, p->K, x->xq, x->xd, w->t, w->data + (size_t)r * w->row_bytes, out);
+        kq->gemv_i8((int)p->M, p->K, x->xq, x->xd, x->xc, w->t, w->data + (size_t)r * w->row_bytes, out);
         return;
     }
     if (kq && w->t != AT_NF4) {
@@ -309,7 +318,10 @@ static at_status small_rows(const qproblem *p, const at_cpu_qgemv *kq, small_a *
 {
     int64_t n = p->M * p->K;
     int i8 = kq && kq->gemv_i8 && (p->w->t == AT_Q8_0 || p->w->t == AT_Q4_0);
-    size_t bytes = (size_t)n * sizeof(float) + (i8 ? (size_t)n + (size_t)(n / 32) * sizeof(float) : 0);
+    int q4 = i8 && p->w->t == AT_Q4_0;
+    /* a32 [n] | xd [n / 32] | xc [n / 4] (Q4_0) | xq [n] */
+    size_t bytes = (size_t)n * sizeof(float) +
+                   (i8 ? (size_t)n + (size_t)(n / 32) * sizeof(float) + (q4 ? (size_t)n : 0) : 0);
     if (bytes > tl_a_cap) {
         at_cpu_thread_buffers_held();
         free(tl_a);
@@ -328,12 +340,16 @@ static at_status small_rows(const qproblem *p, const at_cpu_qgemv *kq, small_a *
     x->a32 = a32;
     x->xq = NULL;
     x->xd = NULL;
+    x->xc = NULL;
     if (i8) {
         float *xd = a32 + n;
-        int8_t *xq = (int8_t *)(xd + n / 32);
+        int32_t *xc = (int32_t *)(xd + n / 32);
+        int8_t *xq = (int8_t *)(xc + (q4 ? n / 4 : 0));
         kq->quant_x(n, a32, xq, xd);
+        if (q4) at_cpu_qgemv_xc(n, xq, xc);
         x->xq = xq;
         x->xd = xd;
+        x->xc = q4 ? xc : NULL;
     }
     return AT_OK;
 }
@@ -345,9 +361,17 @@ static at_status run_small_forward(const qproblem *p)
     small_a x;
     AT_TRY(small_rows(p, kq, &x));
     int bf16 = p->at == AT_BF16;
-    int nt = omp_in_parallel() || p->N * p->K < 65536 ? 1 : omp_get_max_threads();
+    /* one thread or all, by measurement (base/threads.h) per format, M and
+     * size; a row of W gives the same dots whichever thread takes it */
+    const qweight *w = p->w;
+    double wbytes = w->t == AT_NF4 ? (double)p->N * (double)p->K / 2 : (double)p->N * (double)w->row_bytes;
+    unsigned key = at_par_key(20u + 3u * (w->t == AT_Q8_0 ? 0u : w->t == AT_Q4_0 ? 1u : 2u) +
+                                  (p->M == 1 ? 0u : p->M <= 4 ? 1u : 2u), wbytes);
+    int timed = !omp_in_parallel() && wbytes >= 16384;
+    int nt = timed ? at_par_threads(key, omp_get_max_threads()) : 1;
+    double t0 = timed ? at_now_seconds() : 0;
     int failed = 0;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int t = omp_get_thread_num(), n = omp_get_num_threads();
         int64_t r0 = p->N * t / n, r1 = p->N * (t + 1) / n;
@@ -372,6 +396,7 @@ static at_status run_small_forward(const qproblem *p)
             }
         }
     }
+    if (timed) at_par_record(key, nt, at_now_seconds() - t0);
     if (failed) return at_error(AT_ERR_NOMEM, "matmul: no memory for a dequantized row");
     return AT_OK;
 }

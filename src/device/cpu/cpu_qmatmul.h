@@ -68,6 +68,11 @@ extern const at_cpu_qdeq at_cpu_qdeq_neon; /* aarch64: cpu_qmatmul_neon.c */
  *   gemv_i8: out[m] = sum over blocks b of d_w[b] · xd[m][b] · (the exact
  *         integer dot of the block's int8 weights and activations), xq and
  *         xd being quant_x's output for row m at xq + m·K, xd + m·K/32.
+ *         For Q4_0 weights xc (K/4 per row, at xc + m·K/4) holds −8 × the
+ *         sum of each group of 4 int8 values of x (at_cpu_qgemv_xc): the
+ *         kernels multiply x by the unsigned nibbles n (0..15) and add it,
+ *         since x·(n − 8) = x·n − 8·Σx, exactly in integers. Unused (may be
+ *         NULL) for Q8_0.
  * Its result differs from the f32 product by at most
  * sum_b xd_b / 2 · sum_{i in b} |w_i| plus f32 accumulation.
  * K is a multiple of 32; 1 <= M <= 8. */
@@ -75,9 +80,11 @@ typedef struct {
     void (*gemv)(int M, int64_t K, const float *x, at_dtype t, const uint8_t *blocks, int round, float *out);
     void (*dotm)(int M, int64_t K, const float *x, const float *row, int round, float *out);
     void (*quant_x)(int64_t n, const float *x, int8_t *q, float *d);
-    void (*gemv_i8)(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
-                    float *out);
+    void (*gemv_i8)(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                    const uint8_t *blocks, float *out);
 } at_cpu_qgemv;
+/* xc[i] = −8 · (q[4i] + q[4i+1] + q[4i+2] + q[4i+3]) for i < n / 4. */
+void at_cpu_qgemv_xc(int64_t n, const int8_t *q, int32_t *xc);
 extern const at_cpu_qgemv at_cpu_qgemv_avx2;
 extern const at_cpu_qgemv at_cpu_qgemv_avx512;
 /* aarch64: NEON (cpu_qmatmul_neon.c) and NEON with SDOT for the int8 decode
@@ -92,8 +99,11 @@ extern const at_cpu_qgemv at_cpu_qgemv_avx512vnni;
 /* The int8-activation kernels of both levels without VNNI
  * (cpu_qmatmul_avx2.c; a block of 32 fills a 256-bit register). */
 void at_cpu_quant_x_avx2(int64_t n, const float *x, int8_t *q, float *d);
-void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
-                         float *out);
+void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                         const uint8_t *blocks, float *out);
+/* out[m] = block b alone (blk points at it) of gemv_i8's sum, m < M. */
+void at_cpu_gemv_i8_block_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                               const uint8_t *blk, int64_t b, float *out);
 
 /* Whether the decode path (M <= 8 rows, Q8_0 / Q4_0 weights) runs on int8
  * activations at the current ISA level, so that its bound above applies. */

@@ -196,44 +196,72 @@ void at_cpu_quant_x_avx2(int64_t n, const float *x, int8_t *q, float *d)
     }
 }
 
-/* The 32 values of a block as signed bytes (q4_0: nibble − 8; low nibbles
- * are values 0..15, high nibbles 16..31). */
+/* The 32 values of a block as bytes: q8_0's signed values; q4_0's unsigned
+ * nibbles n (the value is n − 8; low nibbles are values 0..15, high ones
+ * 16..31). */
 static inline __attribute__((always_inline)) __m256i block_bytes(const int fmt, const uint8_t *blk)
 {
     if (fmt == AT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
     __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(15);
-    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
 }
 
+/* Per block, lanes of 4 values: q8_0 multiplies |x| (unsigned) by w carrying
+ * x's sign; q4_0 the unsigned nibbles by x, plus xc's −8·Σx of the lane
+ * (cpu_qmatmul.h). maddubs's pairs stay below int16's limit: 2·127·127. */
+static inline __attribute__((always_inline)) void i8_block(const int MM, const int fmt, int64_t K, const int8_t *xq,
+                                                           const float *xd, const int32_t *xc, const uint8_t *blk,
+                                                           int64_t b, __m256 *acc)
+{
+    const int64_t nb = K / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i w = block_bytes(fmt, blk);
+    __m256 dw = _mm256_set1_ps(f16_scale(blk));
+    for (int m = 0; m < MM; m++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + 32 * b)), s;
+        if (fmt == AT_Q8_0) s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x)), ones);
+        else
+            s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones),
+                                 _mm256_loadu_si256((const __m256i *)(xc + m * (K / 4) + 8 * b)));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + m * nb + b)), acc[m]);
+    }
+}
+
+/* Two accumulators per row (even and odd blocks), so that one row's chain
+ * of dependent FMAs does not set the pace. */
 static inline __attribute__((always_inline)) void gemv_i8_body(const int MM, const int fmt, int64_t K,
-                                                               const int8_t *xq, const float *xd,
+                                                               const int8_t *xq, const float *xd, const int32_t *xc,
                                                                const uint8_t *blk, float *out)
 {
-    __m256 acc[8];
-    for (int m = 0; m < MM; m++) acc[m] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc0[8], acc1[8];
+    for (int m = 0; m < MM; m++) acc0[m] = acc1[m] = _mm256_setzero_ps();
     const int64_t nb = K / 32;
     const size_t bb = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
-    for (int64_t b = 0; b < nb; b++, blk += bb) {
-        __m256i w = block_bytes(fmt, blk);
-        __m256 dw = _mm256_set1_ps(f16_scale(blk));
-        for (int m = 0; m < MM; m++) {
-            /* maddubs multiplies unsigned by signed bytes: |x| by w with x's
-             * sign; pairs sum to at most 2·127·127, below int16's limit */
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + 32 * b));
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x));
-            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-            acc[m] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + m * nb + b)), acc[m]);
-        }
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, blk += 2 * bb) {
+        i8_block(MM, fmt, K, xq, xd, xc, blk, b, acc0);
+        i8_block(MM, fmt, K, xq, xd, xc, blk + bb, b + 1, acc1);
     }
-    for (int m = 0; m < MM; m++) out[m] = hsum(acc[m]);
+    if (b < nb) i8_block(MM, fmt, K, xq, xd, xc, blk, b, acc0);
+    for (int m = 0; m < MM; m++) out[m] = hsum(_mm256_add_ps(acc0[m], acc1[m]));
 }
 
-void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
-                         float *out)
+void at_cpu_gemv_i8_block_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                               const uint8_t *blk, int64_t b, float *out)
 {
-#define G(MM)                                                                                                              if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                                  else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);
+    __m256 acc[8];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    if (t == AT_Q8_0) i8_block(M, AT_Q8_0, K, xq, xd, xc, blk, b, acc);
+    else i8_block(M, AT_Q4_0, K, xq, xd, xc, blk, b, acc);
+    for (int m = 0; m < M; m++) out[m] = hsum(acc[m]);
+}
+
+void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                         const uint8_t *blocks, float *out)
+{
+#define G(MM)                                                                                                          \
+    if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, xc, blocks, out);                                          \
+    else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, xc, blocks, out);
     AT_QGEMV_BY_M(G)
 #undef G
 }

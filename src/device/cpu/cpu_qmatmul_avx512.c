@@ -154,68 +154,87 @@ const at_cpu_qgemv at_cpu_qgemv_avx512 = {
     .gemv = gemv, .dotm = dotm, .quant_x = at_cpu_quant_x_avx2, .gemv_i8 = at_cpu_gemv_i8_avx2};
 
 /* ---- decode with int8 activations on AVX512_VNNI (see cpu_qmatmul.h) ----
- * Two blocks per 512-bit register (lanes 0-7 sum block b, 8-15 block b+1):
- * one vpdpbusd multiplies |x| (unsigned) by w carrying x's sign and sums
- * groups of 4 (at most 4·127² per lane); an odd last block takes the
- * 256-bit form of the AVX2 kernel. */
+ * Two blocks per 512-bit register (lanes 0-7 sum block b, 8-15 block b+1).
+ * q8_0: one vpdpbusd multiplies |x| (unsigned) by w carrying x's sign and
+ * sums groups of 4 (at most 4·127² per lane). q4_0: the unsigned nibbles
+ * (both blocks' 16 bytes broadcast to two 128-bit lanes each, the high
+ * nibbles shifted down in the odd lanes: values in order) multiply x
+ * directly, the sum starting from xc's −8·Σx. The two blocks' scales are
+ * converted together and spread over their lanes by one permute. Two
+ * accumulators per row (even and odd pairs); an odd last block goes to the
+ * AVX2 kernel's (at_cpu_gemv_i8_block_avx2). */
 #define VNNI __attribute__((target("avx512vnni")))
 
-static inline __attribute__((always_inline)) __m256i block_bytes(const int fmt, const uint8_t *blk)
+static inline __attribute__((always_inline)) __m512i pair_bytes(const int fmt, const uint8_t *b0, const uint8_t *b1)
 {
-    if (fmt == AT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(15);
-    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    if (fmt == AT_Q8_0)
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                  _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b0 + 2)));
+    v = _mm512_mask_broadcast_i32x4(v, 0xFF00, _mm_loadu_si128((const __m128i *)(b1 + 2)));
+    v = _mm512_mask_srli_epi16(v, 0xFF00FF00u, v, 4);
+    return _mm512_and_si512(v, _mm512_set1_epi8(15));
 }
 
-/* 8 lanes of 16 made of a (low) and b (high) */
-static inline __m512 halves(float a, float b)
+static inline uint32_t u16_at(const uint8_t *p)
 {
-    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+static inline __attribute__((always_inline)) VNNI void i8_pair(const int MM, const int fmt, int64_t K,
+                                                              const int8_t *xq, const float *xd, const int32_t *xc,
+                                                              const uint8_t *blk, size_t bb, int64_t b, __m512 *acc)
+{
+    const int64_t nb = K / 32;
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i w = pair_bytes(fmt, blk, blk + bb);
+    __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(u16_at(blk) | u16_at(blk + bb) << 16)));
+    for (int m = 0; m < MM; m++) {
+        __m512i x = _mm512_loadu_si512((const void *)(xq + m * K + 32 * b)), s;
+        if (fmt == AT_Q8_0) {
+            __m512i sw = _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);
+            s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sw);
+        } else {
+            s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(xc + m * (K / 4) + 8 * b)), w, x);
+        }
+        __m128 d = _mm_mul_ps(dw, _mm_castpd_ps(_mm_load_sd((const double *)(xd + m * nb + b))));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d)),
+                                 acc[m]);
+    }
 }
 
 static inline __attribute__((always_inline)) VNNI void gemv_i8_body(const int MM, const int fmt, int64_t K,
                                                                     const int8_t *xq, const float *xd,
-                                                                    const uint8_t *blk, float *out)
+                                                                    const int32_t *xc, const uint8_t *blk,
+                                                                    float *out)
 {
-    __m512 acc[8];
-    for (int m = 0; m < MM; m++) acc[m] = _mm512_setzero_ps();
+    __m512 acc0[8], acc1[8];
+    for (int m = 0; m < MM; m++) acc0[m] = acc1[m] = _mm512_setzero_ps();
     const int64_t nb = K / 32;
     const size_t bb = fmt == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, blk += 2 * bb) {
-        __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(block_bytes(fmt, blk)), block_bytes(fmt, blk + bb), 1);
-        __m512 dw = halves(f16_scale(blk), f16_scale(blk + bb));
-        for (int m = 0; m < MM; m++) {
-            __m512i x = _mm512_loadu_si512((const void *)(xq + m * K + 32 * b));
-            __m512i sw = _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sw);
-            const float *d = xd + m * nb + b;
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, halves(d[0], d[1])), acc[m]);
-        }
+    for (; b + 4 <= nb; b += 4, blk += 4 * bb) {
+        i8_pair(MM, fmt, K, xq, xd, xc, blk, bb, b, acc0);
+        i8_pair(MM, fmt, K, xq, xd, xc, blk + 2 * bb, bb, b + 2, acc1);
+    }
+    if (b + 2 <= nb) {
+        i8_pair(MM, fmt, K, xq, xd, xc, blk, bb, b, acc0);
+        b += 2;
+        blk += 2 * bb;
     }
     float last[8] = {0};
-    if (b < nb) {
-        __m256i w = block_bytes(fmt, blk), ones = _mm256_set1_epi16(1);
-        float dw = f16_scale(blk);
-        for (int m = 0; m < MM; m++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + m * K + 32 * b));
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x));
-            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(dw * xd[m * nb + b]));
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            last[m] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-        }
-    }
-    for (int m = 0; m < MM; m++) out[m] = _mm512_reduce_add_ps(acc[m]) + last[m];
+    if (b < nb) at_cpu_gemv_i8_block_avx2(MM, K, xq, xd, xc, (at_dtype)fmt, blk, b, last);
+    for (int m = 0; m < MM; m++) out[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m])) + last[m];
 }
 
-static VNNI void gemv_i8_vnni(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
-                              float *out)
+static VNNI void gemv_i8_vnni(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                              const uint8_t *blocks, float *out)
 {
 #define G(MM)                                                                                                          \
-    if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                              \
-    else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);
+    if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, xc, blocks, out);                                          \
+    else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, xc, blocks, out);
     AT_QGEMV_BY_M(G)
 #undef G
 }

@@ -54,9 +54,10 @@ static inline __attribute__((always_inline)) void gemv_i8_body(const int MM, con
     for (int m = 0; m < MM; m++) out[m] = vaddvq_f32(acc[m]);
 }
 
-static void neon_gemv_i8(int M, int64_t K, const int8_t *xq, const float *xd, at_dtype t, const uint8_t *blocks,
-                    float *out)
+static void neon_gemv_i8(int M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xc, at_dtype t,
+                         const uint8_t *blocks, float *out)
 {
+    (void)xc; /* the nibbles are made signed here (vsub) */
 #define G(MM)                                                                                                          \
     if (t == AT_Q8_0) gemv_i8_body(MM, AT_Q8_0, K, xq, xd, blocks, out);                                              \
     else gemv_i8_body(MM, AT_Q4_0, K, xq, xd, blocks, out);

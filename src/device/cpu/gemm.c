@@ -5,7 +5,8 @@
  * Paths:
  *  - small: M or N tiny (decode, LoRA rank r; see small_side). The tiny
  *    operand is converted once to f32 and the big one streamed in place,
- *    threads splitting the big one; nothing is packed.
+ *    threads splitting the big one (one thread or all, as measured:
+ *    at_par_threads); nothing is packed.
  *  - outer: K tiny (LoRA's rank-r update, <= AT_GEMM_OUTER_K) and M, N not.
  *    Both operands converted once to f32, each tile of C written once.
  *  - blocked (GotoBLAS): for each NC block of columns and KC block of k, pack
@@ -36,6 +37,8 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/progress.h"
+#include "base/threads.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_qmatmul.h"
 #include "device/cpu/gemm_kernels.h"
@@ -53,6 +56,10 @@
  * the dot form rereads it per 8 too but with less work per load. */
 #define SMALL_AXPY 16
 #define SMALL_DOT 8
+/* Below this many bytes of the big operand (a few microseconds of reading)
+ * the small path runs on one thread without timing (a wake-up of another
+ * thread costs more). */
+#define PAR_MIN_BYTES 32768
 
 static size_t esize(at_dtype t) { return t == AT_F32 ? 4 : 2; }
 
@@ -462,7 +469,14 @@ static int gemm_small(const problem *p)
     /* y along k (dot) or along the big dimension (axpy)? */
     int dot = a_small ? p->tb : !p->ta;
     int64_t big = a_small ? p->N : p->M;
-    int nt = threads_for(2.0 * p->M * p->N * K);
+    /* one thread or all: by measurement (base/threads.h), per layout, dtype
+     * of y, S and size; each value of out is computed the same either way */
+    double ybytes = (double)big * (double)K * (double)ye;
+    unsigned key = at_par_key((unsigned)(dot + 2 * (yt == AT_F32 ? 0 : yt == AT_BF16 ? 1 : 2) +
+                                         6 * (S == 1 ? 0 : S <= 4 ? 1 : 2)), ybytes);
+    int timed = !omp_in_parallel() && ybytes >= PAR_MIN_BYTES;
+    int nt = timed ? at_par_threads(key, omp_get_max_threads()) : 1;
+    double t0 = timed ? at_now_seconds() : 0;
     /* out[i*ars + j*acs] = (op(A) op(B))[i][j] */
     int64_t ars, acs;
     if (dot) {
@@ -470,7 +484,7 @@ static int gemm_small(const problem *p)
         int64_t ors = a_small ? 1 : S, oss = a_small ? p->N : 1;
         ars = a_small ? oss : ors;
         acs = a_small ? ors : oss;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
             int64_t r0 = big * t / n, r1 = big * (t + 1) / n;
@@ -483,7 +497,7 @@ static int gemm_small(const problem *p)
         int64_t lds = big;
         ars = a_small ? lds : 1;
         acs = a_small ? 1 : lds;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
             int64_t chunks = (big + 63) / 64;
@@ -493,6 +507,7 @@ static int gemm_small(const problem *p)
                 e->axpy((int)S, K, x, ldx, l1 - l0, y + (size_t)l0 * ye, yt, ldy, round_y, out + l0, lds);
         }
     }
+    if (timed) at_par_record(key, nt, at_now_seconds() - t0);
     epilogue(p, out, ars, acs);
     return 1;
 }
