@@ -37,7 +37,9 @@ void at_threads_setup(char **argv)
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("KMP_BLOCKTIME")) return;
     /* LLVM's libomp (it defines __kmpc_fork_call; it also offers libgomp's
      * GOMP_ entry points) reads its settings at the first parallel region:
-     * setting the variable is enough; it has no bounded spin, so passive */
+     * setting the variable is enough. Its spin is bounded by KMP_BLOCKTIME,
+     * 200 ms by default: long enough to starve a process sharing the core,
+     * so passive, as before */
     if (dlsym(RTLD_DEFAULT, "__kmpc_fork_call") || !dlsym(RTLD_DEFAULT, "GOMP_parallel")) {
         setenv("OMP_WAIT_POLICY", "passive", 1);
         return;
