@@ -3,13 +3,21 @@
  * The suite runs with ANYTUNE_GEMM_TUNE=0; this test turns measuring on,
  * with its own cache folder (XDG_CACHE_HOME in a temporary directory), and
  * checks:
- *  - problems fall into the documented classes;
+ *  - problems fall into the documented classes (buckets of the small side);
+ *  - the timing rule: the best sample (not the median), steady only with
+ *    several samples near it; the load rule; the choice rule's 3% margin;
  *  - the first GEMM of a class measures every engine of the build and the
  *    product is right whichever engine won (against a double loop; the
- *    tolerance is test_gemm's: 1e-5 of sum |a b|, f32 sums of <= 1024 terms);
- *  - the choice is written to the cache file and read back by a fresh start
- *    (from_cache, same figures), a cache file that does not parse or has
- *    another key is ignored and measured again, then rewritten;
+ *    tolerance is test_gemm's: 1e-5 of sum |a b|, f32 sums of <= 1024
+ *    terms); a steady result is cached, an unsteady one is not;
+ *  - with a runner whose timings are known (sleeps), a steady measurement
+ *    is written to the cache file and read back by a fresh start
+ *    (from_cache, same choice, nothing run); one whose samples disagree (one
+ *    fast sample among slow ones, as under load) is used by the process but
+ *    not cached, and the process does not measure that class again;
+ *  - a cache file that does not parse, is of the older format (median
+ *    figures, unbucketed classes) or has another key is ignored, measured
+ *    again and rewritten;
  *  - ANYTUNE_GEMM_TUNE=0 or a pinned engine measure nothing;
  *  - ANYTUNE_GEMM_TUNE=tiny times problems of the same classes under a cache
  *    key of its own. Under a CPU emulator (testing.h: ~0.1 GFLOP/s, the
@@ -18,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device/cpu/cpu_libs.h"
@@ -27,7 +36,7 @@
 
 static float A[64 * 256], B[256 * 96], C[64 * 96];
 
-/* C = A B (64x256 times 256x96, a large-nn problem) and its check. */
+/* C = A B (64x256 times 256x96, an m64-nn problem) and its check. */
 static void run_and_check(void)
 {
     at_cpu_gemm(0, 0, 64, 96, 256, 1.0f, A, AT_F32, 256, B, AT_F32, 96, 0.0f, C, AT_F32, 96);
@@ -65,6 +74,41 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
+/* Runners with known timings: each engine sleeps a fixed time per call
+ * (anytune 4 ms, openblas 2 ms, onednn 6 ms: openblas wins), so every
+ * sample is near the best unless the machine delays a wake-up. In the
+ * unsteady one, anytune's first sample alone is fast (1 ms): a best that no
+ * other sample comes near, as when load slows all samples but one. */
+static int fake_calls;
+
+static void sleep_ms(double ms)
+{
+    struct timespec ts = {0, (long)(ms * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+static int fake_steady(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A_,
+                       const float *B_, float *C_)
+{
+    (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A_, (void)B_, (void)C_;
+    fake_calls++;
+    sleep_ms(e == AT_GEMM_ANYTUNE ? 4 : e == AT_GEMM_OPENBLAS ? 2 : 6);
+    return 1;
+}
+
+static int unsteady_calls;
+
+static int fake_unsteady(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A_,
+                         const float *B_, float *C_)
+{
+    (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A_, (void)B_, (void)C_;
+    fake_calls++;
+    /* calls 1 and 2: the warm-ups (the second sets the calls per sample: 1) */
+    if (e == AT_GEMM_ANYTUNE) sleep_ms(++unsteady_calls == 3 ? 1 : 3);
+    else sleep_ms(e == AT_GEMM_OPENBLAS ? 2 : 6);
+    return 1;
+}
+
 #define TUNE_ON (AT_TEST_UNDER_EMULATOR ? "tiny" : "1")
 
 int main(void)
@@ -100,16 +144,68 @@ int main(void)
     for (int i = 0; i < 64 * 256; i++) A[i] = (float)((i * 37) % 101 - 50) / 50.0f;
     for (int i = 0; i < 256 * 96; i++) B[i] = (float)((i * 53) % 97 - 48) / 48.0f;
 
-    /* classes */
-    CHECK(!strcmp(at_gemm_tune_class_name(at_gemm_tune_class(0, 1, 1, 4864, 896)), "rows-nt"));
-    CHECK(!strcmp(at_gemm_tune_class_name(at_gemm_tune_class(0, 1, 512, 8, 896)), "skinny-n-nt"));
-    CHECK(!strcmp(at_gemm_tune_class_name(at_gemm_tune_class(0, 0, 512, 896, 8)), "skinny-k-nn"));
-    CHECK(!strcmp(at_gemm_tune_class_name(at_gemm_tune_class(1, 0, 4864, 896, 512)), "large-tn"));
-    CHECK(!strcmp(at_gemm_tune_class_name(at_gemm_tune_class(1, 1, 512, 512, 512)), "large-nt"));
+    /* classes: the smallest side, bucketed */
+    static const struct {
+        int ta, tb;
+        int64_t M, N, K;
+        const char *name;
+    } classes[] = {
+        {0, 1, 1, 4864, 896, "m1-nt"},      {0, 0, 1, 4864, 896, "m1-nn"},    {0, 0, 8, 4864, 896, "m16-nn"},
+        {1, 0, 8, 896, 512, "m16-tn"},      {0, 0, 16, 4864, 896, "m16-nn"},  {0, 0, 17, 4864, 896, "m64-nn"},
+        {0, 1, 512, 8, 896, "n16-nt"},      {1, 0, 896, 8, 512, "n16-tn"},    {0, 0, 512, 32, 896, "n64-nn"},
+        {0, 0, 512, 896, 8, "k16-nn"},      {0, 1, 512, 896, 16, "k16-nt"},   {0, 1, 256, 256, 64, "k64-nt"},
+        {1, 0, 4864, 896, 512, "large-tn"}, {1, 1, 512, 512, 512, "large-nt"}, {0, 0, 65, 65, 65, "large-nn"},
+        {0, 0, 8, 8, 8, "m16-nn"},          {0, 0, 9, 8, 8, "n16-nn"},
+    };
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
+        const char *got = at_gemm_tune_class_name(
+            at_gemm_tune_class(classes[i].ta, classes[i].tb, classes[i].M, classes[i].N, classes[i].K));
+        CHECK_MSG(!strcmp(got, classes[i].name), "%lldx%lldx%lld: %s, not %s", (long long)classes[i].M,
+                  (long long)classes[i].N, (long long)classes[i].K, got, classes[i].name);
+    }
+    /* each class's timed problem is in the class */
+    for (int c = 0; c < AT_GEMM_CLASSES; c++) {
+        int ta, tb;
+        int64_t M, N, K;
+        at_gemm_tune_class_shape(c, &ta, &tb, &M, &N, &K);
+        CHECK_MSG(at_gemm_tune_class(ta, tb, M, N, K) == c, "%s", at_gemm_tune_class_name(c));
+    }
     int cls = at_gemm_tune_class(0, 0, 64, 96, 256);
-    CHECK(!strcmp(at_gemm_tune_class_name(cls), "large-nn"));
+    CHECK(!strcmp(at_gemm_tune_class_name(cls), "m64-nn"));
 
-    if (!at_cpu_gemm_tune_all()) {
+    /* the timing rule: the best sample; steady with 3 samples within 5% of it */
+    {
+        int steady;
+        static const double load[7] = {1.00, 1.01, 1.02, 3.0, 3.0, 3.0, 3.0}; /* median 3.0 */
+        CHECK(at_gemm_tune_best(load, 7, &steady) == 1.00 && steady);
+        static const double lucky[4] = {1.0, 1.5, 1.6, 1.7};
+        CHECK(at_gemm_tune_best(lucky, 4, &steady) == 1.0 && !steady);
+        static const double wide[5] = {1.06, 1.0, 1.06, 1.04, 2.0}; /* only 2 within 5% */
+        CHECK(at_gemm_tune_best(wide, 5, &steady) == 1.0 && !steady);
+        static const double tight[3] = {2.0, 2.09, 2.1};
+        CHECK(at_gemm_tune_best(tight, 3, &steady) == 2.0 && steady);
+        /* the load rule: others took more than a quarter of the machine (and two ticks) */
+        CHECK(at_gemm_tune_busy(0.06, 0.2) && !at_gemm_tune_busy(0.04, 0.2) && !at_gemm_tune_busy(0.015, 0.04));
+    }
+    /* the choice rule: a library must beat ours by more than 3% */
+    {
+        const double near[3] = {100, 102.9, 90}, lib[3] = {100, 104, 110}, absent[3] = {100, -1, -1},
+                     slow[3] = {100, 50, 60};
+        CHECK(at_gemm_tune_choose(near) == AT_GEMM_ANYTUNE);
+        CHECK(at_gemm_tune_choose(lib) == AT_GEMM_ONEDNN);
+        CHECK(at_gemm_tune_choose(absent) == AT_GEMM_ANYTUNE);
+        CHECK(at_gemm_tune_choose(slow) == AT_GEMM_ANYTUNE);
+    }
+
+    /* every class at once (what `anytune env` does), on the tiny problems */
+    setenv("ANYTUNE_GEMM_TUNE", "tiny", 1);
+    int tuned = at_cpu_gemm_tune_all();
+    for (int c = 0; c < AT_GEMM_CLASSES && tuned; c++) {
+        at_gemm_tune_result rt = at_gemm_tune_result_of(c);
+        CHECK_MSG(rt.known && rt.gflops[0] > 0 && rt.gflops[rt.choice] > 0, "%s", at_gemm_tune_class_name(c));
+    }
+    setenv("ANYTUNE_GEMM_TUNE", TUNE_ON, 1);
+    if (!tuned) {
         /* only our kernels in this build: nothing to choose, nothing measured */
         run_and_check();
         CHECK(!at_gemm_tune_result_of(cls).known);
@@ -119,7 +215,7 @@ int main(void)
     remove(at_gemm_tune_cache_path());
     at_gemm_tune_forget();
 
-    /* first use measures */
+    /* first use measures the real engines; cached only when steady */
     run_and_check();
     at_gemm_tune_result r = at_gemm_tune_result_of(cls);
     CHECK(r.known && !r.from_cache);
@@ -127,21 +223,15 @@ int main(void)
     int libs = 0;
     for (int e = 1; e < AT_GEMM_ENGINES; e++) libs += r.gflops[e] > 0;
     CHECK(libs >= 1);
-    CHECK(r.gflops[r.choice] > 0);
-    printf("large-nn: anytune %.1f openblas %.1f onednn %.1f GFLOP/s -> %s\n", r.gflops[0], r.gflops[1], r.gflops[2],
-           at_gemm_engine_name(r.choice));
+    CHECK(r.gflops[r.choice] > 0 && r.choice == at_gemm_tune_choose(r.gflops));
+    printf("%s: anytune %.1f openblas %.1f onednn %.1f GFLOP/s -> %s (%s)\n", at_gemm_tune_class_name(cls), r.gflops[0],
+           r.gflops[1], r.gflops[2], at_gemm_engine_name(r.choice), r.steady ? "steady" : "unsteady: load");
     CHECK(!at_gemm_tune_result_of(at_gemm_tune_class(0, 1, 1, 4864, 896)).known); /* only the class used */
     const char *path = at_gemm_tune_cache_path();
+    char line[64];
+    snprintf(line, sizeof line, "\n%s ", at_gemm_tune_class_name(cls));
     CHECK(strncmp(path, dir, strlen(dir)) == 0);
-    CHECK(file_has(path, "anytune-gemm-engines 1\nkey "));
-    CHECK(file_has(path, "\nlarge-nn "));
-
-    /* a fresh start reads it back */
-    at_gemm_tune_forget();
-    run_and_check();
-    at_gemm_tune_result r2 = at_gemm_tune_result_of(cls);
-    CHECK(r2.known && r2.from_cache && r2.choice == r.choice);
-    CHECK(fabs(r2.gflops[0] - r.gflops[0]) <= 1e-3 * r.gflops[0] + 1e-3);
+    CHECK(r.steady ? file_has(path, "anytune-gemm-engines 2\nkey ") && file_has(path, line) : access(path, F_OK) != 0);
 
     /* the product is right on every engine the class could pick */
     for (int e = 0; e < AT_GEMM_ENGINES; e++) {
@@ -151,7 +241,46 @@ int main(void)
     }
     CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "auto"));
 
-    /* a corrupt file is ignored, measured again and rewritten */
+    /* known timings: steady, cached, read back by a fresh start without running
+     * anything (sleeps take as long on a busy machine: no load rule) */
+    at_gemm_tune_use_load_rule(0);
+    remove(path);
+    at_gemm_tune_forget();
+    fake_calls = 0;
+    CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == AT_GEMM_OPENBLAS);
+    at_gemm_tune_result rs = at_gemm_tune_result_of(cls);
+    CHECK(rs.known && rs.steady && !rs.from_cache && fake_calls >= 3 * (2 + 5));
+    CHECK_MSG(rs.gflops[1] > 1.5 * rs.gflops[0] && rs.gflops[0] > 1.2 * rs.gflops[2], "%g %g %g", rs.gflops[0],
+              rs.gflops[1], rs.gflops[2]);
+    CHECK(file_has(path, "anytune-gemm-engines 2\nkey ") && file_has(path, line));
+    at_gemm_tune_forget();
+    fake_calls = 0;
+    CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == AT_GEMM_OPENBLAS && fake_calls == 0);
+    at_gemm_tune_result r2 = at_gemm_tune_result_of(cls);
+    CHECK(r2.known && r2.from_cache && r2.steady && r2.choice == AT_GEMM_OPENBLAS);
+    CHECK(fabs(r2.gflops[0] - rs.gflops[0]) <= 1e-3 * rs.gflops[0] + 1e-3);
+
+    /* samples that disagree: used in this process, not cached, not measured again here */
+    remove(path);
+    at_gemm_tune_forget();
+    fake_calls = unsteady_calls = 0;
+    at_gemm_engine_id ue = at_gemm_tune_engine(cls, 7u, fake_unsteady);
+    at_gemm_tune_result ru = at_gemm_tune_result_of(cls);
+    CHECK(ru.known && !ru.steady && ue == ru.choice && fake_calls > 0);
+    CHECK(access(path, F_OK) != 0);
+    fake_calls = 0;
+    CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == ue && fake_calls == 0);
+    /* another class measured steadily later is cached without the unsteady one */
+    int cls2 = at_gemm_tune_class(0, 0, 512, 896, 8);
+    CHECK(at_gemm_tune_engine(cls2, 7u, fake_steady) == AT_GEMM_OPENBLAS);
+    snprintf(line, sizeof line, "\n%s ", at_gemm_tune_class_name(cls));
+    char line2[64];
+    snprintf(line2, sizeof line2, "\n%s ", at_gemm_tune_class_name(cls2));
+    CHECK(file_has(path, line2) && !file_has(path, line));
+
+    /* a corrupt file, or one of the older format, is ignored, measured again and rewritten */
+    at_gemm_tune_forget();
+    CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == AT_GEMM_OPENBLAS); /* the file now holds cls */
     char keyline[1024] = "";
     {
         FILE *f = fopen(path, "r");
@@ -162,29 +291,36 @@ int main(void)
             fclose(f);
         }
     }
-    static const char *bad[] = {
-        "garbage\n",
-        "anytune-gemm-engines 1\n",
-        NULL, /* right key, a line cut short */
-        NULL, /* right key, an engine that does not exist */
-        "anytune-gemm-engines 1\nkey another machine\nlarge-nn onednn 1.000 2.000 3.000\n",
-    };
-    for (int i = 0; i < 5; i++) {
+    const char *cn = at_gemm_tune_class_name(cls);
+    for (int i = 0; i < 6; i++) {
         char text[2048];
-        if (i == 2) snprintf(text, sizeof text, "anytune-gemm-engines 1\n%slarge-nn anytune 1.0", keyline);
-        else if (i == 3) snprintf(text, sizeof text, "anytune-gemm-engines 1\n%slarge-nn cublas 1.0 1.0 1.0\n", keyline);
-        else snprintf(text, sizeof text, "%s", bad[i]);
+        switch (i) {
+        case 0: snprintf(text, sizeof text, "garbage\n"); break;
+        case 1: snprintf(text, sizeof text, "anytune-gemm-engines 2\n"); break;
+        case 2: snprintf(text, sizeof text, "anytune-gemm-engines 2\n%s%s anytune 1.0", keyline, cn); break;
+        case 3: snprintf(text, sizeof text, "anytune-gemm-engines 2\n%s%s cublas 1.0 1.0 1.0\n", keyline, cn); break;
+        case 4:
+            snprintf(text, sizeof text, "anytune-gemm-engines 2\nkey another machine\n%s onednn 1.000 2.000 3.000\n",
+                     cn);
+            break;
+        default: /* the older format, right key, well-formed: its figures were medians under load */
+            snprintf(text, sizeof text, "anytune-gemm-engines 1\n%s%s onednn 1.000 2.000 3.000\n", keyline, cn);
+            break;
+        }
         write_file(path, text);
         at_gemm_tune_forget();
-        run_and_check();
+        fake_calls = 0;
+        CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == AT_GEMM_OPENBLAS && fake_calls > 0);
         at_gemm_tune_result rb = at_gemm_tune_result_of(cls);
         CHECK_MSG(rb.known && !rb.from_cache, "bad cache file %d was not ignored", i);
-        CHECK_MSG(file_has(path, keyline) && file_has(path, "\nlarge-nn "), "bad cache file %d was not rewritten", i);
+        CHECK_MSG(file_has(path, keyline) && file_has(path, line) && file_has(path, "anytune-gemm-engines 2\n"),
+                  "bad cache file %d was not rewritten", i);
     }
+    at_gemm_tune_use_load_rule(1);
     /* the right key with a well-formed line is taken as it is */
     {
         char text[2048];
-        snprintf(text, sizeof text, "anytune-gemm-engines 1\n%slarge-nn anytune 12.500 -1.000 -1.000\n", keyline);
+        snprintf(text, sizeof text, "anytune-gemm-engines 2\n%s%s anytune 12.500 -1.000 -1.000\n", keyline, cn);
         write_file(path, text);
         at_gemm_tune_forget();
         run_and_check();

@@ -1,11 +1,17 @@
 /* Measured choice of the f32 GEMM engine per problem class (gemm_tune.h).
  *
- * Timing: one warm-up call per engine (oneDNN compiles its kernel then,
- * OpenBLAS starts its threads), then 5 samples of as many calls as fill
- * ~1.5 ms each, the engines taking turns; the median sample per call gives
- * the GFLOP/s. About 10-20 ms per engine and
- * class, so a class costs well under 0.1 s once, and nothing after that
- * while the cache file holds. */
+ * Timing: two warm-up calls per engine (oneDNN compiles its kernel then,
+ * OpenBLAS starts its threads, C's pages are touched), then rounds in which
+ * each engine takes one sample of as many calls as fill ~0.5 ms. At least
+ * MIN_ROUNDS rounds and MIN_SECONDS, more until every engine's best is
+ * steady (at_gemm_tune_best) or the class has had ROUND_BUDGET seconds.
+ * Meanwhile the CPU time other processes took is read from /proc/stat (the
+ * machine's busy time less ours): a measurement during which they took more
+ * than a quarter of the machine is not steady either (at_gemm_tune_busy).
+ * (Per-sample preemption counts were tried: OpenBLAS's idle threads call
+ * sched_yield, which counts as preemption, so every OpenBLAS sample looked
+ * disturbed.) About 50-100 ms per class on a quiet machine, paid once while
+ * the cache file holds. */
 #include "device/cpu/gemm_tune.h"
 
 #include <errno.h>
@@ -22,15 +28,21 @@
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_libs.h"
 
-#define FILE_MAGIC "anytune-gemm-engines 1"
+/* 2: classes bucketed by the small dimension; figures are best samples
+ * (1 held medians, and on a loaded machine garbage kept forever) */
+#define FILE_MAGIC "anytune-gemm-engines 2"
 #define LIB_MARGIN 1.03 /* a library must be this much faster than our kernels */
 
-static const char *kind_names[4] = {"rows", "skinny-n", "skinny-k", "large"};
+static const char *kind_names[AT_GEMM_KINDS] = {"m1", "m16", "m64", "n16", "n64", "k16", "k64", "large"};
 static const char *layout_names[3] = {"nn", "nt", "tn"};
 
 int at_gemm_tune_class(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K)
 {
-    int kind = M <= 8 ? 0 : N <= 64 ? 1 : K <= 64 ? 2 : 3;
+    int kind;
+    if (M <= N && M <= K && M <= 64) kind = M <= 1 ? 0 : M <= 16 ? 1 : 2;
+    else if (N <= K && N <= 64) kind = N <= 16 ? 3 : 4;
+    else if (K <= 64) kind = K <= 16 ? 5 : 6;
+    else kind = 7;
     int layout = trans_a && !trans_b ? 2 : trans_b ? 1 : 0;
     return kind * 3 + layout;
 }
@@ -43,21 +55,25 @@ const char *at_gemm_tune_class_name(int cls)
     return names[cls];
 }
 
-/* Sizes typical of the kind in LLM work (Qwen2.5-0.5B's hidden 896 and
- * LoRA ranks), small enough to time in milliseconds: the rows kind streams
- * a 16 MB weight (memory-bound, like decoding). */
 void at_gemm_tune_class_shape(int cls, int *trans_a, int *trans_b, int64_t *M, int64_t *N, int64_t *K)
 {
-    static const int64_t dims[4][3] = {{1, 4096, 1024}, {512, 16, 1024}, {512, 1024, 16}, {256, 1024, 512}};
+    /* M x N x K per kind; m16-tn and m64-tn are LoRA's dA instead (M = rank,
+     * N = hidden, K = tokens: a transposed GEMV is rare) */
+    static const int64_t dims[AT_GEMM_KINDS][3] = {
+        {1, 4864, 896}, {8, 4864, 896}, {32, 4864, 896}, {512, 8, 896},
+        {512, 32, 896}, {512, 896, 8},  {512, 896, 32},  {512, 1024, 512},
+    };
     int kind = cls / 3, layout = cls % 3;
-    /* tiny: the sizes above 16 divided by 4, which keeps each problem in its class */
-    int64_t div = at_gemm_tune_tiny() ? 4 : 1;
+    int64_t d[3] = {dims[kind][0], dims[kind][1], dims[kind][2]};
+    if ((kind == 1 || kind == 2) && layout == 2) d[1] = 896, d[2] = 512;
+    /* tiny: the sizes above 64 divided by 4, which keeps each problem in its class */
+    for (int i = 0; i < 3; i++)
+        if (at_gemm_tune_tiny() && d[i] > 64) d[i] /= 4;
     *trans_a = layout == 2;
     *trans_b = layout == 1;
-    *M = dims[kind][0] > 16 ? dims[kind][0] / div : dims[kind][0];
-    if (kind == 0 && layout == 2) *M = 8; /* rows-tn: LoRA's dA = duᵀ·x at rank 8 (a transposed GEMV is rare) */
-    *N = dims[kind][1] > 16 ? dims[kind][1] / div : dims[kind][1];
-    *K = dims[kind][2] > 16 ? dims[kind][2] / div : dims[kind][2];
+    *M = d[0];
+    *N = d[1];
+    *K = d[2];
 }
 
 const char *at_gemm_engine_name(at_gemm_engine_id e)
@@ -185,7 +201,7 @@ static void read_cache(void)
             ok = 0;
             break;
         }
-        got[c].known = got[c].from_cache = 1;
+        got[c].known = got[c].from_cache = got[c].steady = 1;
         got[c].choice = (at_gemm_engine_id)e;
         for (int i = 0; i < AT_GEMM_ENGINES; i++) got[c].gflops[i] = g[i];
     }
@@ -225,7 +241,7 @@ static void write_cache(void)
     fprintf(f, "%s\nkey %s\n", FILE_MAGIC, cur_key);
     for (int c = 0; c < AT_GEMM_CLASSES; c++) {
         const at_gemm_tune_result *r = &table[c];
-        if (!r->known) continue;
+        if (!r->known || !r->steady) continue; /* an unsteady figure is this process's alone */
         fprintf(f, "%s %s %.3f %.3f %.3f\n", at_gemm_tune_class_name(c), at_gemm_engine_name(r->choice),
                 r->gflops[0], r->gflops[1], r->gflops[2]);
     }
@@ -238,6 +254,14 @@ static void write_cache(void)
 
 /* ---- measuring ---- */
 
+#define MIN_ROUNDS 5
+#define MIN_SECONDS 0.05   /* long enough for /proc/stat's 10 ms ticks to tell load */
+#define MAX_ROUNDS 64
+#define ROUND_BUDGET 0.4   /* seconds of rounds per class, past which MIN_ROUNDS suffice */
+#define SAMPLE_SECONDS 5e-4
+#define STEADY_COUNT 3     /* samples within STEADY_TOL of the best */
+#define STEADY_TOL 1.05
+
 static double now(void)
 {
     struct timespec ts;
@@ -245,41 +269,119 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b)
+/* CPU seconds used by the whole machine (busy) and available to it (all),
+ * summed over its CPUs, from /proc/stat; 0 when it cannot be read. */
+static int machine_cpu(double *busy, double *all)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return 0;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                   &v[7]);
+    fclose(f);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (n < 4 || hz <= 0) return 0;
+    /* user nice system idle iowait irq softirq steal: idle and iowait are free time */
+    double b = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]), i = (double)(v[3] + v[4]);
+    *busy = b / (double)hz;
+    *all = (b + i) / (double)hz;
+    return 1;
+}
+
+static double own_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int load_rule = 1;
+
+void at_gemm_tune_use_load_rule(int on) { load_rule = on; }
+
+int at_gemm_tune_busy(double others, double capacity)
+{
+    /* two ticks of slack: /proc/stat counts whole 10 ms ticks, ours is exact */
+    return others > 0.25 * capacity && others > 0.02;
+}
+
+double at_gemm_tune_best(const double *secs, int n, int *steady)
+{
+    double best = -1;
+    for (int i = 0; i < n; i++)
+        if (best < 0 || secs[i] < best) best = secs[i];
+    int near = 0;
+    for (int i = 0; i < n && best > 0; i++) near += secs[i] <= best * STEADY_TOL;
+    *steady = best > 0 && near >= STEADY_COUNT;
+    return best;
+}
+
+at_gemm_engine_id at_gemm_tune_choose(const double gflops[AT_GEMM_ENGINES])
+{
+    at_gemm_engine_id choice = AT_GEMM_ANYTUNE;
+    double best = gflops[AT_GEMM_ANYTUNE] * LIB_MARGIN;
+    for (int e = 1; e < AT_GEMM_ENGINES; e++)
+        if (gflops[e] > best) {
+            best = gflops[e];
+            choice = (at_gemm_engine_id)e;
+        }
+    return choice;
 }
 
 /* GFLOP/s of each engine (available bits) on the class's problem, into
- * gflops[] (-1: not available or failed). The engines take turns sample by
- * sample, so that a burst of load from another process hits them alike. */
-static void time_engines(unsigned available, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
-                         const float *B, float *C, at_gemm_tune_run_fn run, double *gflops)
+ * gflops[] (-1: not available or failed); returns whether every engine's
+ * figure is steady. The engines take turns sample by sample, so that a
+ * burst of load from another process hits them alike. */
+static int time_engines(unsigned available, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                        const float *B, float *C, at_gemm_tune_run_fn run, double *gflops)
 {
     int calls[AT_GEMM_ENGINES];
-    double samples[AT_GEMM_ENGINES][5];
+    double secs[AT_GEMM_ENGINES][MAX_ROUNDS];
     for (int e = 0; e < AT_GEMM_ENGINES; e++) {
         gflops[e] = -1;
         calls[e] = 0;
         if (!(available >> e & 1)) continue;
+        if (!run((at_gemm_engine_id)e, ta, tb, M, N, K, A, B, C)) continue; /* warm-up */
         double t0 = now();
-        if (!run((at_gemm_engine_id)e, ta, tb, M, N, K, A, B, C)) continue; /* also the warm-up */
+        run((at_gemm_engine_id)e, ta, tb, M, N, K, A, B, C);
         double once = now() - t0;
-        calls[e] = once > 1.5e-3 ? 1 : (int)(1.5e-3 / (once > 1e-6 ? once : 1e-6)) + 1;
+        calls[e] = once >= SAMPLE_SECONDS ? 1 : (int)(SAMPLE_SECONDS / (once > 1e-7 ? once : 1e-7)) + 1;
     }
-    for (int s = 0; s < 5; s++)
+    int rounds = 0, steady = 0;
+    double busy0 = 0, all0 = 0, own0 = own_cpu(), t_start = now();
+    int have_stat = machine_cpu(&busy0, &all0);
+    while (rounds < MAX_ROUNDS) {
+        double t = now() - t_start;
+        if (rounds >= MIN_ROUNDS && ((steady && t >= MIN_SECONDS) || t > ROUND_BUDGET)) break;
         for (int e = 0; e < AT_GEMM_ENGINES; e++) {
             if (!calls[e]) continue;
             double t0 = now();
             for (int i = 0; i < calls[e]; i++) run((at_gemm_engine_id)e, ta, tb, M, N, K, A, B, C);
-            samples[e][s] = (now() - t0) / calls[e];
+            secs[e][rounds] = (now() - t0) / calls[e];
         }
-    for (int e = 0; e < AT_GEMM_ENGINES; e++) {
-        if (!calls[e]) continue;
-        qsort(samples[e], 5, sizeof samples[e][0], cmp_double);
-        gflops[e] = 2.0 * M * N * K / samples[e][2] * 1e-9;
+        rounds++;
+        steady = 1;
+        for (int e = 0; e < AT_GEMM_ENGINES; e++) {
+            int ok = 1;
+            if (calls[e]) (void)at_gemm_tune_best(secs[e], rounds, &ok);
+            steady = steady && ok;
+        }
     }
+    double busy1, all1, others = 0;
+    if (have_stat && machine_cpu(&busy1, &all1)) {
+        others = (busy1 - busy0) - (own_cpu() - own0);
+        if (load_rule && at_gemm_tune_busy(others, all1 - all0)) steady = 0;
+    }
+    for (int e = 0; e < AT_GEMM_ENGINES; e++) {
+        int ok;
+        if (!calls[e]) continue;
+        gflops[e] = 2.0 * M * N * K / at_gemm_tune_best(secs[e], rounds, &ok) * 1e-9;
+        at_log_debug("GEMM engine %s on %lldx%lldx%lld%s%s: best %.1f GFLOP/s of %d samples, %s",
+                     at_gemm_engine_name((at_gemm_engine_id)e), (long long)M, (long long)N, (long long)K,
+                     ta ? " A^T" : "", tb ? " B^T" : "", gflops[e], rounds, ok ? "steady" : "unsteady");
+    }
+    at_log_debug("GEMM engines timed for %.3f s; other processes took %.3f CPU-seconds", now() - t_start, others);
+    return steady;
 }
 
 static void measure(int cls, unsigned available, at_gemm_tune_run_fn run)
@@ -293,14 +395,12 @@ static void measure(int cls, unsigned available, at_gemm_tune_run_fn run)
     if (A && B && C) {
         for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
         for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 104729) % 2001 - 1000) * 1e-3f;
-        time_engines(available | 1u, ta, tb, M, N, K, A, B, C, run, r.gflops);
-        double best = r.gflops[AT_GEMM_ANYTUNE] * LIB_MARGIN;
-        for (int e = 1; e < AT_GEMM_ENGINES; e++)
-            if (r.gflops[e] > best) {
-                best = r.gflops[e];
-                r.choice = (at_gemm_engine_id)e;
-            }
+        r.steady = time_engines(available | 1u, ta, tb, M, N, K, A, B, C, run, r.gflops);
+        r.choice = at_gemm_tune_choose(r.gflops);
         r.known = r.gflops[AT_GEMM_ANYTUNE] > 0;
+        if (!r.steady)
+            at_log_debug("GEMM engines for %s measured under load (samples unsteady): used by this process, not "
+                        "cached", at_gemm_tune_class_name(cls));
     } else {
         r.known = 0; /* try again next time */
     }
@@ -325,7 +425,7 @@ at_gemm_engine_id at_gemm_tune_engine(int cls, unsigned available, at_gemm_tune_
     }
     if (!table[cls].known && !nested) {
         measure(cls, available, run);
-        if (table[cls].known) write_cache();
+        if (table[cls].known && table[cls].steady) write_cache();
     }
     if (table[cls].known && available >> table[cls].choice & 1) e = table[cls].choice;
     pthread_mutex_unlock(&lock);
