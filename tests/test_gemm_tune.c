@@ -77,8 +77,8 @@ static void write_file(const char *path, const char *text)
 /* Runners with known timings: each engine sleeps a fixed time per call
  * (anytune 4 ms, openblas 2 ms, onednn 6 ms: openblas wins), so every
  * sample is near the best unless the machine delays a wake-up. In the
- * unsteady one, anytune's first sample alone is fast (1 ms): a best that no
- * other sample comes near, as when load slows all samples but one. */
+ * unsteady one, anytune's samples drift (1, 1.5, 2, ... ms): a best that no
+ * other sample comes near, as when load slows samples unevenly. */
 static int fake_calls;
 
 static void sleep_ms(double ms)
@@ -103,8 +103,13 @@ static int fake_unsteady(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t
 {
     (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A_, (void)B_, (void)C_;
     fake_calls++;
-    /* calls 1 and 2: the warm-ups (the second sets the calls per sample: 1) */
-    if (e == AT_GEMM_ANYTUNE) sleep_ms(++unsteady_calls == 3 ? 1 : 3);
+    /* calls 1 and 2: the warm-ups (the second sets the calls per sample: 1);
+     * then each sample 0.5 ms longer than the one before, so no three agree
+     * within 5% even when load delays some of them */
+    if (e == AT_GEMM_ANYTUNE) {
+        unsteady_calls++;
+        sleep_ms(unsteady_calls <= 2 ? 3 : 1 + 0.5 * (unsteady_calls - 3));
+    }
     else sleep_ms(e == AT_GEMM_OPENBLAS ? 2 : 6);
     return 1;
 }

@@ -622,10 +622,20 @@ static void outer_range(const at_gemm_small *e, const problem *p, int64_t m0, in
 
 /* Each tile of C is written once, with all of K. Threads split the columns
  * when there are more of them than rows (each converts its columns of op(B)
- * and all of op(A), the smaller), else the rows; no barrier inside. */
+ * and all of op(A), the smaller), else the rows; no barrier inside. One
+ * thread or all by measurement, as the small path: at LoRA's sizes (512x896
+ * at K 8 is ~0.1 ms of stores on one core) waking the other thread, or
+ * waiting for it when another process has its core, can cost more than half
+ * the work (2 threads ran at 0.2-0.3x of 1 on a busy 2-core Zen 5). Each
+ * value is computed the same way whichever thread takes it. */
 static void gemm_outer(const at_gemm_small *e, const problem *p)
 {
-    int nt = threads_for(2.0 * p->M * p->N * p->K);
+    double cbytes = (double)p->M * (double)p->N * (double)esize(p->ct);
+    unsigned key = at_par_key(30u + (p->K <= 16 ? 0u : 1u) + 2u * (p->ct == AT_BF16), cbytes);
+    int many = threads_for(2.0 * p->M * p->N * p->K);
+    int timed = many > 1 && cbytes >= PAR_MIN_BYTES;
+    int nt = timed ? at_par_threads(key, many) : 1;
+    double t0 = timed ? at_now_seconds() : 0;
     int by_cols = p->N >= p->M && p->N >= (int64_t)AT_GEMM_OUTER_PAD * nt;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -642,6 +652,7 @@ static void gemm_outer(const at_gemm_small *e, const problem *p)
         }
         if (m1 > m0 && n1 > n0) outer_range(e, p, m0, m1, n0, n1);
     }
+    if (timed) at_par_record(key, nt, at_now_seconds() - t0);
 }
 
 /* The rows [m0, m1) x columns [n0, n1) of C, on one thread, with its own
