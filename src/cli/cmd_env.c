@@ -139,6 +139,7 @@ static at_status build_report(cJSON **out)
             cJSON_AddStringToObject(o, "timed_shape", shape);
             cJSON_AddStringToObject(o, "engine", at_gemm_engine_name(res.choice));
             cJSON_AddBoolToObject(o, "from_cache", res.from_cache);
+            cJSON_AddBoolToObject(o, "steady", res.steady);
             cJSON *gf = cJSON_AddObjectToObject(o, "gflops");
             for (int e = 0; e < AT_GEMM_ENGINES; e++)
                 if (res.gflops[e] >= 0)
@@ -203,7 +204,9 @@ static void print_text(const cJSON *r)
             cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(c, "gflops"))
                 printf(" %s %.1f", v->string, v->valuedouble);
             printf("  (%s%s)\n", str(c, "timed_shape"),
-                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "from_cache")) ? ", cached" : "");
+                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "from_cache")) ? ", cached"
+                   : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "steady")) ? ""
+                                                                                 : ", under load: not cached");
         }
     }
     printf("\ndevices:\n");

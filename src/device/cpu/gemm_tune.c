@@ -207,7 +207,7 @@ static void read_cache(void)
     }
     fclose(f);
     if (!ok) {
-        at_log_info("GEMM engine cache %s does not parse; measuring again", path);
+        at_log_info("GEMM engine cache %s is of another format or key, or does not parse; measuring again", path);
         return;
     }
     for (int i = 0; i < AT_GEMM_CLASSES; i++)
