@@ -459,8 +459,8 @@ static at_status run_prefill_i8(const qproblem *p)
                 xs[m * nb + b] = -8 * sum;
             }
         }
-        /* packed rows: K · 8 bytes and K / 32 · 8 scales; out: M x 8 */
-        size_t wp_bytes = round64((size_t)K * 8), wd_bytes = round64((size_t)nb * 8 * sizeof(float));
+        /* packed rows: K · 8 bytes (16 for Q8_0) and K / 32 · 8 scales; out: M x 8 */
+        size_t wp_bytes = round64((size_t)K * (q4 ? 8 : 16)), wd_bytes = round64((size_t)nb * 8 * sizeof(float));
         char *tb = thread_buffer(wp_bytes + wd_bytes + (size_t)M * 8 * sizeof(float));
         if (!tb) {
 #pragma omp atomic write

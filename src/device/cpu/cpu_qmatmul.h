@@ -118,7 +118,8 @@ int at_cpu_qmatmul_int8_decode(void);
  * quant_x, the same exact integer block dots and per-block scales as
  * gemv_i8, so the same bound. Training (QLoRA) keeps the f32 arithmetic of
  * the dequantized weight. Packed 8 rows of W at a time:
- *   qpack8: rows[l] (l < 8; NULL: a row of zeros) -> wp (K · 8 bytes), wd
+ *   qpack8: rows[l] (l < 8; NULL: a row of zeros) -> wp (K · 8 bytes;
+ *           K · 16 for Q8_0: the values and their magnitudes), wd
  *           (K / 32 · 8 scales), laid out for qgemm8 (cpu_qmatmul_avx2.c);
  *   qgemm8: out[m·8 + l] = sum over blocks b of wd · xd[m][b] · (integer
  *           dot of row l's block and x's), m < M; xs[m·K/32 + b] = −8 ×

@@ -304,21 +304,26 @@ void at_cpu_qpack8_avx2(at_dtype t, const uint8_t *const rows[8], int64_t K, uin
         }
         transpose8(r);
         for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(wp + 32 * j), r[j]);
+        if (t == AT_Q8_0) { /* then |w|: the unsigned side of maddubs */
+            wp += 256;
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(wp + 32 * j), _mm256_abs_epi8(r[j]));
+        }
     }
 }
 
 /* One block of MM rows of x against the 8 packed rows. q4_0: the nibbles
  * (unsigned) times x, pairs at most 2·15·127, so the 8 registers' sums
- * stay in int16 (8·3810 < 2^15) until one madd; xs adds −8·Σx. q8_0: |x|
- * times w carrying x's sign, pairs up to 2·127², widened at once. */
+ * stay in int16 (8·3810 < 2^15) until one madd; xs adds −8·Σx. q8_0: |w|
+ * (packed once) times x carrying w's sign, pairs up to 2·127², widened at
+ * once. */
 static inline __attribute__((always_inline)) void gemm8_block(const int MM, const int fmt, int64_t K, const int8_t *xq,
                                                               const float *xd, const int32_t *xs, const uint8_t *wp,
                                                               const float *wd, int64_t b, __m256 *acc)
 {
     const __m256i ones = _mm256_set1_epi16(1);
     const int64_t nb = K / 32;
-    __m256i w[8];
-    for (int j = 0; j < 8; j++) w[j] = _mm256_loadu_si256((const __m256i *)(wp + 32 * j));
+    __m256i w[8]; /* q4_0: the nibbles; q8_0: |w| (w's signs stay in memory) */
+    for (int j = 0; j < 8; j++) w[j] = _mm256_loadu_si256((const __m256i *)(wp + (fmt == AT_Q8_0 ? 256 : 0) + 32 * j));
     __m256 dw = _mm256_loadu_ps(wd);
     for (int m = 0; m < MM; m++) {
         const int8_t *x = xq + m * K + 32 * b;
@@ -336,9 +341,8 @@ static inline __attribute__((always_inline)) void gemm8_block(const int MM, cons
             for (int j = 0; j < 8; j++) {
                 int32_t g;
                 memcpy(&g, x + 4 * j, 4);
-                __m256i xv = _mm256_set1_epi32(g);
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(xv),
-                                                                               _mm256_sign_epi8(w[j], xv)), ones));
+                __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(g), _mm256_loadu_si256((const __m256i *)(wp + 32 * j)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], sx), ones));
             }
         }
         acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + m * nb + b)), acc[m]);
@@ -353,7 +357,8 @@ static inline __attribute__((always_inline)) void gemm8_rows(const int MM, const
 {
     __m256 acc[GEMM8_MR];
     for (int m = 0; m < MM; m++) acc[m] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < K / 32; b++) gemm8_block(MM, fmt, K, xq, xd, xs, wp + 256 * b, wd + 8 * b, b, acc);
+    const size_t stride = fmt == AT_Q8_0 ? 512 : 256;
+    for (int64_t b = 0; b < K / 32; b++) gemm8_block(MM, fmt, K, xq, xd, xs, wp + stride * b, wd + 8 * b, b, acc);
     for (int m = 0; m < MM; m++) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
