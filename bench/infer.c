@@ -12,6 +12,11 @@
  *    threads spin while waiting, so on a machine where other processes take
  *    cores its 2-thread figures collapse); both are printed;
  *  - the ratio anytune / llama.cpp is printed for prefill and decode.
+ * Like for like: when ANYTUNE_CPU_ISA lowers our kernels below the host's
+ * best, llama.cpp runs its CPU library of that level too (llama_variant:
+ * AVX2 -> ggml's "haswell", the baseline -> "x64"); at the host's level it
+ * picks its best. The peer line names the CPU library llama.cpp loaded, as
+ * its log says (bench/js/llama_bench.mjs).
  * Decoding is memory-bound: a token reads every weight once, so the decode
  * line also shows GB/s of weights read (bytes of the layers' matrices and
  * the lm_head, per token) against this machine's measured copy bandwidth
@@ -61,7 +66,8 @@
 
 typedef struct {
     int prompt, decode, runs, llama, streams, keep, load;
-    char script[1024]; /* LLAMA_SCRIPT under the source tree */
+    char script[1024];       /* LLAMA_SCRIPT under the source tree */
+    const char *llama_cpu;   /* ggml CPU variant llama.cpp must run ("": its best) */
 } opts;
 
 /* The prompt of run r (bench/js/llama_bench.mjs uses the same rule):
@@ -188,12 +194,29 @@ static at_status run_streams(at_bundle *b, int vocab, int streams, int decode, d
     return st;
 }
 
-/* llama.cpp at `threads` threads on the GGUF at path (bench/js/llama_bench.mjs). */
+/* The ggml CPU library (libggml-cpu-NAME.so of node-llama-cpp's prebuilt
+ * binaries) at our ISA level when ANYTUNE_CPU_ISA lowered it on this CPU, as
+ * bench/gemm.c holds OpenBLAS and oneDNN there: AVX2 (+FMA +F16C) is ggml's
+ * "haswell", the SSE2 baseline its "x64". "" at the host's own level (and
+ * at a lowered AVX-512 one): llama.cpp picks its best. */
+static const char *llama_variant(void)
+{
+#if defined(__x86_64__)
+    const at_cpu_features *f = at_cpu_get_features();
+    at_cpu_isa isa = at_cpu_isa_level();
+    if (isa == AT_ISA_AVX2 && f->avx512f) return "haswell";
+    if (isa == AT_ISA_SCALAR && f->avx2) return "x64";
+#endif
+    return "";
+}
+
+/* llama.cpp at `threads` threads on the GGUF at path (bench/js/llama_bench.mjs);
+ * build gets its version and the CPU library it loaded. */
 static int run_llama_at(const char *path, int threads, const opts *o, speeds *out, char *build, size_t blen)
 {
     char cmd[2600];
-    snprintf(cmd, sizeof cmd, "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node '%s' '%s' %d %d %d %d 2>/dev/null", o->script,
-             path, threads, o->prompt, o->decode, o->runs);
+    snprintf(cmd, sizeof cmd, "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node '%s' '%s' %d %d %d %d '%s' 2>/dev/null",
+             o->script, path, threads, o->prompt, o->decode, o->runs, o->llama_cpu);
     FILE *p = popen(cmd, "r");
     if (!p) return 0;
     char line[4096], last[4096] = "";
@@ -206,7 +229,11 @@ static int run_llama_at(const char *path, int threads, const opts *o, speeds *ou
         out->prefill = bench_json_num(j, "prefill_tok_s", 0);
         out->decode = bench_json_num(j, "decode_tok_s", 0);
         const cJSON *bv = cJSON_GetObjectItemCaseSensitive(j, "build");
-        snprintf(build, blen, "%s", cJSON_IsString(bv) ? bv->valuestring : "llama.cpp");
+        const cJSON *cv = cJSON_GetObjectItemCaseSensitive(j, "cpu_variant");
+        const cJSON *fv = cJSON_GetObjectItemCaseSensitive(j, "cpu_features");
+        snprintf(build, blen, "%s, CPU library \"%s\"%s [%s]", cJSON_IsString(bv) ? bv->valuestring : "llama.cpp",
+                 cJSON_IsString(cv) ? cv->valuestring : "?", o->llama_cpu[0] ? " (as asked, at our ISA level)" : "",
+                 cJSON_IsString(fv) ? fv->valuestring : "");
         ok = out->prefill > 0 && out->decode > 0;
     }
     cJSON_Delete(j);
@@ -234,7 +261,7 @@ static const char *fmt_name(at_dtype q) { return q == AT_F16 ? "f16" : q == AT_Q
 int main(int argc, char **argv)
 {
     at_threads_setup(argv);
-    opts o = {.prompt = 512, .decode = 32, .runs = 3, .llama = 1, .streams = 8, .load = 1};
+    opts o = {.prompt = 512, .decode = 32, .runs = 3, .llama = 1, .streams = 8, .load = 1, .llama_cpu = llama_variant()};
     const char *shape = "all", *formats = "f16,q8_0,q4_0", *src = AT_SOURCE_DIR;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
@@ -295,7 +322,7 @@ int main(int argc, char **argv)
            at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), bw * 1e-9);
     printf("prompt %d tokens, decode %d tokens, median of %d runs%s\n", o.prompt, o.decode, o.runs,
            o.llama ? "" : " (llama.cpp skipped)");
-    int failed = 0;
+    int failed = 0, peer_shown = 0;
     for (size_t si = 0; si < BENCH_N_SHAPES; si++) {
         const bench_shape *s = &BENCH_SHAPES[si];
         if (strcmp(shape, "all") && !strstr(s->name, shape)) continue;
@@ -328,7 +355,7 @@ int main(int argc, char **argv)
                 remove(path);
                 continue;
             }
-            char build[256] = "";
+            char build[768] = "";
             int have = o.llama && run_llama(path, &o, &ll, &ll_same, build, sizeof build);
             if (!o.keep) remove(path);
             printf("%-5s prefill  anytune %8.1f tok/s", fmt_name(qs[qi]), ours.prefill);
@@ -349,7 +376,8 @@ int main(int argc, char **argv)
             if (o.streams > 1)
                 printf("      serve    %d streams batched %.1f tok/s vs 1 stream %.1f tok/s: %.2fx aggregate "
                        "(target > 1)\n", o.streams, many, one, one > 0 ? many / one : 0);
-            if (have && qi == 0 && si == 0) printf("      (peer: %s)\n", build);
+            if (have && !peer_shown) printf("      (peer: %s)\n", build);
+            peer_shown |= have;
         }
     }
     if (getloadavg(la, 3) > 0) printf("\nload average at end: %.2f %.2f %.2f", la[0], la[1], la[2]);

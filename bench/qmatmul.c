@@ -6,6 +6,8 @@
  *
  *   bench_qmatmul            all shapes, best of a few runs
  *   bench_qmatmul -f32       A in f32 (f32 compute for every weight)
+ *   bench_qmatmul -f32 -i    as inference runs it (at_cpu_qmatmul_inference:
+ *                            at the AVX2 level, the forward on int8 activations)
  *   bench_qmatmul -r N       runs per measurement (default 7)
  *   bench_qmatmul -t N       tokens (default 512)
  *   bench_qmatmul -c         time with the process's CPU time (use with
@@ -21,6 +23,7 @@
 #include "base/rng.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cpu/cpu_qmatmul.h"
 #include "device/cpu/gemm.h"
 #include "device/quant.h"
 #include "ops/ops.h"
@@ -79,10 +82,11 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-f32")) adt = AT_F32;
         else if (!strcmp(argv[i], "-c")) cpu_clock = 1;
+        else if (!strcmp(argv[i], "-i")) at_cpu_qmatmul_inference(1);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) tokens = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_qmatmul [-f32] [-c] [-r N] [-t tokens]\n");
+            fprintf(stderr, "usage: bench_qmatmul [-f32] [-i] [-c] [-r N] [-t tokens]\n");
             return 2;
         }
     }

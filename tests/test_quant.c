@@ -330,7 +330,7 @@ static void fill(at_tensor *t, at_rng *r, float scale)
 
 typedef struct {
     double worst[4]; /* per ISA level */
-    double worst_i8; /* the int8 decode path: error / bound */
+    double worst_i8; /* the int8 paths: error / bound */
     int cases;
 } qm_stats;
 
@@ -371,8 +371,9 @@ static double int8_bound(const float *x, const float *w32, const float *wr, int6
  * dy [.., N, out] (backward), f32 or bf16. The reference multiplies the
  * dequantized weight (rounded to bf16 when A is bf16, as at_matmul says) in
  * double; every ISA level must agree within 1e-5 relative, except the
- * forward of up to 8 rows with Q8_0 / Q4_0 weights at AVX2 and above, whose
- * int8 activations are held to int8_bound. */
+ * forward with Q8_0 / Q4_0 weights on int8 activations (up to 8 rows at
+ * AVX2 and above; more rows of f32 A at the AVX2 level: cpu_qmatmul.h),
+ * held to int8_bound. */
 static void qm_case(qm_stats *s, at_rng *r, at_dtype dt, at_dtype adt, int64_t batch, int64_t N, int64_t out,
                     int64_t in, int trans_b, float alpha, float beta)
 {
@@ -391,10 +392,10 @@ static void qm_case(qm_stats *s, at_rng *r, at_dtype dt, at_dtype adt, int64_t b
     memcpy(at_tensor_data(want), at_tensor_data(c0), at_tensor_nbytes(c0));
     CHECK_OK(at_ref_matmul(want, a, wd, 0, trans_b, alpha, beta));
     size_t cnt = (size_t)at_tensor_numel(want);
-    /* the int8 decode path: its bound per element of C */
+    /* the int8 paths (decode; prefill with f32 A): their bound per element of C */
     int64_t M = batch * N;
     double *bound = NULL;
-    if (trans_b && M <= 8 && dt != AT_NF4) {
+    if (trans_b && (M <= 8 || adt == AT_F32) && dt != AT_NF4) {
         at_tensor *w32 = tensor(AT_F32, 2, SH(out, in), "w.f32");
         CHECK_OK(at_dequantize(w32, wq));
         float *xf = malloc(sizeof(float) * (size_t)(M * in)), *wrf = malloc(sizeof(float) * (size_t)(out * in));
@@ -421,7 +422,7 @@ static void qm_case(qm_stats *s, at_rng *r, at_dtype dt, at_dtype adt, int64_t b
             for (size_t i = 0; i < cnt; i++) ((float *)at_tensor_data(got))[i] = NAN;
         at_status st = at_matmul(got, a, wq, 0, trans_b, alpha, beta);
         CHECK_MSG(st == AT_OK, "%s", at_last_error());
-        if (bound && at_cpu_qmatmul_int8_decode()) {
+        if (bound && (M <= 8 ? at_cpu_qmatmul_int8_decode() : at_cpu_qmatmul_int8_prefill(adt))) {
             const float *g = at_tensor_data(got), *wv = at_tensor_data(want);
             double worst = 0; /* error / bound */
             for (size_t i = 0; i < cnt; i++) { /* a NaN stays (fmax would drop it) */
@@ -453,6 +454,7 @@ static void qm_case(qm_stats *s, at_rng *r, at_dtype dt, at_dtype adt, int64_t b
 
 static void test_qmatmul(void)
 {
+    at_cpu_qmatmul_inference(1); /* the prefill's int8 path too (cpu_qmatmul.h) */
     at_rng r;
     at_rng_seed(&r, 11);
     const at_dtype dts[] = {AT_Q8_0, AT_Q4_0, AT_NF4};
@@ -476,7 +478,7 @@ static void test_qmatmul(void)
         }
         printf("qmatmul %s: %d cases, max rel err", at_dtype_name(dts[d]), s.cases);
         for (int l = 0; l < 4; l++) printf(" %s %.2g", at_cpu_isa_name((at_cpu_isa)l), s.worst[l]);
-        if (dts[d] != AT_NF4) printf("; int8 decode path: error at most %.3g of its bound", s.worst_i8);
+        if (dts[d] != AT_NF4) printf("; int8 paths: error at most %.3g of their bound", s.worst_i8);
         printf("\n");
     }
 }

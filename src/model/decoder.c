@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/rng.h"
+#include "device/cpu/cpu_qmatmul.h"
 #include "device/quant.h"
 #include "ops/ops.h"
 
@@ -263,8 +264,22 @@ at_status at_decoder_prefill(at_decoder *d, at_kv_cache *cache, const int32_t *i
     return at_decoder_prefill_ex(d, cache, ids, T, n_new, logits, all_positions, NULL);
 }
 
+static at_status prefill_run(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
+                             at_tensor *logits, int all_positions, const at_prefill_extra *extra);
+
+/* Inference: nothing differentiates through the prefill, so the CPU's
+ * quantized products may run on int8 activations (cpu_qmatmul.h). */
 at_status at_decoder_prefill_ex(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
                                 at_tensor *logits, int all_positions, const at_prefill_extra *extra)
+{
+    int was = at_cpu_qmatmul_inference(1);
+    at_status st = prefill_run(d, cache, ids, T, n_new, logits, all_positions, extra);
+    at_cpu_qmatmul_inference(was);
+    return st;
+}
+
+static at_status prefill_run(at_decoder *d, at_kv_cache *cache, const int32_t *ids, int T, const int *n_new,
+                             at_tensor *logits, int all_positions, const at_prefill_extra *extra)
 {
     const at_model_config *c = &d->cfg;
     char buf[200];

@@ -309,10 +309,35 @@ static void small_row(const qproblem *p, const at_cpu_qgemv *kq, const at_cpu_si
     for (int64_t m = 0; m < p->M; m++) out[m] = v->dot(x->a32 + m * p->K, row, p->K);
 }
 
+/* C[m][n] = alpha · dot + beta · C[m][n] (beta 0: C not read). */
+static void put_c(const qproblem *p, int64_t m, int64_t n, float dot)
+{
+    float s = p->alpha * dot;
+    size_t at = (size_t)(m * p->ldc + n);
+    if (p->ct == AT_F32) {
+        float *c = (float *)p->C + at;
+        *c = p->beta == 0.0f ? s : s + p->beta * *c;
+    } else {
+        uint16_t *c = (uint16_t *)p->C + at;
+        *c = at_f32_to_bf16(p->beta == 0.0f ? s : s + p->beta * at_bf16_to_f32(*c));
+    }
+}
+
 /* op(A) as f32 (and int8) rows, kept per thread between calls like the
  * work buffers (a decode step makes a few hundred of these calls). */
 static _Thread_local void *tl_a;
 static _Thread_local size_t tl_a_cap;
+
+static void *a_buffer(size_t bytes)
+{
+    if (bytes > tl_a_cap) {
+        at_cpu_thread_buffers_held();
+        free(tl_a);
+        tl_a = aligned_alloc(64, round64(bytes));
+        tl_a_cap = tl_a ? bytes : 0;
+    }
+    return tl_a;
+}
 
 static at_status small_rows(const qproblem *p, const at_cpu_qgemv *kq, small_a *x)
 {
@@ -322,13 +347,7 @@ static at_status small_rows(const qproblem *p, const at_cpu_qgemv *kq, small_a *
     /* a32 [n] | xd [n / 32] | xc [n / 4] (Q4_0) | xq [n] */
     size_t bytes = (size_t)n * sizeof(float) +
                    (i8 ? (size_t)n + (size_t)(n / 32) * sizeof(float) + (q4 ? (size_t)n : 0) : 0);
-    if (bytes > tl_a_cap) {
-        at_cpu_thread_buffers_held();
-        free(tl_a);
-        tl_a = aligned_alloc(64, round64(bytes));
-        tl_a_cap = tl_a ? bytes : 0;
-    }
-    if (!tl_a) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld rows of A", (long long)p->M);
+    if (!a_buffer(bytes)) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld rows of A", (long long)p->M);
     const at_cpu_simd *v = at_cpu_simd_get();
     float *a32 = tl_a;
     size_t es = esize(p->at);
@@ -383,22 +402,90 @@ static at_status run_small_forward(const qproblem *p)
         for (int64_t r = r0; row && r < r1; r++) {
             float dots[SMALL_M];
             small_row(p, kq, v, &x, r, bf16, row, dots);
-            for (int64_t m = 0; m < p->M; m++) {
-                float s = p->alpha * dots[m];
-                size_t at = (size_t)(m * p->ldc + r);
-                if (p->ct == AT_F32) {
-                    float *c = (float *)p->C + at;
-                    *c = p->beta == 0.0f ? s : s + p->beta * *c;
-                } else {
-                    uint16_t *c = (uint16_t *)p->C + at;
-                    *c = at_f32_to_bf16(p->beta == 0.0f ? s : s + p->beta * at_bf16_to_f32(*c));
-                }
-            }
+            for (int64_t m = 0; m < p->M; m++) put_c(p, m, r, dots[m]);
         }
     }
     if (timed) at_par_record(key, nt, at_now_seconds() - t0);
     if (failed) return at_error(AT_ERR_NOMEM, "matmul: no memory for a dequantized row");
     return AT_OK;
+}
+
+/* The forward of more than SMALL_M rows on int8 activations (inference at
+ * the AVX2 level, see at_cpu_qmatmul_int8_prefill): op(A)'s rows quantized once (threads
+ * split the rows), then threads split W into groups of 8 rows, each packed
+ * (at_cpu_qpack8_avx2) and multiplied by every row of x; the 8 lanes of the
+ * result are 8 columns of C. */
+static _Thread_local int tl_inference;
+
+int at_cpu_qmatmul_inference(int on)
+{
+    int old = tl_inference;
+    tl_inference = on;
+    return old;
+}
+
+int at_cpu_qmatmul_int8_prefill(at_dtype a)
+{
+#if defined(__x86_64__)
+    return a == AT_F32 && at_cpu_isa_level() == AT_ISA_AVX2;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
+static at_status run_prefill_i8(const qproblem *p)
+{
+#if defined(__x86_64__)
+    const qweight *w = p->w;
+    const int64_t M = p->M, N = p->N, K = p->K, nb = K / 32, groups = (N + 7) / 8;
+    const int q4 = w->t == AT_Q4_0;
+    /* xq [M·K] | xd [M·nb] | xs [M·nb] (Q4_0) */
+    size_t xq_bytes = round64((size_t)(M * K));
+    char *buf = a_buffer(xq_bytes + (size_t)(M * nb) * (q4 ? 8 : 4));
+    if (!buf) return at_error(AT_ERR_NOMEM, "matmul: no memory for %lld int8 rows of A", (long long)M);
+    int8_t *xq = (int8_t *)buf;
+    float *xd = (float *)(buf + xq_bytes);
+    int32_t *xs = (int32_t *)(xd + M * nb);
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads(), failed = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            at_cpu_quant_x_avx2(K, (const float *)p->A + m * p->lda, xq + m * K, xd + m * nb);
+            for (int64_t b = 0; q4 && b < nb; b++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 32; i++) sum += xq[m * K + 32 * b + i];
+                xs[m * nb + b] = -8 * sum;
+            }
+        }
+        /* packed rows: K · 8 bytes (16 for Q8_0) and K / 32 · 8 scales; out: M x 8 */
+        size_t wp_bytes = round64((size_t)K * (q4 ? 8 : 16)), wd_bytes = round64((size_t)nb * 8 * sizeof(float));
+        char *tb = thread_buffer(wp_bytes + wd_bytes + (size_t)M * 8 * sizeof(float));
+        if (!tb) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            if (!tb) continue;
+            uint8_t *wp = (uint8_t *)tb;
+            float *wd = (float *)(tb + wp_bytes), *out = (float *)(tb + wp_bytes + wd_bytes);
+            const uint8_t *rows[8];
+            int nv = N - 8 * g < 8 ? (int)(N - 8 * g) : 8;
+            for (int l = 0; l < 8; l++) rows[l] = l < nv ? w->data + (size_t)(8 * g + l) * w->row_bytes : NULL;
+            at_cpu_qpack8_avx2(w->t, rows, K, wp, wd);
+            at_cpu_qgemm8_avx2(w->t, M, K, xq, xd, xs, wp, wd, out);
+            for (int64_t m = 0; m < M; m++)
+                for (int l = 0; l < nv; l++) put_c(p, m, 8 * g + l, out[m * 8 + l]);
+        }
+    }
+    if (failed) return at_error(AT_ERR_NOMEM, "matmul: no memory for packed rows of a quantized weight");
+    return AT_OK;
+#else
+    (void)p;
+    return at_error(AT_ERR_INVALID, "matmul: int8 prefill needs x86-64");
+#endif
 }
 
 /* Without AVX2: 64 rows (forward) or 64 columns (backward) of W at a time
@@ -497,6 +584,9 @@ at_status at_cpu_qmatmul(at_tensor *c, const at_tensor *a, const at_tensor *b, i
         if (p.M == 0 || p.N == 0) continue;
         if (p.K == 0 || alpha == 0.0f) scale_c(&p);
         else if (p.tb && p.M <= SMALL_M) AT_TRY(run_small_forward(&p));
+        else if (tl_inference && p.tb && !p.ta && (w.t == AT_Q8_0 || w.t == AT_Q4_0) &&
+                 at_cpu_qmatmul_int8_prefill(p.at))
+            AT_TRY(run_prefill_i8(&p));
         else if (p.e) AT_TRY(run_blocked(&p));
         else AT_TRY(run_panels(&p));
     }

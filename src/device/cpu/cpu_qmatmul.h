@@ -109,6 +109,31 @@ void at_cpu_gemv_i8_block_avx2(int M, int64_t K, const int8_t *xq, const float *
  * activations at the current ISA level, so that its bound above applies. */
 int at_cpu_qmatmul_int8_decode(void);
 
+/* In inference (the calling thread marked by at_cpu_qmatmul_inference:
+ * nothing differentiates through the products, so forward and backward
+ * cannot disagree), the forward of more rows (prefill) with Q8_0 / Q4_0
+ * weights and f32 activations (not transposed) runs on int8 activations as
+ * well at the AVX2 level, where integer dots outrun f32 FMAs on dequantized
+ * weights (llama.cpp does the same): op(A)'s rows quantized once by
+ * quant_x, the same exact integer block dots and per-block scales as
+ * gemv_i8, so the same bound. Training (QLoRA) keeps the f32 arithmetic of
+ * the dequantized weight. Packed 8 rows of W at a time:
+ *   qpack8: rows[l] (l < 8; NULL: a row of zeros) -> wp (K · 8 bytes;
+ *           K · 16 for Q8_0: the values and their magnitudes), wd
+ *           (K / 32 · 8 scales), laid out for qgemm8 (cpu_qmatmul_avx2.c);
+ *   qgemm8: out[m·8 + l] = sum over blocks b of wd · xd[m][b] · (integer
+ *           dot of row l's block and x's), m < M; xs[m·K/32 + b] = −8 ×
+ *           the sum of x's int8 block (Q4_0; unused for Q8_0).
+ * Whether that path runs, in inference, for activations of dtype a at the
+ * current level: */
+int at_cpu_qmatmul_int8_prefill(at_dtype a);
+/* Marks the calling thread's quantized products as inference (on = 1) or
+ * not (0, the default); returns the previous mark. */
+int at_cpu_qmatmul_inference(int on);
+void at_cpu_qpack8_avx2(at_dtype t, const uint8_t *const rows[8], int64_t K, uint8_t *wp, float *wd);
+void at_cpu_qgemm8_avx2(at_dtype t, int64_t M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
+                        const uint8_t *wp, const float *wd, float *out);
+
 /* For the ISA files: runs call(MM) with MM the compile-time constant equal
  * to M (1..8), so that each copy of a kernel keeps its accumulators in
  * registers. */

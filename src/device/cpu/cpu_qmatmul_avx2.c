@@ -266,5 +266,119 @@ void at_cpu_gemv_i8_avx2(int M, int64_t K, const int8_t *xq, const float *xd, co
 #undef G
 }
 
+/* ---- prefill with int8 activations: 8 rows of W in the 8 lanes ----
+ * Packed, the 8 rows' block b is 8 registers: register j holds, in lane l,
+ * values 4j..4j+3 of row l (an 8 x 8 transpose of 32-bit groups), so that
+ * one broadcast group of x multiplies 8 rows at once and the lanes of the
+ * sum are 8 columns of C; scales (wd) are the 8 rows' d_w of the block. */
+
+/* 8 x 8 transpose of 32-bit elements: r[i] lane e -> r[e] lane i. */
+static inline void transpose8(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+void at_cpu_qpack8_avx2(at_dtype t, const uint8_t *const rows[8], int64_t K, uint8_t *wp, float *wd)
+{
+    const size_t bb = t == AT_Q8_0 ? 2 + AT_QK8_0 : 2 + AT_QK4_0 / 2;
+    for (int64_t b = 0; b < K / 32; b++, wp += 256, wd += 8) {
+        __m256i r[8];
+        for (int l = 0; l < 8; l++) {
+            const uint8_t *blk = rows[l] ? rows[l] + (size_t)b * bb : NULL;
+            r[l] = !blk ? _mm256_setzero_si256() : t == AT_Q8_0 ? block_bytes(AT_Q8_0, blk) : block_bytes(AT_Q4_0, blk);
+            wd[l] = blk ? f16_scale(blk) : 0.0f;
+        }
+        transpose8(r);
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(wp + 32 * j), r[j]);
+        if (t == AT_Q8_0) { /* then |w|: the unsigned side of maddubs */
+            wp += 256;
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(wp + 32 * j), _mm256_abs_epi8(r[j]));
+        }
+    }
+}
+
+/* One block of MM rows of x against the 8 packed rows. q4_0: the nibbles
+ * (unsigned) times x, pairs at most 2·15·127, so the 8 registers' sums
+ * stay in int16 (8·3810 < 2^15) until one madd; xs adds −8·Σx. q8_0: |w|
+ * (packed once) times x carrying w's sign, pairs up to 2·127², widened at
+ * once. */
+static inline __attribute__((always_inline)) void gemm8_block(const int MM, const int fmt, int64_t K, const int8_t *xq,
+                                                              const float *xd, const int32_t *xs, const uint8_t *wp,
+                                                              const float *wd, int64_t b, __m256 *acc)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = K / 32;
+    __m256i w[8]; /* q4_0: the nibbles; q8_0: |w| (w's signs stay in memory) */
+    for (int j = 0; j < 8; j++) w[j] = _mm256_loadu_si256((const __m256i *)(wp + (fmt == AT_Q8_0 ? 256 : 0) + 32 * j));
+    __m256 dw = _mm256_loadu_ps(wd);
+    for (int m = 0; m < MM; m++) {
+        const int8_t *x = xq + m * K + 32 * b;
+        __m256i s;
+        if (fmt == AT_Q4_0) {
+            __m256i s16 = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                int32_t g;
+                memcpy(&g, x + 4 * j, 4);
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(g)));
+            }
+            s = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(xs[m * nb + b]));
+        } else {
+            s = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                int32_t g;
+                memcpy(&g, x + 4 * j, 4);
+                __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(g), _mm256_loadu_si256((const __m256i *)(wp + 32 * j)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], sx), ones));
+            }
+        }
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + m * nb + b)), acc[m]);
+    }
+}
+
+#define GEMM8_MR 4
+
+static inline __attribute__((always_inline)) void gemm8_rows(const int MM, const int fmt, int64_t K, const int8_t *xq,
+                                                             const float *xd, const int32_t *xs, const uint8_t *wp,
+                                                             const float *wd, float *out)
+{
+    __m256 acc[GEMM8_MR];
+    for (int m = 0; m < MM; m++) acc[m] = _mm256_setzero_ps();
+    const size_t stride = fmt == AT_Q8_0 ? 512 : 256;
+    for (int64_t b = 0; b < K / 32; b++) gemm8_block(MM, fmt, K, xq, xd, xs, wp + stride * b, wd + 8 * b, b, acc);
+    for (int m = 0; m < MM; m++) _mm256_storeu_ps(out + 8 * m, acc[m]);
+}
+
+void at_cpu_qgemm8_avx2(at_dtype t, int64_t M, int64_t K, const int8_t *xq, const float *xd, const int32_t *xs,
+                        const uint8_t *wp, const float *wd, float *out)
+{
+    const int64_t nb = K / 32;
+    int64_t m = 0;
+#define R(MM)                                                                                                          \
+    (t == AT_Q8_0 ? gemm8_rows(MM, AT_Q8_0, K, xq + m * K, xd + m * nb, NULL, wp, wd, out + 8 * m)                     \
+                  : gemm8_rows(MM, AT_Q4_0, K, xq + m * K, xd + m * nb, xs + m * nb, wp, wd, out + 8 * m))
+    for (; m + GEMM8_MR <= M; m += GEMM8_MR) R(GEMM8_MR);
+    switch (M - m) {
+    case 3: R(3); break;
+    case 2: R(2); break;
+    case 1: R(1); break;
+    default: break;
+    }
+#undef R
+}
+
 const at_cpu_qgemv at_cpu_qgemv_avx2 = {
     .gemv = gemv, .dotm = dotm, .quant_x = at_cpu_quant_x_avx2, .gemv_i8 = at_cpu_gemv_i8_avx2};
