@@ -4,12 +4,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#if defined(__APPLE__) && !defined(__aarch64__)
 #include <sys/sysctl.h>
 #endif
 
@@ -203,12 +207,68 @@ const char *const at_cpu_isa_env_names[] = {"scalar", NULL};
 
 #endif
 
+/* ---- cache sizes (the GEMM's blocks follow them: gemm.c) ---- */
+
+#if defined(__linux__)
+/* The size of cpu0's cache of `level` holding data (type Data or Unified),
+ * from sysfs ("48K"); 0 if absent. */
+static long sysfs_cache(int level)
+{
+    for (int i = 0; i < 8; i++) {
+        char path[96], buf[32];
+        long lv = 0, size = 0;
+        int data = 0;
+        static const char *const what[] = {"level", "type", "size"};
+        for (int w = 0; w < 3; w++) {
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, what[w]);
+            FILE *fp = fopen(path, "r");
+            if (!fp) return 0;
+            int ok = fgets(buf, sizeof buf, fp) != NULL;
+            fclose(fp);
+            if (!ok) return 0;
+            if (w == 0) lv = strtol(buf, NULL, 10);
+            else if (w == 1) data = strncmp(buf, "Instruction", 11) != 0;
+            else {
+                char *end;
+                size = strtol(buf, &end, 10);
+                if (*end == 'K') size *= 1024;
+                else if (*end == 'M') size *= 1024 * 1024;
+            }
+        }
+        if (lv == level && data && size > 0) return size;
+    }
+    return 0;
+}
+#endif
+
+static void read_caches(at_cpu_features *f)
+{
+#if defined(__linux__)
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+    f->l1d_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    f->l2_bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    if (f->l1d_bytes <= 0) f->l1d_bytes = sysfs_cache(1);
+    if (f->l2_bytes <= 0) f->l2_bytes = sysfs_cache(2);
+#elif defined(__APPLE__)
+    int64_t v = 0;
+    size_t n = sizeof v;
+    if (sysctlbyname("hw.l1dcachesize", &v, &n, NULL, 0) == 0) f->l1d_bytes = (long)v;
+    v = 0;
+    n = sizeof v;
+    if (sysctlbyname("hw.l2cachesize", &v, &n, NULL, 0) == 0) f->l2_bytes = (long)v;
+#endif
+    if (f->l1d_bytes < 0) f->l1d_bytes = 0;
+    if (f->l2_bytes < 0) f->l2_bytes = 0;
+}
+
 const at_cpu_features *at_cpu_get_features(void)
 {
     if (!detected) {
         at_cpu_features *f = &features;
         memset(f, 0, sizeof *f);
         detect(f);
+        read_caches(f);
         /* trim the brand string's padding */
         char *s = f->model;
         while (*s == ' ') s++;

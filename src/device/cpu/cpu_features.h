@@ -12,6 +12,9 @@ typedef struct {
     /* aarch64 (all zero elsewhere): Advanced SIMD, half-precision arithmetic,
      * SDOT/UDOT (ARMv8.2), BFDOT/BFMMLA, SMMLA (ARMv8.6), SVE */
     int neon, fp16, dotprod, bf16, i8mm, sve;
+    /* per-core data caches in bytes, 0 where the system does not say
+     * (Linux: sysconf, else /sys/devices/system/cpu/cpu0/cache; macOS: sysctl) */
+    long l1d_bytes, l2_bytes;
 } at_cpu_features;
 
 /* Detected once. */

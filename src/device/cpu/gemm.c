@@ -25,8 +25,10 @@
  * Block sizes (gemm_*.c) were chosen by measurement on a 2-core Zen 4 (L1d
  * 32 KiB, L2 1 MiB per core): f32 kc 512, mc 224, nc 2048; bf16 the same in
  * bytes (kc 1024 values). The AVX2 kernel's kc 512 (mc 144) was measured on
- * a Zen 5 at ANYTUNE_CPU_ISA=avx2: 3-8% above kc 256 on the training shapes,
- * as half as many passes over each C tile. */
+ * a Zen 5 (L1d 48 KiB, L2 1 MiB) at ANYTUNE_CPU_ISA=avx2: 3-8% above kc 256
+ * on the training shapes, as half as many passes over each C tile. On a CPU
+ * with smaller caches they are cut to the same share of them
+ * (sized_for_caches). */
 #include "device/cpu/gemm.h"
 
 #include <math.h>
@@ -723,6 +725,29 @@ static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
     }
 }
 
+/* e with its cache blocks cut to this CPU's caches where they are smaller
+ * than those e's were measured on (l1_ref, l2_ref): kc keeps the share of L1d
+ * that the kc x nr panel of B fills (the microkernel rereads it for each mr
+ * rows of A: 32 of 48 KiB for the AVX2 kernel, so on a 32 KiB L1d kc 512
+ * would evict it), and mc x kc, the packed block of A, the share of L2
+ * (mc grows where only kc was cut). Nothing grows on larger caches: blocks
+ * larger than the measured ones were not measured. */
+static at_gemm_blocked sized_for_caches(const at_gemm_blocked *e)
+{
+    at_gemm_blocked s = *e;
+    const at_cpu_features *f = at_cpu_get_features();
+    long l1 = e->l1_ref * 1024L, l2 = e->l2_ref * 1024L;
+    if (l1 > 0 && f->l1d_bytes > 0 && f->l1d_bytes < l1) {
+        int64_t kc = (int64_t)e->kc * f->l1d_bytes / l1 / 16 * 16; /* kp divides 16 */
+        s.kc = kc < 64 ? 64 : (int)kc;
+    }
+    int64_t abytes = (int64_t)e->mc * e->kc; /* in values */
+    if (l2 > 0 && f->l2_bytes > 0 && f->l2_bytes < l2) abytes = abytes * f->l2_bytes / l2;
+    int64_t mc = abytes / s.kc / e->mr * e->mr;
+    s.mc = mc < e->mr ? e->mr : mc > e->mc * 4 ? e->mc * 4 : (int)mc;
+    return s;
+}
+
 /* The problem on our kernels (arguments checked, K > 0, alpha != 0). */
 static void run_ours(problem *pp)
 {
@@ -743,7 +768,7 @@ static void run_ours(problem *pp)
         return;
     }
 
-    const at_gemm_blocked *e = blocked_engine(bf16);
+    const at_gemm_blocked sized = sized_for_caches(blocked_engine(bf16)), *e = &sized;
     if (p.ct == AT_BF16 && K > e->kc) {
         /* accumulating across k blocks in a bf16 C would round each partial
          * sum: accumulate in an f32 copy instead and round once */

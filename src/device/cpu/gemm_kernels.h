@@ -71,6 +71,9 @@ typedef struct {
                      * nr divides 64 (cpu_qmatmul.c's column unit) */
     int kp;         /* 1: f32 panels; 2: bf16 pair panels */
     int mc, kc, nc; /* cache blocks (mc % mr == 0, nc % nr == 0, kc % kp == 0) */
+    int l1_ref, l2_ref; /* KiB of L1d and L2 of the core mc and kc were measured on; on a
+                         * core with less the driver cuts them (gemm.c, sized_for_caches);
+                         * 0: never cut */
     at_gemm_pack_fn pack;
     at_gemm_kernel_fn kernel;
 } at_gemm_blocked;
