@@ -96,14 +96,26 @@ static inline double bench_peak_rss_mib(void)
     return kb / 1024.0;
 }
 
+/* Hugging Face's initializer_range of Llama and Qwen2 configs. */
+#define BENCH_INIT_STD 0.02f
+
 /* Random weights of shape s as every benchmark makes them (seed 1234),
- * stored as dt on be (NULL: the CPU); the caller frees *w. */
-static inline at_status bench_random_weights(const bench_shape *s, at_backend *be, at_dtype dt, at_decoder_weights **w)
+ * stored as dt on be (NULL: the CPU); std > 0: initialised as Hugging Face
+ * does (at_decoder_weights_random_hf), what the training benchmarks and
+ * their torch peers use (a first loss near ln(vocab)). The caller frees *w. */
+static inline at_status bench_random_weights_std(const bench_shape *s, at_backend *be, at_dtype dt, float std,
+                                                 at_decoder_weights **w)
 {
     at_model_config cfg;
     bench_make_config(s, &cfg);
     at_status st = at_model_config_validate(&cfg, s->name);
-    return st == AT_OK ? at_decoder_weights_random(&cfg, be, dt, 1234, w) : st;
+    if (st != AT_OK) return st;
+    return std > 0 ? at_decoder_weights_random_hf(&cfg, be, dt, 1234, std, w) : at_decoder_weights_random(&cfg, be, dt, 1234, w);
+}
+
+static inline at_status bench_random_weights(const bench_shape *s, at_backend *be, at_dtype dt, at_decoder_weights **w)
+{
+    return bench_random_weights_std(s, be, dt, 0.0f, w);
 }
 
 /* ---- the LoRA training step of bench/train and bench/train_gpu ------------------ */

@@ -3,7 +3,12 @@
  * One training step = forward, loss, backward and the optimizer (global
  * gradient norm, clipping at 1.0, AdamW on the LoRA parameters), with LoRA
  * rank 8, alpha 16, dropout 0.05 on q, k, v, o, gate, up, down, on random
- * weights of the two shapes of the models issue. Formats of the frozen
+ * weights of the two shapes of the models issue, initialised on both sides
+ * as Hugging Face initialises Llama / Qwen2 (normal(0, 0.02) matrices and
+ * embedding, zero biases, unit norms; LoRA A Kaiming-uniform, B 0 as PEFT),
+ * so the first loss is near ln(vocab) as for a real untrained model (the
+ * defaults of nn.Embedding, N(0, 1) through a tied head, gave logits in the
+ * hundreds and a first loss of ~750). Formats of the frozen
  * weights on our side:
  *   f32         f32 weights, f32 compute;
  *   bf16        bf16 weights (the GEMM engine computes in bf16, f32 accumulation);
@@ -222,7 +227,7 @@ static void ours_child(const void *arg, result *r)
     bench_lora b = {0};
     int n = s->batch * s->seq;
     double *ts = malloc(2 * (size_t)j->steps * sizeof *ts), *cs = ts ? ts + j->steps : NULL;
-    at_status st = bench_random_weights(s, NULL, j->format == F_F32 ? AT_F32 : AT_BF16, &w);
+    at_status st = bench_random_weights_std(s, NULL, j->format == F_F32 ? AT_F32 : AT_BF16, BENCH_INIT_STD, &w);
     if (st == AT_OK && (j->format == F_NF4 || j->format == F_Q8)) {
         at_quant_stats qs;
         st = at_decoder_weights_quantize(w, j->format == F_NF4 ? AT_QUANT_NF4 : AT_QUANT_Q8_0, &qs);

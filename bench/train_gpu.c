@@ -5,7 +5,7 @@
  * gradient norm, clipping at 1.0, AdamW on the LoRA parameters), as
  * bench/train.c times it on the CPU: LoRA rank 8, alpha 16, dropout 0.05 on
  * q, k, v, o, gate, up, down; random bf16 frozen weights built exactly as
- * bench/train.c builds them (at_decoder_weights_random, seed 1234), LoRA
+ * bench/train.c builds them (at_decoder_weights_random_hf, seed 1234), LoRA
  * parameters, gradients and AdamW moments f32. Shapes:
  *   qwen         the Qwen2.5-0.5B shape of bench_util.h (tied, q/k/v bias)
  *   mistral-7b   hidden 4096, intermediate 14336, 32 layers, 32/8 heads, vocab 32000
@@ -214,7 +214,7 @@ static result run_ours(at_backend *be, const at_device_profile *prof, const benc
     g_mem.peak = g_mem.cur;
     size_t base = g_mem.cur;
     double t_setup = at_now_seconds();
-    at_status st = ts ? bench_random_weights(s, be, AT_BF16, &w) : at_error(AT_ERR_NOMEM, "out of memory");
+    at_status st = ts ? bench_random_weights_std(s, be, AT_BF16, BENCH_INIT_STD, &w) : at_error(AT_ERR_NOMEM, "out of memory");
     /* the step and token stream of bench/train.c; labels = ids (HF's causal LM shifts them) */
     if (st == AT_OK) st = bench_lora_new(&b, w, s, ckpt);
     if (st == AT_OK) st = be->synchronize(be);

@@ -9,7 +9,9 @@ lora.Linear on q, k, v, o, gate, up, down:
 
     y = x W^T + b + (alpha / r) * B(A(dropout(x)))      r = 8, alpha = 16
 
-A Kaiming-uniform, B zero, as PEFT; the base weights frozen; the loss is HF's
+A Kaiming-uniform, B zero, as PEFT; the rest initialised as transformers
+does (hf_init: normal(0, 0.02), so the first loss is near ln(vocab), as
+bench/train's at_decoder_weights_random_hf); the base weights frozen; the loss is HF's
 causal-LM loss (logits of every position in f32, shifted labels, mean over
 the targets); torch.nn.utils.clip_grad_norm_(1.0) and torch.optim.AdamW
 (lr 1e-4, weight decay 0.01) on the LoRA parameters only, as a Trainer step.
@@ -130,6 +132,24 @@ class Layer(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
+def hf_init(model, std):
+    """transformers' PreTrainedModel._init_weights for Llama / Qwen2 (config.
+    initializer_range = std = 0.02): every nn.Linear and the nn.Embedding
+    normal(0, std), biases 0 (the norms are 1 already); PEFT adds LoRA after
+    that, so lora_A keeps its Kaiming-uniform and lora_B its zeros. The
+    torch defaults instead (nn.Embedding N(0, 1) through the tied head)
+    give logits in the hundreds and a first loss of ~750, far from the
+    ln(vocab) of a real untrained model."""
+    lora = {id(m) for mod in model.modules() if isinstance(mod, LoraLinear) for m in (mod.lora_A, mod.lora_B)}
+    with torch.no_grad():
+        for m in model.modules():
+            if id(m) in lora or not isinstance(m, (nn.Linear, nn.Embedding)):
+                continue
+            m.weight.normal_(0.0, std)
+            if getattr(m, "bias", None) is not None:
+                m.bias.zero_()
+
+
 class Model(nn.Module):
     """The causal LM; linear and attn as Layer's. a.checkpointing (when
     present): torch.utils.checkpoint around each layer, as HF's gradient
@@ -145,6 +165,7 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(a.hidden, a.vocab, bias=False)
         if a.tied:
             self.lm_head.weight = self.embed_tokens.weight
+        hf_init(self, getattr(a, "init_std", 0.02))
         D = a.hidden // a.heads
         inv = 1.0 / (a.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
         self.register_buffer("inv_freq", inv, persistent=False)  # moves with model.to(device)

@@ -165,10 +165,12 @@ static uint64_t splitmix_mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* A tensor of `dtype` with values center + uniform(-range, range). Filled on
- * the host in chunks and uploaded, so it works on any backend. */
+/* A tensor of `dtype` with values center + uniform(-range, range), or
+ * center + range·N(0, 1) when normal (Box-Muller: elements 2p and 2p+1 are
+ * the cosine and the sine of the pair of draws 2p, 2p+1). Filled on the host
+ * in chunks and uploaded, so it works on any backend. */
 static at_status random_tensor(at_backend *be, at_dtype dtype, int ndim, const int64_t *shape, const char *name,
-                               float center, float range, uint64_t *seed, at_tensor **out)
+                               float center, float range, int normal, uint64_t *seed, at_tensor **out)
 {
     AT_TRY(at_tensor_new(be, dtype, ndim, shape, name, out));
     int64_t n = at_tensor_numel(*out);
@@ -182,14 +184,22 @@ static at_status random_tensor(at_backend *be, at_dtype dtype, int ndim, const i
     const uint64_t s0 = *seed;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
-        uint64_t r = splitmix_mix(s0 + (uint64_t)(i + 1) * SPLITMIX_GAMMA);
-        float u = (float)((double)(r >> 11) * (1.0 / 9007199254740992.0)); /* [0, 1) */
-        float x = center + range * (2.0f * u - 1.0f);
+        float x;
+        if (normal) {
+            uint64_t j = (uint64_t)i & ~(uint64_t)1;
+            float u1 = (float)(splitmix_mix(s0 + (j + 1) * SPLITMIX_GAMMA) >> 40) * 0x1p-24f; /* [0, 1) */
+            float u2 = (float)(splitmix_mix(s0 + (j + 2) * SPLITMIX_GAMMA) >> 40) * 0x1p-24f;
+            float rad = sqrtf(-2.0f * logf(1.0f - u1)), ang = 6.2831853f * u2; /* 1 - u1 in (0, 1] */
+            x = center + range * rad * (i & 1 ? sinf(ang) : cosf(ang));
+        } else {
+            double u = (double)(splitmix_mix(s0 + (uint64_t)(i + 1) * SPLITMIX_GAMMA) >> 11) * (1.0 / 9007199254740992.0);
+            x = center + range * (2.0f * (float)u - 1.0f);
+        }
         if (dtype == AT_F32) ((float *)host)[i] = x;
         else if (dtype == AT_BF16) ((uint16_t *)host)[i] = at_f32_to_bf16(x);
         else ((uint16_t *)host)[i] = at_f32_to_f16(x);
     }
-    *seed = s0 + (uint64_t)n * SPLITMIX_GAMMA;
+    *seed = s0 + (uint64_t)(normal ? (n + 1) / 2 * 2 : n) * SPLITMIX_GAMMA;
     at_status st = AT_OK;
     if (!be->is_host) {
         st = at_tensor_upload(*out, host, (size_t)n * esz);
@@ -202,8 +212,10 @@ static at_status random_tensor(at_backend *be, at_dtype dtype, int ndim, const i
     return st;
 }
 
-at_status at_decoder_weights_random(const at_model_config *cfg, at_backend *be, at_dtype dtype, uint64_t seed,
-                                    at_decoder_weights **out)
+/* std > 0: Hugging Face's initialisation (normal(0, std) matrices and
+ * embeddings, zero biases); std 0: at_decoder_weights_random's. */
+static at_status random_weights(const at_model_config *cfg, at_backend *be, at_dtype dtype, uint64_t seed, float std,
+                                at_decoder_weights **out)
 {
     *out = NULL;
     if (dtype != AT_F32 && dtype != AT_BF16 && dtype != AT_F16)
@@ -220,16 +232,18 @@ at_status at_decoder_weights_random(const at_model_config *cfg, at_backend *be, 
 #define MAT(dst, label, rows, cols)                                                              \
     do {                                                                                         \
         int64_t sh_[2] = {rows, cols};                                                           \
-        AT_CHECK(random_tensor(be, dtype, 2, sh_, label, 0.0f, sqrtf(3.0f / (float)(cols)), &s, &(dst))); \
+        AT_CHECK(random_tensor(be, dtype, 2, sh_, label, 0.0f, std > 0 ? std : sqrtf(3.0f / (float)(cols)), std > 0, \
+                               &s, &(dst)));                                                    \
     } while (0)
 #define VEC(dst, label, len, center, range)                                                      \
     do {                                                                                         \
         int64_t sh_[1] = {len};                                                                  \
-        AT_CHECK(random_tensor(be, AT_F32, 1, sh_, label, center, range, &s, &(dst)));           \
+        AT_CHECK(random_tensor(be, AT_F32, 1, sh_, label, center, std > 0 ? 0.0f : (range), 0, &s, &(dst))); \
     } while (0)
     {
         int64_t sh[2] = {V, hd};
-        AT_CHECK(random_tensor(be, dtype, 2, sh, "model.embed_tokens.weight", 0.0f, 1.0f, &s, &w->embed));
+        AT_CHECK(random_tensor(be, dtype, 2, sh, "model.embed_tokens.weight", 0.0f, std > 0 ? std : 1.0f, std > 0, &s,
+                               &w->embed));
     }
     VEC(w->final_norm, "model.norm.weight", hd, 1.0f, 0.0f);
     if (c->tie_word_embeddings) w->lm_head = w->embed;
@@ -267,4 +281,17 @@ done:
     }
     *out = w;
     return AT_OK;
+}
+
+at_status at_decoder_weights_random(const at_model_config *cfg, at_backend *be, at_dtype dtype, uint64_t seed,
+                                    at_decoder_weights **out)
+{
+    return random_weights(cfg, be, dtype, seed, 0.0f, out);
+}
+
+at_status at_decoder_weights_random_hf(const at_model_config *cfg, at_backend *be, at_dtype dtype, uint64_t seed,
+                                       float std, at_decoder_weights **out)
+{
+    if (!(std > 0)) return at_error(AT_ERR_INVALID, "random weights: initializer_range %g (must be > 0)", (double)std);
+    return random_weights(cfg, be, dtype, seed, std, out);
 }

@@ -61,6 +61,14 @@ void at_decoder_weights_free(at_decoder_weights *w);
 at_status at_decoder_weights_random(const at_model_config *cfg, at_backend *be, at_dtype dtype, uint64_t seed,
                                     at_decoder_weights **out);
 
+/* The same as Hugging Face initialises a Llama / Qwen2 model
+ * (PreTrainedModel._init_weights): every linear matrix and the embedding
+ * normal(0, std) (std = config.initializer_range, 0.02 for both), biases 0,
+ * norm weights 1. A tied head then gives logits of std ≈ std·sqrt(hidden),
+ * so a first loss near ln(vocab), as a real untrained model has. */
+at_status at_decoder_weights_random_hf(const at_model_config *cfg, at_backend *be, at_dtype dtype, uint64_t seed,
+                                       float std, at_decoder_weights **out);
+
 /* Checks that every tensor the config needs is present with its shape, and
  * that every tensor lives on w->backend. The message names the tensor. */
 at_status at_decoder_weights_check(const at_decoder_weights *w);
