@@ -33,7 +33,7 @@
 #define FILE_MAGIC "anytune-gemm-engines 2"
 #define LIB_MARGIN 1.03 /* a library must be this much faster than our kernels */
 
-static const char *kind_names[AT_GEMM_KINDS] = {"m1", "m16", "m64", "n16", "n64", "k16", "k64", "large"};
+static const char *kind_names[AT_GEMM_KINDS] = {"m1", "m16", "m64", "n16", "n64", "k16", "k64", "large", "deep"};
 static const char *layout_names[3] = {"nn", "nt", "tn"};
 
 int at_gemm_tune_class(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K)
@@ -42,7 +42,7 @@ int at_gemm_tune_class(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K
     if (M <= N && M <= K && M <= 64) kind = M <= 1 ? 0 : M <= 16 ? 1 : 2;
     else if (N <= K && N <= 64) kind = N <= 16 ? 3 : 4;
     else if (K <= 64) kind = K <= 16 ? 5 : 6;
-    else kind = 7;
+    else kind = K >= 2 * (M > N ? M : N) ? 8 : 7;
     int layout = trans_a && !trans_b ? 2 : trans_b ? 1 : 0;
     return kind * 3 + layout;
 }
@@ -61,7 +61,7 @@ void at_gemm_tune_class_shape(int cls, int *trans_a, int *trans_b, int64_t *M, i
      * N = hidden, K = tokens: a transposed GEMV is rare) */
     static const int64_t dims[AT_GEMM_KINDS][3] = {
         {1, 4864, 896}, {8, 4864, 896}, {32, 4864, 896}, {512, 8, 896},
-        {512, 32, 896}, {512, 896, 8},  {512, 896, 32},  {512, 1024, 512},
+        {512, 32, 896}, {512, 896, 8},  {512, 896, 32},  {512, 1024, 512}, {512, 896, 3072},
     };
     int kind = cls / 3, layout = cls % 3;
     int64_t d[3] = {dims[kind][0], dims[kind][1], dims[kind][2]};

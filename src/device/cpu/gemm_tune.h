@@ -39,8 +39,12 @@ typedef enum { AT_GEMM_ANYTUNE = 0, AT_GEMM_OPENBLAS, AT_GEMM_ONEDNN, AT_GEMM_EN
  * nt). Kinds: m1 (M = 1: decode's GEMV), m16 (M <= 16: batched decode,
  * LoRA's dA = duᵀ·x), m64 (M <= 64), n16 (N <= 16: LoRA's x·Aᵀ, du = dy·B,
  * dB = dyᵀ·u at ranks 8-16), n64, k16 (K <= 16: LoRA's u·Bᵀ and du·A, an
- * outer product), k64 (ranks 32-64, attention's head dimension), large. */
-enum { AT_GEMM_KINDS = 8, AT_GEMM_CLASSES = AT_GEMM_KINDS * 3 };
+ * outer product), k64 (ranks 32-64, attention's head dimension), large, and
+ * deep: large with K at least twice M and N (the MLP's down projection and
+ * its dX), where the engines' K blocking and packing weigh differently: one
+ * class timed at 512x1024x512 handed dX NT (K 4864) to a library running it
+ * at half our speed. */
+enum { AT_GEMM_KINDS = 9, AT_GEMM_CLASSES = AT_GEMM_KINDS * 3 };
 
 int at_gemm_tune_class(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K);
 /* "large-nn", "m1-nt", "k16-nn", ... */
