@@ -122,12 +122,6 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
  * in registers. With the copy's order above, f32 packing on a Zen 5 went
  * from 10 / 5 / 12 GB/s (A transposed, B copied, B transposed) to 18 / 21 /
  * 22, a few percent of a training-shape GEMM (the pack was ~10% of it). */
-#define PACK_W(t, r)                                                                                                   \
-    do {                                                                                                               \
-        if (w == MR) pack_body(dst, src, t, sx, sk, MR, n, kc, r);                                                     \
-        else if (w == NR) pack_body(dst, src, t, sx, sk, NR, n, kc, r);                                                \
-        else pack_body(dst, src, t, sx, sk, w, n, kc, r);                                                              \
-    } while (0)
 
 static void pack_f32(void *dst, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n, int64_t kc,
                      int round)
@@ -137,12 +131,11 @@ static void pack_f32(void *dst, const void *src, at_dtype t, int64_t sx, int64_t
         return;
     }
     if (t == AT_F32 && round) pack_body(dst, src, AT_F32, sx, sk, w, n, kc, 1);
-    else if (t == AT_F32) PACK_W(AT_F32, 0);
-    else if (t == AT_BF16) PACK_W(AT_BF16, 0);
+    else if (t == AT_F32) AT_GEMM_PACK_BY_WIDTH(AT_F32, 0);
+    else if (t == AT_BF16) AT_GEMM_PACK_BY_WIDTH(AT_BF16, 0);
     else if (round) pack_body(dst, src, AT_F16, sx, sk, w, n, kc, 1);
     else pack_body(dst, src, AT_F16, sx, sk, w, n, kc, 0);
 }
-#undef PACK_W
 
 static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at_dtype ct, int64_t ldc, int m, int n,
                        float alpha, float beta)

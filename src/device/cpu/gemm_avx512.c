@@ -55,23 +55,16 @@ static inline __attribute__((always_inline)) void pack_body(void *dst_, const vo
 /* One copy of pack_body per source type and rounding, and for f32 and bf16
  * sources per panel width of the kernel, as in gemm_avx2.c (f32 packing on
  * a Zen 5: 13-17 GB/s before, 22-27 after). */
-#define PACK_W(t, r)                                                                                                   \
-    do {                                                                                                               \
-        if (w == MR) pack_body(dst, src, t, sx, sk, MR, n, kc, r);                                                     \
-        else if (w == NR) pack_body(dst, src, t, sx, sk, NR, n, kc, r);                                                \
-        else pack_body(dst, src, t, sx, sk, w, n, kc, r);                                                              \
-    } while (0)
 
 static void pack_f32(void *dst, const void *src, at_dtype t, int64_t sx, int64_t sk, int w, int64_t n, int64_t kc,
                      int round)
 {
     if (t == AT_F32 && round) pack_body(dst, src, AT_F32, sx, sk, w, n, kc, 1);
-    else if (t == AT_F32) PACK_W(AT_F32, 0);
-    else if (t == AT_BF16) PACK_W(AT_BF16, 0);
+    else if (t == AT_F32) AT_GEMM_PACK_BY_WIDTH(AT_F32, 0);
+    else if (t == AT_BF16) AT_GEMM_PACK_BY_WIDTH(AT_BF16, 0);
     else if (round) pack_body(dst, src, AT_F16, sx, sk, w, n, kc, 1);
     else pack_body(dst, src, AT_F16, sx, sk, w, n, kc, 0);
 }
-#undef PACK_W
 
 /* The 14x32 microkernel: 28 zmm accumulators, per k two B vectors and 14
  * broadcasts of A (frame: AT_TILE_BEGIN/END in gemm_avx512_inl.h). */

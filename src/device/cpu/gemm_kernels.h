@@ -102,6 +102,17 @@ void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t 
 
 /* Defined in the ISA files; only used after at_cpu_isa_level() allows it. */
 extern const at_gemm_blocked at_gemm_f32_avx2;
+/* For the ISA files' packers: pack_body(dst, src, t, sx, sk, W, n, kc, r)
+ * with W the compile-time panel width MR or NR when w is one of them, so
+ * that the loops over lanes unroll and a transpose stays in registers (the
+ * caller's names: dst, src, sx, sk, w, n, kc, and its MR, NR, pack_body). */
+#define AT_GEMM_PACK_BY_WIDTH(t, r)                                                                                    \
+    do {                                                                                                               \
+        if (w == MR) pack_body(dst, src, t, sx, sk, MR, n, kc, r);                                                     \
+        else if (w == NR) pack_body(dst, src, t, sx, sk, NR, n, kc, r);                                                \
+        else pack_body(dst, src, t, sx, sk, w, n, kc, r);                                                              \
+    } while (0)
+
 extern const at_gemm_blocked at_gemm_f32_avx512;
 extern const at_gemm_blocked at_gemm_bf16_avx512bf16;
 extern const at_gemm_small at_gemm_small_avx2;
