@@ -10,7 +10,7 @@
  *    product is right whichever engine won (against a double loop; the
  *    tolerance is test_gemm's: 1e-5 of sum |a b|, f32 sums of <= 1024
  *    terms); a steady result is cached, an unsteady one is not;
- *  - with a runner whose timings are known (sleeps), a steady measurement
+ *  - with a runner whose timings are known (a clock of the test's), a steady measurement
  *    is written to the cache file and read back by a fresh start
  *    (from_cache, same choice, nothing run); one whose samples disagree (one
  *    fast sample among slow ones, as under load) is used by the process but
@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "device/cpu/cpu_libs.h"
@@ -74,25 +73,23 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
-/* Runners with known timings: each engine sleeps a fixed time per call
- * (anytune 4 ms, openblas 2 ms, onednn 6 ms: openblas wins), so every
- * sample is near the best unless the machine delays a wake-up. In the
- * unsteady one, anytune's samples drift (1, 1.5, 2, ... ms): a best that no
- * other sample comes near, as when load slows samples unevenly. */
+/* Runners with known timings: the tuner reads a clock of the test's
+ * (at_gemm_tune_use_clock), and each call advances it by a fixed time
+ * (anytune 4 ms, openblas 2 ms, onednn 6 ms: openblas wins), so the
+ * timings are exact however busy the machine is. In the unsteady one,
+ * anytune's samples drift (1, 1.5, 2, ... ms): a best that no other sample
+ * comes near, as when load slows samples unevenly. */
 static int fake_calls;
+static double fake_now;
 
-static void sleep_ms(double ms)
-{
-    struct timespec ts = {0, (long)(ms * 1e6)};
-    nanosleep(&ts, NULL);
-}
+static double fake_clock(void) { return fake_now; }
 
 static int fake_steady(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A_,
                        const float *B_, float *C_)
 {
     (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A_, (void)B_, (void)C_;
     fake_calls++;
-    sleep_ms(e == AT_GEMM_ANYTUNE ? 4 : e == AT_GEMM_OPENBLAS ? 2 : 6);
+    fake_now += 1e-3 * (e == AT_GEMM_ANYTUNE ? 4 : e == AT_GEMM_OPENBLAS ? 2 : 6);
     return 1;
 }
 
@@ -105,12 +102,12 @@ static int fake_unsteady(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t
     fake_calls++;
     /* calls 1 and 2: the warm-ups (the second sets the calls per sample: 1);
      * then each sample 0.5 ms longer than the one before, so no three agree
-     * within 5% even when load delays some of them */
+     * within 5% */
     if (e == AT_GEMM_ANYTUNE) {
         unsteady_calls++;
-        sleep_ms(unsteady_calls <= 2 ? 3 : 1 + 0.5 * (unsteady_calls - 3));
+        fake_now += 1e-3 * (unsteady_calls <= 2 ? 3 : 1 + 0.5 * (unsteady_calls - 3));
     }
-    else sleep_ms(e == AT_GEMM_OPENBLAS ? 2 : 6);
+    else fake_now += 1e-3 * (e == AT_GEMM_OPENBLAS ? 2 : 6);
     return 1;
 }
 
@@ -248,8 +245,8 @@ int main(void)
     CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "auto"));
 
     /* known timings: steady, cached, read back by a fresh start without running
-     * anything (sleeps take as long on a busy machine: no load rule) */
-    at_gemm_tune_use_load_rule(0);
+     * anything (the test's clock: no load rule) */
+    at_gemm_tune_use_clock(fake_clock);
     remove(path);
     at_gemm_tune_forget();
     fake_calls = 0;
@@ -322,7 +319,7 @@ int main(void)
         CHECK_MSG(file_has(path, keyline) && file_has(path, line) && file_has(path, "anytune-gemm-engines 2\n"),
                   "bad cache file %d was not rewritten", i);
     }
-    at_gemm_tune_use_load_rule(1);
+    at_gemm_tune_use_clock(NULL);
     /* the right key with a well-formed line is taken as it is */
     {
         char text[2048];

@@ -81,9 +81,11 @@ double at_gemm_tune_best(const double *secs, int n, int *steady);
  * machine's `capacity` (CPUs x seconds) while engines were timed: more than
  * a quarter of it makes the measurement unsteady. */
 int at_gemm_tune_busy(double others, double capacity);
-/* Turns the load rule off (on: 1, the default) for runners whose timings
- * load does not change (tests that sleep instead of multiplying). */
-void at_gemm_tune_use_load_rule(int on);
+/* Times engines with `seconds` instead of the monotonic clock, and turns
+ * the load rule off: for tests whose runners advance a clock of their own
+ * instead of multiplying, so that their timings are exact whatever the
+ * machine is doing. NULL restores the monotonic clock and the load rule. */
+void at_gemm_tune_use_clock(double (*seconds)(void));
 
 /* The engine for class cls: measured with run on first use (available: a
  * bit per at_gemm_engine_id the build has), or read from the cache. Thread
