@@ -229,35 +229,75 @@ static inline void bench_shape_args(const bench_shape *s, char *buf, size_t n)
              s->tied ? "--tied" : "", s->qkv_bias ? "--qkv-bias" : "", s->theta);
 }
 
-/* The folder of OpenBLAS's OpenMP build (libblas.so.3): ANYTUNE_OPENBLAS_OPENMP_DIR,
- * else the Debian multiarch location when present; NULL when none. */
-static inline const char *bench_openblas_openmp_dir(void)
+/* The multiarch library folders where Debian-like systems keep shared
+ * libraries; the first that holds `name` (a file under it) is written to
+ * buf. Returns buf, or NULL when none holds it. */
+static inline const char *bench_find_lib_dir(const char *name, char *buf, size_t n)
 {
-    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
-    if (e && *e) return e;
-    static const char *cands[] = {"/usr/lib/x86_64-linux-gnu/openblas-openmp", "/usr/lib/aarch64-linux-gnu/openblas-openmp",
-                                  "/usr/lib64/openblas-openmp"};
-    static char buf[512];
-    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-        snprintf(buf, sizeof buf, "%s/libblas.so.3", cands[i]);
-        if (access(buf, R_OK) == 0) return cands[i];
+    static const char *dirs[] = {"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dirs[i], name);
+        if (access(path, R_OK) == 0) {
+            snprintf(buf, n, "%s", dirs[i]);
+            return buf;
+        }
     }
     return NULL;
 }
 
+/* The folder of OpenBLAS's OpenMP build (libblas.so.3): ANYTUNE_OPENBLAS_OPENMP_DIR,
+ * else the multiarch location when present; NULL when none. */
+static inline const char *bench_openblas_openmp_dir(void)
+{
+    const char *e = getenv("ANYTUNE_OPENBLAS_OPENMP_DIR");
+    if (e && *e) return e;
+    static char buf[512];
+    if (!bench_find_lib_dir("openblas-openmp/libblas.so.3", buf, sizeof buf - 16)) return NULL;
+    strcat(buf, "/openblas-openmp");
+    return buf;
+}
+
+/* How a CPU peer (PyTorch) is set up; flags of bench_cpu_peer_prefix. */
+enum {
+    BENCH_PEER_AS_GIVEN = 0,
+    /* OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (a machine's Haswell
+     * setting holds OpenBLAS to AVX2 on an AVX-512 CPU) */
+    BENCH_PEER_LIBS_BEST = 1,
+    /* tcmalloc preloaded (else jemalloc, which keeps freed pages), as
+     * PyTorch's own CPU launcher (torch.backends.xeon.run_cpu) does: glibc's
+     * malloc hands blocks over 32 MiB back to the OS at each free, and a
+     * step then spends its time in page faults (in this VM a small-shape
+     * step was 3x slower: fill_ of fresh gradients 30% of it) */
+    BENCH_PEER_ALLOCATOR = 2,
+};
+
 /* The start of a CPU peer's command line, up to the script (shared
- * BENCHMARKING.md): `env`, for "f32 best" (best != 0) OPENBLAS_CORETYPE and
- * OPENBLAS_L2_SIZE unset, OpenBLAS's OpenMP build preloaded when found, and
- * the quoted Python: ANYTUNE_PYTHON, default /usr/bin/python3 (Debian's,
- * which has torch). */
-static inline void bench_cpu_peer_prefix(int best, char *buf, size_t n)
+ * BENCHMARKING.md): `env`, the set-up of `how` (BENCH_PEER_* flags),
+ * OpenBLAS's OpenMP build preloaded when found, and the quoted Python:
+ * ANYTUNE_PYTHON, default /usr/bin/python3 (Debian's, which has torch). */
+static inline void bench_cpu_peer_prefix(int how, char *buf, size_t n)
 {
     const char *py = getenv("ANYTUNE_PYTHON");
     if (!py || !*py) py = "/usr/bin/python3";
     const char *blas = bench_openblas_openmp_dir();
-    char pre[1200] = "";
-    if (blas) snprintf(pre, sizeof pre, "LD_PRELOAD=%s/libblas.so.3:%s/liblapack.so.3 ", blas, blas);
-    snprintf(buf, n, "env %s %s'%s'", best ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py);
+    char libs[1600] = "", dir[512];
+    const char *conf = "";
+    if (how & BENCH_PEER_ALLOCATOR) {
+        if (bench_find_lib_dir("libtcmalloc_minimal.so.4", dir, sizeof dir))
+            snprintf(libs, sizeof libs, "%s/libtcmalloc_minimal.so.4", dir);
+        else if (bench_find_lib_dir("libjemalloc.so.2", dir, sizeof dir)) {
+            snprintf(libs, sizeof libs, "%s/libjemalloc.so.2", dir);
+            conf = "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 ";
+        }
+    }
+    if (blas) {
+        size_t l = strlen(libs);
+        snprintf(libs + l, sizeof libs - l, "%s%s/libblas.so.3:%s/liblapack.so.3", l ? ":" : "", blas, blas);
+    }
+    char pre[1800] = "";
+    if (*libs) snprintf(pre, sizeof pre, "%sLD_PRELOAD=%s ", conf, libs);
+    snprintf(buf, n, "env %s %s'%s'", how & BENCH_PEER_LIBS_BEST ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py);
 }
 
 /* Runs the shell line cmd (stdout flushed first, so the peer's messages

@@ -5,9 +5,9 @@
  * weights (activations f32, the GEMM engine computes in bf16), and PyTorch
  * (tools/bench_forward_torch.py, HF-style eager forward) started as a
  * subprocess three times:
- *   f32 best:   OpenBLAS OpenMP build preloaded, OPENBLAS_CORETYPE/L2_SIZE unset
+ *   f32 best:   OpenBLAS OpenMP build and tcmalloc preloaded, OPENBLAS_CORETYPE/L2_SIZE unset
  *   f32 as given: OpenBLAS OpenMP preloaded, environment as given
- *   bf16:       bf16 autocast (oneDNN), environment as given
+ *   bf16:       bf16 autocast (oneDNN), tcmalloc preloaded (bench_util.h, BENCH_PEER_ALLOCATOR)
  * (shared BENCHMARKING.md). Both sides prefill B sequences of T tokens and
  * compute logits for the last position only.
  *
@@ -121,12 +121,13 @@ static result run_ours(const bench_shape *s, at_dtype dt, int runs)
     return r;
 }
 
-/* mode: 0 f32 best, 1 f32 as given, 2 bf16 autocast */
+/* mode: 0 f32 best, 1 f32 as given, 2 bf16 best */
 static result run_torch(const bench_shape *s, int mode, int runs)
 {
     result r = {0};
     char pre[2048], shape[512], cmd[4096];
-    bench_cpu_peer_prefix(mode == 0, pre, sizeof pre);
+    static const int how[3] = {BENCH_PEER_LIBS_BEST | BENCH_PEER_ALLOCATOR, BENCH_PEER_AS_GIVEN, BENCH_PEER_ALLOCATOR};
+    bench_cpu_peer_prefix(how[mode], pre, sizeof pre);
     bench_shape_args(s, shape, sizeof shape);
     snprintf(cmd, sizeof cmd, "%s '%s/tools/bench_forward_torch.py' %s --mode %s --runs %d", pre, AT_SOURCE_DIR, shape,
              mode == 2 ? "bf16" : "f32", runs);

@@ -194,13 +194,14 @@ done:
 }
 
 /* The peer: best 1 for f32 with OpenBLAS's OpenMP build (shared
- * BENCHMARKING.md), 0 for bf16 autocast. */
+ * BENCHMARKING.md), 0 for bf16 autocast; tcmalloc preloaded in both
+ * (bench_util.h, BENCH_PEER_ALLOCATOR). */
 static vrow peer(int best, int steps, int threads)
 {
     vrow r;
     memset(&r, 0, sizeof r);
     char pre[2048], cmd[4096];
-    bench_cpu_peer_prefix(best, pre, sizeof pre);
+    bench_cpu_peer_prefix(BENCH_PEER_ALLOCATOR | (best ? BENCH_PEER_LIBS_BEST : 0), pre, sizeof pre);
     snprintf(cmd, sizeof cmd,
              "%s '%s/tools/bench_vlm_torch.py' --mode %s --threads %d --steps %d --hidden %d --intermediate %d "
              "--layers %d --heads %d --kv-heads %d --vocab %d --mrope-section %d %d %d --v-width %d --v-depth %d "

@@ -26,7 +26,7 @@ PKGS="build-essential cmake clang libclang-rt-dev libomp-dev pkg-config \
 libcjson-dev libyaml-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
 libcurl4-openssl-dev libsnappy-dev libzstd-dev zlib1g-dev \
 libjpeg62-turbo-dev libpng-dev libwebp-dev \
-libopenblas-dev libdnnl-dev openmpi-bin"
+libopenblas-dev libopenblas0-openmp libdnnl-dev openmpi-bin"
 if [ $test_deps = 1 ]; then
   # protoc and python3-protobuf: tests/cli_tensorboard.sh reads the event files with TensorBoard's own protos
   PKGS="$PKGS chromium protobuf-compiler python3-protobuf"
@@ -47,7 +47,7 @@ libcurl4-openssl-dev:arm64 libsnappy-dev:arm64 libzstd-dev:arm64 zlib1g-dev:arm6
 libjpeg62-turbo-dev:arm64 libpng-dev:arm64 libwebp-dev:arm64"
 fi
 if [ $dev_deps = 1 ]; then
-  PKGS="$PKGS python3-torch python3-jinja2 python3-numpy python3-pil libopenblas0-openmp"
+  PKGS="$PKGS python3-torch python3-jinja2 python3-numpy python3-pil libtcmalloc-minimal4 libjemalloc2"
 fi
 missing=""
 for p in $PKGS; do

@@ -341,6 +341,11 @@ int main(void)
         at_cpu_openblas_version(v, sizeof v);
         CHECK_MSG((strstr(e, "OpenBLAS") != NULL) == (strcmp(v, "not linked") != 0), "engine line \"%s\", OpenBLAS %s",
                   e, v);
+#ifdef AT_OPENBLAS_OPENMP
+        /* built against OpenBLAS's OpenMP build: the one loaded is that one
+         * (the pthread build's spinning workers slow the other engines) */
+        CHECK_MSG(strstr(v, "USE_OPENMP") != NULL, "OpenBLAS loaded: %s", v);
+#endif
     }
 
     /* measuring off, or an engine pinned: nothing measured */
