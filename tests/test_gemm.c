@@ -23,6 +23,7 @@
 
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/gemm.h"
+#include "device/cpu/gemm_kernels.h"
 #include "device/dtype.h"
 #include "testing.h"
 
@@ -187,10 +188,44 @@ static void sweep_large(int full)
          * (AT_GEMM_AXPY_LC, at_gemm_axpy_kb): decode, and 8 + 1 rows of x */
         {0, 0, 1, 2100, 70, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 0, 1},
         {1, 0, 9, 1100, 100, AT_F16, AT_BF16, AT_F32, 1.0f, 0.5f, 1, 0},
+        /* f32 past kc (1024), nc and mc on one thread: two blocks of each */
+        {1, 0, 120, 1100, 1100, AT_F32, AT_F32, AT_F32, 0.5f, 0.0f, 0, 1},
     };
     size_t n = sizeof big / sizeof big[0];
     for (size_t i = 0; i < n; i++)
         if (full || i >= 2) run(&big[i]);
+}
+
+/* The rule of at_gemm_sized_for_caches (gemm.c): on a core with caches no
+ * smaller than the reference ones the blocks stay; kc follows a smaller
+ * L1d (multiple of 16, at least 64) and the packed block of A, mc x kc
+ * values, a smaller L2 (mc a multiple of mr, between mr and 4 x mc). The
+ * figures below are that rule worked by hand for a 14 x 32 kernel measured
+ * with kc 1024, mc 112 on 48 KiB / 1 MiB. */
+static void cache_blocks(void)
+{
+    const at_gemm_blocked e = {.name = "t", .mr = 14, .nr = 32, .kp = 1, .mc = 112, .kc = 1024, .nc = 1024,
+                               .l1_ref = 48, .l2_ref = 1024};
+    static const struct {
+        long l1, l2;
+        int kc, mc;
+    } want[] = {
+        {48 << 10, 1 << 20, 1024, 112},  /* the reference core */
+        {64 << 10, 2 << 20, 1024, 112},  /* larger: nothing grows */
+        {0, 0, 1024, 112},               /* unknown caches */
+        {32 << 10, 1 << 20, 672, 168},   /* 1024 x 32/48 = 682 -> 672; 112 x 1024 / 672 = 170 -> 168 */
+        {48 << 10, 512 << 10, 1024, 56}, /* half the L2: half the block of A */
+        {32 << 10, 512 << 10, 672, 84},  /* both: 57344 values / 672 = 85 -> 84 */
+        {1 << 10, 1 << 20, 64, 448},     /* kc at its floor, mc at 4 x 112 */
+        {1 << 10, 16 << 10, 64, 28},     /* 114688 x 16/1024 = 1792 values / 64 */
+        {48 << 10, 1 << 10, 1024, 14},   /* less than a panel of A: one */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        at_gemm_blocked s = at_gemm_sized_for_caches(&e, want[i].l1, want[i].l2);
+        CHECK_MSG(s.kc == want[i].kc && s.mc == want[i].mc && s.nc == e.nc && s.mr == e.mr && s.nr == e.nr,
+                  "L1d %ld, L2 %ld: kc %d mc %d nc %d, want kc %d mc %d", want[i].l1, want[i].l2, s.kc, s.mc, s.nc,
+                  want[i].kc, want[i].mc);
+    }
 }
 
 /* alpha == 0 or K == 0: C = beta C without reading A and B (NaN there). */
@@ -259,6 +294,7 @@ static const char *const f32_engine_of[] = {"scalar", "avx2", "avx512", "avx512"
 int main(void)
 {
     at_cpu_isa hw = at_cpu_isa_level();
+    cache_blocks();
     special_scalars();
     bad_arguments();
     library_engines(); /* ends on our own engine, whatever ANYTUNE_GEMM_F32 says */

@@ -225,41 +225,51 @@ static at_status linear_residual(at_tensor *y, const at_tensor *r, const at_tens
  *   dx  = dy·W + drop(dU·A)  with dU = s·dy·B     (dx_beta 1: added to dx; dx NULL: not needed)
  *   dW += dyᵀ·x,  db += Σ_rows dy                  (full fine-tuning; NULL: frozen)
  *   dB += s·dyᵀ·u,  dA += dUᵀ·drop(x)             (LoRA training; NULL: frozen)
- * drop(x) and the mask of drop(dU·A) are regenerated from the seed. */
+ * drop(x) and the mask of drop(dU·A) are regenerated from the seed. When dx
+ * starts here (dx_beta 0), drop(dU·A) is formed in dx itself and dy·W added
+ * to it by the GEMM (beta 1); else it goes through the scratch and is added
+ * (one more pass over [N, in] and its own parallel region: 4 of a layer's 7
+ * adapted products start their dx). */
 static at_status linear_backward(at_tensor *dx, float dx_beta, const at_tensor *dy, const at_tensor *x,
                                  const at_tensor *w, at_tensor *dw, at_tensor *db, const at_layer_acts *a,
                                  const at_layer_grads *g, const at_layer_io *io, at_module m,
                                  at_layer_bwd_scratch *s)
 {
+    const at_lora_pair *p = lora_of(io, m);
+    int lora_first = dx && dx_beta == 0.0f && p;
+    at_tensor du, tmp;
+    if (p) {
+        const at_lora_pair *gp = g && g->lora && g->lora[m].A ? &g->lora[m] : NULL;
+        float sc = io->lora->scale;
+        int64_t shu[2] = {dy->shape[0], p->A->shape[0]};
+        if (!s->lora_du.buf) return at_error(AT_ERR_INTERNAL, "layer backward: no LoRA scratch");
+        at_tensor_view_inplace(&du, &s->lora_du, 0, 2, shu);
+        if (gp) AT_TRY(at_matmul(gp->B, dy, &a->lora_u[m], 1, 0, sc, 1.0f));
+        AT_TRY(at_matmul(&du, dy, p->B, 0, 0, sc, 0.0f));
+        if (gp) {
+            const at_tensor *xin;
+            AT_TRY(lora_input(&xin, &tmp, x, &s->lora_x, io, m));
+            AT_TRY(at_matmul(gp->A, &du, xin, 1, 0, 1.0f, 1.0f));
+        }
+        if (lora_first) {
+            AT_TRY(at_matmul(dx, &du, p->A, 0, 0, 1.0f, 0.0f));
+            if (io->lora->dropout > 0.0f) AT_TRY(lora_dropout(dx, dx, io, m, p->A->shape[1]));
+        }
+    }
     if (dx) {
         const at_tensor *dym;
         at_tensor view;
         AT_TRY(matmul_input(&dym, &view, dy, w, io));
-        AT_TRY(at_matmul(dx, dym, w, 0, 0, 1.0f, dx_beta));
+        AT_TRY(at_matmul(dx, dym, w, 0, 0, 1.0f, lora_first ? 1.0f : dx_beta));
     }
     if (dw) AT_TRY(at_matmul(dw, dy, x, 1, 0, 1.0f, 1.0f));
     if (db) AT_TRY(at_sum_rows(db, dy, 1.0f));
-    const at_lora_pair *p = lora_of(io, m);
-    if (!p) return AT_OK;
-    const at_lora_pair *gp = g && g->lora && g->lora[m].A ? &g->lora[m] : NULL;
-    float sc = io->lora->scale, drop = io->lora->dropout;
-    int64_t N = dy->shape[0], r = p->A->shape[0], in = p->A->shape[1];
-    at_tensor du, tmp;
-    int64_t shu[2] = {N, r}, shx[2] = {N, in};
-    if (!s->lora_du.buf) return at_error(AT_ERR_INTERNAL, "layer backward: no LoRA scratch");
-    at_tensor_view_inplace(&du, &s->lora_du, 0, 2, shu);
-    if (gp) AT_TRY(at_matmul(gp->B, dy, &a->lora_u[m], 1, 0, sc, 1.0f));
-    AT_TRY(at_matmul(&du, dy, p->B, 0, 0, sc, 0.0f));
-    if (gp) {
-        const at_tensor *xin;
-        AT_TRY(lora_input(&xin, &tmp, x, &s->lora_x, io, m));
-        AT_TRY(at_matmul(gp->A, &du, xin, 1, 0, 1.0f, 1.0f));
-    }
-    if (!dx) return AT_OK;
-    if (drop <= 0.0f) return at_matmul(dx, &du, p->A, 0, 0, 1.0f, 1.0f);
+    if (!p || !dx || lora_first) return AT_OK;
+    if (io->lora->dropout <= 0.0f) return at_matmul(dx, &du, p->A, 0, 0, 1.0f, 1.0f);
+    int64_t shx[2] = {dy->shape[0], p->A->shape[1]};
     at_tensor_view_inplace(&tmp, &s->lora_x, 0, 2, shx);
     AT_TRY(at_matmul(&tmp, &du, p->A, 0, 0, 1.0f, 0.0f));
-    AT_TRY(lora_dropout(&tmp, &tmp, io, m, in));
+    AT_TRY(lora_dropout(&tmp, &tmp, io, m, p->A->shape[1]));
     return at_axpy(dx, 1.0f, &tmp);
 }
 

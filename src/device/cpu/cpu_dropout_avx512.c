@@ -6,7 +6,12 @@
  * Two shortcuts that change no bit: i·K1 for consecutive i is a running sum
  * (step K1, mod 2⁶⁴), and h >> 40 == z >> 40 (z >> 31 has no bits at 40 and
  * above), so keep ⇔ z >= thresh with thresh = ceil(p·2²⁴) << 40, an unsigned
- * compare. Kept values are x·keep (one f32 multiply, as the scalar path). */
+ * compare. Kept values are x·keep (one f32 multiply, as the scalar path).
+ * The loop prefetches x and y a kilobyte ahead: the hash keeps it busy
+ * enough that the hardware prefetchers fall behind, and on the
+ * intermediate-size rows of a training step (512 x 4864 f32, 10 MB) it ran
+ * at 1.5-2.2 G values/s without, 6.4 with (Zen 5, one thread; the hash
+ * alone 8.5, a plain copy 5.6). */
 #include "device/cpu/cpu_dropout.h"
 
 #include <immintrin.h>
@@ -15,6 +20,7 @@
 #define G 0x9e3779b97f4a7c15ull
 #define M1 0xbf58476d1ce4e5b9ull
 #define M2 0x94d049bb133111ebull
+#define PREFETCH 256 /* values ahead (1 KiB) */
 
 /* Keep bits of 8 lanes whose counters times K1 are ctr. */
 static inline __mmask8 keep8(__m512i ctr, __m512i vseed, __m512i thresh)
@@ -42,6 +48,8 @@ void at_cpu_dropout_chunk_avx512(float *y, const float *x, int64_t n, uint64_t s
     __m512i hi = _mm512_add_epi64(lo, _mm512_set1_epi64((long long)(8 * K1)));
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)(x + i + PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(y + i + PREFETCH), _MM_HINT_T0);
         __mmask16 m = (__mmask16)((unsigned)keep8(lo, vseed, vt) | ((unsigned)keep8(hi, vseed, vt) << 8));
         _mm512_storeu_ps(y + i, _mm512_maskz_mul_ps(m, _mm512_loadu_ps(x + i), vk));
         lo = _mm512_add_epi64(lo, step);

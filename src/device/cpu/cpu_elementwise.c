@@ -14,6 +14,14 @@
 
 static int64_t nchunks(int64_t cols) { return (cols + AT_CPU_CHUNK - 1) / AT_CPU_CHUNK; }
 
+/* Whether n f32 values at a and at b share any byte (a's dtype may be
+ * narrower: counting 4 bytes a value only makes the test safer). */
+static int overlaps(const void *a, const void *b, int64_t n)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b, len = (uintptr_t)n * sizeof(float);
+    return x < y + len && y < x + len;
+}
+
 /* y = a + b, b of a's size or one row broadcast over a's rows. */
 at_status at_cpu_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
 {
@@ -168,6 +176,13 @@ at_status at_cpu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tens
     int64_t n = at_tensor_numel(gate), nc = nchunks(n);
     const void *pdy = at_tensor_data(dy), *pg = at_tensor_data(gate), *pu = at_tensor_data(up);
     void *pdg = at_tensor_data(dgate), *pdu = at_tensor_data(dup);
+    /* f32 outputs are written in place unless one overlaps an input other
+     * than at the same address (the kernel reads every input of an element
+     * before writing its outputs, so dgate == gate and the like are fine) */
+    const void *ins[3] = {pdy, pg, pu};
+    int direct = dgate->dtype == AT_F32 && dup->dtype == AT_F32 && pdg != pdu;
+    for (int i = 0; i < 3 && direct; i++)
+        direct = (ins[i] == pdg || !overlaps(ins[i], pdg, n)) && (ins[i] == pdu || !overlaps(ins[i], pdu, n));
 #pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
     for (int64_t c = 0; c < nc; c++) {
         float bdy[AT_CPU_CHUNK], bg[AT_CPU_CHUNK], bu[AT_CPU_CHUNK], bdg[AT_CPU_CHUNK], bdu[AT_CPU_CHUNK];
@@ -175,7 +190,10 @@ at_status at_cpu_swiglu_backward(at_tensor *dgate, at_tensor *dup, const at_tens
         const float *d = at_cpu_in(v, bdy, pdy, dy->dtype, off, len);
         const float *g = at_cpu_in(v, bg, pg, gate->dtype, off, len);
         const float *u = at_cpu_in(v, bu, pu, up->dtype, off, len);
-        /* outputs go through scratch: dgate/dup may alias gate/up/dy */
+        if (direct) {
+            v->swiglu_bwd((float *)pdg + off, (float *)pdu + off, d, g, u, len);
+            continue;
+        }
         v->swiglu_bwd(bdg, bdu, d, g, u, len);
         v->store(at_cpu_elem(pdg, dgate->dtype, off), dgate->dtype, bdg, len);
         v->store(at_cpu_elem(pdu, dup->dtype, off), dup->dtype, bdu, len);

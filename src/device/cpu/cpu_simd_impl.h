@@ -430,11 +430,20 @@ static void rmsnorm_bwd_row_f32(float *dx, float *dw_acc, const float *dy, const
     for (int64_t i = 0; i < n; i++) dx[i] = r * (dy[i] * w[i] - x[i] * c);
 }
 
+/* Prefetch of a stream 1 KiB ahead, for loops with enough arithmetic per
+ * value (sigmoid) that the hardware prefetchers fall behind on rows that
+ * come from memory (swiglu over 512 x 4864 f32: 10 MB a stream). Never
+ * faults, past the end included. */
+#define AHEAD(p) __builtin_prefetch((const char *)(p) + 1024)
+
 static void swiglu_fwd_f32(float *y, const float *g, const float *u, int64_t n)
 {
     int64_t i = 0;
 #if defined(VL)
     for (; i + VL <= n; i += VL) {
+        AHEAD(g + i);
+        AHEAD(u + i);
+        AHEAD(y + i);
         vf gi = VLOAD(g + i);
         VSTORE(y + i, VMUL(VMUL(gi, vsigmoidv(gi)), VLOAD(u + i)));
     }
@@ -448,6 +457,11 @@ static void swiglu_bwd_f32(float *dg, float *du, const float *dy, const float *g
 #if defined(VL)
     const vf one = VSET1(1.0f);
     for (; i + VL <= n; i += VL) {
+        AHEAD(g + i);
+        AHEAD(u + i);
+        AHEAD(dy + i);
+        AHEAD(dg + i);
+        AHEAD(du + i);
         vf gi = VLOAD(g + i), ui = VLOAD(u + i), d = VLOAD(dy + i);
         vf sg = vsigmoidv(gi);
         vf a = VMUL(VMUL(VMUL(d, ui), sg), VFMA(gi, VSUB(one, sg), one));

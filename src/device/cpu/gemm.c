@@ -22,13 +22,20 @@
  * which gives the same products (a product of two bf16 values is exact in
  * f32).
  *
- * Block sizes (gemm_*.c) were chosen by measurement on a 2-core Zen 4 (L1d
- * 32 KiB, L2 1 MiB per core): f32 kc 512, mc 224, nc 2048; bf16 the same in
- * bytes (kc 1024 values). The AVX2 kernel's kc 512 (mc 144) was measured on
- * a Zen 5 (L1d 48 KiB, L2 1 MiB) at ANYTUNE_CPU_ISA=avx2: 3-8% above kc 256
- * on the training shapes, as half as many passes over each C tile. On a CPU
- * with smaller caches they are cut to the same share of them
- * (sized_for_caches). */
+ * Block sizes (gemm_*.c) were chosen by measurement. f32 on a 2-core Zen 5
+ * (L1d 48 KiB, L2 1 MiB per core): kc 1024, nc 1024, and mc 112 (AVX-512)
+ * or 72 (AVX2), i.e. the packed block of A keeps the 448 KiB of L2 it had
+ * at kc 512 (mc 224 / 144, nc 2048). The kernels stream the kc x nr panel
+ * of B from L2 (it no longer fits L1), and C is read and written half as
+ * often: per core (one thread, CPU time, median of 3-5 runs on a busy
+ * machine) against the best library in the same run, AVX-512 sq2048
+ * 0.94 -> 1.00-1.02, up 0.93 -> 1.02, down 0.92 -> 0.96-0.98, dX NT 0.96
+ * -> 0.98; AVX2 sq2048 0.96 -> 0.98, up 0.98 -> 1.02; kc 256 was 10-15%
+ * slower, kc 768 or 1536 no better. nc 1024 rather than 2048 keeps the
+ * packed block of B (re-read from L3 for each block of A, 112 rows) at
+ * 4 MiB: sq2048 +5%. bf16 (gemm_avx512bf16.c) keeps what a Zen 4 (L1d 32
+ * KiB) gave: kc 512 f32 values in bytes. On a CPU with smaller caches the
+ * blocks are cut to the same share of them (at_gemm_sized_for_caches). */
 #include "device/cpu/gemm.h"
 
 #include <math.h>
@@ -725,24 +732,26 @@ static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
     }
 }
 
-/* e with its cache blocks cut to this CPU's caches where they are smaller
- * than those e's were measured on (l1_ref, l2_ref): kc keeps the share of L1d
- * that the kc x nr panel of B fills (the microkernel rereads it for each mr
- * rows of A: 32 of 48 KiB for the AVX2 kernel, so on a 32 KiB L1d kc 512
- * would evict it), and mc x kc, the packed block of A, the share of L2
- * (mc grows where only kc was cut). Nothing grows on larger caches: blocks
- * larger than the measured ones were not measured. */
-static at_gemm_blocked sized_for_caches(const at_gemm_blocked *e)
+/* kc follows L1d and the packed block of A (mc x kc values) L2, each in
+ * proportion to the caches e was measured on (l1_ref, l2_ref), only where
+ * this CPU's are smaller: blocks larger than the measured ones were not
+ * measured. kc is a multiple of 16 (kp divides it), at least 64; mc a
+ * multiple of mr, between mr and 4 x e->mc (it grows where only kc was
+ * cut, so that the block of A keeps its share of L2). Scaling kc with L1d
+ * is a proxy for the whole hierarchy: on the cores measured, a smaller L1d
+ * came with a smaller L2 per core or a slower L2, where the kc x nr panel
+ * of B that the microkernel streams (128 KiB at AVX-512's kc 1024) should
+ * shrink too. */
+at_gemm_blocked at_gemm_sized_for_caches(const at_gemm_blocked *e, long l1d_bytes, long l2_bytes)
 {
     at_gemm_blocked s = *e;
-    const at_cpu_features *f = at_cpu_get_features();
     long l1 = e->l1_ref * 1024L, l2 = e->l2_ref * 1024L;
-    if (l1 > 0 && f->l1d_bytes > 0 && f->l1d_bytes < l1) {
-        int64_t kc = (int64_t)e->kc * f->l1d_bytes / l1 / 16 * 16; /* kp divides 16 */
+    if (l1 > 0 && l1d_bytes > 0 && l1d_bytes < l1) {
+        int64_t kc = (int64_t)e->kc * l1d_bytes / l1 / 16 * 16; /* kp divides 16 */
         s.kc = kc < 64 ? 64 : (int)kc;
     }
     int64_t abytes = (int64_t)e->mc * e->kc; /* in values */
-    if (l2 > 0 && f->l2_bytes > 0 && f->l2_bytes < l2) abytes = abytes * f->l2_bytes / l2;
+    if (l2 > 0 && l2_bytes > 0 && l2_bytes < l2) abytes = abytes * l2_bytes / l2;
     int64_t mc = abytes / s.kc / e->mr * e->mr;
     s.mc = mc < e->mr ? e->mr : mc > e->mc * 4 ? e->mc * 4 : (int)mc;
     return s;
@@ -768,7 +777,9 @@ static void run_ours(problem *pp)
         return;
     }
 
-    const at_gemm_blocked sized = sized_for_caches(blocked_engine(bf16)), *e = &sized;
+    const at_cpu_features *f = at_cpu_get_features();
+    const at_gemm_blocked sized = at_gemm_sized_for_caches(blocked_engine(bf16), f->l1d_bytes, f->l2_bytes),
+                          *e = &sized;
     if (p.ct == AT_BF16 && K > e->kc) {
         /* accumulating across k blocks in a bf16 C would round each partial
          * sum: accumulate in an f32 copy instead and round once */

@@ -185,7 +185,7 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
 }
 
 const at_gemm_blocked at_gemm_f32_avx2 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kp = 1, .mc = 24 * MR, .kc = 512, .nc = 128 * NR,
+    .name = "avx2", .mr = MR, .nr = NR, .kp = 1, .mc = 12 * MR, .kc = 1024, .nc = 64 * NR,
     .l1_ref = 48, .l2_ref = 1024, /* a Zen 5 */
     .pack = pack_f32, .kernel = kernel_f32,
 };

@@ -1,6 +1,7 @@
 /* The GEMM engine's insides: what the driver (gemm.c) asks of each
  * instruction-set file (gemm_avx2.c, gemm_avx512.c, gemm_avx512bf16.c).
- * Only src/device/cpu/gemm*.c include this.
+ * Only src/device/cpu/gemm*.c (and tests/test_gemm.c, for the rule of
+ * at_gemm_sized_for_caches) include this.
  *
  * Blocked path (GotoBLAS/BLIS): op(A) is cut into panels of mr rows and op(B)
  * into panels of nr columns, each packed k-major so the microkernel reads
@@ -72,7 +73,7 @@ typedef struct {
     int kp;         /* 1: f32 panels; 2: bf16 pair panels */
     int mc, kc, nc; /* cache blocks (mc % mr == 0, nc % nr == 0, kc % kp == 0) */
     int l1_ref, l2_ref; /* KiB of L1d and L2 of the core mc and kc were measured on; on a
-                         * core with less the driver cuts them (gemm.c, sized_for_caches);
+                         * core with less the driver cuts them (at_gemm_sized_for_caches);
                          * 0: never cut */
     at_gemm_pack_fn pack;
     at_gemm_kernel_fn kernel;
@@ -99,6 +100,10 @@ void at_gemm_pack_portable(void *dst, const void *src, at_dtype t, int64_t sx, i
                            int64_t kc, int round);
 void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t ldc, int m, int n, float alpha,
                         float beta);
+
+/* e's cache blocks for a core with l1d_bytes of L1d and l2_bytes of L2 (0:
+ * unknown, nothing cut): the rule is gemm.c's, tested in tests/test_gemm.c. */
+at_gemm_blocked at_gemm_sized_for_caches(const at_gemm_blocked *e, long l1d_bytes, long l2_bytes);
 
 /* Defined in the ISA files; only used after at_cpu_isa_level() allows it. */
 extern const at_gemm_blocked at_gemm_f32_avx2;
