@@ -47,6 +47,14 @@ static at_status get_int(const cJSON *obj, const char *key, const char *what, lo
     return AT_OK;
 }
 
+/* The block a list element names: an integral number in 0..depth-1, else -1
+ * (checked before the cast, which is undefined out of int's range). */
+static int block_index(const cJSON *e, int depth)
+{
+    if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < depth)) return -1;
+    return e->valuedouble == floor(e->valuedouble) ? (int)e->valuedouble : -1;
+}
+
 static at_status get_token(const cJSON *root, const char *key, const char *what, int32_t dflt, int32_t *out)
 {
     long long v;
@@ -100,8 +108,7 @@ at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vis
                 return at_error(AT_ERR_FORMAT, "%s: deepstack_visual_indexes must be a list of at most %d blocks",
                                 what, AT_VISION_MAX_DEEPSTACK);
             const cJSON *e;
-            cJSON_ArrayForEach(e, ds) vc->deepstack_visual_indexes[vc->n_deepstack++] =
-                cJSON_IsNumber(e) && e->valuedouble == (int)e->valuedouble ? (int)e->valuedouble : -1;
+            cJSON_ArrayForEach(e, ds) vc->deepstack_visual_indexes[vc->n_deepstack++] = block_index(e, vc->depth);
         }
         for (int i = 0; i < vc->n_deepstack; i++) {
             const int b = vc->deepstack_visual_indexes[i];
@@ -124,11 +131,11 @@ at_status at_vision_config_from_json(const cJSON *root, const char *what, at_vis
                                 AT_VISION_MAX_FULLATT);
             const cJSON *e;
             cJSON_ArrayForEach(e, fa) {
-                if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= vc->depth ||
-                    e->valuedouble != (int)e->valuedouble)
+                const int b = block_index(e, vc->depth);
+                if (b < 0)
                     return at_error(AT_ERR_FORMAT, "%s: fullatt_block_indexes holds %g, not a block of 0..%d", what,
                                     cJSON_IsNumber(e) ? e->valuedouble : -1.0, vc->depth - 1);
-                vc->fullatt_block_indexes[vc->n_fullatt++] = (int)e->valuedouble;
+                vc->fullatt_block_indexes[vc->n_fullatt++] = b;
             }
         }
         if (strcmp(vc->hidden_act, "silu"))
