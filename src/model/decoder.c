@@ -219,7 +219,7 @@ static size_t i32_elems(int64_t N, int B) { return (size_t)(5 * N + 2 * B); }
 static size_t f32_elems(const at_model_config *c, int64_t N, int B, int rank)
 {
     size_t hd = (size_t)c->hidden_size;
-    return at_layer_acts_elems(c, N) + round16((size_t)N * hd) + 2 * round16((size_t)B * hd) +
+    return at_layer_acts_elems(c, N) + at_layer_recomputed_elems(c, N) + round16((size_t)N * hd) + 2 * round16((size_t)B * hd) +
            round16((size_t)N * (size_t)rank);
 }
 
@@ -345,6 +345,8 @@ static at_status prefill_run(at_decoder *d, at_kv_cache *cache, const int32_t *i
     at_layer_acts la;
     at_layer_acts_bind(&la, c, B, T, s->f32, 0);
     size_t off = at_layer_acts_elems(c, N);
+    at_layer_acts_bind_recomputed(&la, c, N, s->f32, off);
+    off += at_layer_recomputed_elems(c, N);
     at_tensor x, rows, rows_norm;
     int64_t shx[2] = {N, hd}, shr[2] = {B, hd};
     at_tensor_view_inplace(&x, s->f32, off, 2, shx);

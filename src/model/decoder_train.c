@@ -42,7 +42,7 @@ static int chunk_rows_for(const at_model_config *c, int64_t N)
 
 /* Where everything lives in the arena, in elements. */
 typedef struct {
-    size_t resid, layers, final_norm, final_rstd, lora, logits, target_loss, d_final, d_resid, bwd, total;
+    size_t resid, layers, recomputed, final_norm, final_rstd, lora, logits, target_loss, d_final, d_resid, bwd, total;
     size_t layer_stride, lora_stride;
 } acts_plan;
 
@@ -59,6 +59,8 @@ static void plan_acts(const at_model_config *c, int B, int T, unsigned flags, in
     p->layers = off;
     p->layer_stride = at_layer_acts_elems(c, (int64_t)N);
     off += nl * p->layer_stride;
+    p->recomputed = off; /* one set for all layers (layers.h) */
+    off += at_layer_recomputed_elems(c, (int64_t)N);
     p->final_norm = off;
     off += round16(N * hd);
     p->final_rstd = off;
@@ -149,6 +151,7 @@ at_status at_decoder_acts_new_ex(const at_decoder *d, int B, int T, unsigned fla
     for (int l = 0; l < a->n_layers; l++) {
         size_t k = ckpt ? 0 : (size_t)l;
         at_layer_acts_bind(&a->layers[l], c, B, T, a->arena, p.layers + k * p.layer_stride);
+        at_layer_acts_bind_recomputed(&a->layers[l], c, N, a->arena, p.recomputed);
         at_layer_acts_bind_lora(&a->layers[l], N, rank, mask, 0, a->arena, p.lora + k * p.lora_stride);
     }
     view2(&a->final_norm, a->arena, p.final_norm, N, hd, "acts.final_norm");

@@ -23,7 +23,6 @@ static void acts_layout(const at_model_config *c, int64_t N, layout *L)
     size_t qd = (size_t)c->num_attention_heads * (size_t)c->head_dim;
     size_t kd = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     size_t n = (size_t)N, k = 0;
-    L->n[k++] = n * hd;                                          /* attn_norm */
     L->n[k++] = n;                                               /* attn_rstd */
     L->n[k++] = c->qk_norm ? n * qd : 0;                         /* q_raw */
     L->n[k++] = c->qk_norm ? n * kd : 0;                         /* k_raw */
@@ -35,7 +34,6 @@ static void acts_layout(const at_model_config *c, int64_t N, layout *L)
     L->n[k++] = n * qd;                                          /* att */
     L->n[k++] = n * (size_t)c->num_attention_heads;              /* lse */
     L->n[k++] = n * hd;                                          /* res_mid */
-    L->n[k++] = n * hd;                                          /* ffn_norm */
     L->n[k++] = n;                                               /* ffn_rstd */
     L->n[k++] = n * I;                                           /* gate */
     L->n[k++] = n * I;                                           /* up */
@@ -48,9 +46,13 @@ size_t at_layer_acts_elems(const at_model_config *cfg, int64_t n_tokens)
     acts_layout(cfg, n_tokens, &L);
     size_t total = 0;
     for (int i = 0; i < L.count; i++) total += round_up(L.n[i]);
-    /* act [N, I] */
-    total += round_up((size_t)n_tokens * (size_t)cfg->intermediate_size);
     return total;
+}
+
+size_t at_layer_recomputed_elems(const at_model_config *cfg, int64_t n_tokens)
+{
+    size_t n = (size_t)n_tokens;
+    return 2 * round_up(n * (size_t)cfg->hidden_size) + round_up(n * (size_t)cfg->intermediate_size);
 }
 
 static void bind(at_tensor *dst, const at_tensor *arena, size_t *off, size_t n, int ndim, int64_t d0, int64_t d1,
@@ -77,23 +79,30 @@ void at_layer_acts_bind(at_layer_acts *a, const at_model_config *c, int B, int T
     size_t off = elem_offset;
     memset(a->lora_u, 0, sizeof a->lora_u); /* LoRA parts are bound apart */
     memset(&a->lora_x, 0, sizeof a->lora_x);
-    bind(&a->attn_norm, arena, &off, L.n[0], 2, N, hd, 1, 1, "acts.attn_norm");
-    bind(&a->attn_rstd, arena, &off, L.n[1], 1, N, 1, 1, 1, "acts.attn_rstd");
-    bind(&a->q_raw, arena, &off, L.n[2], 2, N, H * D, 1, 1, "acts.q_raw");
-    bind(&a->k_raw, arena, &off, L.n[3], 2, N, Hkv * D, 1, 1, "acts.k_raw");
-    bind(&a->q_rstd, arena, &off, L.n[4], 1, N * H, 1, 1, 1, "acts.q_rstd");
-    bind(&a->k_rstd, arena, &off, L.n[5], 1, N * Hkv, 1, 1, 1, "acts.k_rstd");
-    bind(&a->q, arena, &off, L.n[6], 4, B, T, H, D, "acts.q");
-    bind(&a->k, arena, &off, L.n[7], 4, B, T, Hkv, D, "acts.k");
-    bind(&a->v, arena, &off, L.n[8], 4, B, T, Hkv, D, "acts.v");
-    bind(&a->att, arena, &off, L.n[9], 4, B, T, H, D, "acts.att");
-    bind(&a->lse, arena, &off, L.n[10], 3, B, H, T, 1, "acts.lse");
-    bind(&a->res_mid, arena, &off, L.n[11], 2, N, hd, 1, 1, "acts.res_mid");
-    bind(&a->ffn_norm, arena, &off, L.n[12], 2, N, hd, 1, 1, "acts.ffn_norm");
-    bind(&a->ffn_rstd, arena, &off, L.n[13], 1, N, 1, 1, 1, "acts.ffn_rstd");
-    bind(&a->gate, arena, &off, L.n[14], 2, N, I, 1, 1, "acts.gate");
-    bind(&a->up, arena, &off, L.n[15], 2, N, I, 1, 1, "acts.up");
-    bind(&a->act, arena, &off, (size_t)N * (size_t)I, 2, N, I, 1, 1, "acts.act");
+    bind(&a->attn_rstd, arena, &off, L.n[0], 1, N, 1, 1, 1, "acts.attn_rstd");
+    bind(&a->q_raw, arena, &off, L.n[1], 2, N, H * D, 1, 1, "acts.q_raw");
+    bind(&a->k_raw, arena, &off, L.n[2], 2, N, Hkv * D, 1, 1, "acts.k_raw");
+    bind(&a->q_rstd, arena, &off, L.n[3], 1, N * H, 1, 1, 1, "acts.q_rstd");
+    bind(&a->k_rstd, arena, &off, L.n[4], 1, N * Hkv, 1, 1, 1, "acts.k_rstd");
+    bind(&a->q, arena, &off, L.n[5], 4, B, T, H, D, "acts.q");
+    bind(&a->k, arena, &off, L.n[6], 4, B, T, Hkv, D, "acts.k");
+    bind(&a->v, arena, &off, L.n[7], 4, B, T, Hkv, D, "acts.v");
+    bind(&a->att, arena, &off, L.n[8], 4, B, T, H, D, "acts.att");
+    bind(&a->lse, arena, &off, L.n[9], 3, B, H, T, 1, "acts.lse");
+    bind(&a->res_mid, arena, &off, L.n[10], 2, N, hd, 1, 1, "acts.res_mid");
+    bind(&a->ffn_rstd, arena, &off, L.n[11], 1, N, 1, 1, 1, "acts.ffn_rstd");
+    bind(&a->gate, arena, &off, L.n[12], 2, N, I, 1, 1, "acts.gate");
+    bind(&a->up, arena, &off, L.n[13], 2, N, I, 1, 1, "acts.up");
+}
+
+void at_layer_acts_bind_recomputed(at_layer_acts *a, const at_model_config *c, int64_t N, const at_tensor *arena,
+                                   size_t elem_offset)
+{
+    size_t off = elem_offset, nh = (size_t)N * (size_t)c->hidden_size;
+    bind(&a->attn_norm, arena, &off, nh, 2, N, c->hidden_size, 1, 1, "acts.attn_norm");
+    bind(&a->ffn_norm, arena, &off, nh, 2, N, c->hidden_size, 1, 1, "acts.ffn_norm");
+    bind(&a->act, arena, &off, (size_t)N * (size_t)c->intermediate_size, 2, N, c->intermediate_size, 1, 1,
+         "acts.act");
 }
 
 size_t at_layer_lora_elems(int64_t n_tokens, int rank, unsigned target_mask)
@@ -364,10 +373,14 @@ at_status at_mlp_block_backward(const at_model_config *c, const at_layer_weights
     at_tensor dy = flat2(dres, N, hd), h2 = flat2(h, N, hd);
     at_tensor dz = flat2(&s->big[0], N, I), dg = flat2(&s->big[1], N, I), du = flat2(&s->big[2], N, I);
     at_tensor dm = flat2(&s->hd[0], N, hd), dn = flat2(&s->hd[1], N, hd);
-    AT_TRY(linear_backward(&dz, 0.0f, &dy, &a->act, w->w_down, GW(g, w_down), NULL, a, g, io, AT_MOD_DOWN, s));
+    /* act and m again (layers share them: layers.h) */
+    at_tensor act = a->act, m = a->ffn_norm, rstd = a->ffn_rstd;
+    AT_TRY(at_swiglu_forward(&act, &a->gate, &a->up));
+    AT_TRY(linear_backward(&dz, 0.0f, &dy, &act, w->w_down, GW(g, w_down), NULL, a, g, io, AT_MOD_DOWN, s));
     AT_TRY(at_swiglu_backward(&dg, &du, &dz, &a->gate, &a->up));
-    AT_TRY(linear_backward(&dm, 0.0f, &dg, &a->ffn_norm, w->w_gate, GW(g, w_gate), NULL, a, g, io, AT_MOD_GATE, s));
-    AT_TRY(linear_backward(&dm, 1.0f, &du, &a->ffn_norm, w->w_up, GW(g, w_up), NULL, a, g, io, AT_MOD_UP, s));
+    AT_TRY(at_rmsnorm_forward(&m, &rstd, &h2, w->ffn_norm, (float)c->rms_norm_eps));
+    AT_TRY(linear_backward(&dm, 0.0f, &dg, &m, w->w_gate, GW(g, w_gate), NULL, a, g, io, AT_MOD_GATE, s));
+    AT_TRY(linear_backward(&dm, 1.0f, &du, &m, w->w_up, GW(g, w_up), NULL, a, g, io, AT_MOD_UP, s));
     AT_TRY(at_rmsnorm_backward(&dn, GW(g, ffn_norm), &dm, &h2, w->ffn_norm, &a->ffn_rstd));
     return at_axpy(&dy, 1.0f, &dn);
 }
@@ -412,10 +425,12 @@ at_status at_attention_block_backward(const at_model_config *c, const at_layer_w
         gq = &dqr;
         gk = &dkr;
     }
-    /* a = rmsnorm(x)·w feeds q, k, v: their gradients add up */
-    AT_TRY(linear_backward(&da, 0.0f, gq, &a->attn_norm, w->wq, GW(g, wq), GW(g, bq), a, g, io, AT_MOD_Q, s));
-    AT_TRY(linear_backward(&da, 1.0f, gk, &a->attn_norm, w->wk, GW(g, wk), GW(g, bk), a, g, io, AT_MOD_K, s));
-    AT_TRY(linear_backward(&da, 1.0f, &dv2, &a->attn_norm, w->wv, GW(g, wv), GW(g, bv), a, g, io, AT_MOD_V, s));
+    /* a = rmsnorm(x)·w (again: layers share it, layers.h) feeds q, k, v: their gradients add up */
+    at_tensor an = a->attn_norm, rstd = a->attn_rstd;
+    AT_TRY(at_rmsnorm_forward(&an, &rstd, &x2, w->attn_norm, (float)c->rms_norm_eps));
+    AT_TRY(linear_backward(&da, 0.0f, gq, &an, w->wq, GW(g, wq), GW(g, bq), a, g, io, AT_MOD_Q, s));
+    AT_TRY(linear_backward(&da, 1.0f, gk, &an, w->wk, GW(g, wk), GW(g, bk), a, g, io, AT_MOD_K, s));
+    AT_TRY(linear_backward(&da, 1.0f, &dv2, &an, w->wv, GW(g, wv), GW(g, bv), a, g, io, AT_MOD_V, s));
     AT_TRY(at_rmsnorm_backward(&dn, GW(g, attn_norm), &da, &x2, w->attn_norm, &a->attn_rstd));
     return at_axpy(&dy, 1.0f, &dn);
 }

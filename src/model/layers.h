@@ -33,6 +33,11 @@ typedef struct at_layer_acts {
     at_tensor ffn_rstd;       /*                                       [N] */
     at_tensor gate, up;       /* m·Wgᵀ, m·Wuᵀ                          [N, I] */
     at_tensor act;            /* silu(gate) · up                       [N, I] */
+    /* attn_norm, ffn_norm and act are recomputed by the backward (from x, h,
+     * gate and up: one cheap pass each, bit for bit the forward's), so every
+     * layer of a training forward may share one set: act alone is [N, I],
+     * 10 MB per layer for a 512-token step of Qwen2.5-0.5B. They are bound
+     * apart (at_layer_acts_bind_recomputed). */
     /* LoRA: u_m = drop(x_m)·A_mᵀ of each adapted module m  [N, r] (buf NULL when
      * module m is not adapted or no adapter is used). Bound separately
      * (at_layer_acts_bind_lora); in inference all seven may share one buffer. */
@@ -43,14 +48,20 @@ typedef struct at_layer_acts {
 } at_layer_acts;
 
 /* f32 elements one at_layer_acts needs for B·T = N tokens (with alignment
- * padding), for at_layer_acts_bind. */
+ * padding), for at_layer_acts_bind: all but attn_norm, ffn_norm and act. */
 size_t at_layer_acts_elems(const at_model_config *cfg, int64_t n_tokens);
+/* f32 elements of attn_norm, ffn_norm and act, for at_layer_acts_bind_recomputed. */
+size_t at_layer_recomputed_elems(const at_model_config *cfg, int64_t n_tokens);
 
-/* Lays the activations of B×T tokens out as views into `arena` (f32, at least
- * at_layer_acts_elems(cfg, B·T) elements from elem_offset). The arena must
- * outlive the views. */
+/* Lays the activations of B×T tokens but attn_norm, ffn_norm and act out as
+ * views into `arena` (f32, at least at_layer_acts_elems(cfg, B·T) elements
+ * from elem_offset). The arena must outlive the views. */
 void at_layer_acts_bind(at_layer_acts *a, const at_model_config *cfg, int B, int T, const at_tensor *arena,
                         size_t elem_offset);
+/* The same for attn_norm, ffn_norm and act (at_layer_recomputed_elems
+ * elements from elem_offset), which any number of layers may share. */
+void at_layer_acts_bind_recomputed(at_layer_acts *a, const at_model_config *cfg, int64_t n_tokens,
+                                   const at_tensor *arena, size_t elem_offset);
 
 /* f32 elements of the LoRA part of one at_layer_acts (the u_m of the
  * modules in target_mask, [N, rank] each); 0 without an adapter. */

@@ -382,7 +382,8 @@ void at_mem_estimate_infer(const at_mem_infer_request *r, at_mem_estimate *e)
      * i32 indices ids, pos, q_index [N] and kv_len, last [B] */
     int64_t N = (int64_t)r->batch * (r->prefill_tokens > 0 ? r->prefill_tokens : 1), B = r->batch;
     int64_t hd = c->hidden_size;
-    int64_t f32 = (int64_t)at_layer_acts_elems(c, N) + N * hd + 2 * B * hd + N * r->lora_rank;
+    int64_t f32 = (int64_t)(at_layer_acts_elems(c, N) + at_layer_recomputed_elems(c, N)) + N * hd + 2 * B * hd +
+                  N * r->lora_rank;
     e->activations = 4 * f32 + 4 * (3 * N + 2 * B) * 2;
     e->attention = attention_bytes(c, B, r->prefill_tokens, r->threads, 0);
     e->logits = 4 * B * (int64_t)c->vocab_size;
