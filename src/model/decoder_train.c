@@ -23,16 +23,17 @@ static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 /* ---- activations -------------------------------------------------------------- */
 
 /* Rows of logits per chunk: the N rows cut into equal chunks of at most
- * 512 rows and 80M floats (320 MB), 16 rows at least. Each chunk's two
+ * 512 rows and 40M floats (160 MB), 16 rows at least. Each chunk's two
  * products with the lm_head (logits, dh) repack all of it (V x hidden) for
  * the GEMM kernels: with Qwen2.5's 151,936-token vocabulary that packing was
  * ~1/8 of a step's GEMM time at 110-row chunks (5 per 512 tokens), ~1/20 at
- * 2 chunks; 512 rows make a 512-token step one chunk (311 MB of logits,
- * half the repacking of 2 chunks). Equal chunks: a remainder of a few rows
- * would repack it all for little work. */
+ * 2 chunks. A 512-token step is 2 chunks of 256 rows: 155 MB of logits
+ * rather than 311 for one chunk, at a cost lost in the noise of bench_train
+ * (Zen 4: 150.7 and 161.4 tok/s against 153.3 and 156.7). Equal chunks: a
+ * remainder of a few rows would repack it all for little work. */
 static int chunk_rows_for(const at_model_config *c, int64_t N)
 {
-    int64_t r = ((int64_t)80 << 20) / (c->vocab_size > 0 ? c->vocab_size : 1);
+    int64_t r = ((int64_t)40 << 20) / (c->vocab_size > 0 ? c->vocab_size : 1);
     if (r > 512) r = 512;
     if (r < 16) r = 16;
     if (N <= 0) return (int)r;
