@@ -105,8 +105,6 @@ void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t 
  * unknown, nothing cut): the rule is gemm.c's, tested in tests/test_gemm.c. */
 at_gemm_blocked at_gemm_sized_for_caches(const at_gemm_blocked *e, long l1d_bytes, long l2_bytes);
 
-/* Defined in the ISA files; only used after at_cpu_isa_level() allows it. */
-extern const at_gemm_blocked at_gemm_f32_avx2;
 /* For the ISA files' packers: pack_body(dst, src, t, sx, sk, W, n, kc, r)
  * with W the compile-time panel width MR or NR when w is one of them, so
  * that the loops over lanes unroll and a transpose stays in registers (the
@@ -118,6 +116,8 @@ extern const at_gemm_blocked at_gemm_f32_avx2;
         else pack_body(dst, src, t, sx, sk, w, n, kc, r);                                                              \
     } while (0)
 
+/* Defined in the ISA files; only used after at_cpu_isa_level() allows it. */
+extern const at_gemm_blocked at_gemm_f32_avx2;
 extern const at_gemm_blocked at_gemm_f32_avx512;
 extern const at_gemm_blocked at_gemm_bf16_avx512bf16;
 extern const at_gemm_small at_gemm_small_avx2;
