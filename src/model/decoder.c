@@ -219,8 +219,8 @@ static size_t i32_elems(int64_t N, int B) { return (size_t)(5 * N + 2 * B); }
 static size_t f32_elems(const at_model_config *c, int64_t N, int B, int rank)
 {
     size_t hd = (size_t)c->hidden_size;
-    return at_layer_acts_elems(c, N) + at_layer_recomputed_elems(c, N) + round16((size_t)N * hd) + 2 * round16((size_t)B * hd) +
-           round16((size_t)N * (size_t)rank);
+    return at_layer_acts_elems(c, N) + at_layer_recomputed_elems(c, N) + round16((size_t)N * hd) +
+           2 * round16((size_t)B * hd) + round16((size_t)N * (size_t)rank);
 }
 
 static at_status scratch_ensure(at_decoder *d, int64_t N, int B)
