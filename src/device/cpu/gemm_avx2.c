@@ -246,7 +246,7 @@ static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, con
     for (; r + RR <= R; r += RR)                                                                                       \
         dot_tile(RR, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);         \
     for (; r < R; r++) dot_tile(1, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);
-        if (sv <= 1) { RUN(4, 1) }
+        if (sv <= 1) { RUN(1, 1) } /* one row at a time: gemm_kernels.h */
         else if (sv <= 2) { RUN(4, 2) }
         else if (sv <= 4) { RUN(2, 4) }
         else { RUN(1, 8) }

@@ -197,7 +197,7 @@ static void dot_bf16(int S, int64_t K, const float *x, int64_t ldx, int64_t R, c
 #define RUN(RR, SS)                                                                                                    \
     for (; r + RR <= R; r += RR) dotb_tile(RR, SS, K, xs, ldxb, y + r * ldy, ldy, os + r * ors, ors, oss, sv);         \
     for (; r < R; r++) dotb_tile(1, SS, K, xs, ldxb, y + r * ldy, ldy, os + r * ors, ors, oss, sv);
-        if (sv <= 1) { RUN(4, 1) }
+        if (sv <= 1) { RUN(1, 1) } /* one row at a time: gemm_kernels.h */
         else if (sv <= 2) { RUN(4, 2) }
         else if (sv <= 4) { RUN(4, 4) }
         else { RUN(2, 8) }
