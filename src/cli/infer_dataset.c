@@ -80,7 +80,7 @@ static at_status run_data_args(const char *adapter, cJSON **args, const char ***
     }
     const cJSON *r = cJSON_GetObjectItem(*args, "split_dataset_ratio"), *s = cJSON_GetObjectItem(*args, "seed");
     dopt->split_ratio = *use_val ? 0 : cJSON_IsNumber(r) ? r->valuedouble : 0;
-    if (cJSON_IsNumber(s) && s->valuedouble >= 0 && s->valuedouble < 18446744073709551616.0) /* cast defined */
+    if (cJSON_IsNumber(s) && s->valuedouble >= 0 && s->valuedouble < 0x1p64) /* the cast is defined */
         dopt->seed = (uint64_t)s->valuedouble;
     if (!*use_val && dopt->split_ratio <= 0)
         return at_error(AT_ERR_INVALID, "%s: the run held no validation data out (no --val_dataset, "

@@ -717,6 +717,9 @@ at_status at_decoder_backward(at_decoder *d, at_decoder_acts *a, at_decoder_grad
             at_tensor y = a->bwd.hd[0];
             AT_TRY(at_attention_block_forward(c, lw, la, &la->res_mid, &a->resid[l], &io));
             AT_TRY(at_mlp_block_forward(c, lw, la, &y, &la->res_mid, &io));
+        } else if (l != L - 1) {
+            /* the layers' shared set holds layer l + 1's values (layers.h) */
+            AT_TRY(at_layer_recompute_shared(c, lw, la, &a->resid[l]));
         }
         at_layer_grads lg = {gw ? &gw->layers[l] : NULL, g->lora ? at_adapter_pair(g->lora, l, AT_MOD_Q) : NULL};
         AT_TRY(at_mlp_block_backward(c, lw, la, &lg, dres, &la->res_mid, &io, &a->bwd));

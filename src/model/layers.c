@@ -359,6 +359,17 @@ at_status at_mlp_block_forward(const at_model_config *c, const at_layer_weights 
     return AT_OK;
 }
 
+at_status at_layer_recompute_shared(const at_model_config *c, const at_layer_weights *w, at_layer_acts *a,
+                                    const at_tensor *x)
+{
+    int64_t hd = c->hidden_size, N = at_tensor_numel(x) / hd;
+    at_tensor x2 = flat2(x, N, hd), h2 = flat2(&a->res_mid, N, hd);
+    float eps = (float)c->rms_norm_eps;
+    AT_TRY(at_rmsnorm_forward(&a->attn_norm, &a->attn_rstd, &x2, w->attn_norm, eps));
+    AT_TRY(at_rmsnorm_forward(&a->ffn_norm, &a->ffn_rstd, &h2, w->ffn_norm, eps));
+    return at_swiglu_forward(&a->act, &a->gate, &a->up);
+}
+
 /* Gradient of one weight of layer gradients g (NULL when frozen). */
 #define GW(g, field) ((g) && (g)->w ? (g)->w->field : NULL)
 
@@ -373,14 +384,10 @@ at_status at_mlp_block_backward(const at_model_config *c, const at_layer_weights
     at_tensor dy = flat2(dres, N, hd), h2 = flat2(h, N, hd);
     at_tensor dz = flat2(&s->big[0], N, I), dg = flat2(&s->big[1], N, I), du = flat2(&s->big[2], N, I);
     at_tensor dm = flat2(&s->hd[0], N, hd), dn = flat2(&s->hd[1], N, hd);
-    /* act and m again (layers share them: layers.h) */
-    at_tensor act = a->act, m = a->ffn_norm, rstd = a->ffn_rstd;
-    AT_TRY(at_swiglu_forward(&act, &a->gate, &a->up));
-    AT_TRY(linear_backward(&dz, 0.0f, &dy, &act, w->w_down, GW(g, w_down), NULL, a, g, io, AT_MOD_DOWN, s));
+    AT_TRY(linear_backward(&dz, 0.0f, &dy, &a->act, w->w_down, GW(g, w_down), NULL, a, g, io, AT_MOD_DOWN, s));
     AT_TRY(at_swiglu_backward(&dg, &du, &dz, &a->gate, &a->up));
-    AT_TRY(at_rmsnorm_forward(&m, &rstd, &h2, w->ffn_norm, (float)c->rms_norm_eps));
-    AT_TRY(linear_backward(&dm, 0.0f, &dg, &m, w->w_gate, GW(g, w_gate), NULL, a, g, io, AT_MOD_GATE, s));
-    AT_TRY(linear_backward(&dm, 1.0f, &du, &m, w->w_up, GW(g, w_up), NULL, a, g, io, AT_MOD_UP, s));
+    AT_TRY(linear_backward(&dm, 0.0f, &dg, &a->ffn_norm, w->w_gate, GW(g, w_gate), NULL, a, g, io, AT_MOD_GATE, s));
+    AT_TRY(linear_backward(&dm, 1.0f, &du, &a->ffn_norm, w->w_up, GW(g, w_up), NULL, a, g, io, AT_MOD_UP, s));
     AT_TRY(at_rmsnorm_backward(&dn, GW(g, ffn_norm), &dm, &h2, w->ffn_norm, &a->ffn_rstd));
     return at_axpy(&dy, 1.0f, &dn);
 }
@@ -425,12 +432,10 @@ at_status at_attention_block_backward(const at_model_config *c, const at_layer_w
         gq = &dqr;
         gk = &dkr;
     }
-    /* a = rmsnorm(x)·w (again: layers share it, layers.h) feeds q, k, v: their gradients add up */
-    at_tensor an = a->attn_norm, rstd = a->attn_rstd;
-    AT_TRY(at_rmsnorm_forward(&an, &rstd, &x2, w->attn_norm, (float)c->rms_norm_eps));
-    AT_TRY(linear_backward(&da, 0.0f, gq, &an, w->wq, GW(g, wq), GW(g, bq), a, g, io, AT_MOD_Q, s));
-    AT_TRY(linear_backward(&da, 1.0f, gk, &an, w->wk, GW(g, wk), GW(g, bk), a, g, io, AT_MOD_K, s));
-    AT_TRY(linear_backward(&da, 1.0f, &dv2, &an, w->wv, GW(g, wv), GW(g, bv), a, g, io, AT_MOD_V, s));
+    /* a = rmsnorm(x)·w feeds q, k, v: their gradients add up */
+    AT_TRY(linear_backward(&da, 0.0f, gq, &a->attn_norm, w->wq, GW(g, wq), GW(g, bq), a, g, io, AT_MOD_Q, s));
+    AT_TRY(linear_backward(&da, 1.0f, gk, &a->attn_norm, w->wk, GW(g, wk), GW(g, bk), a, g, io, AT_MOD_K, s));
+    AT_TRY(linear_backward(&da, 1.0f, &dv2, &a->attn_norm, w->wv, GW(g, wv), GW(g, bv), a, g, io, AT_MOD_V, s));
     AT_TRY(at_rmsnorm_backward(&dn, GW(g, attn_norm), &da, &x2, w->attn_norm, &a->attn_rstd));
     return at_axpy(&dy, 1.0f, &dn);
 }

@@ -33,11 +33,11 @@ typedef struct at_layer_acts {
     at_tensor ffn_rstd;       /*                                       [N] */
     at_tensor gate, up;       /* m·Wgᵀ, m·Wuᵀ                          [N, I] */
     at_tensor act;            /* silu(gate) · up                       [N, I] */
-    /* attn_norm, ffn_norm and act are recomputed by the backward (from x, h,
-     * gate and up: one cheap pass each, bit for bit the forward's), so every
-     * layer of a training forward may share one set: act alone is [N, I],
-     * 10 MB per layer for a 512-token step of Qwen2.5-0.5B. They are bound
-     * apart (at_layer_acts_bind_recomputed). */
+    /* attn_norm, ffn_norm and act are cheap to recompute (from x, h, gate
+     * and up: one pass each, bit for bit the forward's, at_layer_recompute_shared),
+     * so every layer of a training forward may share one set: act alone is
+     * [N, I], 10 MB per layer for a 512-token step of Qwen2.5-0.5B. They are
+     * bound apart (at_layer_acts_bind_recomputed). */
     /* LoRA: u_m = drop(x_m)·A_mᵀ of each adapted module m  [N, r] (buf NULL when
      * module m is not adapted or no adapter is used). Bound separately
      * (at_layer_acts_bind_lora); in inference all seven may share one buffer. */
@@ -62,6 +62,13 @@ void at_layer_acts_bind(at_layer_acts *a, const at_model_config *cfg, int B, int
  * elements from elem_offset), which any number of layers may share. */
 void at_layer_acts_bind_recomputed(at_layer_acts *a, const at_model_config *cfg, int64_t n_tokens,
                                    const at_tensor *arena, size_t elem_offset);
+
+/* Recomputes a's attn_norm, ffn_norm and act (and the rstd beside each norm,
+ * to the same values) from the layer input x [.., hidden] and a's res_mid,
+ * gate and up: what a layer whose shared set (layers above) another layer
+ * has overwritten must do before its backward. */
+at_status at_layer_recompute_shared(const at_model_config *cfg, const at_layer_weights *w, at_layer_acts *a,
+                                    const at_tensor *x);
 
 /* f32 elements of the LoRA part of one at_layer_acts (the u_m of the
  * modules in target_mask, [N, rank] each); 0 without an adapter. */
@@ -175,7 +182,7 @@ void at_layer_bwd_bind(at_layer_bwd_scratch *s, const at_model_config *cfg, int6
  * LoRA of module (x → y):  u = drop(x)·Aᵀ
  *   dB += s·dyᵀ·u,   dU = s·dy·B,   dA += dUᵀ·drop(x),   dx += drop(dU·A)
  * acts must hold this layer's forward activations (recomputed when
- * checkpointing). */
+ * checkpointing; the shared set by at_layer_recompute_shared). */
 at_status at_mlp_block_backward(const at_model_config *cfg, const at_layer_weights *w, const at_layer_acts *acts,
                                 at_layer_grads *g, at_tensor *dres, const at_tensor *h, const at_layer_io *io,
                                 at_layer_bwd_scratch *s);
