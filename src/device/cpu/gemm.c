@@ -665,25 +665,34 @@ static void gemm_outer(const at_gemm_small *e, const problem *p)
 }
 
 /* The rows [m0, m1) x columns [n0, n1) of C, on one thread, with its own
- * packing buffers. */
+ * packing buffers. With a_whole, abuf holds the packed blocks of all the
+ * thread's rows for one k block: each is packed at the first column block
+ * and reused by the others (a wide C, as LoRA's up projection or the
+ * lm_head, repacked the same rows of A once per column block: 3 to 38
+ * times). Otherwise abuf holds one block, packed before each use. */
 static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0, int64_t m1, int64_t n0,
-                          int64_t n1, char *abuf, char *bbuf)
+                          int64_t n1, char *abuf, size_t ablk, int a_whole, char *bbuf)
 {
     int64_t ns = block_step(n1 - n0, e->nc, e->nr), ks = block_step(p->K, e->kc, e->kp);
     int64_t ms = block_step(m1 - m0, e->mc, e->mr);
-    for (int64_t jc = n0; jc < n1; jc += ns) {
-        int64_t nb = n1 - jc < ns ? n1 - jc : ns;
-        for (int64_t pc = 0; pc < p->K; pc += ks) {
-            int64_t kb = p->K - pc < ks ? p->K - pc : ks;
+    for (int64_t pc = 0; pc < p->K; pc += ks) {
+        int64_t kb = p->K - pc < ks ? p->K - pc : ks;
+        for (int64_t jc = n0; jc < n1; jc += ns) {
+            int64_t nb = n1 - jc < ns ? n1 - jc : ns;
             pack_b(e, p, bbuf, jc, nb, pc, kb);
             for (int64_t ic = m0; ic < m1; ic += ms) {
                 int64_t mb = m1 - ic < ms ? m1 - ic : ms;
-                pack_a(e, p, abuf, ic, mb, pc, kb);
-                multiply_blocks(e, p, ic, mb, jc, nb, kb, abuf, bbuf, pc == 0 ? p->beta : 1.0f);
+                char *ab = a_whole ? abuf + (size_t)((ic - m0) / ms) * ablk : abuf;
+                if (!a_whole || jc == n0) pack_a(e, p, ab, ic, mb, pc, kb);
+                multiply_blocks(e, p, ic, mb, jc, nb, kb, ab, bbuf, pc == 0 ? p->beta : 1.0f);
             }
         }
     }
 }
+
+/* The most a thread's packed rows of A may take to be packed once for all
+ * column blocks (blocked_range): 8 MB, 4096 f32 rows at AVX-512's kc. */
+#define A_WHOLE_MAX ((size_t)8 << 20)
 
 /* Threads own disjoint rectangles of C and pack what they need themselves:
  * no barrier inside, so a thread that the OS preempts delays only its own
@@ -721,12 +730,14 @@ static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
         if (m1 > p->M) m1 = p->M;
         if (n1 > p->N) n1 = p->N;
         if (m1 > m0 && n1 > n0) {
-            int64_t mcb = m1 - m0 < e->mc ? m1 - m0 : e->mc, ncb = n1 - n0 < e->nc ? n1 - n0 : e->nc;
-            size_t ablk = panel_bytes(e, e->mr, kcb) * (size_t)((mcb + e->mr - 1) / e->mr);
+            int64_t ms = block_step(m1 - m0, e->mc, e->mr), ncb = n1 - n0 < e->nc ? n1 - n0 : e->nc;
+            size_t ablk = panel_bytes(e, e->mr, kcb) * (size_t)((ms + e->mr - 1) / e->mr);
             size_t bblk = panel_bytes(e, e->nr, kcb) * (size_t)((ncb + e->nr - 1) / e->nr);
             ablk = (ablk + 63) / 64 * 64;
-            char *buf = thread_buffer(BUF_PACK, ablk + bblk);
-            if (buf) blocked_range(e, p, m0, m1, n0, n1, buf, buf + ablk);
+            size_t awhole = ablk * (size_t)((m1 - m0 + ms - 1) / ms);
+            int a_whole = n1 - n0 > ncb && awhole <= A_WHOLE_MAX;
+            char *buf = thread_buffer(BUF_PACK, (a_whole ? awhole : ablk) + bblk);
+            if (buf) blocked_range(e, p, m0, m1, n0, n1, buf, ablk, a_whole, buf + (a_whole ? awhole : ablk));
             else reference_range(p, m0, m1, n0, n1);
         }
     }
