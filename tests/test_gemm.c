@@ -188,12 +188,13 @@ static void sweep_large(int full)
          * (AT_GEMM_AXPY_LC, at_gemm_axpy_kb): decode, and 8 + 1 rows of x */
         {0, 0, 1, 2100, 70, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 0, 1},
         {1, 0, 9, 1100, 100, AT_F16, AT_BF16, AT_F32, 1.0f, 0.5f, 1, 0},
-        /* f32 past kc (1024), nc and mc on one thread: two blocks of each
-         * (mc is 72 to 168 by ISA and cache), and bf16 past its nc (2048):
-         * the rows of A packed at the first column block serve the others,
-         * over two k blocks that accumulate (gemm.c, blocked_range) */
-        {1, 0, 300, 1100, 1100, AT_F32, AT_F32, AT_F32, 0.5f, 0.0f, 0, 1},
-        {0, 1, 300, 2300, 1100, AT_BF16, AT_F32, AT_F32, 1.0f, 0.5f, 0, 0},
+        /* f32 past kc (1024), nc and mc (AVX2's 72) on one thread: two
+         * blocks of each; and bf16 compute past its nc (2048) with two
+         * blocks of m where mc is smaller than 160 (scalar, AVX2): the rows
+         * of A packed at the first column block serve the others, over two
+         * k blocks that accumulate (gemm.c, blocked_range) */
+        {1, 0, 120, 1100, 1100, AT_F32, AT_F32, AT_F32, 0.5f, 0.0f, 0, 1},
+        {0, 1, 160, 2100, 1100, AT_BF16, AT_F32, AT_F32, 1.0f, 0.5f, 0, 0},
     };
     size_t n = sizeof big / sizeof big[0];
     for (size_t i = 0; i < n; i++)
