@@ -172,6 +172,8 @@ static void test_bad_requests(int port)
     expect_400(port, "{\"model\": ", 400, NULL);
     expect_400(port, "", 400, NULL);
     expect_400(port, "[\"model\"]", 400, NULL);
+    /* data after the object is refused, not ignored (it carried an option past the check) */
+    expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\"}\"max_steps\": 1}", 400, NULL);
     expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"rm\": 1}", 400, "rm");
     expect_400(port, "{\"model\": \"" DEMO_MODEL "\", \"dataset\": \"" DEMO_DATA "\", \"config\": \"x.yaml\"}", 400,
                "config");

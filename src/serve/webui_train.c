@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "base/file.h"
+#include "base/json.h"
 #include "device/registry.h"
 #include "train/objective.h"
 #include "train/train_options.h"
@@ -284,11 +285,16 @@ at_status at_train_argv_build(const char *body, size_t len, const char *program,
     memset(a, 0, sizeof *a);
     set_param(param, cap, NULL);
     at_status st = AT_OK;
-    cJSON *j = cJSON_ParseWithLength(body ? body : "", body ? len : 0);
+    cJSON *j = NULL;
+    char why[256] = "";
+    /* strict: bytes after the object (a second object, a stray option) are refused, not ignored */
+    if (at_json_parse(body ? body : "", body ? len : 0, "request body", &j) != AT_OK)
+        snprintf(why, sizeof why, "%s; ", at_last_error());
     if (!j || !cJSON_IsObject(j)) {
-        st = at_error(AT_ERR_FORMAT, "the body must be a JSON object of `anytune sft` (with rlhf_type: rlhf) "
+        st = at_error(AT_ERR_FORMAT, "%sthe body must be a JSON object of `anytune sft` (with rlhf_type: rlhf) "
                                      "options, e.g. "
-                                     "{\"model\": \"demo/stories260K\", \"dataset\": \"demo/identity.json\"}");
+                                     "{\"model\": \"demo/stories260K\", \"dataset\": \"demo/identity.json\"}",
+                      why);
         goto done;
     }
     /* rlhf_type: an `anytune rlhf` job (its own options allowed) */
