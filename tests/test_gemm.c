@@ -173,6 +173,24 @@ static void sweep_sizes(void)
                     }
 }
 
+/* On one thread (so that the thread holds every column): past nc (1024 for
+ * f32, 2048 for bf16 compute) and past mc (at most 168 for f32 and 224 for
+ * bf16 where L1d >= 32 KiB and L2 >= 1 MiB; gemm.c's cache rule grows mc
+ * only on smaller caches), the rows of A packed at the first column block
+ * serve the others (gemm.c, blocked_range); K past 1024 in the f32 case, so
+ * that two k blocks reuse them and accumulate. */
+static void packed_a_reuse(void)
+{
+    gcase c[] = {
+        {0, 0, 230, 1100, 1050, AT_F32, AT_F32, AT_F32, 1.0f, 0.5f, 0, 0},
+        {0, 1, 230, 2100, 300, AT_BF16, AT_F32, AT_F32, 1.0f, 0.0f, 0, 1},
+    };
+    int nthreads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) run(&c[i]);
+    omp_set_num_threads(nthreads);
+}
+
 /* Large shapes: several cache blocks in k, m and n (and 1000 in two dims). */
 static void sweep_large(int full)
 {
@@ -188,13 +206,9 @@ static void sweep_large(int full)
          * (AT_GEMM_AXPY_LC, at_gemm_axpy_kb): decode, and 8 + 1 rows of x */
         {0, 0, 1, 2100, 70, AT_F32, AT_F32, AT_F32, 1.0f, 0.0f, 0, 1},
         {1, 0, 9, 1100, 100, AT_F16, AT_BF16, AT_F32, 1.0f, 0.5f, 1, 0},
-        /* f32 past kc (1024), nc and mc (AVX2's 72) on one thread: two
-         * blocks of each; and bf16 compute past its nc (2048) with two
-         * blocks of m where mc is smaller than 160 (scalar, AVX2): the rows
-         * of A packed at the first column block serve the others, over two
-         * k blocks that accumulate (gemm.c, blocked_range) */
+        /* f32 past kc (1024), nc and mc on one thread: two blocks of each
+         * (at AVX2's mc 72; packed_a_reuse covers every level) */
         {1, 0, 120, 1100, 1100, AT_F32, AT_F32, AT_F32, 0.5f, 0.0f, 0, 1},
-        {0, 1, 160, 2100, 1100, AT_BF16, AT_F32, AT_F32, 1.0f, 0.5f, 0, 0},
     };
     size_t n = sizeof big / sizeof big[0];
     for (size_t i = 0; i < n; i++)
@@ -314,6 +328,7 @@ int main(void)
         sweep_dtypes();
         sweep_sizes();
         sweep_large(lvl == (int)hw);
+        packed_a_reuse();
         printf("isa %-12s engine f32 \"%s\", bf16 \"%s\": worst err/tol %.3f (C f32), %.3f (C bf16)\n",
                at_cpu_isa_name(at_cpu_isa_level()), at_cpu_gemm_engine(AT_F32), at_cpu_gemm_engine(AT_BF16), worst[0],
                worst[1]);

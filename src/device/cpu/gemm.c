@@ -665,13 +665,14 @@ static void gemm_outer(const at_gemm_small *e, const problem *p)
 }
 
 /* The rows [m0, m1) x columns [n0, n1) of C, on one thread, with its own
- * packing buffers. With a_whole, abuf holds the packed blocks of all the
- * thread's rows for one k block: each is packed at the first column block
- * and reused by the others (a wide C, as LoRA's up projection or the
- * lm_head, repacked the same rows of A once per column block: 3 to 38
- * times). Otherwise abuf holds one block, packed before each use. */
+ * packing buffers. With astride > 0, abuf holds the packed blocks of all the
+ * thread's rows for one k block, astride bytes apart: each is packed at the
+ * first column block and reused by the others (a wide C, as LoRA's up
+ * projection or the lm_head, repacked the same rows of A once per column
+ * block: 3 to 38 times). With astride 0, abuf holds one block, packed
+ * before each use. */
 static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0, int64_t m1, int64_t n0,
-                          int64_t n1, char *abuf, size_t ablk, int a_whole, char *bbuf)
+                          int64_t n1, char *abuf, size_t astride, char *bbuf)
 {
     int64_t ns = block_step(n1 - n0, e->nc, e->nr), ks = block_step(p->K, e->kc, e->kp);
     int64_t ms = block_step(m1 - m0, e->mc, e->mr);
@@ -682,8 +683,8 @@ static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0
             pack_b(e, p, bbuf, jc, nb, pc, kb);
             for (int64_t ic = m0; ic < m1; ic += ms) {
                 int64_t mb = m1 - ic < ms ? m1 - ic : ms;
-                char *ab = a_whole ? abuf + (size_t)((ic - m0) / ms) * ablk : abuf;
-                if (!a_whole || jc == n0) pack_a(e, p, ab, ic, mb, pc, kb);
+                char *ab = abuf + (size_t)((ic - m0) / ms) * astride;
+                if (!astride || jc == n0) pack_a(e, p, ab, ic, mb, pc, kb);
                 multiply_blocks(e, p, ic, mb, jc, nb, kb, ab, bbuf, pc == 0 ? p->beta : 1.0f);
             }
         }
@@ -734,10 +735,12 @@ static void gemm_blocked(const at_gemm_blocked *e, const problem *p)
             size_t ablk = panel_bytes(e, e->mr, kcb) * (size_t)((ms + e->mr - 1) / e->mr);
             size_t bblk = panel_bytes(e, e->nr, kcb) * (size_t)((ncb + e->nr - 1) / e->nr);
             ablk = (ablk + 63) / 64 * 64;
+            /* all the rows' blocks where there is more than one column block to reuse them */
             size_t awhole = ablk * (size_t)((m1 - m0 + ms - 1) / ms);
-            int a_whole = n1 - n0 > ncb && awhole <= A_WHOLE_MAX;
-            char *buf = thread_buffer(BUF_PACK, (a_whole ? awhole : ablk) + bblk);
-            if (buf) blocked_range(e, p, m0, m1, n0, n1, buf, ablk, a_whole, buf + (a_whole ? awhole : ablk));
+            int whole = n1 - n0 > ncb && awhole <= A_WHOLE_MAX;
+            size_t abytes = whole ? awhole : ablk;
+            char *buf = thread_buffer(BUF_PACK, abytes + bblk);
+            if (buf) blocked_range(e, p, m0, m1, n0, n1, buf, whole ? ablk : 0, buf + abytes);
             else reference_range(p, m0, m1, n0, n1);
         }
     }
