@@ -124,6 +124,9 @@ printf '{"q": "Who are you?", "a": "I am anytune."}\n{"q": "Hi", "a": "Hello!"}\
 "$BIN" sft --model demo/stories260K --dataset "$T/qa.jsonl" --columns '{"q": "query", "a": "response"}' \
     --max_steps 1 --preview_max_tokens 4 --output_dir "$T/qa1" > /dev/null 2>&1
 check "--columns renames them (ms-swift's JSON form)" $?
+"$BIN" sft --model demo/stories260K --dataset "$T/qa.jsonl" --columns '{"q": "query"} {"a": "response"}' \
+    --max_steps 1 --preview_max_tokens 4 --output_dir "$T/qa2" > /dev/null 2> "$T/qa2.err"
+[ $? -ne 0 ] && grep -q "expected a JSON object" "$T/qa2.err"; check "--columns: data after the object is refused" $?
 
 # issue 21.7: self-cognition placeholders without --model_name warn; ms-swift's two-value form
 SC="--model demo/stories260K --dataset demo/identity.json --max_steps 1 --save_steps 0 --preview_max_tokens 4"

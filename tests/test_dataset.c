@@ -160,6 +160,36 @@ static void test_sharegpt_tools(void)
     at_dataset_free(ds);
 }
 
+/* A function call or a tools list given as text is parsed strictly: data
+ * after the JSON value makes the record bad (a lenient parser took the value
+ * and dropped the rest, so a damaged call trained as a different one). */
+static void test_tool_text_strict(void)
+{
+#define CONV(call) \
+    "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"function_call\", \"value\": \"" call \
+    "\"}, {\"from\": \"observation\", \"value\": \"{}\"}, {\"from\": \"gpt\", \"value\": \"ok\"}]"
+    const char *p = TMP("tool_text.jsonl",
+        CONV("{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": {}}") "}\n"
+        CONV("{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": {}} x") "}\n"
+        CONV("{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": {}}") ", \"tools\": \"[{\\\"name\\\": \\\"f\\\"}]\"}\n"
+        CONV("{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": {}}") ", \"tools\": \"[{\\\"name\\\": \\\"f\\\"}] x\"}\n");
+#undef CONV
+    at_dataset *ds = load1(p, NULL);
+    CHECK(ds && ds->train.n == 2 && ds->n_skipped == 2);
+    if (ds && ds->train.n == 2 && ds->n_issues == 2) {
+        CHECK(ds->train.items[0]->line == 1 && ds->train.items[1]->line == 3);
+        CHECK(ds->train.items[1]->tools != NULL);
+        char want[600];
+        snprintf(want, sizeof want, "%s:2:", p);
+        CHECK_MSG(starts(ds->issues[0], want) && has(ds->issues[0], "a function call must be JSON"), "%s",
+                  ds->issues[0]);
+        snprintf(want, sizeof want, "%s:4:", p);
+        CHECK_MSG(starts(ds->issues[1], want) && has(ds->issues[1], "\"tools\" is not a JSON list"), "%s",
+                  ds->issues[1]);
+    }
+    at_dataset_free(ds);
+}
+
 static void test_dpo_and_kto(void)
 {
     at_dataset *ds = load1(DIR "dpo_en_demo.json", NULL);
@@ -571,6 +601,7 @@ int main(void)
     test_alpaca();
     test_identity_placeholders();
     test_sharegpt_tools();
+    test_tool_text_strict();
     test_dpo_and_kto();
     test_text();
     test_csv();

@@ -346,6 +346,8 @@ static void test_rewards(void)
     CHECK(rv[0] == 1 && rv[1] == 0.5 && rv[2] == 1);
     CHECK(at_grpo_reward_command("tests/data/grpo/reward.sh bad", 10, cs, 3, rv) == AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "line 2 is not a number") != NULL);
+    CHECK(at_grpo_reward_command("tests/data/grpo/reward.sh two", 10, cs, 3, rv) == AT_ERR_INVALID);
+    CHECK(strstr(at_last_error(), "line 2 is not a number") != NULL);
     CHECK(at_grpo_reward_command("tests/data/grpo/reward.sh short", 10, cs, 3, rv) == AT_ERR_INVALID);
     CHECK(strstr(at_last_error(), "2 answer lines for 3") != NULL);
     CHECK(at_grpo_reward_command("tests/data/grpo/reward.sh fail", 10, cs, 3, rv) == AT_ERR_INVALID);

@@ -280,6 +280,10 @@ static void test_failures(void)
     CHECK(strstr(at_last_error(), "would leave") != NULL);
     snprintf(cmd, sizeof cmd, "test -z \"$(find %s -name evil.json)\"", tmp);
     CHECK(system(cmd) == 0);
+    /* a listing with data after its JSON object: refused, naming where (not read up to the object) */
+    CHECK_FAILS(at_hub_snapshot("org/trailing", AT_REPO_MODEL, &o, &dir), AT_ERR_FORMAT);
+    CHECK_MSG(strstr(at_last_error(), "unexpected data after JSON value") != NULL, "%s", at_last_error());
+    CHECK(!exists("%s/%s", hf, "hub/models--org--trailing/snapshots"));
     /* a full disk: the partial blob is /dev/full */
     snprintf(src, sizeof src, "%s/models/org/full/model.safetensors", origin);
     CHECK_OK(at_sha256_file(src, hex));

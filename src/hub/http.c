@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "base/json.h"
 #include "base/progress.h"
 #include "base/sha256.h"
 
@@ -184,8 +185,8 @@ at_status at_http_get_json(const at_http_options *o, const char *url, cJSON **ou
     *out = NULL;
     at_status st = perform(o, url, reply, 300, setup_get, &m);
     if (st == AT_OK) {
-        *out = m.buf ? cJSON_ParseWithLength(m.buf, m.len) : NULL;
-        if (!*out) st = at_error(AT_ERR_FORMAT, "%s: the answer is not JSON", url);
+        /* strict: a reply with data after the value is refused, not half read */
+        st = m.buf ? at_json_parse(m.buf, m.len, url, out) : at_error(AT_ERR_FORMAT, "%s: an empty answer", url);
     }
     free(m.buf);
     return st;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/json.h"
 #include "base/log.h"
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -390,7 +391,8 @@ static char **split_args(const char *cmd, char **buf)
 /* The reward on one answer line: a number, or {"reward": number}. */
 static int parse_reward_line(const char *line, double *out)
 {
-    cJSON *j = cJSON_Parse(line);
+    cJSON *j = NULL; /* strict: "0.5 junk" is no reward */
+    (void)at_json_parse(line, strlen(line), "reward", &j);
     int ok = 0;
     if (cJSON_IsNumber(j)) {
         *out = j->valuedouble;

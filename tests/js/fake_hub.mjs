@@ -56,6 +56,8 @@ repo('models/org/flaky', { 'config.json': Buffer.from('{}\n'), 'model.safetensor
 repo('models/org/resume', { 'config.json': Buffer.from('{}\n'), 'model.safetensors': bytes(200000, 5) });
 repo('models/org/badsha', { 'config.json': Buffer.from('{}\n'), 'model.safetensors': bytes(7000, 6) }, { badSha: 1 });
 repo('models/org/evil', { 'config.json': Buffer.from('{}\n'), '../../../../evil.json': Buffer.from('{"evil": 1}\n') });
+// its listing has a second object after the first (a hub or proxy gone wrong)
+repo('models/org/trailing', { 'config.json': Buffer.from('{}\n') }, { trailing: 1 });
 repo('models/org/full', { 'config.json': Buffer.from('{}\n'), 'model.safetensors': bytes(9000, 7) });
 repo('models/org/mirror', { 'config.json': Buffer.from('{"mirror": 1}\n'), 'model.safetensors': bytes(6000, 12) }, { noBlobs: 1 });
 repo('models/org/quant', {
@@ -137,7 +139,8 @@ const server = createServer((req, res) => {
     const v = findRev(r, parts.slice(5).join('/'));
     if (!v) return notFound(res, 'RevisionNotFound');
     if (url.searchParams.get('blobs') !== 'true') return send(res, 400, { error: 'expected blobs=true' });
-    return send(res, 200, { id: `${parts[2]}/${parts[3]}`, sha: v.commit, siblings: siblings(r, v) });
+    const listing = JSON.stringify({ id: `${parts[2]}/${parts[3]}`, sha: v.commit, siblings: siblings(r, v) });
+    return send(res, 200, r.trailing ? `${listing}{"siblings": []}` : listing);
   }
   // Hugging Face: /[datasets/]{org}/{name}/resolve/{rev}/{path}
   const ds = parts[0] === 'datasets';
