@@ -231,6 +231,31 @@ static inline __attribute__((always_inline)) void dot_tile(const int RR, const i
 #undef RED
 }
 
+/* One row of x (decode's GEMV) against R rows of y, one row at a time
+ * (gemm_kernels.h says why). Two accumulators, for k mod 16 below and above
+ * 8: with one, each multiply-add waited on the last (4 cycles on Zen 4, 8
+ * values each), and a core read f16 weights at 16 GB/s where two reach 22,
+ * and two cores 30 where they reach 38-40 (bench: 1x4864x896 from memory).
+ * So a value of out sums its products in another order than in dot_tile's
+ * several rows of x; both are exact products added in f32. */
+static inline __attribute__((always_inline)) void dot_row(int64_t K, const float *x, int64_t R, const char *y,
+                                                          const at_dtype yt, int64_t ldy, const int round,
+                                                          float *out, int64_t ors)
+{
+    size_t es = yt == AT_F32 ? 4 : 2;
+    for (int64_t r = 0; r < R; r++, y += (size_t)ldy * es) {
+        __m256 lo = _mm256_setzero_ps(), hi = lo;
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16) {
+            if (!((k * (int64_t)es) & 63)) _mm_prefetch(y + (size_t)(ldy + k) * es, _MM_HINT_T0); /* the next row */
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(y + (size_t)k * es, yt, 8, round), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), load8(y + (size_t)(k + 8) * es, yt, 8, round), hi);
+        }
+        for (; k < K; k += 8) lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(y + (size_t)k * es, yt, K - k, round), lo);
+        out[r * ors] = hsum(_mm256_add_ps(lo, hi));
+    }
+}
+
 static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, const float *x, int64_t ldx, int64_t R,
                                                            const void *y_, const at_dtype yt, int64_t ldy,
                                                            const int round, float *out, int64_t ors, int64_t oss)
@@ -246,7 +271,7 @@ static inline __attribute__((always_inline)) void dot_body(int S, int64_t K, con
     for (; r + RR <= R; r += RR)                                                                                       \
         dot_tile(RR, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);         \
     for (; r < R; r++) dot_tile(1, SS, K, xs, ldx, y + (size_t)(r * ldy) * es, yt, ldy, round, os + r * ors, ors, oss, sv);
-        if (sv <= 1) { RUN(1, 1) } /* one row at a time: gemm_kernels.h */
+        if (sv <= 1) dot_row(K, xs, R, y, yt, ldy, round, os, ors);
         else if (sv <= 2) { RUN(4, 2) }
         else if (sv <= 4) { RUN(2, 4) }
         else { RUN(1, 8) }
