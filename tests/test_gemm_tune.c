@@ -234,7 +234,7 @@ int main(void)
     char line[64];
     snprintf(line, sizeof line, "\n%s ", at_gemm_tune_class_name(cls));
     CHECK(strncmp(path, dir, strlen(dir)) == 0);
-    CHECK(r.steady ? file_has(path, "anytune-gemm-engines 2\nkey ") && file_has(path, line) : access(path, F_OK) != 0);
+    CHECK(r.steady ? file_has(path, "anytune-gemm-engines 3\nkey ") && file_has(path, line) : access(path, F_OK) != 0);
 
     /* the product is right on every engine the class could pick */
     for (int e = 0; e < AT_GEMM_ENGINES; e++) {
@@ -255,7 +255,7 @@ int main(void)
     CHECK(rs.known && rs.steady && !rs.from_cache && fake_calls >= 3 * (2 + 5));
     CHECK_MSG(rs.gflops[1] > 1.5 * rs.gflops[0] && rs.gflops[0] > 1.2 * rs.gflops[2], "%g %g %g", rs.gflops[0],
               rs.gflops[1], rs.gflops[2]);
-    CHECK(file_has(path, "anytune-gemm-engines 2\nkey ") && file_has(path, line));
+    CHECK(file_has(path, "anytune-gemm-engines 3\nkey ") && file_has(path, line));
     at_gemm_tune_forget();
     fake_calls = 0;
     CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == AT_GEMM_OPENBLAS && fake_calls == 0);
@@ -299,11 +299,11 @@ int main(void)
         char text[2048];
         switch (i) {
         case 0: snprintf(text, sizeof text, "garbage\n"); break;
-        case 1: snprintf(text, sizeof text, "anytune-gemm-engines 2\n"); break;
-        case 2: snprintf(text, sizeof text, "anytune-gemm-engines 2\n%s%s anytune 1.0", keyline, cn); break;
-        case 3: snprintf(text, sizeof text, "anytune-gemm-engines 2\n%s%s cublas 1.0 1.0 1.0\n", keyline, cn); break;
+        case 1: snprintf(text, sizeof text, "anytune-gemm-engines 3\n"); break;
+        case 2: snprintf(text, sizeof text, "anytune-gemm-engines 3\n%s%s anytune 1.0", keyline, cn); break;
+        case 3: snprintf(text, sizeof text, "anytune-gemm-engines 3\n%s%s cublas 1.0 1.0 1.0\n", keyline, cn); break;
         case 4:
-            snprintf(text, sizeof text, "anytune-gemm-engines 2\nkey another machine\n%s onednn 1.000 2.000 3.000\n",
+            snprintf(text, sizeof text, "anytune-gemm-engines 3\nkey another machine\n%s onednn 1.000 2.000 3.000\n",
                      cn);
             break;
         default: /* the older format, right key, well-formed: its figures were medians under load */
@@ -316,14 +316,14 @@ int main(void)
         CHECK(at_gemm_tune_engine(cls, 7u, fake_steady) == AT_GEMM_OPENBLAS && fake_calls > 0);
         at_gemm_tune_result rb = at_gemm_tune_result_of(cls);
         CHECK_MSG(rb.known && !rb.from_cache, "bad cache file %d was not ignored", i);
-        CHECK_MSG(file_has(path, keyline) && file_has(path, line) && file_has(path, "anytune-gemm-engines 2\n"),
+        CHECK_MSG(file_has(path, keyline) && file_has(path, line) && file_has(path, "anytune-gemm-engines 3\n"),
                   "bad cache file %d was not rewritten", i);
     }
     at_gemm_tune_use_clock(NULL);
     /* the right key with a well-formed line is taken as it is */
     {
         char text[2048];
-        snprintf(text, sizeof text, "anytune-gemm-engines 2\n%s%s anytune 12.500 -1.000 -1.000\n", keyline, cn);
+        snprintf(text, sizeof text, "anytune-gemm-engines 3\n%s%s anytune 12.500 -1.000 -1.000\n", keyline, cn);
         write_file(path, text);
         at_gemm_tune_forget();
         run_and_check();

@@ -51,7 +51,8 @@ int at_gemm_tune_class(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K
 const char *at_gemm_tune_class_name(int cls);
 /* The representative problem timed for a class: the bucket's typical small
  * size (1, 8 or 32; 8 is LoRA's most used rank) against Qwen2.5-0.5B's
- * sizes (hidden 896, MLP 4864) and 512 tokens, the shapes bench_gemm lists. */
+ * sizes (hidden 896, MLP 4864, cut to 3072 for large and deep) and 512
+ * tokens, the shapes bench_gemm lists. */
 void at_gemm_tune_class_shape(int cls, int *trans_a, int *trans_b, int64_t *M, int64_t *N, int64_t *K);
 const char *at_gemm_engine_name(at_gemm_engine_id e);
 
