@@ -234,8 +234,8 @@ static inline __attribute__((always_inline)) void dot_tile(const int RR, const i
 /* One row of x (decode's GEMV) against R rows of y, one row at a time
  * (gemm_kernels.h says why). Two accumulators, for k mod 16 below and above
  * 8: with one, each multiply-add waited on the last (4 cycles on Zen 4, 8
- * values each), and a core read f16 weights at 16 GB/s where two reach 22,
- * and two cores 30 where they reach 38-40 (bench: 1x4864x896 from memory).
+ * values each), and a core read f16 weights at 16 GB/s where two reach
+ * 21-24, and two cores 30-31 where they reach 32-40 (1x4864x896 from memory).
  * So a value of out sums its products in another order than in dot_tile's
  * several rows of x; both are exact products added in f32. */
 static inline __attribute__((always_inline)) void dot_row(int64_t K, const float *x, int64_t R, const char *y,
