@@ -40,6 +40,15 @@ static void test_json(void)
     CHECK(j == NULL);
     const char *trail = "{\"a\": 1} x";
     CHECK_FAILS(at_json_parse(trail, strlen(trail), "t.json", &j), AT_ERR_FORMAT);
+    CHECK_MSG(strstr(at_last_error(), "unexpected data after JSON value at line 1, column 10"), "%s", at_last_error());
+    /* at_json_value: the same rule, no message */
+    at_clear_error();
+    CHECK(at_json_value(trail) == NULL && at_json_value("0.5 0.7") == NULL && at_json_value("") == NULL);
+    CHECK(at_json_value(bad) == NULL && at_json_value(NULL) == NULL);
+    CHECK(!strcmp(at_last_error(), ""));
+    cJSON *v = at_json_value(" [1, 2]\r\n");
+    CHECK(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2);
+    cJSON_Delete(v);
     const char *good = "{\"n\": 3, \"f\": 0.5, \"s\": \"x\", \"b\": true, \"frac\": 2.5}";
     CHECK_OK(at_json_parse(good, strlen(good), "g.json", &j));
     long long n = 0;

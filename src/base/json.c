@@ -19,29 +19,42 @@ static void line_col(const char *text, size_t off, int *line, int *col)
     }
 }
 
-at_status at_json_parse(const char *text, size_t len, const char *what, cJSON **out)
+/* text[0..len) as one JSON value, or NULL; then *bad is the offset where
+ * it went wrong and *trailing says whether a whole value came before it.
+ * Anything but whitespace after the value is an error, as in strict parsers. */
+static cJSON *parse_strict(const char *text, size_t len, size_t *bad, int *trailing)
 {
-    *out = NULL;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!j) {
-        size_t off = (end && end >= text && end <= text + len) ? (size_t)(end - text) : 0;
-        int line, col;
-        line_col(text, off, &line, &col);
-        return at_error(AT_ERR_FORMAT, "%s: malformed JSON at line %d, column %d", what, line, col);
-    }
-    /* Anything but whitespace after the value is an error, as in strict parsers. */
-    if (end) {
-        while ((size_t)(end - text) < len && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t')) end++;
-        if ((size_t)(end - text) < len && *end != '\0') {
-            int line, col;
-            line_col(text, (size_t)(end - text), &line, &col);
+    *trailing = j != NULL;
+    *bad = (end && end >= text && end <= text + len) ? (size_t)(end - text) : 0;
+    if (j && end) {
+        while (*bad < len && (text[*bad] == ' ' || text[*bad] == '\n' || text[*bad] == '\r' || text[*bad] == '\t'))
+            (*bad)++;
+        if (*bad < len && text[*bad] != '\0') {
             cJSON_Delete(j);
-            return at_error(AT_ERR_FORMAT, "%s: unexpected data after JSON value at line %d, column %d", what, line, col);
+            return NULL;
         }
     }
-    *out = j;
-    return AT_OK;
+    return j;
+}
+
+at_status at_json_parse(const char *text, size_t len, const char *what, cJSON **out)
+{
+    size_t bad;
+    int trailing, line, col;
+    *out = parse_strict(text, len, &bad, &trailing);
+    if (*out) return AT_OK;
+    line_col(text, bad, &line, &col);
+    return at_error(AT_ERR_FORMAT, "%s: %s at line %d, column %d", what,
+                    trailing ? "unexpected data after JSON value" : "malformed JSON", line, col);
+}
+
+cJSON *at_json_value(const char *text)
+{
+    size_t bad;
+    int trailing;
+    return text ? parse_strict(text, strlen(text), &bad, &trailing) : NULL;
 }
 
 at_status at_json_parse_file(const char *path, cJSON **out)

@@ -11,6 +11,12 @@
  * *out is owned by the caller (cJSON_Delete). */
 at_status at_json_parse(const char *text, size_t len, const char *what, cJSON **out);
 
+/* NUL-terminated text parsed as strictly as at_json_parse (nothing but
+ * whitespace after the value), or NULL when it is not one JSON value; sets
+ * no message, for callers that report the failure in their own words.
+ * Owned by the caller (cJSON_Delete). */
+cJSON *at_json_value(const char *text);
+
 /* Reads and parses a file. */
 at_status at_json_parse_file(const char *path, cJSON **out);
 

@@ -249,8 +249,7 @@ static at_status tool_calls_from_text(const at_normalizer *nz, const char *text,
                                       at_issue_kind *kind)
 {
     at_status st = AT_OK;
-    cJSON *v = NULL; /* strict: data after the value makes it no call (below) */
-    (void)at_json_parse(text, strlen(text), where, &v);
+    cJSON *v = at_json_value(text); /* strict: data after the value makes it no call (below) */
     cJSON *arr = cJSON_CreateArray();
     if (!arr) {
         st = nomem(kind);
@@ -493,8 +492,7 @@ static at_status tools_of(const at_normalizer *nz, const cJSON *rec, const char 
         const char *s = t->valuestring;
         while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
         if (!*s) return AT_OK;
-        cJSON *v = NULL;
-        (void)at_json_parse(s, strlen(s), "\"tools\"", &v);
+        cJSON *v = at_json_value(s);
         if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) {
             cJSON_Delete(v);
             return fail(kind, AT_ISSUE_VALUE, "\"tools\" is not a JSON list of tool definitions");

@@ -391,8 +391,7 @@ static char **split_args(const char *cmd, char **buf)
 /* The reward on one answer line: a number, or {"reward": number}. */
 static int parse_reward_line(const char *line, double *out)
 {
-    cJSON *j = NULL; /* strict: "0.5 junk" is no reward */
-    (void)at_json_parse(line, strlen(line), "reward", &j);
+    cJSON *j = at_json_value(line); /* strict: "0.5 junk" is no reward */
     int ok = 0;
     if (cJSON_IsNumber(j)) {
         *out = j->valuedouble;

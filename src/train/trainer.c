@@ -182,7 +182,7 @@ static at_status load_data(trainer *t)
     o.model_author_en = a->model_author_en;
     cJSON *columns = NULL;
     if (a->columns) {
-        (void)at_json_parse(a->columns, strlen(a->columns), "--columns", &columns);
+        columns = at_json_value(a->columns);
         if (!cJSON_IsObject(columns)) {
             cJSON_Delete(columns);
             return at_error(AT_ERR_INVALID, "--columns %.100s: expected a JSON object such as {\"question\": \"query\"}",
