@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
         /* lanes contiguous: copy rows of w lanes, converting; 16 source rows
          * at a time, left to right, a panel's 16 k at a time (as
          * gemm_avx512.c's pack_f32, which says why), prefetching two panels
-         * or 4 lines ahead */
+         * or 4 lines ahead, and the next 16 rows */
         size_t ahead = 2 * w * es < 256 ? 256 : 2 * w * es;
         for (int64_t k0 = 0; k0 < kc; k0 += 16) {
             int64_t k1 = kc - k0 < 16 ? kc : k0 + 16;
@@ -87,8 +87,10 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
                 float *d = dst + pi * pstride;
                 for (int64_t k = k0; k < k1; k++) {
                     const char *s = src + (size_t)(k * sk + x0) * es;
-                    if (pi + 2 < np)
-                        for (int g = 0; g < w * (int)es; g += 64) _mm_prefetch(s + ahead + g, _MM_HINT_T0);
+                    for (int g = 0; g < w * (int)es; g += 64) {
+                        if (pi + 2 < np) _mm_prefetch(s + ahead + g, _MM_HINT_T0);
+                        if (k + 16 < kc) _mm_prefetch(s + (size_t)(16 * sk) * es + g, _MM_HINT_T2);
+                    }
                     for (int g = 0; g < w; g += 8)
                         store8(d + k * w + g, w - g, load8(s + g * es, t, n - x0 - g, round));
                 }
@@ -100,13 +102,16 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
     for (int64_t pi = 0; pi < np; pi++, dst += pstride) {
         int64_t x0 = pi * w;
         for (int g = 0; g < w; g += 8) {
+            int step = w - g < 8 ? w - g : 8; /* to the next group of rows */
             for (int64_t k0 = 0; k0 < kc; k0 += 8) {
                 __m256 r[8];
                 for (int i = 0; i < 8; i++) {
                     const char *row = src + (size_t)((x0 + g + i) * sx + k0 * sk) * es;
                     r[i] = g + i < w && x0 + g + i < n ? load8(row, t, kc - k0, round) : _mm256_setzero_ps();
-                    /* short streams side by side (gemm_avx512_inl.h's pack_transposed) */
-                    if (g + i < w && x0 + g + i < n && !(k0 & 15)) _mm_prefetch(row + 512, _MM_HINT_T0);
+                    /* short streams side by side: the next 8 rows' same
+                     * line (gemm_avx512_inl.h's pack_transposed) */
+                    if (g + i < w && x0 + g + i + step < n && !(k0 * (int64_t)es & 63))
+                        _mm_prefetch(row + (size_t)(step * sx) * es, _MM_HINT_T2);
                 }
                 transpose8(r);
                 int kl = kc - k0 < 8 ? (int)(kc - k0) : 8;

@@ -139,6 +139,7 @@ static inline __attribute__((always_inline)) void pack_transposed(float *dst, co
         int64_t x0 = pi * w;
         for (int g = 0; g < w; g += 16) {
             __mmask16 wm = mask16(w - g);
+            int step = w - g < 16 ? w - g : 16; /* to the next group of rows */
             for (int64_t u0 = 0; u0 < nu; u0 += 16) {
                 int64_t k0 = upk * u0;
                 __m512 r[16];
@@ -147,9 +148,9 @@ static inline __attribute__((always_inline)) void pack_transposed(float *dst, co
                     r[i] = x0 + g + i < n ? load(row, t, kc - k0, round) : _mm512_setzero_ps();
                     /* 16 rows read side by side are 16 short streams that
                      * the hardware prefetchers miss (a frozen weight comes
-                     * from memory: the packing of a Qwen-0.5B step stalled
-                     * on these loads): ask for each 8 lines ahead */
-                    if (x0 + g + i < n) _mm_prefetch(row + 512, _MM_HINT_T0);
+                     * from memory): fetch the next 16 rows' same line into
+                     * the outer caches, a whole pass over k ahead */
+                    if (x0 + g + i + step < n) _mm_prefetch(row + (size_t)(step * sx) * es, _MM_HINT_T2);
                 }
                 transpose16(r);
                 int ul = nu - u0 < 16 ? (int)(nu - u0) : 16;
