@@ -68,6 +68,18 @@ static inline void transpose8(__m256 r[8])
     }
 }
 
+/* The n (<= 8 used) lanes of a packed row at d. A partial row may be
+ * stored whole where the spill lands in the following rows of the same
+ * panel (spill_ok: the first lanes of a row, and 8 values from there still
+ * in the panel), which the packer writes after this one: AMD's masked
+ * stores are microcoded, and made the 6-wide panels of A the slowest part
+ * of packing. */
+static inline void store_lanes(float *d, int64_t n, int spill_ok, __m256 v)
+{
+    if (n < 8 && spill_ok) _mm256_storeu_ps(d, v);
+    else store8(d, n, v);
+}
+
 static inline __attribute__((always_inline)) void pack_body(float *dst, const char *src, const at_dtype t,
                                                             int64_t sx, int64_t sk, const int w, int64_t n,
                                                             int64_t kc, const int round)
@@ -92,7 +104,8 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
                         if (k + 16 < kc) _mm_prefetch(s + (size_t)(16 * sk) * es + g, _MM_HINT_T2);
                     }
                     for (int g = 0; g < w; g += 8)
-                        store8(d + k * w + g, w - g, load8(s + g * es, t, n - x0 - g, round));
+                        store_lanes(d + k * w + g, w - g, g == 0 && k * w + 8 <= kc * w,
+                                    load8(s + g * es, t, n - x0 - g, round));
                 }
             }
         }
@@ -115,7 +128,8 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
                 }
                 transpose8(r);
                 int kl = kc - k0 < 8 ? (int)(kc - k0) : 8;
-                for (int i = 0; i < kl; i++) store8(dst + (k0 + i) * w + g, w - g, r[i]);
+                for (int i = 0; i < kl; i++)
+                    store_lanes(dst + (k0 + i) * w + g, w - g, g == 0 && (k0 + i) * w + 8 <= kc * w, r[i]);
             }
         }
     }
