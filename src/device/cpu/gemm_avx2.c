@@ -99,10 +99,8 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
                 float *d = dst + pi * pstride;
                 for (int64_t k = k0; k < k1; k++) {
                     const char *s = src + (size_t)(k * sk + x0) * es;
-                    for (int g = 0; g < w * (int)es; g += 64) {
-                        if (pi + 2 < np) _mm_prefetch(s + ahead + g, _MM_HINT_T0);
-                        if (k + 16 < kc) _mm_prefetch(s + (size_t)(16 * sk) * es + g, _MM_HINT_T2);
-                    }
+                    at_gemm_prefetch_row(s, w * (int)es, pi + 2 < np ? ahead : 0,
+                                         k + 16 < kc ? (size_t)(16 * sk) * es : 0);
                     for (int g = 0; g < w; g += 8)
                         store_lanes(d + k * w + g, w - g, g == 0 && k * w + 8 <= kc * w,
                                     load8(s + g * es, t, n - x0 - g, round));
@@ -122,7 +120,7 @@ static inline __attribute__((always_inline)) void pack_body(float *dst, const ch
                     const char *row = src + (size_t)((x0 + g + i) * sx + k0 * sk) * es;
                     r[i] = g + i < w && x0 + g + i < n ? load8(row, t, kc - k0, round) : _mm256_setzero_ps();
                     /* short streams side by side: the next 8 rows' same
-                     * line (gemm_avx512_inl.h's pack_transposed) */
+                     * line (at_gemm_prefetch_row says why) */
                     if (g + i < w && x0 + g + i + step < n && !(k0 * (int64_t)es & 63))
                         _mm_prefetch(row + (size_t)(step * sx) * es, _MM_HINT_T2);
                 }

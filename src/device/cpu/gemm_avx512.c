@@ -37,13 +37,9 @@ static inline __attribute__((always_inline)) void pack_body(void *dst_, const vo
                 float *d = dst + pi * pstride;
                 for (int64_t k = k0; k < k1; k++) {
                     const char *s = src + (size_t)(k * sk + x0) * es;
-                    /* the rows come from memory: ask for two panels ahead
-                     * into L1, and for the next 16 rows' same lanes into the
-                     * outer caches (pack_transposed says why) */
-                    for (int g = 0; g < w * (int)es; g += 64) {
-                        if (pi + 2 < np) _mm_prefetch(s + 2 * w * es + g, _MM_HINT_T0);
-                        if (k + 16 < kc) _mm_prefetch(s + (size_t)(16 * sk) * es + g, _MM_HINT_T2);
-                    }
+                    /* the rows come from memory: two panels ahead, and the next 16 rows */
+                    at_gemm_prefetch_row(s, w * (int)es, pi + 2 < np ? 2 * w * es : 0,
+                                         k + 16 < kc ? (size_t)(16 * sk) * es : 0);
                     for (int g = 0; g < w; g += 16)
                         _mm512_mask_storeu_ps(d + k * w + g, mask16(w - g),
                                               load16r(s + g * es, t, mask16(n - x0 - g), round));

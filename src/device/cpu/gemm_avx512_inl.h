@@ -147,9 +147,9 @@ static inline __attribute__((always_inline)) void pack_transposed(float *dst, co
                     const char *row = src + (size_t)((x0 + g + i) * sx + k0) * es;
                     r[i] = x0 + g + i < n ? load(row, t, kc - k0, round) : _mm512_setzero_ps();
                     /* 16 rows read side by side are 16 short streams that
-                     * the hardware prefetchers miss (a frozen weight comes
-                     * from memory): fetch the next 16 rows' same line into
-                     * the outer caches, a whole pass over k ahead */
+                     * the hardware prefetchers miss: the next 16 rows' same
+                     * line, a whole pass over k ahead (at_gemm_prefetch_row
+                     * says why) */
                     if (x0 + g + i + step < n) _mm_prefetch(row + (size_t)(step * sx) * es, _MM_HINT_T2);
                 }
                 transpose16(r);

@@ -70,18 +70,10 @@ static void pack_bf16(void *dst_, const void *src_, at_dtype t, int64_t sx, int6
                 for (int64_t p = p0; p < p1; p++) {
                     const char *r0 = src + (size_t)(2 * p * sk) * es;
                     const char *r1 = 2 * p + 1 < kc ? r0 + (size_t)sk * es : NULL;
-                    /* the rows come from memory: two panels ahead into L1,
-                     * and the next 16 rows' same lanes into the outer caches */
-                    for (int g = 0; g < w * (int)es; g += 64) {
-                        if (pi + 2 < np) {
-                            _mm_prefetch(r0 + (size_t)(x0 + 2 * w) * es + g, _MM_HINT_T0);
-                            if (r1) _mm_prefetch(r1 + (size_t)(x0 + 2 * w) * es + g, _MM_HINT_T0);
-                        }
-                        if (2 * p + 17 < kc) {
-                            _mm_prefetch(r0 + (size_t)(16 * sk + x0) * es + g, _MM_HINT_T2);
-                            _mm_prefetch(r0 + (size_t)(17 * sk + x0) * es + g, _MM_HINT_T2);
-                        }
-                    }
+                    /* the rows come from memory: two panels ahead, and the next 16 rows */
+                    size_t ahead = pi + 2 < np ? 2 * w * es : 0, next = 2 * p + 17 < kc ? (size_t)(16 * sk) * es : 0;
+                    at_gemm_prefetch_row(r0 + (size_t)x0 * es, w * (int)es, ahead, next);
+                    if (r1) at_gemm_prefetch_row(r1 + (size_t)x0 * es, w * (int)es, ahead, next);
                     for (int g = 0; g < w; g += 16) {
                         size_t off = (size_t)(x0 + g) * es;
                         __m512i v = pair16(r0 + off, r1 ? r1 + off : NULL, t, mask16(n - x0 - g));

@@ -107,6 +107,22 @@ void at_gemm_pack_portable(void *dst, const void *src, at_dtype t, int64_t sx, i
 void at_gemm_store_tile(const float *acc, int ld, void *c, at_dtype ct, int64_t ldc, int m, int n, float alpha,
                         float beta);
 
+/* The packers' prefetch for the part of a source row they read next (bytes
+ * at s, lanes contiguous): the same lanes `ahead` bytes further along the
+ * row into L1, and those of the row `next` bytes away (the next group of
+ * rows the packer reads side by side) into the outer caches; 0 skips
+ * either. A group of rows is one contiguous block, and asking only along
+ * the current rows left the start of every group to miss to memory:
+ * packing a 4864x896 bf16 weight from memory on a Zen 4 core went from 6-12
+ * to 17-24 GB/s with the next group's lines asked for. */
+static inline void at_gemm_prefetch_row(const char *s, int bytes, size_t ahead, size_t next)
+{
+    for (int g = 0; g < bytes; g += 64) {
+        if (ahead) __builtin_prefetch(s + ahead + g, 0, 3);
+        if (next) __builtin_prefetch(s + next + g, 0, 1);
+    }
+}
+
 /* e's cache blocks for a core with l1d_bytes of L1d and l2_bytes of L2 (0:
  * unknown, nothing cut): the rule is gemm.c's, tested in tests/test_gemm.c. */
 at_gemm_blocked at_gemm_sized_for_caches(const at_gemm_blocked *e, long l1d_bytes, long l2_bytes);
