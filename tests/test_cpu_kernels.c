@@ -9,6 +9,7 @@
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_kernels.h"
+#include "device/cpu/gemm.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -754,7 +755,7 @@ static void run_attn_case(const char *name, const attn_case *c, at_dtype t, int 
     if (c->qidx) tqi = mk_i32(2, (int64_t[]){c->B, c->Tq}, c->qidx);
     if (c->kvlen) tkl = mk_i32(1, &c->B, c->kvlen);
     if (c->seg) tsg = mk_i32(2, (int64_t[]){c->B, c->Tq}, c->seg);
-    at_attn_params p = {scale, tqi, tkl, tsg};
+    at_attn_params p = {scale, tqi, tkl, tsg, 0};
     CHECK_OK(at_attention_forward(to, tl, tq, tk, tv, &p));
     double *ro = malloc((size_t)nq * 8), *rl = malloc((size_t)nl * 8), *rdq = malloc((size_t)nq * 8),
            *rdk = malloc((size_t)nk * 8), *rdv = malloc((size_t)nk * 8);
@@ -811,7 +812,7 @@ static void test_attention_fd(void)
     at_tensor *tq = mk(AT_F32, 4, qs, q), *tk = mk(AT_F32, 4, ks, k), *tv = mk(AT_F32, 4, ks, v);
     at_tensor *to = mk(AT_F32, 4, qs, NULL), *tl = mk(AT_F32, 3, ls, NULL), *tc = mk(AT_F32, 4, qs, c);
     at_tensor *dq = mk(AT_F32, 4, qs, NULL), *dk = mk(AT_F32, 4, ks, NULL), *dv = mk(AT_F32, 4, ks, NULL);
-    at_attn_params p = {0.7f, NULL, NULL, NULL};
+    at_attn_params p = {0.7f, NULL, NULL, NULL, 0};
     CHECK_OK(at_attention_forward(to, tl, tq, tk, tv, &p));
     CHECK_OK(at_attention_backward(dq, dk, dv, tc, tq, tk, tv, to, tl, &p));
     at_tensor *which[3] = {tq, tk, tv}, *grads[3] = {dq, dk, dv};
@@ -873,6 +874,191 @@ static void test_attention(void)
     test_attention_fd();
 }
 
+/* ---- attention's products in bf16 (at_attn_params.bf16) ----
+ * Error analysis. bf16 rounding to nearest even has unit roundoff u = 2^-9,
+ * so a product of two rounded operands is off by at most (2u + u²)·|a·b|,
+ * and f32 sums add at most K·2^-24 of Σ|terms| (bound with a margin: G).
+ *  - at_cpu_gemm_acc_bf16 against Σ bf16(a)·bf16(b) summed in double: the
+ *    products are exact, so only the f32 sums differ: ≤ (K + 2)·2^-24·Σ|ab|.
+ *  - attention against exact math (attn_ref): a score s = scale·q·k is off
+ *    by δ ≤ G·scale·Σ_d|q_d k_d|; a probability p = exp(s − lse) then by a
+ *    factor within e^{±2δ_i} (δ_i: the row's largest δ, which moves lse
+ *    too), and its rounding for p·v by (1 ± u). Hence
+ *      |Δout_d| ≤ ε_i·Σ_j p_j|v_jd|,  ε_i = e^{2δ_i}(1 + u)² − 1.
+ *    Backward, with dP_ij = dO_i·v_j (off by ≤ G·Σ_d|dO_id v_jd|) and
+ *    D_i = dO_i·out_i (off by ≤ Σ_d|dO_id|·|Δout_d|):
+ *      |ΔdS_ij| ≤ ε_i·p_ij|dP_ij − D_i| + p_ij(|ΔdP_ij| + |ΔD_i|),
+ *      |ΔdV_jd| ≤ Σ_i (ε_i + G)·p_ij|dO_id|,
+ *      |ΔdK_jd| ≤ scale·Σ_i (|ΔdS_ij| + G·|dS_ij|)·|q_id|, dQ likewise with k.
+ *    The checks allow twice these first-order bounds, plus 1e-6. */
+#define BF16_U (1.0 / 512)
+#define BF16_G (2.01 * BF16_U + 1e-6)
+
+static double bf16r(float x) { return at_bf16_to_f32(at_f32_to_bf16(x)); }
+
+static void test_gemm_acc_bf16(void)
+{
+    /* odd sizes across the 64-blocks of k, columns and rows; A plain and transposed */
+    int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {67, 70, 130}, {20, 200, 33}};
+    for (int si = 0; si < 5; si++)
+        for (int tr = 0; tr < 2; tr++) {
+            int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], ldc = N + 3, ldb = N + 5;
+            int64_t a_rs = tr ? 1 : K + 2, a_cs = tr ? M + 1 : 1;
+            float *a = rnd(tr ? K * (M + 1) : M * (K + 2), 2), *b = rnd(K * ldb, 2), *c = rnd(M * ldc, 1);
+            float *c0 = malloc((size_t)(M * ldc) * sizeof(float));
+            memcpy(c0, c, (size_t)(M * ldc) * sizeof(float));
+            at_cpu_gemm_acc_bf16(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
+            double worst = 0;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < ldc; j++) {
+                    if (j >= N) { /* past N: untouched */
+                        worst = fmax(worst, c[i * ldc + j] == c0[i * ldc + j] ? 0 : INFINITY);
+                        continue;
+                    }
+                    double want = c0[i * ldc + j], mag = fabs(want);
+                    for (int64_t k = 0; k < K; k++) {
+                        double t = bf16r(a[i * a_rs + k * a_cs]) * bf16r(b[k * ldb + j]);
+                        want += t;
+                        mag += fabs(t);
+                    }
+                    double tol = (double)(K + 2) * ldexp(1.0, -24) * mag;
+                    worst = fmax(worst, fabs(c[i * ldc + j] - want) / tol);
+                }
+            CHECK_MSG(worst <= 1.0, "gemm_acc_bf16 %lldx%lldx%lld%s: worst err/tol %g", (long long)M, (long long)N,
+                      (long long)K, tr ? " (A transposed)" : "", worst);
+            free(a);
+            free(b);
+            free(c);
+            free(c0);
+        }
+}
+
+/* The bounds of the analysis above, per element of out, dq, dk, dv. */
+static void attn_bf16_bounds(const attn_case *c, float scale, const float *q, const float *k, const float *v,
+                             const float *dout, const double *ro, const double *rl, double *bo, double *bq,
+                             double *bk, double *bv)
+{
+    int64_t D = c->D, G = c->Hq / c->Hkv;
+    memset(bq, 0, (size_t)(c->B * c->Tq * c->Hq * D) * sizeof(double));
+    memset(bk, 0, (size_t)(c->B * c->Tk * c->Hkv * D) * sizeof(double));
+    memset(bv, 0, (size_t)(c->B * c->Tk * c->Hkv * D) * sizeof(double));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->Hq; h++)
+            for (int64_t i = 0; i < c->Tq; i++) {
+                int64_t qo = ((b * c->Tq + i) * c->Hq + h) * D;
+                double L = rl[(b * c->Hq + h) * c->Tq + i], delta = 0, dD = 0, Di = 0;
+                for (int64_t d = 0; d < D; d++) bo[qo + d] = 0;
+                if (L == -INFINITY) continue;
+                for (int64_t j = 0; j < c->Tk; j++) {
+                    if (!visible(c, b, i, j)) continue;
+                    const float *kj = k + ((b * c->Tk + j) * c->Hkv + h / G) * D;
+                    double m = 0;
+                    for (int64_t d = 0; d < D; d++) m += fabs((double)q[qo + d] * kj[d]);
+                    delta = fmax(delta, BF16_G * scale * m);
+                }
+                double eps = exp(2 * delta) * (1 + BF16_U) * (1 + BF16_U) - 1;
+                for (int64_t d = 0; d < D; d++) Di += (double)dout[qo + d] * ro[qo + d];
+                for (int64_t j = 0; j < c->Tk; j++) {
+                    if (!visible(c, b, i, j)) continue;
+                    const float *kj = k + ((b * c->Tk + j) * c->Hkv + h / G) * D;
+                    const float *vj = v + ((b * c->Tk + j) * c->Hkv + h / G) * D;
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++) s += (double)q[qo + d] * kj[d];
+                    double p = exp(scale * s - L);
+                    for (int64_t d = 0; d < D; d++) bo[qo + d] += eps * p * fabs(vj[d]);
+                }
+                for (int64_t d = 0; d < D; d++) dD += fabs(dout[qo + d]) * bo[qo + d];
+                for (int64_t j = 0; j < c->Tk; j++) {
+                    if (!visible(c, b, i, j)) continue;
+                    int64_t ko = ((b * c->Tk + j) * c->Hkv + h / G) * D;
+                    double s = 0, dp = 0, edp = 0;
+                    for (int64_t d = 0; d < D; d++) {
+                        s += (double)q[qo + d] * k[ko + d];
+                        dp += (double)dout[qo + d] * v[ko + d];
+                        edp += fabs((double)dout[qo + d] * v[ko + d]);
+                    }
+                    double p = exp(scale * s - L), ds = p * (dp - Di);
+                    double eds = eps * fabs(ds) + p * (BF16_G * edp + dD);
+                    for (int64_t d = 0; d < D; d++) {
+                        bv[ko + d] += (eps + BF16_G) * p * fabs(dout[qo + d]);
+                        bk[ko + d] += scale * (eds + BF16_G * fabs(ds)) * fabs(q[qo + d]);
+                        bq[qo + d] += scale * (eds + BF16_G * fabs(ds)) * fabs(k[ko + d]);
+                    }
+                }
+            }
+}
+
+static double worst_ratio(const float *got, const double *want, const double *bound, int64_t n)
+{
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double r = fabs((double)got[i] - want[i]) / (2 * bound[i] + 1e-6);
+        if (!(r <= w)) w = isnan(r) ? INFINITY : r;
+    }
+    return w;
+}
+
+static void run_attn_bf16_case(const char *name, const attn_case *c)
+{
+    int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D, nl = c->B * c->Hq * c->Tq;
+    int64_t qs[4] = {c->B, c->Tq, c->Hq, c->D}, ks[4] = {c->B, c->Tk, c->Hkv, c->D};
+    float scale = 1.0f / sqrtf((float)c->D);
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+    at_tensor *tq = mk(AT_F32, 4, qs, q), *tk = mk(AT_F32, 4, ks, k), *tv = mk(AT_F32, 4, ks, v);
+    at_tensor *to = mk(AT_F32, 4, qs, NULL), *tl = mk(AT_F32, 3, (int64_t[]){c->B, c->Hq, c->Tq}, NULL);
+    at_tensor *tsg = c->seg ? mk_i32(2, (int64_t[]){c->B, c->Tq}, c->seg) : NULL;
+    at_tensor *tdo = mk(AT_F32, 4, qs, dout), *tdq = mk(AT_F32, 4, qs, NULL), *tdk = mk(AT_F32, 4, ks, NULL),
+              *tdv = mk(AT_F32, 4, ks, NULL);
+    at_attn_params p = {scale, NULL, NULL, tsg, 1};
+    CHECK_OK(at_attention_forward(to, tl, tq, tk, tv, &p));
+    CHECK_OK(at_attention_backward(tdq, tdk, tdv, tdo, tq, tk, tv, to, tl, &p));
+    double *ro = malloc((size_t)nq * 8), *rl = malloc((size_t)nl * 8), *rdq = malloc((size_t)nq * 8),
+           *rdk = malloc((size_t)nk * 8), *rdv = malloc((size_t)nk * 8), *bo = malloc((size_t)nq * 8),
+           *bq = malloc((size_t)nq * 8), *bk = malloc((size_t)nk * 8), *bv = malloc((size_t)nk * 8);
+    attn_ref(c, scale, q, k, v, dout, ro, rl, rdq, rdk, rdv);
+    attn_bf16_bounds(c, scale, q, k, v, dout, ro, rl, bo, bq, bk, bv);
+    double wo = worst_ratio(at_tensor_data(to), ro, bo, nq), wq = worst_ratio(at_tensor_data(tdq), rdq, bq, nq),
+           wk = worst_ratio(at_tensor_data(tdk), rdk, bk, nk), wv = worst_ratio(at_tensor_data(tdv), rdv, bv, nk);
+    CHECK_MSG(wo <= 1 && wq <= 1 && wk <= 1 && wv <= 1, "attention bf16 %s: worst err/bound out %g dq %g dk %g dv %g",
+              name, wo, wq, wk, wv);
+    /* and not f32 by accident: somewhere the rounding must show beyond f32's error */
+    double eo = max_abs_diff_d(at_tensor_data(to), ro, nq);
+    CHECK_MSG(eo > 1e-4, "attention bf16 %s: out within %g of exact: not rounded to bf16", name, eo);
+    free(ro);
+    free(rl);
+    free(rdq);
+    free(rdk);
+    free(rdv);
+    free(bo);
+    free(bq);
+    free(bk);
+    free(bv);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    at_tensor *all[] = {tq, tk, tv, to, tl, tsg, tdo, tdq, tdk, tdv};
+    for (int i = 0; i < 10; i++) at_tensor_free(all[i]);
+}
+
+/* At every level the machine has, the top one (vdpbf16ps) included. */
+static void test_attention_bf16(at_cpu_isa hw)
+{
+    for (int lvl = AT_ISA_SCALAR; lvl <= (int)hw; lvl++) {
+        at_cpu_isa_force((at_cpu_isa)lvl);
+        int before = at_test_failures;
+        test_gemm_acc_bf16();
+        attn_case c1 = {1, 150, 150, 4, 2, 64, NULL, NULL, NULL}; /* Qwen's head size, partial blocks */
+        run_attn_bf16_case("causal gqa d64", &c1);
+        int32_t seg[100];
+        for (int i = 0; i < 100; i++) seg[i] = i < 37 ? 0 : 1;
+        attn_case c2 = {1, 100, 100, 2, 1, 24, NULL, NULL, seg};
+        run_attn_bf16_case("segments d24", &c2);
+        if (at_test_failures != before)
+            fprintf(stderr, "bf16 attention failures at ISA %s\n", at_cpu_isa_name((at_cpu_isa)lvl));
+    }
+}
+
 int main(void)
 {
     at_cpu_isa hw = at_cpu_isa_level();
@@ -893,6 +1079,7 @@ int main(void)
         test_attention();
         if (at_test_failures != before) fprintf(stderr, "failures at ISA %s\n", at_cpu_isa_name((at_cpu_isa)lvl));
     }
+    test_attention_bf16(hw);
     at_cpu_isa_force(hw);
     return at_test_result("test_cpu_kernels");
 }

@@ -26,6 +26,11 @@ typedef struct {
     const at_tensor *kv_len;   /* i32 [B]: valid keys per sequence; NULL means Tk */
     const at_tensor *segments; /* i32 [B, T] (Tq == Tk): keys of another segment are
                                   masked (packed samples); NULL means one segment */
+    int bf16;                  /* 1: the products (q·k, p·v and the backward's) take
+                                  their operands rounded to bf16, products exact and sums
+                                  in f32, as PyTorch's autocast runs attention; softmax
+                                  and the rest stay f32. For models that compute in bf16;
+                                  a backend may compute these in f32 instead */
 } at_attn_params;
 
 /* The GELU variants (at_gelu_forward's kind), as transformers' ACT2FN names them:

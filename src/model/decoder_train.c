@@ -224,6 +224,9 @@ static at_status layer_io(at_decoder *d, const at_decoder_acts *a, at_layer_io *
     io->sections = at_decoder_sections(d);
     io->attn.scale = d->attn_scale;
     io->attn.segments = a->segments;
+    /* a model whose matrices are bf16 computes its products in bf16: attention's too */
+    const at_tensor *wq = d->cfg.num_hidden_layers > 0 ? d->w->layers[0].wq : NULL;
+    io->attn.bf16 = wq && wq->dtype == AT_BF16;
     io->save_lse = 1;
     return at_decoder_qact(d, (int64_t)a->B * a->T, &io->qact);
 }

@@ -526,7 +526,7 @@ static at_attn_params attn_params(const at_vision *v, int b)
     int full = v->vc.kind != AT_VISION_QWEN2_5_VL;
     for (int i = 0; i < v->vc.n_fullatt; i++) full |= v->vc.fullatt_block_indexes[i] == b;
     at_attn_params p = {1.0f / sqrtf((float)(v->vc.width / v->vc.num_heads)), v->q_index, NULL,
-                        full ? v->seg_frame : v->seg_window};
+                        full ? v->seg_frame : v->seg_window, 0};
     return p;
 }
 

@@ -9,6 +9,7 @@
 #include "base/progress.h"
 #include "base/threads.h"
 #include "device/cpu/cpu_simd.h"
+#include "device/cpu/gemm.h"
 
 /* FlashAttention on the CPU.
  *
@@ -60,6 +61,7 @@ typedef struct {
     float scale;
     const int32_t *qidx, *kvlen, *seg;
     const at_cpu_simd *v;
+    int bf16; /* the products' operands rounded to bf16 (at_attn_params) */
 } geo;
 
 /* A block of query rows: row i is position pos[i] of query head h + hd[i]
@@ -88,7 +90,16 @@ static geo make_geo(const at_tensor *q, const at_tensor *k, const at_attn_params
     g.kvlen = p->kv_len ? at_tensor_data(p->kv_len) : NULL;
     g.seg = p->segments ? at_tensor_data(p->segments) : NULL;
     g.v = at_cpu_simd_get();
+    g.bf16 = p->bf16;
     return g;
+}
+
+/* C += A · B (gemm_acc's arguments), in bf16 where the model computes in it. */
+static void product(const geo *g, float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                    int64_t ldb, int64_t M, int64_t N, int64_t K)
+{
+    if (g->bf16) at_cpu_gemm_acc_bf16(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
+    else g->v->gemm_acc(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
 }
 
 /* Fills lim[], minlim/maxlim and the segment range from pos[0..nq). */
@@ -209,7 +220,7 @@ static void store_rows(const geo *g, void *base, at_dtype t, int64_t off, int64_
 static void scores(const geo *g, float *S, const float *Qs, const float *Kt, int64_t nq, int64_t nk)
 {
     for (int64_t i = 0; i < nq; i++) memset(S + i * BK, 0, (size_t)nk * sizeof(float));
-    g->v->gemm_acc(S, BK, Qs, g->D, 1, Kt, BK, nq, nk, g->D);
+    product(g, S, BK, Qs, g->D, 1, Kt, BK, nq, nk, g->D);
 }
 
 /* ---- forward ---- */
@@ -263,6 +274,11 @@ static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int6
             l[i] = l[i] * alpha + v->sum_exp(row, row, mn, nk);
             m[i] = mn;
         }
+        /* in f32 even for a bf16 model: P here is relative to the running max,
+         * which depends on where the key blocks fall (packed samples, the
+         * micro-batch layout); rounded, it would make the result depend on
+         * them beyond the order of the sums (test_mpi). The backward's P is
+         * relative to lse and takes bf16. */
         v->gemm_acc(O, D, S, BK, 1, Vf, D, nq, D, nk);
     }
     for (int64_t i = 0; i < nq; i++) {
@@ -382,7 +398,7 @@ static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int
         else v->exp_scale(row, row, L[i], 1.0f, nk);
     }
     for (int64_t i = 0; i < nq; i++) memset(dP + i * BK, 0, (size_t)nk * sizeof(float));
-    v->gemm_acc(dP, BK, dO, g->D, 1, Vt, BK, nq, nk, g->D);
+    product(g, dP, BK, dO, g->D, 1, Vt, BK, nq, nk, g->D);
     for (int64_t i = 0; i < nq; i++) {
         const float *pr = S + i * BK;
         float *dr = dP + i * BK, di = Di[i];
@@ -393,7 +409,6 @@ static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int
 /* Pass 1: dK, dV of key block kb of kv head kvh. */
 static void bwd_kv_task(const geo *g, const bwd_args *a, float *ws, int64_t b, int64_t kvh, int64_t kb)
 {
-    const at_cpu_simd *v = g->v;
     int64_t D = g->D, j0 = kb * BK, nk = g->Tk - j0 < BK ? g->Tk - j0 : BK;
     /* keys at or past kv_len are never read (a KV cache may hold garbage
      * there); their dK, dV rows stay 0 */
@@ -422,8 +437,8 @@ static void bwd_kv_task(const geo *g, const bwd_args *a, float *ws, int64_t b, i
             float *dS = a->ds ? a->ds + tile * (BQ * BK) : dP;
             probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dS);
             /* dV[j] += Σ_i P[i, j] dO[i];  dK[j] += Σ_i dS[i, j] Qs[i]  (Qs carries the scale) */
-            v->gemm_acc(dV, D, S, 1, BK, dO, D, nk, D, qk.nq);
-            v->gemm_acc(dK, D, dS, 1, BK, Qs, D, nk, D, qk.nq);
+            product(g, dV, D, S, 1, BK, dO, D, nk, D, qk.nq);
+            product(g, dK, D, dS, 1, BK, Qs, D, nk, D, qk.nq);
             if (a->ds) a->ds_done[tile] = 1;
         }
     }
@@ -452,13 +467,13 @@ static void bwd_q_task(const geo *g, const bwd_args *a, float *ws, int64_t b, in
             /* pass 1's tile: its columns past this block's last visible key
              * (pass 1 may have had more) are dS = 0 for every row */
             load_rows(g, Kf, a->k, a->kt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f);
-            v->gemm_acc(dQ, D, a->ds + tile * (BQ * BK), BK, 1, Kf, D, qk.nq, D, nk);
+            product(g, dQ, D, a->ds + tile * (BQ * BK), BK, 1, Kf, D, qk.nq, D, nk);
             continue;
         }
         load_keys(g, Kf, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
         load_keys(g, NULL, Vt, tmp, a->vv, a->vt, b, kvh, j0, nk);
         probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dP);
-        v->gemm_acc(dQ, D, dP, BK, 1, Kf, D, qk.nq, D, nk); /* dQ += dS K */
+        product(g, dQ, D, dP, BK, 1, Kf, D, qk.nq, D, nk); /* dQ += dS K */
     }
     for (int64_t i = 0; i < qk.nq; i++) v->scale(dQ + i * D, dQ + i * D, g->scale, D);
     int64_t qstride = g->Hq * D, qoff = ((b * g->Tq + qk.i0) * g->Hq + h) * D;
@@ -502,16 +517,17 @@ at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv,
     {
         float *w = ws + (size_t)omp_get_thread_num() * per;
         /* D_i = dout_i · out_i, stored [B, Hq, Tq] like lse; summed as dP is
-         * (gemm_acc: one multiply-add per d, in order), so that where a row
-         * sees one key (P = 1, out = v) dS = P ∘ (dP − D) is exactly 0 as it
-         * should be, on every ISA level, not a rounding residue. */
+         * (product: in bf16 too, the same pairs in the same order), so that
+         * where a row sees one key (P = 1, out = v) dS = P ∘ (dP − D) is
+         * exactly 0 as it should be, on every ISA level, not a rounding
+         * residue. */
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < nrows; r++) { /* r walks [B, Tq, Hq] */
             int64_t h = r % g.Hq, i = (r / g.Hq) % g.Tq, b = r / (g.Hq * g.Tq);
             const float *x = at_cpu_in(g.v, w, pdo, dout->dtype, r * D, D);
             const float *y = at_cpu_in(g.v, w + D, po, out->dtype, r * D, D);
             float di = 0.0f;
-            g.v->gemm_acc(&di, 1, x, 1, 1, y, 1, 1, 1, D);
+            product(&g, &di, 1, x, 1, 1, y, 1, 1, 1, D);
             Dd[(b * g.Hq + h) * g.Tq + i] = di;
         }
 #pragma omp for schedule(dynamic, 1)

@@ -50,6 +50,7 @@
 #include "base/threads.h"
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_qmatmul.h"
+#include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm_kernels.h"
 #include "device/cpu/gemm_tune.h"
 
@@ -895,4 +896,48 @@ void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, floa
 {
     (void)at_cpu_gemm_checked(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
                               ldc);
+}
+
+/* ---- small products in bf16 (attention's tiles) ---- */
+
+#define ACC_B 64 /* block of the rounded copies: 2 x 16 KiB of stack */
+
+/* n values at src (f32) rounded to bf16 precision, into dst (f32). */
+static void round_row_bf16(const at_cpu_simd *v, float *dst, const float *src, int64_t n)
+{
+    uint16_t h[ACC_B];
+    v->store(h, AT_BF16, src, n);
+    v->load(dst, h, AT_BF16, n);
+}
+
+void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                          int64_t ldb, int64_t M, int64_t N, int64_t K)
+{
+#if defined(__x86_64__)
+    if (at_cpu_isa_level() >= AT_ISA_AVX512_BF16) {
+        at_gemm_acc_bf16_avx512bf16(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
+        return;
+    }
+#endif
+    /* elsewhere the f32 kernel on copies rounded to bf16: the same products */
+    const at_cpu_simd *v = at_cpu_simd_get();
+    float ar[ACC_B * ACC_B], br[ACC_B * ACC_B];
+    for (int64_t k0 = 0; k0 < K; k0 += ACC_B) {
+        int64_t kb = K - k0 < ACC_B ? K - k0 : ACC_B;
+        for (int64_t n0 = 0; n0 < N; n0 += ACC_B) {
+            int64_t nb = N - n0 < ACC_B ? N - n0 : ACC_B;
+            for (int64_t k = 0; k < kb; k++) round_row_bf16(v, br + k * ACC_B, b + (k0 + k) * ldb + n0, nb);
+            for (int64_t m0 = 0; m0 < M; m0 += ACC_B) {
+                int64_t mb = M - m0 < ACC_B ? M - m0 : ACC_B;
+                const float *as = a + m0 * a_rs + k0 * a_cs;
+                if (a_cs == 1) { /* ar[m][k] */
+                    for (int64_t m = 0; m < mb; m++) round_row_bf16(v, ar + m * ACC_B, as + m * a_rs, kb);
+                    v->gemm_acc(c + m0 * ldc + n0, ldc, ar, ACC_B, 1, br, ACC_B, mb, nb, kb);
+                } else { /* a_rs == 1: ar[k][m] */
+                    for (int64_t k = 0; k < kb; k++) round_row_bf16(v, ar + k * ACC_B, as + k * a_cs, mb);
+                    v->gemm_acc(c + m0 * ldc + n0, ldc, ar, 1, ACC_B, br, ACC_B, mb, nb, kb);
+                }
+            }
+        }
+    }
 }

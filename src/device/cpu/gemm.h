@@ -36,6 +36,15 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
                               const void *B, at_dtype b_type, int64_t ldb,
                               float beta, void *C, at_dtype c_type, int64_t ldc);
 
+/* Small products in bf16, as attention's tiles take them:
+ *   C[m, :N] += Σ_k bf16(A(m, k)) · bf16(B[k, :N])   for m < M, k < K,
+ * with A(m, k) = a[m·a_rs + k·a_cs] (a_cs == 1, or a transposed A with
+ * a_rs == 1), B's rows ldb apart, bf16() rounding to nearest even. Each
+ * product is exact in f32 and the sums are f32, in an order that depends on
+ * the ISA level (vdpbf16ps adds pairs of k). Any sizes; no allocation. */
+void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                          int64_t ldb, int64_t M, int64_t N, int64_t K);
+
 /* The engine keeps its packing buffers per thread between calls (a few MB
  * at most per thread), and so do the quantized matmuls (cpu_qmatmul.c) and
  * the bf16 kernels. This frees the calling thread's; the next call

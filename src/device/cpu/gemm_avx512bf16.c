@@ -213,3 +213,115 @@ static void axpy_bf16(int S, int64_t K, const float *x, int64_t ldx, int64_t L, 
 /* K is tiny on this path: f32 FMAs on the bf16-rounded operands give the
  * products vdpbf16ps would (a product of two bf16 values is exact in f32). */
 const at_gemm_small at_gemm_small_avx512bf16 = {.dot = dot_bf16, .axpy = axpy_bf16, .outer = at_gemm_outer_avx512};
+
+/* ---- attention's tiles: C += round_bf16(A) · round_bf16(B) (gemm.h) ----
+ * In blocks of at most 64 rows x 64 columns x 64 k: B's block as pairs
+ * (k, k+1) of each column, bp[p][n]; A's block as pairs of each row stored
+ * pair-major, ap[p][m], so that a tile's rows at one pair are adjacent. An 8
+ * x 32 tile of C accumulates in 16 registers over the block's pairs. */
+
+#define ACC_B 64
+
+/* dst[p][ld] (p < ceil(kb / 2), lanes < n) = pairs of rows 2p, 2p + 1 of
+ * src (rows rs apart, n contiguous values each); lanes past n are 0. */
+static void pack_row_pairs(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t kb, int64_t n)
+{
+    for (int64_t p = 0; 2 * p < kb; p++) {
+        const float *r0 = src + 2 * p * rs, *r1 = 2 * p + 1 < kb ? r0 + rs : NULL;
+        for (int64_t x = 0; x < n; x += 16)
+            _mm512_storeu_si512(dst + p * ld + x, pair16((const char *)(r0 + x), r1 ? (const char *)(r1 + x) : NULL,
+                                                         AT_F32, mask16(n - x)));
+    }
+}
+
+/* dst[p][ld] (p < ceil(kb / 2), lanes m < mb) = pairs (k 2p, 2p + 1) of rows m
+ * of src, each row's kb values contiguous, rows rs apart: 16 rows x 16
+ * pairs transposed in registers. */
+static void pack_col_pairs(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t kb, int64_t mb)
+{
+    for (int64_t m0 = 0; m0 < mb; m0 += 16)
+        for (int64_t k0 = 0; k0 < kb; k0 += 32) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *row = src + (m0 + i) * rs + k0;
+                __m512i v = _mm512_setzero_si512();
+                if (m0 + i < mb) {
+                    __m512 lo = _mm512_maskz_loadu_ps(mask16(kb - k0), row);
+                    __m512 hi = _mm512_maskz_loadu_ps(mask16(kb - k0 - 16), row + 16);
+                    v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+                }
+                r[i] = _mm512_castsi512_ps(v);
+            }
+            transpose16(r);
+            for (int i = 0; i < 16 && 2 * (k0 / 2 + i) < kb; i++)
+                _mm512_storeu_ps((float *)(dst + (k0 / 2 + i) * ld + m0), r[i]);
+        }
+}
+
+/* Rows [0, RR) x columns [0, n) (n <= 32) of C += the packed blocks over kp pairs. */
+static inline __attribute__((always_inline)) void acc_tile(const int RR, float *c, int64_t ldc, const uint32_t *ap,
+                                                           const uint32_t *bp, int64_t kp, int64_t n)
+{
+    __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
+#define LD(r)                                                                                                          \
+    __m512 c##r##0 = RR > r ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();                            \
+    __m512 c##r##1 = RR > r ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
+    LD(0) LD(1) LD(2) LD(3) LD(4) LD(5) LD(6) LD(7)
+#undef LD
+    for (int64_t p = 0; p < kp; p++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * ACC_B);
+        __m512bh b1 = (__m512bh)(n > 16 ? _mm512_loadu_si512(bp + p * ACC_B + 16) : _mm512_setzero_si512());
+        const uint32_t *a = ap + p * ACC_B;
+#define F(r)                                                                                                           \
+    if (RR > r) {                                                                                                      \
+        __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r]);                                                          \
+        c##r##0 = _mm512_dpbf16_ps(c##r##0, av, b0);                                                                  \
+        c##r##1 = _mm512_dpbf16_ps(c##r##1, av, b1);                                                                  \
+    }
+        F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
+#undef F
+    }
+#define ST(r)                                                                                                          \
+    if (RR > r) {                                                                                                      \
+        _mm512_mask_storeu_ps(c + r * ldc, m0, c##r##0);                                                               \
+        _mm512_mask_storeu_ps(c + r * ldc + 16, m1, c##r##1);                                                          \
+    }
+    ST(0) ST(1) ST(2) ST(3) ST(4) ST(5) ST(6) ST(7)
+#undef ST
+}
+
+void at_gemm_acc_bf16_avx512bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                                 int64_t ldb, int64_t M, int64_t N, int64_t K)
+{
+    _Alignas(64) uint32_t ap[ACC_B / 2 * ACC_B], bp[ACC_B / 2 * ACC_B];
+    for (int64_t k0 = 0; k0 < K; k0 += ACC_B) {
+        int64_t kb = K - k0 < ACC_B ? K - k0 : ACC_B, kp = (kb + 1) / 2;
+        for (int64_t n0 = 0; n0 < N; n0 += ACC_B) {
+            int64_t nb = N - n0 < ACC_B ? N - n0 : ACC_B;
+            pack_row_pairs(bp, ACC_B, b + k0 * ldb + n0, ldb, kb, nb);
+            for (int64_t m0 = 0; m0 < M; m0 += ACC_B) {
+                int64_t mb = M - m0 < ACC_B ? M - m0 : ACC_B;
+                const float *as = a + m0 * a_rs + k0 * a_cs;
+                if (a_cs == 1) pack_col_pairs(ap, ACC_B, as, a_rs, kb, mb);
+                else pack_row_pairs(ap, ACC_B, as, a_cs, kb, mb); /* a_rs == 1 (gemm.h) */
+                for (int64_t j = 0; j < nb; j += 32) {
+                    int64_t n = nb - j < 32 ? nb - j : 32;
+                    for (int64_t i = 0; i < mb; i += 8) {
+                        float *ct = c + (m0 + i) * ldc + n0 + j;
+                        const uint32_t *at = ap + i, *bt = bp + j;
+                        switch (mb - i < 8 ? mb - i : 8) {
+                        case 1: acc_tile(1, ct, ldc, at, bt, kp, n); break;
+                        case 2: acc_tile(2, ct, ldc, at, bt, kp, n); break;
+                        case 3: acc_tile(3, ct, ldc, at, bt, kp, n); break;
+                        case 4: acc_tile(4, ct, ldc, at, bt, kp, n); break;
+                        case 5: acc_tile(5, ct, ldc, at, bt, kp, n); break;
+                        case 6: acc_tile(6, ct, ldc, at, bt, kp, n); break;
+                        case 7: acc_tile(7, ct, ldc, at, bt, kp, n); break;
+                        default: acc_tile(8, ct, ldc, at, bt, kp, n); break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -151,6 +151,9 @@ void at_gemm_outer_avx512(int64_t R, int64_t L, int K, const float *a, int64_t l
 extern const at_gemm_blocked at_gemm_f32_neon;
 extern const at_gemm_small at_gemm_small_neon;
 extern const at_gemm_blocked at_gemm_bf16_neon_bf16; /* gemm_neon_bf16.c: BFMMLA, kp = 4 */
+/* at_cpu_gemm_acc_bf16 (gemm.h) on vdpbf16ps. */
+void at_gemm_acc_bf16_avx512bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                                 int64_t ldb, int64_t M, int64_t N, int64_t K);
 /* Frees the calling thread's scratch of at_gemm_small_avx512bf16. */
 void at_gemm_bf16_release(void);
 
