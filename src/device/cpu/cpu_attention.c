@@ -8,6 +8,7 @@
 #include <string.h>
 #include "base/progress.h"
 #include "base/threads.h"
+#include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm.h"
 
@@ -61,7 +62,10 @@ typedef struct {
     float scale;
     const int32_t *qidx, *kvlen, *seg;
     const at_cpu_simd *v;
-    int bf16; /* the products' operands rounded to bf16 (at_attn_params) */
+    int bf16;  /* the products' operands rounded to bf16 (at_attn_params) */
+    int round; /* bf16 without vdpbf16ps: operands rounded once, as they are
+                  loaded or formed, and the f32 kernel; with it the kernel
+                  rounds them as it packs */
 } geo;
 
 /* A block of query rows: row i is position pos[i] of query head h + hd[i]
@@ -91,6 +95,7 @@ static geo make_geo(const at_tensor *q, const at_tensor *k, const at_attn_params
     g.seg = p->segments ? at_tensor_data(p->segments) : NULL;
     g.v = at_cpu_simd_get();
     g.bf16 = p->bf16;
+    g.round = p->bf16 && at_cpu_isa_level() < AT_ISA_AVX512_BF16;
     return g;
 }
 
@@ -98,8 +103,22 @@ static geo make_geo(const at_tensor *q, const at_tensor *k, const at_attn_params
 static void product(const geo *g, float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                     int64_t ldb, int64_t M, int64_t N, int64_t K)
 {
-    if (g->bf16) at_cpu_gemm_acc_bf16(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
+    if (g->bf16 && !g->round) at_cpu_gemm_acc_bf16(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
     else g->v->gemm_acc(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
+}
+
+/* nrows rows of n values, rows ld apart, rounded to bf16 in place where the
+ * products' operands are rounded before the f32 kernel (g->round). */
+static void round_operand(const geo *g, float *x, int64_t ld, int64_t nrows, int64_t n)
+{
+    if (!g->round) return;
+    uint16_t h[BK];
+    for (int64_t r = 0; r < nrows; r++)
+        for (int64_t c = 0; c < n; c += BK) {
+            int64_t len = n - c < BK ? n - c : BK;
+            g->v->store(h, AT_BF16, x + r * ld + c, len);
+            g->v->load(x + r * ld + c, h, AT_BF16, len);
+        }
 }
 
 /* Fills lim[], minlim/maxlim and the segment range from pos[0..nq). */
@@ -186,18 +205,21 @@ static void apply_mask(const geo *g, int64_t b, const qblock *qk, int64_t j0, in
     }
 }
 
-/* nrows rows of D elements, rows `stride` elements apart, to f32 dst[nrows][D], times mul. */
+/* nrows rows of D elements, rows `stride` elements apart, to f32 dst[nrows][D], times mul;
+ * an operand of the bf16 products (round_operand) when `operand`. */
 static void load_rows(const geo *g, float *dst, const void *base, at_dtype t, int64_t off, int64_t stride,
-                      int64_t nrows, float mul)
+                      int64_t nrows, float mul, int operand)
 {
     for (int64_t r = 0; r < nrows; r++) {
         g->v->load(dst + r * g->D, at_cpu_elem(base, t, off + r * stride), t, g->D);
         if (mul != 1.0f) g->v->scale(dst + r * g->D, dst + r * g->D, mul, g->D);
     }
+    if (operand) round_operand(g, dst, g->D, nrows, g->D);
 }
 
 /* Key (or value) rows j0.. of (b, kvh) to f32, transposed to dst_t[D][BK];
- * also row-major to dst (when not NULL); tmp holds one row. */
+ * also row-major to dst (when not NULL); tmp holds one row. An operand of the
+ * products (round_operand). */
 static void load_keys(const geo *g, float *dst, float *dst_t, float *tmp, const void *base, at_dtype t, int64_t b,
                       int64_t kvh, int64_t j0, int64_t nk)
 {
@@ -205,6 +227,7 @@ static void load_keys(const geo *g, float *dst, float *dst_t, float *tmp, const 
     for (int64_t j = 0; j < nk; j++) {
         float *row = dst ? dst + j * D : tmp;
         g->v->load(row, at_cpu_elem(base, t, ((b * g->Tk + j0 + j) * g->Hkv + kvh) * D), t, D);
+        round_operand(g, row, D, 1, D);
         for (int64_t d = 0; d < D; d++) dst_t[d * BK + j] = row[d];
     }
 }
@@ -246,7 +269,7 @@ static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int6
     int64_t nq = qk.nq, qoff[BQ];
     for (int64_t i = 0; i < nq; i++) {
         qoff[i] = ((b * g->Tq + qk.pos[i]) * g->Hq + h + qk.hd[i]) * D;
-        load_rows(g, Qs + i * D, a->q, a->qt, qoff[i], 0, 1, g->scale);
+        load_rows(g, Qs + i * D, a->q, a->qt, qoff[i], 0, 1, g->scale, 1);
     }
     memset(O, 0, (size_t)(nq * D) * sizeof(float));
     for (int64_t i = 0; i < nq; i++) {
@@ -258,7 +281,7 @@ static void fwd_task(const geo *g, const fwd_args *a, float *ws, int64_t b, int6
         int vis = block_visibility(g, b, &qk, j0, nk);
         if (!vis) continue;
         load_keys(g, NULL, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
-        load_rows(g, Vf, a->vv, a->vt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f);
+        load_rows(g, Vf, a->vv, a->vt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f, 0);
         scores(g, S, Qs, Kt, nq, nk);
         if (vis == 1) apply_mask(g, b, &qk, j0, nk, S);
         for (int64_t i = 0; i < nq; i++) {
@@ -375,15 +398,16 @@ static void load_qside(const geo *g, const bwd_args *a, int64_t b, int64_t h, co
                        float *L, float *Di)
 {
     int64_t D = g->D, qstride = g->Hq * D, qoff = ((b * g->Tq + qk->i0) * g->Hq + h) * D;
-    load_rows(g, Qs, a->q, a->qt, qoff, qstride, qk->nq, g->scale);
-    load_rows(g, dO, a->dout, a->dot, qoff, qstride, qk->nq, 1.0f);
+    load_rows(g, Qs, a->q, a->qt, qoff, qstride, qk->nq, g->scale, 1);
+    load_rows(g, dO, a->dout, a->dot, qoff, qstride, qk->nq, 1.0f, 1);
     const float *ls = a->lse + (b * g->Hq + h) * g->Tq + qk->i0, *ds = a->Dd + (b * g->Hq + h) * g->Tq + qk->i0;
     memcpy(L, ls, (size_t)qk->nq * sizeof(float));
     memcpy(Di, ds, (size_t)qk->nq * sizeof(float));
 }
 
 /* P = exp(S − lse) (masked → 0; rows with lse = −inf see nothing → 0), then
- * dP = dO Vᵀ and dS = P ∘ (dP − D) in place of dP. */
+ * dP = dO Vᵀ and dS = P ∘ (dP − D) in place of dP; P and dS leave as
+ * operands of the products (round_operand). */
 static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int64_t j0, int64_t nk, const float *Qs,
                          const float *dO, const float *Kt, const float *Vt, const float *L, const float *Di,
                          float *S, float *dP)
@@ -404,6 +428,9 @@ static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int
         float *dr = dP + i * BK, di = Di[i];
         for (int64_t j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
     }
+    /* from here on both are operands of products only */
+    round_operand(g, S, BK, nq, nk);
+    round_operand(g, dP, BK, nq, nk);
 }
 
 /* Pass 1: dK, dV of key block kb of kv head kvh. */
@@ -466,7 +493,7 @@ static void bwd_q_task(const geo *g, const bwd_args *a, float *ws, int64_t b, in
         if (a->ds && a->ds_done[tile]) {
             /* pass 1's tile: its columns past this block's last visible key
              * (pass 1 may have had more) are dS = 0 for every row */
-            load_rows(g, Kf, a->k, a->kt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f);
+            load_rows(g, Kf, a->k, a->kt, ((b * g->Tk + j0) * g->Hkv + kvh) * D, g->Hkv * D, nk, 1.0f, 1);
             product(g, dQ, D, a->ds + tile * (BQ * BK), BK, 1, Kf, D, qk.nq, D, nk);
             continue;
         }
@@ -526,6 +553,13 @@ at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv,
             int64_t h = r % g.Hq, i = (r / g.Hq) % g.Tq, b = r / (g.Hq * g.Tq);
             const float *x = at_cpu_in(g.v, w, pdo, dout->dtype, r * D, D);
             const float *y = at_cpu_in(g.v, w + D, po, out->dtype, r * D, D);
+            if (g.round) { /* rounded copies (w, w + D) */
+                if (x != w) memcpy(w, x, (size_t)D * sizeof(float));
+                if (y != w + D) memcpy(w + D, y, (size_t)D * sizeof(float));
+                round_operand(&g, w, D, 2, D);
+                x = w;
+                y = w + D;
+            }
             float di = 0.0f;
             product(&g, &di, 1, x, 1, 1, y, 1, 1, 1, D);
             Dd[(b * g.Hq + h) * g.Tq + i] = di;
