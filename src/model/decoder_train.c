@@ -224,11 +224,13 @@ static at_status layer_io(at_decoder *d, const at_decoder_acts *a, at_layer_io *
     io->sections = at_decoder_sections(d);
     io->attn.scale = d->attn_scale;
     io->attn.segments = a->segments;
-    /* a model whose matrices are bf16 computes its products in bf16: attention's too */
-    const at_tensor *wq = d->cfg.num_hidden_layers > 0 ? d->w->layers[0].wq : NULL;
-    io->attn.bf16 = wq && wq->dtype == AT_BF16;
     io->save_lse = 1;
-    return at_decoder_qact(d, (int64_t)a->B * a->T, &io->qact);
+    AT_TRY(at_decoder_qact(d, (int64_t)a->B * a->T, &io->qact));
+    /* a model that computes its products in bf16 (bf16 matrices, or quantized
+     * ones with a bf16 compute format) computes attention's in bf16 too */
+    const at_tensor *wq = d->cfg.num_hidden_layers > 0 ? d->w->layers[0].wq : NULL;
+    io->attn.bf16 = (wq && wq->dtype == AT_BF16) || io->qact;
+    return AT_OK;
 }
 
 /* NEFTune:  x_0 = embed[ids] + n,  n = m·(2u − 1) ∈ [−m, m),  m = alpha / sqrt(L·hidden)
