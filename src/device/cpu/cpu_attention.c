@@ -211,7 +211,12 @@ static void load_rows(const geo *g, float *dst, const void *base, at_dtype t, in
                       int64_t nrows, float mul, int operand)
 {
     for (int64_t r = 0; r < nrows; r++) {
-        g->v->load(dst + r * g->D, at_cpu_elem(base, t, off + r * stride), t, g->D);
+        const void *src = at_cpu_elem(base, t, off + r * stride);
+        if (t == AT_F32 && mul != 1.0f) { /* one pass */
+            g->v->scale(dst + r * g->D, src, mul, g->D);
+            continue;
+        }
+        g->v->load(dst + r * g->D, src, t, g->D);
         if (mul != 1.0f) g->v->scale(dst + r * g->D, dst + r * g->D, mul, g->D);
     }
     if (operand) round_operand(g, dst, g->D, nrows, g->D);
@@ -393,23 +398,33 @@ static int64_t ds_tile(const geo *g, const bwd_args *a, int64_t b, int64_t h, in
 /* Qs, dO, acc1, acc2 ([BQ or BK][D] each), Kf, Kt, Vt, tmp ([BK][D]), S, dP ([BQ][BK]), lse, Di ([BQ]) */
 static size_t bwd_ws_floats(int64_t D) { return (size_t)(8 * BK * D + 2 * BQ * BK + 2 * BQ); }
 
-/* For query block qk of head h: loads Qs (scaled) and dO, lse and D into the scratch. */
-static void load_qside(const geo *g, const bwd_args *a, int64_t b, int64_t h, const qblock *qk, float *Qs, float *dO,
-                       float *L, float *Di)
+/* For query block qk of head h: loads Qs (scaled), lse and D into the
+ * scratch, and returns the rows of dO, *ldo apart: in place where dout is f32
+ * and needs no rounding, else loaded into dO. */
+static const float *load_qside(const geo *g, const bwd_args *a, int64_t b, int64_t h, const qblock *qk, float *Qs,
+                               float *dO, int64_t *ldo, float *L, float *Di)
 {
     int64_t D = g->D, qstride = g->Hq * D, qoff = ((b * g->Tq + qk->i0) * g->Hq + h) * D;
     load_rows(g, Qs, a->q, a->qt, qoff, qstride, qk->nq, g->scale, 1);
-    load_rows(g, dO, a->dout, a->dot, qoff, qstride, qk->nq, 1.0f, 1);
+    const float *rows = dO;
+    *ldo = D;
+    if (a->dot == AT_F32 && !g->round) {
+        rows = (const float *)a->dout + qoff;
+        *ldo = qstride;
+    } else {
+        load_rows(g, dO, a->dout, a->dot, qoff, qstride, qk->nq, 1.0f, 1);
+    }
     const float *ls = a->lse + (b * g->Hq + h) * g->Tq + qk->i0, *ds = a->Dd + (b * g->Hq + h) * g->Tq + qk->i0;
     memcpy(L, ls, (size_t)qk->nq * sizeof(float));
     memcpy(Di, ds, (size_t)qk->nq * sizeof(float));
+    return rows;
 }
 
 /* P = exp(S − lse) (masked → 0; rows with lse = −inf see nothing → 0), then
  * dP = dO Vᵀ and dS = P ∘ (dP − D) in place of dP; P and dS leave as
  * operands of the products (round_operand). */
 static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int64_t j0, int64_t nk, const float *Qs,
-                         const float *dO, const float *Kt, const float *Vt, const float *L, const float *Di,
+                         const float *dO, int64_t ldo, const float *Kt, const float *Vt, const float *L, const float *Di,
                          float *S, float *dP)
 {
     const at_cpu_simd *v = g->v;
@@ -422,7 +437,7 @@ static void probs_and_ds(const geo *g, int64_t b, const qblock *qk, int vis, int
         else v->exp_scale(row, row, L[i], 1.0f, nk);
     }
     for (int64_t i = 0; i < nq; i++) memset(dP + i * BK, 0, (size_t)nk * sizeof(float));
-    product(g, dP, BK, dO, g->D, 1, Vt, BK, nq, nk, g->D);
+    product(g, dP, BK, dO, ldo, 1, Vt, BK, nq, nk, g->D);
     for (int64_t i = 0; i < nq; i++) {
         const float *pr = S + i * BK;
         float *dr = dP + i * BK, di = Di[i];
@@ -459,12 +474,13 @@ static void bwd_kv_task(const geo *g, const bwd_args *a, float *ws, int64_t b, i
                 load_keys(g, NULL, Vt, tmp, a->vv, a->vt, b, kvh, j0, nk);
                 loaded = 1;
             }
-            load_qside(g, a, b, h, &qk, Qs, dO, L, Di);
+            int64_t ldo;
+            const float *dOr = load_qside(g, a, b, h, &qk, Qs, dO, &ldo, L, Di);
             int64_t tile = ds_tile(g, a, b, h, qb, kb);
             float *dS = a->ds ? a->ds + tile * (BQ * BK) : dP;
-            probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dS);
+            probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dOr, ldo, Kt, Vt, L, Di, S, dS);
             /* dV[j] += Σ_i P[i, j] dO[i];  dK[j] += Σ_i dS[i, j] Qs[i]  (Qs carries the scale) */
-            product(g, dV, D, S, 1, BK, dO, D, nk, D, qk.nq);
+            product(g, dV, D, S, 1, BK, dOr, ldo, nk, D, qk.nq);
             product(g, dK, D, dS, 1, BK, Qs, D, nk, D, qk.nq);
             if (a->ds) a->ds_done[tile] = 1;
         }
@@ -483,7 +499,8 @@ static void bwd_q_task(const geo *g, const bwd_args *a, float *ws, int64_t b, in
     float *tmp = Vt + BK * D, *S = tmp + 2 * BK * D, *dP = S + BQ * BK, *L = dP + BQ * BK, *Di = L + BQ;
     qblock qk;
     qblock_setup(g, b, qb, &qk);
-    load_qside(g, a, b, h, &qk, Qs, dO, L, Di);
+    int64_t ldo;
+    const float *dOr = load_qside(g, a, b, h, &qk, Qs, dO, &ldo, L, Di);
     memset(dQ, 0, (size_t)(qk.nq * D) * sizeof(float));
     for (int64_t j0 = 0; j0 <= qk.maxlim; j0 += BK) {
         int64_t nk = qk.maxlim + 1 - j0 < BK ? qk.maxlim + 1 - j0 : BK;
@@ -499,7 +516,7 @@ static void bwd_q_task(const geo *g, const bwd_args *a, float *ws, int64_t b, in
         }
         load_keys(g, Kf, Kt, tmp, a->k, a->kt, b, kvh, j0, nk);
         load_keys(g, NULL, Vt, tmp, a->vv, a->vt, b, kvh, j0, nk);
-        probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dO, Kt, Vt, L, Di, S, dP);
+        probs_and_ds(g, b, &qk, vis, j0, nk, Qs, dOr, ldo, Kt, Vt, L, Di, S, dP);
         product(g, dQ, D, dP, BK, 1, Kf, D, qk.nq, D, nk); /* dQ += dS K */
     }
     for (int64_t i = 0; i < qk.nq; i++) v->scale(dQ + i * D, dQ + i * D, g->scale, D);
