@@ -8,7 +8,6 @@
 #include <string.h>
 #include "base/progress.h"
 #include "base/threads.h"
-#include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm.h"
 
@@ -95,7 +94,7 @@ static geo make_geo(const at_tensor *q, const at_tensor *k, const at_attn_params
     g.seg = p->segments ? at_tensor_data(p->segments) : NULL;
     g.v = at_cpu_simd_get();
     g.bf16 = p->bf16;
-    g.round = p->bf16 && at_cpu_isa_level() < AT_ISA_AVX512_BF16;
+    g.round = p->bf16 && !at_cpu_gemm_acc_bf16_native();
     return g;
 }
 

@@ -910,11 +910,20 @@ static void round_row_bf16(const at_cpu_simd *v, float *dst, const float *src, i
     v->load(dst, h, AT_BF16, n);
 }
 
+int at_cpu_gemm_acc_bf16_native(void)
+{
+#if defined(__x86_64__)
+    return at_cpu_isa_level() >= AT_ISA_AVX512_BF16;
+#else
+    return 0;
+#endif
+}
+
 void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                           int64_t ldb, int64_t M, int64_t N, int64_t K)
 {
 #if defined(__x86_64__)
-    if (at_cpu_isa_level() >= AT_ISA_AVX512_BF16) {
+    if (at_cpu_gemm_acc_bf16_native()) {
         at_gemm_acc_bf16_avx512bf16(c, ldc, a, a_rs, a_cs, b, ldb, M, N, K);
         return;
     }

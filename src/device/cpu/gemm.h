@@ -44,6 +44,11 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
  * the ISA level (vdpbf16ps adds pairs of k). Any sizes; no allocation. */
 void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                           int64_t ldb, int64_t M, int64_t N, int64_t K);
+/* 1 when at_cpu_gemm_acc_bf16 runs on bf16 dot-product instructions at the
+ * current ISA level (vdpbf16ps); 0 when it rounds copies of its operands and
+ * runs the f32 kernel, which a caller holding operands already rounded can
+ * skip (gemm_acc of the simd table gives the same products). */
+int at_cpu_gemm_acc_bf16_native(void);
 
 /* The engine keeps its packing buffers per thread between calls (a few MB
  * at most per thread), and so do the quantized matmuls (cpu_qmatmul.c) and
