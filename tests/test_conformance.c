@@ -1202,6 +1202,34 @@ static void test_dropout(void)
     }
 }
 
+/* ---- the product, then dropout (LoRA's input gradient drop(dU·A)) ---- */
+
+static void test_matmul_dropout(void)
+{
+    /* K 8 as LoRA's rank at its sizes, a K for the blocked path, one row, a wide C */
+    static const int64_t mkn[][3] = {{1, 8, 17}, {512, 8, 896}, {100, 96, 300}, {37, 16, 4864}};
+    begin("matmul_dropout", "f32");
+    for (size_t s = 0; s < sizeof mkn / sizeof mkn[0]; s++)
+        for (int ta = 0; ta < 2; ta++) {
+            int64_t M = mkn[s][0], K = mkn[s][1], N = mkn[s][2];
+            int64_t run = ta ? N * 3 : 0; /* rows in runs, as LoRA keys them */
+            uint64_t seed = rnd(), offset = (uint64_t)s << 40, pitch = run ? (uint64_t)run * 7 + 1 : 0;
+            tp A = in_rand(F32, 2, ta ? SH(K, M) : SH(M, K), "A", -1, 1);
+            tp B = in_rand(F32, 2, SH(K, N), "B", -1, 1);
+            tp C = out_new(F32, 2, SH(M, N), "C", POISON, 0, 0);
+            char desc[64];
+            snprintf(desc, sizeof desc, "M%lld K%lld N%lld ta%d run%lld", (long long)M, (long long)K, (long long)N,
+                     ta, (long long)run);
+            CHECK_OK(at_ref_matmul_dropout(C.h, A.h, B.h, ta, 0, 0.5f, 0.1f, seed, offset, run, pitch));
+            if (called(at_matmul_dropout(C.d, A.d, B.d, ta, 0, 0.5f, 0.1f, seed, offset, run, pitch), desc))
+                compare(&C, desc, "C");
+            tp_free(&A);
+            tp_free(&B);
+            tp_free(&C);
+        }
+    end();
+}
+
 /* ---- uniform noise added in place (NEFTune), dropout's counters ---- */
 
 static void test_add_uniform_noise(void)
@@ -1485,6 +1513,7 @@ static int run_backend(at_backend *be)
     test_cross_entropy();
     test_adamw_sumsq();
     test_dropout();
+    test_matmul_dropout();
     test_add_uniform_noise();
     test_views();
     test_index_errors();

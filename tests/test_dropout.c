@@ -14,6 +14,7 @@
 #include "base/rng.h"
 #include "device/cpu/cpu_backend.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cpu/gemm.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -62,6 +63,79 @@ static int64_t mismatches_runs(int64_t n, float p, uint64_t seed, uint64_t offse
 static int64_t mismatches(int64_t n, float p, uint64_t seed, uint64_t offset, int in_place, int64_t *kept)
 {
     return mismatches_runs(n, p, seed, offset, 0, 0, in_place, kept);
+}
+
+/* at_matmul_dropout against at_matmul then at_dropout, bit for bit, both on
+ * our kernels: LoRA's dx = drop(dU·A) (K 8) and a K that takes the blocked
+ * path, C wide enough to be cut into several blocks of rows (the fused
+ * kernel's unit), A plain and transposed, LoRA's row runs. Also a bf16 C
+ * (the unfused path) and the reference kernels. Returns the elements that
+ * differ. */
+static int64_t matmul_dropout_mismatches(int64_t M, int64_t N, int64_t K, int ta, at_dtype ct, int64_t run,
+                                         uint64_t pitch)
+{
+    int64_t sa[2] = {ta ? K : M, ta ? M : K}, sb[2] = {K, N}, sc[2] = {M, N};
+    at_tensor *a = NULL, *b = NULL, *c = NULL, *want = NULL;
+    CHECK_OK(at_tensor_new(at_cpu_backend(), AT_F32, 2, sa, "a", &a));
+    CHECK_OK(at_tensor_new(at_cpu_backend(), AT_F32, 2, sb, "b", &b));
+    CHECK_OK(at_tensor_new(at_cpu_backend(), ct, 2, sc, "c", &c));
+    CHECK_OK(at_tensor_new(at_cpu_backend(), ct, 2, sc, "want", &want));
+    if (!a || !b || !c || !want) return -1;
+    at_rng r;
+    at_rng_seed(&r, (uint64_t)(M * 131 + N * 7 + K));
+    float *pa = at_tensor_data(a), *pb = at_tensor_data(b);
+    for (int64_t i = 0; i < M * K; i++) pa[i] = 2.0f * at_rng_uniform(&r) - 1.0f;
+    for (int64_t i = 0; i < K * N; i++) pb[i] = 2.0f * at_rng_uniform(&r) - 1.0f;
+    uint64_t seed = 0xabcdef ^ (uint64_t)N, offset = 12345;
+    CHECK_OK(at_matmul(want, a, b, ta, 0, 0.75f, 0.0f));
+    CHECK_OK(at_dropout(want, want, 0.05f, seed, offset, run, pitch));
+    CHECK_OK(at_matmul_dropout(c, a, b, ta, 0, 0.75f, 0.05f, seed, offset, run, pitch));
+    size_t es = ct == AT_F32 ? 4 : 2;
+    int64_t bad = 0, zeros = 0;
+    const unsigned char *pc = at_tensor_data(c), *pw = at_tensor_data(want);
+    for (int64_t i = 0; i < M * N; i++) {
+        bad += memcmp(pc + i * es, pw + i * es, es) != 0;
+        zeros += ct == AT_F32 && ((const float *)pw)[i] == 0.0f;
+    }
+    /* the mask did drop some: p 0.05 of M·N (on enough elements to tell) */
+    if (ct == AT_F32 && M * N >= 10000) CHECK_MSG(zeros > M * N / 40 && zeros < M * N / 10, "%lld of %lld dropped", (long long)zeros,
+                                (long long)(M * N));
+    at_tensor_free(a);
+    at_tensor_free(b);
+    at_tensor_free(c);
+    at_tensor_free(want);
+    return bad;
+}
+
+static void test_matmul_dropout(at_cpu_isa lvl)
+{
+    CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "anytune"));
+    static const struct {
+        int64_t M, N, K;
+        int ta;
+        at_dtype ct;
+        int64_t run;
+    } cases[] = {
+        {512, 896, 8, 0, AT_F32, 0},     {300, 700, 8, 0, AT_F32, 700 * 100}, {257, 4864, 8, 0, AT_F32, 0},
+        {200, 300, 96, 1, AT_F32, 300}, {130, 520, 16, 0, AT_BF16, 0},       {1, 17, 3, 0, AT_F32, 17},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t pitch = cases[i].run ? (uint64_t)cases[i].run * 5 + 1 : 0;
+        int64_t bad = matmul_dropout_mismatches(cases[i].M, cases[i].N, cases[i].K, cases[i].ta, cases[i].ct,
+                                                cases[i].run, pitch);
+        CHECK_MSG(bad == 0, "isa %s matmul_dropout %lldx%lldx%lld%s %s run %lld: %lld elements differ from "
+                  "matmul then dropout", at_cpu_isa_name(lvl), (long long)cases[i].M, (long long)cases[i].N,
+                  (long long)cases[i].K, cases[i].ta ? " (A transposed)" : "", at_dtype_name(cases[i].ct),
+                  (long long)cases[i].run, (long long)bad);
+    }
+    CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "auto"));
+    /* the output may not be an operand */
+    int64_t s2[2] = {8, 8};
+    at_tensor *x = NULL;
+    CHECK_OK(at_tensor_new(at_cpu_backend(), AT_F32, 2, s2, "x", &x));
+    CHECK(at_matmul_dropout(x, x, x, 0, 0, 1.0f, 0.1f, 1, 0, 0, 0) == AT_ERR_INVALID);
+    CHECK(at_matmul_dropout(x, x, x, 0, 0, 1.0f, 1.0f, 1, 0, 0, 0) == AT_ERR_INVALID);
+    at_tensor_free(x);
 }
 
 int main(void)
@@ -113,6 +187,7 @@ int main(void)
         int64_t kept = 0;
         CHECK(mismatches(40000, 0.5f, 42, 0, 0, &kept) == 0);
         CHECK_MSG(kept > 19000 && kept < 21000, "p 0.5 kept %lld of 40000", (long long)kept);
+        test_matmul_dropout((at_cpu_isa)l);
     }
     at_cpu_isa_force(top);
     return at_test_result("test_dropout");

@@ -157,6 +157,19 @@ static at_status lora_dropout(at_tensor *y, const at_tensor *x, const at_layer_i
                       l->row_tokens * in, pitch);
 }
 
+/* y = drop(dU·A) for module m, the mask of lora_dropout: the input gradient
+ * of the adapter, y [N, in]. */
+static at_status lora_input_grad(at_tensor *y, const at_tensor *du, const at_tensor *A, const at_layer_io *io,
+                                 at_module m)
+{
+    const at_layer_lora *l = io->lora;
+    int64_t in = A->shape[1];
+    uint64_t pitch = (uint64_t)AT_DROPOUT_ROW_PITCH * (uint64_t)in;
+    if (l->dropout <= 0.0f) return at_matmul(y, du, A, 0, 0, 1.0f, 0.0f);
+    return at_matmul_dropout(y, du, A, 0, 0, 1.0f, l->dropout, at_rng_mix(l->seed, (uint64_t)m),
+                             (uint64_t)l->first_row * pitch, l->row_tokens * in, pitch);
+}
+
 /* drop(x) for module m: x itself without dropout, else the dropped copy in
  * scratch (a view [N, in] of `buf`). */
 static at_status lora_input(const at_tensor **xin, at_tensor *tmp, const at_tensor *x, const at_tensor *buf,
@@ -260,10 +273,7 @@ static at_status linear_backward(at_tensor *dx, float dx_beta, const at_tensor *
             AT_TRY(lora_input(&xin, &tmp, x, &s->lora_x, io, m));
             AT_TRY(at_matmul(gp->A, &du, xin, 1, 0, 1.0f, 1.0f));
         }
-        if (lora_first) {
-            AT_TRY(at_matmul(dx, &du, p->A, 0, 0, 1.0f, 0.0f));
-            if (io->lora->dropout > 0.0f) AT_TRY(lora_dropout(dx, dx, io, m, p->A->shape[1]));
-        }
+        if (lora_first) AT_TRY(lora_input_grad(dx, &du, p->A, io, m));
     }
     if (dx) {
         const at_tensor *dym;
@@ -277,8 +287,7 @@ static at_status linear_backward(at_tensor *dx, float dx_beta, const at_tensor *
     if (io->lora->dropout <= 0.0f) return at_matmul(dx, &du, p->A, 0, 0, 1.0f, 1.0f);
     int64_t shx[2] = {dy->shape[0], p->A->shape[1]};
     at_tensor_view_inplace(&tmp, &s->lora_x, 0, 2, shx);
-    AT_TRY(at_matmul(&tmp, &du, p->A, 0, 0, 1.0f, 0.0f));
-    AT_TRY(lora_dropout(&tmp, &tmp, io, m, p->A->shape[1]));
+    AT_TRY(lora_input_grad(&tmp, &du, p->A, io, m));
     return at_axpy(dx, 1.0f, &tmp);
 }
 

@@ -204,10 +204,10 @@ static int64_t matrix_batch(const at_tensor *t)
     return n;
 }
 
-at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
-                    float beta)
+/* at_matmul's checks (op names the caller in messages); *be: c's backend. */
+static at_status matmul_checks(const char *op, const at_tensor *c, const at_tensor *a, const at_tensor *b,
+                               int trans_a, int trans_b, at_backend **be_out)
 {
-    const char *op = "matmul";
     AT_TRY(need(c, op, "output"));
     AT_TRY(need(a, op, "A"));
     AT_TRY(need(b, op, "B"));
@@ -216,12 +216,12 @@ at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
     char d1[200], d2[200], d3[200];
     if (at_dtype_is_quantized(b->dtype) && (matrix_batch(b) != 1 || b->ndim < 2 ||
                                             b->shape[b->ndim - 1] % at_quant_row_block(b->dtype)))
-        return at_error(AT_ERR_INVALID, "matmul: quantized weight %s must be one matrix whose rows are a multiple "
-                        "of %lld values", desc(b, d1, sizeof d1), (long long)at_quant_row_block(b->dtype));
+        return at_error(AT_ERR_INVALID, "%s: quantized weight %s must be one matrix whose rows are a multiple "
+                        "of %lld values", op, desc(b, d1, sizeof d1), (long long)at_quant_row_block(b->dtype));
     if (c->dtype != AT_F32 && c->dtype != AT_BF16)
-        return at_error(AT_ERR_INVALID, "matmul: output %s must be f32 or bf16", desc(c, d1, sizeof d1));
+        return at_error(AT_ERR_INVALID, "%s: output %s must be f32 or bf16", op, desc(c, d1, sizeof d1));
     if (a->ndim < 2 || b->ndim < 2 || c->ndim < 2)
-        return at_error(AT_ERR_INVALID, "matmul: operands need at least 2 dimensions");
+        return at_error(AT_ERR_INVALID, "%s: operands need at least 2 dimensions", op);
     int64_t am = a->shape[a->ndim - 2], ak = a->shape[a->ndim - 1];
     if (trans_a) { int64_t t = am; am = ak; ak = t; }
     int64_t bk = b->shape[b->ndim - 2], bn = b->shape[b->ndim - 1];
@@ -229,12 +229,43 @@ at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
     int64_t cm = c->shape[c->ndim - 2], cn = c->shape[c->ndim - 1];
     int64_t batch_a = matrix_batch(a), batch_b = matrix_batch(b), batch_c = matrix_batch(c);
     if (ak != bk || am != cm || bn != cn || batch_a != batch_c || (batch_b != batch_a && batch_b != 1))
-        return at_error(AT_ERR_INVALID, "matmul: shapes do not match: %s%s · %s%s -> %s", desc(a, d1, sizeof d1),
+        return at_error(AT_ERR_INVALID, "%s: shapes do not match: %s%s · %s%s -> %s", op, desc(a, d1, sizeof d1),
                         trans_a ? "ᵀ" : "", desc(b, d2, sizeof d2), trans_b ? "ᵀ" : "", desc(c, d3, sizeof d3));
     at_backend *be = c->buf->backend;
     AT_TRY(need_backend(a, be, op));
     AT_TRY(need_backend(b, be, op));
+    *be_out = be;
+    return AT_OK;
+}
+
+at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b, float alpha,
+                    float beta)
+{
+    at_backend *be;
+    AT_TRY(matmul_checks("matmul", c, a, b, trans_a, trans_b, &be));
     return run_matmul(be, c, a, b, trans_a, trans_b, alpha, beta);
+}
+
+/* at_dropout's checks of p and the runs. */
+static at_status dropout_checks(const char *op, float p, int64_t run, uint64_t pitch)
+{
+    if (!(p >= 0.0f && p < 1.0f)) return at_error(AT_ERR_INVALID, "%s: p = %g must be in [0, 1)", op, (double)p);
+    if (run < 0 || (run > 0 && pitch < (uint64_t)run))
+        return at_error(AT_ERR_INVALID, "%s: runs of %lld elements %llu apart overlap", op, (long long)run,
+                        (unsigned long long)pitch);
+    return AT_OK;
+}
+
+at_status at_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                            float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch)
+{
+    const char *op = "matmul_dropout";
+    at_backend *be;
+    AT_TRY(matmul_checks(op, c, a, b, trans_a, trans_b, &be));
+    AT_TRY(dropout_checks(op, p, run, pitch));
+    if ((c->buf == a->buf && c->offset == a->offset) || (c->buf == b->buf && c->offset == b->offset))
+        return at_error(AT_ERR_INVALID, "matmul_dropout: the output %s is also an operand", c->name);
+    return run_matmul_dropout(be, c, a, b, trans_a, trans_b, alpha, p, seed, offset, run, pitch);
 }
 
 at_status at_add(at_tensor *y, const at_tensor *a, const at_tensor *b)
@@ -746,10 +777,7 @@ at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
     AT_TRY(need_float(y, op));
     AT_TRY(need_float(x, op));
     AT_TRY(need_numel(y, at_tensor_numel(x), op));
-    if (!(p >= 0.0f && p < 1.0f)) return at_error(AT_ERR_INVALID, "dropout: p = %g must be in [0, 1)", (double)p);
-    if (run < 0 || (run > 0 && pitch < (uint64_t)run))
-        return at_error(AT_ERR_INVALID, "dropout: runs of %lld elements %llu apart overlap", (long long)run,
-                        (unsigned long long)pitch);
+    AT_TRY(dropout_checks(op, p, run, pitch));
     at_backend *be = y->buf->backend;
     AT_TRY(need_backend(x, be, op));
     return run_dropout(be, y, x, p, seed, offset, run, pitch);

@@ -164,6 +164,15 @@ at_status at_read_scalar(const at_tensor *t, float *out);
 at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, uint64_t offset, int64_t run,
                      uint64_t pitch);
 
+/* c = dropout(alpha · op(a) · op(b)): at_matmul with beta 0, then
+ * at_dropout(c, c, p, seed, offset, run, pitch), counters over c's elements.
+ * One operation so that a backend can drop each block of c while it is still
+ * in cache (LoRA's input gradient dx = drop(dU·A), [tokens, in] at K = rank).
+ * Operands as at_matmul's with c f32 or bf16; p, run, pitch as at_dropout's;
+ * c must not be a or b. */
+at_status at_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                            float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch);
+
 /* Uniform noise added in place, with at_dropout's counters (NEFTune):
  *   y[i] += m · (2·at_rng_hash_uniform(seed, counter(i)) − 1)   ∈ [−m, m)
  *   counter(i) = offset + (i / run)·pitch + i % run     (run 0: offset + i)

@@ -852,9 +852,10 @@ int at_cpu_gemm_tune_all(void)
 
 static int supported_input(at_dtype t) { return t == AT_F32 || t == AT_BF16 || t == AT_F16; }
 
-at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
-                              at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
-                              void *C, at_dtype c_type, int64_t ldc)
+/* at_cpu_gemm_checked; with libraries 0 on our kernels only. */
+static at_status gemm_entry(int libraries, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                            const void *A, at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb,
+                            float beta, void *C, at_dtype c_type, int64_t ldc)
 {
     if (!supported_input(a_type) || !supported_input(b_type) || (c_type != AT_F32 && c_type != AT_BF16))
         return at_error(AT_ERR_INVALID, "at_cpu_gemm: unsupported dtypes A %s, B %s, C %s (A and B: f32, bf16, f16; "
@@ -881,13 +882,27 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
         epilogue(&p, &zero, 0, 0);
         return AT_OK;
     }
-    if (a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32) {
+    if (libraries && a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32) {
         at_gemm_engine_id e = f32_engine(p.ta, p.tb, M, N, K);
         if (e != AT_GEMM_ANYTUNE && f32_on_library(e, p.ta, p.tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
             return AT_OK;
     }
     run_ours(&p);
     return AT_OK;
+}
+
+at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                              at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
+                              void *C, at_dtype c_type, int64_t ldc)
+{
+    return gemm_entry(1, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc);
+}
+
+at_status at_cpu_gemm_ours(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                           at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
+                           void *C, at_dtype c_type, int64_t ldc)
+{
+    return gemm_entry(0, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc);
 }
 
 void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,

@@ -36,6 +36,14 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
                               const void *B, at_dtype b_type, int64_t ldb,
                               float beta, void *C, at_dtype c_type, int64_t ldc);
 
+/* at_cpu_gemm_checked on our kernels, whatever engine the calibration
+ * chose for the shape: for a caller inside its own parallel region, where
+ * each call runs on the calling thread (a library would start threads of
+ * its own there). */
+at_status at_cpu_gemm_ours(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                           at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
+                           void *C, at_dtype c_type, int64_t ldc);
+
 /* Small products in bf16, as attention's tiles take them:
  *   C[m, :N] += Σ_k bf16(A(m, k)) · bf16(B[k, :N])   for m < M, k < K,
  * with A(m, k) = a[m·a_rs + k·a_cs] (a_cs == 1, or a transposed A with

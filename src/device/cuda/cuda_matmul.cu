@@ -395,3 +395,12 @@ at_status cu_matmul(at_tensor *ct, const at_tensor *a, const at_tensor *b, int t
     if (T) CU_TRY(mm_epilogue(c, ct, T, beta));
     return AT_OK;
 }
+
+/* The product (beta 0), then the dropout in place (ops.h). */
+at_status cu_matmul_dropout(at_tensor *ct, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                            float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch)
+{
+    at_status st = cu_matmul(ct, a, b, trans_a, trans_b, alpha, 0.0f);
+    if (st != AT_OK) return st;
+    return cu_dropout(ct, ct, p, seed, offset, run, pitch);
+}

@@ -616,6 +616,14 @@ done:
     return st;
 }
 
+/* The product (beta 0), then the dropout in place. */
+at_status at_ref_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                                float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch)
+{
+    AT_TRY(at_ref_matmul(c, a, b, trans_a, trans_b, alpha, 0.0f));
+    return at_ref_dropout(c, c, p, seed, offset, run, pitch);
+}
+
 /* y[i] += m·(2u − 1), u the counter-based uniform of (seed, counter(i)) of
  * base/rng.h, counter(i) as in dropout. In double: the backends' f32 sum is
  * within an ulp or two of it. */
