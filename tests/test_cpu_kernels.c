@@ -998,12 +998,18 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
-static void run_attn_bf16_case(const char *name, const attn_case *c)
+/* With bf16_inputs, q, k, v and dout are bf16 numbers already (and D a power
+ * of 4, so that q·scale is one too): then q·k and dO·Vᵀ are exact products
+ * summed in f32, the forward's out is as good as f32's, and what the bf16
+ * path changes is the rounding of P and dS in the backward's products. */
+static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_inputs)
 {
     int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D, nl = c->B * c->Hq * c->Tq;
     int64_t qs[4] = {c->B, c->Tq, c->Hq, c->D}, ks[4] = {c->B, c->Tk, c->Hkv, c->D};
     float scale = 1.0f / sqrtf((float)c->D);
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+    for (int64_t i = 0; bf16_inputs && i < nq; i++) q[i] = round_to(AT_BF16, q[i]), dout[i] = round_to(AT_BF16, dout[i]);
+    for (int64_t i = 0; bf16_inputs && i < nk; i++) k[i] = round_to(AT_BF16, k[i]), v[i] = round_to(AT_BF16, v[i]);
     at_tensor *tq = mk(AT_F32, 4, qs, q), *tk = mk(AT_F32, 4, ks, k), *tv = mk(AT_F32, 4, ks, v);
     at_tensor *to = mk(AT_F32, 4, qs, NULL), *tl = mk(AT_F32, 3, (int64_t[]){c->B, c->Hq, c->Tq}, NULL);
     at_tensor *tsg = c->seg ? mk_i32(2, (int64_t[]){c->B, c->Tq}, c->seg) : NULL;
@@ -1021,9 +1027,18 @@ static void run_attn_bf16_case(const char *name, const attn_case *c)
            wk = worst_ratio(at_tensor_data(tdk), rdk, bk, nk), wv = worst_ratio(at_tensor_data(tdv), rdv, bv, nk);
     CHECK_MSG(wo <= 1 && wq <= 1 && wk <= 1 && wv <= 1, "attention bf16 %s: worst err/bound out %g dq %g dk %g dv %g",
               name, wo, wq, wk, wv);
-    /* and not f32 by accident: somewhere the rounding must show beyond f32's error */
+    /* and not f32 by accident: the rounding must show beyond f32's error
+     * (~1e-6 here): in out through q·k; with bf16 inputs, where out is f32's,
+     * in dv and dk, through P and dS rounded for Pᵀ·dO and dSᵀ·Q */
     double eo = max_abs_diff_d(at_tensor_data(to), ro, nq);
-    CHECK_MSG(eo > 1e-4, "attention bf16 %s: out within %g of exact: not rounded to bf16", name, eo);
+    if (!bf16_inputs)
+        CHECK_MSG(eo > 1e-4, "attention bf16 %s: out within %g of exact: not rounded to bf16", name, eo);
+    else {
+        double ev = max_abs_diff_d(at_tensor_data(tdv), rdv, nk), ek = max_abs_diff_d(at_tensor_data(tdk), rdk, nk);
+        CHECK_MSG(eo < 1e-5, "attention bf16 %s: out %g from exact with bf16 inputs", name, eo);
+        CHECK_MSG(ev > 1e-4 && ek > 1e-4, "attention bf16 %s: dv within %g, dk within %g of exact: the backward's "
+                  "products not in bf16", name, ev, ek);
+    }
     free(ro);
     free(rl);
     free(rdq);
@@ -1049,11 +1064,12 @@ static void test_attention_bf16(at_cpu_isa hw)
         int before = at_test_failures;
         test_gemm_acc_bf16();
         attn_case c1 = {1, 150, 150, 4, 2, 64, NULL, NULL, NULL}; /* Qwen's head size, partial blocks */
-        run_attn_bf16_case("causal gqa d64", &c1);
+        run_attn_bf16_case("causal gqa d64", &c1, 0);
+        run_attn_bf16_case("causal gqa d64, bf16 inputs", &c1, 1);
         int32_t seg[100];
         for (int i = 0; i < 100; i++) seg[i] = i < 37 ? 0 : 1;
         attn_case c2 = {1, 100, 100, 2, 1, 24, NULL, NULL, seg};
-        run_attn_bf16_case("segments d24", &c2);
+        run_attn_bf16_case("segments d24", &c2, 0);
         if (at_test_failures != before)
             fprintf(stderr, "bf16 attention failures at ISA %s\n", at_cpu_isa_name((at_cpu_isa)lvl));
     }

@@ -146,15 +146,25 @@ static const at_lora_pair *lora_of(const at_layer_io *io, at_module m)
     return &io->lora->pairs[m];
 }
 
-/* y = drop(x) for module m over an input of `in` columns (layers.h): token
- * n of the batch is token n % row_tokens of row first_row + n / row_tokens,
- * and its features are a run of `in` counters of that row's pitch. */
+/* The dropout counters of module m over an input of `in` columns (layers.h):
+ * token n of the batch is token n % row_tokens of row first_row + n /
+ * row_tokens, and its features are a run of `in` counters of that row's pitch. */
+typedef struct {
+    uint64_t seed, offset, pitch;
+    int64_t run;
+} lora_mask;
+
+static lora_mask mask_of(const at_layer_lora *l, at_module m, int64_t in)
+{
+    uint64_t pitch = (uint64_t)AT_DROPOUT_ROW_PITCH * (uint64_t)in;
+    return (lora_mask){at_rng_mix(l->seed, (uint64_t)m), (uint64_t)l->first_row * pitch, pitch, l->row_tokens * in};
+}
+
+/* y = drop(x) for module m. */
 static at_status lora_dropout(at_tensor *y, const at_tensor *x, const at_layer_io *io, at_module m, int64_t in)
 {
-    const at_layer_lora *l = io->lora;
-    uint64_t pitch = (uint64_t)AT_DROPOUT_ROW_PITCH * (uint64_t)in;
-    return at_dropout(y, x, l->dropout, at_rng_mix(l->seed, (uint64_t)m), (uint64_t)l->first_row * pitch,
-                      l->row_tokens * in, pitch);
+    lora_mask k = mask_of(io->lora, m, in);
+    return at_dropout(y, x, io->lora->dropout, k.seed, k.offset, k.run, k.pitch);
 }
 
 /* y = drop(dU·A) for module m, the mask of lora_dropout: the input gradient
@@ -162,12 +172,8 @@ static at_status lora_dropout(at_tensor *y, const at_tensor *x, const at_layer_i
 static at_status lora_input_grad(at_tensor *y, const at_tensor *du, const at_tensor *A, const at_layer_io *io,
                                  at_module m)
 {
-    const at_layer_lora *l = io->lora;
-    int64_t in = A->shape[1];
-    uint64_t pitch = (uint64_t)AT_DROPOUT_ROW_PITCH * (uint64_t)in;
-    if (l->dropout <= 0.0f) return at_matmul(y, du, A, 0, 0, 1.0f, 0.0f);
-    return at_matmul_dropout(y, du, A, 0, 0, 1.0f, l->dropout, at_rng_mix(l->seed, (uint64_t)m),
-                             (uint64_t)l->first_row * pitch, l->row_tokens * in, pitch);
+    lora_mask k = mask_of(io->lora, m, A->shape[1]);
+    return at_matmul_dropout(y, du, A, 0, 0, 1.0f, io->lora->dropout, k.seed, k.offset, k.run, k.pitch);
 }
 
 /* drop(x) for module m: x itself without dropout, else the dropped copy in

@@ -111,13 +111,7 @@ static void product(const geo *g, float *c, int64_t ldc, const float *a, int64_t
 static void round_operand(const geo *g, float *x, int64_t ld, int64_t nrows, int64_t n)
 {
     if (!g->round) return;
-    uint16_t h[BK];
-    for (int64_t r = 0; r < nrows; r++)
-        for (int64_t c = 0; c < n; c += BK) {
-            int64_t len = n - c < BK ? n - c : BK;
-            g->v->store(h, AT_BF16, x + r * ld + c, len);
-            g->v->load(x + r * ld + c, h, AT_BF16, len);
-        }
+    for (int64_t r = 0; r < nrows; r++) at_cpu_round_bf16(g->v, x + r * ld, x + r * ld, n);
 }
 
 /* Fills lim[], minlim/maxlim and the segment range from pos[0..nq). */

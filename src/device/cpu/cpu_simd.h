@@ -63,6 +63,18 @@ typedef struct {
                      int64_t ldb, int64_t M, int64_t N, int64_t K);
 } at_cpu_simd;
 
+/* n f32 values rounded to bf16 precision (nearest even), from src into dst
+ * (dst may be src): through the table's store and load, 64 at a time. */
+static inline void at_cpu_round_bf16(const at_cpu_simd *v, float *dst, const float *src, int64_t n)
+{
+    uint16_t h[64];
+    for (int64_t i = 0; i < n; i += 64) {
+        int64_t len = n - i < 64 ? n - i : 64;
+        v->store(h, AT_BF16, src + i, len);
+        v->load(dst + i, h, AT_BF16, len);
+    }
+}
+
 /* Address of element i of an array of dtype t (f32, bf16, f16 or i32). */
 static inline void *at_cpu_elem(const void *base, at_dtype t, int64_t i)
 {

@@ -917,14 +917,6 @@ void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, floa
 
 #define ACC_B 64 /* block of the rounded copies: 2 x 16 KiB of stack */
 
-/* n values at src (f32) rounded to bf16 precision, into dst (f32). */
-static void round_row_bf16(const at_cpu_simd *v, float *dst, const float *src, int64_t n)
-{
-    uint16_t h[ACC_B];
-    v->store(h, AT_BF16, src, n);
-    v->load(dst, h, AT_BF16, n);
-}
-
 int at_cpu_gemm_acc_bf16_native(void)
 {
 #if defined(__x86_64__)
@@ -950,15 +942,15 @@ void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, i
         int64_t kb = K - k0 < ACC_B ? K - k0 : ACC_B;
         for (int64_t n0 = 0; n0 < N; n0 += ACC_B) {
             int64_t nb = N - n0 < ACC_B ? N - n0 : ACC_B;
-            for (int64_t k = 0; k < kb; k++) round_row_bf16(v, br + k * ACC_B, b + (k0 + k) * ldb + n0, nb);
+            for (int64_t k = 0; k < kb; k++) at_cpu_round_bf16(v, br + k * ACC_B, b + (k0 + k) * ldb + n0, nb);
             for (int64_t m0 = 0; m0 < M; m0 += ACC_B) {
                 int64_t mb = M - m0 < ACC_B ? M - m0 : ACC_B;
                 const float *as = a + m0 * a_rs + k0 * a_cs;
                 if (a_cs == 1) { /* ar[m][k] */
-                    for (int64_t m = 0; m < mb; m++) round_row_bf16(v, ar + m * ACC_B, as + m * a_rs, kb);
+                    for (int64_t m = 0; m < mb; m++) at_cpu_round_bf16(v, ar + m * ACC_B, as + m * a_rs, kb);
                     v->gemm_acc(c + m0 * ldc + n0, ldc, ar, ACC_B, 1, br, ACC_B, mb, nb, kb);
                 } else { /* a_rs == 1: ar[k][m] */
-                    for (int64_t k = 0; k < kb; k++) round_row_bf16(v, ar + k * ACC_B, as + k * a_cs, mb);
+                    for (int64_t k = 0; k < kb; k++) at_cpu_round_bf16(v, ar + k * ACC_B, as + k * a_cs, mb);
                     v->gemm_acc(c + m0 * ldc + n0, ldc, ar, 1, ACC_B, br, ACC_B, mb, nb, kb);
                 }
             }

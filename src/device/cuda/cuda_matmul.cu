@@ -396,11 +396,11 @@ at_status cu_matmul(at_tensor *ct, const at_tensor *a, const at_tensor *b, int t
     return AT_OK;
 }
 
-/* The product (beta 0), then the dropout in place (ops.h). */
+/* The product (beta 0), then the dropout in place (ops.h); p 0: the product alone. */
 at_status cu_matmul_dropout(at_tensor *ct, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                             float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch)
 {
     at_status st = cu_matmul(ct, a, b, trans_a, trans_b, alpha, 0.0f);
-    if (st != AT_OK) return st;
+    if (st != AT_OK || p == 0.0f) return st;
     return cu_dropout(ct, ct, p, seed, offset, run, pitch);
 }
