@@ -933,6 +933,70 @@ static void test_gemm_acc_bf16(void)
         }
 }
 
+/* The pair panels (gemm.h): X [M][K] packed with pairs in rows, Y [K][N]
+ * with pairs of rows; their product against the double sums of the rounded
+ * values (bound as for at_cpu_gemm_acc_bf16), overwriting a C of NaNs (acc
+ * 0) and adding to one (acc 1). Yᵀ packed with pairs in rows must give
+ * Y's pairs-of-rows panel word for word, and the lanes past the last up to
+ * the next 16 are 0. */
+static void test_gemm_acc_bf16_pairs(void)
+{
+    int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {70, 100, 33}, {9, 40, 130}};
+    for (int si = 0; si < 5; si++)
+        for (int acc = 0; acc < 2; acc++) {
+            int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], kp = (K + 1) / 2, ldc = N + 3;
+            int64_t lda = (M + 15) / 16 * 16 + 16, ldb = (N + 15) / 16 * 16;
+            float *x = rnd(M * (K + 1), 2), *y = rnd(K * (N + 2), 2), *yt = malloc(sizeof(float) * (size_t)(N * K));
+            float *c = rnd(M * ldc, 1), *c0 = malloc(sizeof(float) * (size_t)(M * ldc));
+            uint32_t *ap = malloc(sizeof(uint32_t) * (size_t)(kp * lda)), *bp = malloc(sizeof(uint32_t) * (size_t)(kp * ldb));
+            uint32_t *bt = malloc(sizeof(uint32_t) * (size_t)(kp * ldb));
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t j = 0; j < N; j++) yt[j * K + k] = y[k * (N + 2) + j];
+            if (!acc)
+                for (int64_t i = 0; i < M * ldc; i++) c[i] = NAN;
+            memcpy(c0, c, sizeof(float) * (size_t)(M * ldc));
+            memset(ap, 0xff, sizeof(uint32_t) * (size_t)(kp * lda));
+            at_cpu_bf16_pairs_in_rows(ap, lda, x, K + 1, M, K);
+            at_cpu_bf16_pairs_of_rows(bp, ldb, y, N + 2, K, N);
+            at_cpu_bf16_pairs_in_rows(bt, ldb, yt, K, N, K);
+            int same = 1, zero = 1;
+            for (int64_t p = 0; p < kp; p++) {
+                for (int64_t j = 0; j < N; j++) same &= bp[p * ldb + j] == bt[p * ldb + j];
+                for (int64_t i = M; i < (M + 15) / 16 * 16; i++) zero &= ap[p * lda + i] == 0;
+            }
+            CHECK_MSG(same, "pair panels %lldx%lld: Y's pairs of rows differ from Yt's pairs in rows", (long long)K,
+                      (long long)N);
+            CHECK_MSG(zero, "pair panels %lld rows: lanes past them are not 0", (long long)M);
+            at_cpu_gemm_acc_bf16_pairs(c, ldc, ap, lda, bp, ldb, M, N, kp, acc);
+            double worst = 0;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < ldc; j++) {
+                    if (j >= N) {
+                        worst = fmax(worst, memcmp(&c[i * ldc + j], &c0[i * ldc + j], sizeof(float)) ? INFINITY : 0);
+                        continue;
+                    }
+                    double want = acc ? c0[i * ldc + j] : 0, mag = fabs(want);
+                    for (int64_t k = 0; k < K; k++) {
+                        double t = bf16r(x[i * (K + 1) + k]) * bf16r(y[k * (N + 2) + j]);
+                        want += t;
+                        mag += fabs(t);
+                    }
+                    double tol = (double)(K + 2) * ldexp(1.0, -24) * mag;
+                    worst = fmax(worst, fabs(c[i * ldc + j] - want) / tol);
+                }
+            CHECK_MSG(worst <= 1.0, "gemm_acc_bf16_pairs %lldx%lldx%lld acc %d: worst err/tol %g", (long long)M,
+                      (long long)N, (long long)K, acc, worst);
+            free(x);
+            free(y);
+            free(yt);
+            free(c);
+            free(c0);
+            free(ap);
+            free(bp);
+            free(bt);
+        }
+}
+
 /* The bounds of the analysis above, per element of out, dq, dk, dv. */
 static void attn_bf16_bounds(const attn_case *c, float scale, const float *q, const float *k, const float *v,
                              const float *dout, const double *ro, const double *rl, double *bo, double *bq,
@@ -1010,12 +1074,21 @@ static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_in
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
     for (int64_t i = 0; bf16_inputs && i < nq; i++) q[i] = round_to(AT_BF16, q[i]), dout[i] = round_to(AT_BF16, dout[i]);
     for (int64_t i = 0; bf16_inputs && i < nk; i++) k[i] = round_to(AT_BF16, k[i]), v[i] = round_to(AT_BF16, v[i]);
+    /* keys past kv_len are garbage, as in run_attn_case */
+    for (int64_t b = 0; c->kvlen && b < c->B; b++)
+        for (int64_t j = c->kvlen[b]; j < c->Tk; j++)
+            for (int64_t d = 0; d < c->Hkv * c->D; d++) {
+                k[(b * c->Tk + j) * c->Hkv * c->D + d] = NAN;
+                v[(b * c->Tk + j) * c->Hkv * c->D + d] = NAN;
+            }
     at_tensor *tq = mk(AT_F32, 4, qs, q), *tk = mk(AT_F32, 4, ks, k), *tv = mk(AT_F32, 4, ks, v);
     at_tensor *to = mk(AT_F32, 4, qs, NULL), *tl = mk(AT_F32, 3, (int64_t[]){c->B, c->Hq, c->Tq}, NULL);
     at_tensor *tsg = c->seg ? mk_i32(2, (int64_t[]){c->B, c->Tq}, c->seg) : NULL;
+    at_tensor *tqi = c->qidx ? mk_i32(2, (int64_t[]){c->B, c->Tq}, c->qidx) : NULL;
+    at_tensor *tkl = c->kvlen ? mk_i32(1, &c->B, c->kvlen) : NULL;
     at_tensor *tdo = mk(AT_F32, 4, qs, dout), *tdq = mk(AT_F32, 4, qs, NULL), *tdk = mk(AT_F32, 4, ks, NULL),
               *tdv = mk(AT_F32, 4, ks, NULL);
-    at_attn_params p = {scale, NULL, NULL, tsg, 1};
+    at_attn_params p = {scale, tqi, tkl, tsg, 1};
     CHECK_OK(at_attention_forward(to, tl, tq, tk, tv, &p));
     CHECK_OK(at_attention_backward(tdq, tdk, tdv, tdo, tq, tk, tv, to, tl, &p));
     double *ro = malloc((size_t)nq * 8), *rl = malloc((size_t)nl * 8), *rdq = malloc((size_t)nq * 8),
@@ -1052,8 +1125,8 @@ static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_in
     free(k);
     free(v);
     free(dout);
-    at_tensor *all[] = {tq, tk, tv, to, tl, tsg, tdo, tdq, tdk, tdv};
-    for (int i = 0; i < 10; i++) at_tensor_free(all[i]);
+    at_tensor *all[] = {tq, tk, tv, to, tl, tsg, tqi, tkl, tdo, tdq, tdk, tdv};
+    for (int i = 0; i < 12; i++) at_tensor_free(all[i]);
 }
 
 /* At every level the machine has, the top one (vdpbf16ps) included. */
@@ -1063,6 +1136,7 @@ static void test_attention_bf16(at_cpu_isa hw)
         at_cpu_isa_force((at_cpu_isa)lvl);
         int before = at_test_failures;
         test_gemm_acc_bf16();
+        test_gemm_acc_bf16_pairs();
         attn_case c1 = {1, 150, 150, 4, 2, 64, NULL, NULL, NULL}; /* Qwen's head size, partial blocks */
         run_attn_bf16_case("causal gqa d64", &c1, 0);
         run_attn_bf16_case("causal gqa d64, bf16 inputs", &c1, 1);
@@ -1070,6 +1144,25 @@ static void test_attention_bf16(at_cpu_isa hw)
         for (int i = 0; i < 100; i++) seg[i] = i < 37 ? 0 : 1;
         attn_case c2 = {1, 100, 100, 2, 1, 24, NULL, NULL, seg};
         run_attn_bf16_case("segments d24", &c2, 0);
+        /* kv_len with garbage past it (sequence 1 sees nothing), an odd head
+         * size (pairs with a missing second), with and without the dS store */
+        int32_t seg2[2 * 130], kvl[2] = {120, 0};
+        for (int i = 0; i < 130; i++) {
+            seg2[i] = i < 50 ? 0 : (i < 100 ? 1 : 2);
+            seg2[130 + i] = i / 3;
+        }
+        attn_case c3 = {2, 130, 130, 3, 1, 15, NULL, kvl, seg2};
+        run_attn_bf16_case("segments+kv_len d15", &c3, 0);
+        size_t store = at_cpu_attention_ds_store_limit(0);
+        run_attn_bf16_case("segments+kv_len d15, no dS store", &c3, 0);
+        run_attn_bf16_case("causal gqa d64, no dS store", &c1, 0);
+        at_cpu_attention_ds_store_limit(store);
+        int32_t qi[2 * 9] = {0, 5, 80, -1, 3, 99, 64, 63, 10, 2, 2, 2, 50, 40, 30, 20, 10, 0};
+        int32_t kv2[2] = {90, 100};
+        attn_case c4 = {2, 9, 100, 2, 2, 8, qi, kv2, NULL};
+        run_attn_bf16_case("q_index d8", &c4, 0);
+        attn_case c5 = {1, 3, 3, 2, 1, 8, NULL, NULL, NULL}; /* an odd number of keys in a block */
+        run_attn_bf16_case("3 tokens d8", &c5, 0);
         if (at_test_failures != before)
             fprintf(stderr, "bf16 attention failures at ISA %s\n", at_cpu_isa_name((at_cpu_isa)lvl));
     }

@@ -957,3 +957,63 @@ void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, i
         }
     }
 }
+
+/* ---- pair panels (gemm.h) ---- */
+
+static uint32_t pair_word(float lo, float hi)
+{
+    return (uint32_t)at_f32_to_bf16(lo) | (uint32_t)at_f32_to_bf16(hi) << 16;
+}
+
+static int64_t lanes16(int64_t n) { return (n + 15) / 16 * 16; }
+
+void at_cpu_bf16_pairs_in_rows(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols)
+{
+#if defined(__x86_64__)
+    if (at_cpu_gemm_acc_bf16_native()) {
+        at_gemm_bf16_pairs_in_rows_avx512bf16(dst, ld, src, rs, rows, cols);
+        return;
+    }
+#endif
+    for (int64_t p = 0; 2 * p < cols; p++)
+        for (int64_t r = 0; r < lanes16(rows); r++) {
+            const float *x = src + r * rs + 2 * p;
+            dst[p * ld + r] = r < rows ? pair_word(x[0], 2 * p + 1 < cols ? x[1] : 0.0f) : 0;
+        }
+}
+
+void at_cpu_bf16_pairs_of_rows(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols)
+{
+#if defined(__x86_64__)
+    if (at_cpu_gemm_acc_bf16_native()) {
+        at_gemm_bf16_pairs_of_rows_avx512bf16(dst, ld, src, rs, rows, cols);
+        return;
+    }
+#endif
+    for (int64_t p = 0; 2 * p < rows; p++)
+        for (int64_t c = 0; c < lanes16(cols); c++) {
+            const float *x = src + 2 * p * rs + c;
+            dst[p * ld + c] = c < cols ? pair_word(x[0], 2 * p + 1 < rows ? x[rs] : 0.0f) : 0;
+        }
+}
+
+void at_cpu_gemm_acc_bf16_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t lda, const uint32_t *b,
+                                int64_t ldb, int64_t M, int64_t N, int64_t kp, int acc)
+{
+#if defined(__x86_64__)
+    if (at_cpu_gemm_acc_bf16_native()) {
+        at_gemm_acc_bf16_pairs_avx512bf16(c, ldc, a, lda, b, ldb, M, N, kp, acc);
+        return;
+    }
+#endif
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            float s = acc ? c[m * ldc + n] : 0.0f;
+            for (int64_t p = 0; p < kp; p++) {
+                uint32_t x = a[p * lda + m], y = b[p * ldb + n];
+                s += at_bf16_to_f32((uint16_t)x) * at_bf16_to_f32((uint16_t)y) +
+                     at_bf16_to_f32((uint16_t)(x >> 16)) * at_bf16_to_f32((uint16_t)(y >> 16));
+            }
+            c[m * ldc + n] = s;
+        }
+}

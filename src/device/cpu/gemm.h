@@ -58,6 +58,27 @@ void at_cpu_gemm_acc_bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, i
  * skip (gemm_acc of the simd table gives the same products). */
 int at_cpu_gemm_acc_bf16_native(void);
 
+/* Pair panels, for a caller that multiplies the same bf16 operand several
+ * times (attention's blocks): packed once, then taken by
+ * at_cpu_gemm_acc_bf16_pairs without further conversion. A panel is 32-bit
+ * words, word [p·ld + lane] holding two values rounded to bf16 (to nearest
+ * even), the first in its low half. Of a block X[r][c] (r < rows, c < cols,
+ * rows rs apart, each row's cols values contiguous):
+ *   pairs in rows:  word [p·ld + r] = (X[r][2p], X[r][2p + 1])  (k along c, lanes r)
+ *   pairs of rows:  word [p·ld + c] = (X[2p][c], X[2p + 1][c])  (k along r, lanes c)
+ * for p < ceil(k / 2); a missing second value is 0, and so are the lanes
+ * from the last one up to the next multiple of 16 (ld must reach it). */
+void at_cpu_bf16_pairs_in_rows(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols);
+void at_cpu_bf16_pairs_of_rows(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols);
+
+/* C[m, n] = (acc ? C[m, n] : 0) + Σ_{p < kp} (a[p·lda + m] · b[p·ldb + n]
+ * summed over both halves of the words), m < M, n < N: the product of two
+ * pair panels, each product exact in f32 and the sums f32 (vdpbf16ps where
+ * at_cpu_gemm_acc_bf16_native(), else plain f32 arithmetic on the same
+ * values). */
+void at_cpu_gemm_acc_bf16_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t lda, const uint32_t *b,
+                                int64_t ldb, int64_t M, int64_t N, int64_t kp, int acc);
+
 /* The engine keeps its packing buffers per thread between calls (a few MB
  * at most per thread), and so do the quantized matmuls (cpu_qmatmul.c) and
  * the bf16 kernels. This frees the calling thread's; the next call

@@ -258,20 +258,22 @@ static void pack_col_pairs(uint32_t *dst, int64_t ld, const float *src, int64_t 
         }
 }
 
-/* Rows [0, RR) x columns [0, n) (n <= 32) of C += the packed blocks over kp pairs. */
+/* Rows [0, RR) x columns [0, n) (n <= 32) of C (+)= the pair panels a, b
+ * (lda, ldb words per pair) over kp pairs; acc 0 ignores C's old values. */
 static inline __attribute__((always_inline)) void acc_tile(const int RR, float *c, int64_t ldc, const uint32_t *ap,
-                                                           const uint32_t *bp, int64_t kp, int64_t n)
+                                                           int64_t lda, const uint32_t *bp, int64_t ldb, int64_t kp,
+                                                           int64_t n, int acc)
 {
     __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
 #define LD(r)                                                                                                          \
-    __m512 c##r##0 = RR > r ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();                            \
-    __m512 c##r##1 = RR > r ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
+    __m512 c##r##0 = RR > r && acc ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();                     \
+    __m512 c##r##1 = RR > r && acc ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
     LD(0) LD(1) LD(2) LD(3) LD(4) LD(5) LD(6) LD(7)
 #undef LD
     for (int64_t p = 0; p < kp; p++) {
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * ACC_B);
-        __m512bh b1 = (__m512bh)(n > 16 ? _mm512_loadu_si512(bp + p * ACC_B + 16) : _mm512_setzero_si512());
-        const uint32_t *a = ap + p * ACC_B;
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * ldb);
+        __m512bh b1 = (__m512bh)(n > 16 ? _mm512_loadu_si512(bp + p * ldb + 16) : _mm512_setzero_si512());
+        const uint32_t *a = ap + p * lda;
 #define F(r)                                                                                                           \
     if (RR > r) {                                                                                                      \
         __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r]);                                                          \
@@ -290,6 +292,40 @@ static inline __attribute__((always_inline)) void acc_tile(const int RR, float *
 #undef ST
 }
 
+void at_gemm_acc_bf16_pairs_avx512bf16(float *c, int64_t ldc, const uint32_t *a, int64_t lda, const uint32_t *b,
+                                       int64_t ldb, int64_t M, int64_t N, int64_t kp, int acc)
+{
+    for (int64_t j = 0; j < N; j += 32) {
+        int64_t n = N - j < 32 ? N - j : 32;
+        for (int64_t i = 0; i < M; i += 8) {
+            float *ct = c + i * ldc + j;
+            const uint32_t *at = a + i, *bt = b + j;
+            switch (M - i < 8 ? M - i : 8) {
+            case 1: acc_tile(1, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            case 2: acc_tile(2, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            case 3: acc_tile(3, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            case 4: acc_tile(4, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            case 5: acc_tile(5, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            case 6: acc_tile(6, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            case 7: acc_tile(7, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            default: acc_tile(8, ct, ldc, at, lda, bt, ldb, kp, n, acc); break;
+            }
+        }
+    }
+}
+
+void at_gemm_bf16_pairs_in_rows_avx512bf16(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows,
+                                           int64_t cols)
+{
+    pack_col_pairs(dst, ld, src, rs, cols, rows);
+}
+
+void at_gemm_bf16_pairs_of_rows_avx512bf16(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows,
+                                           int64_t cols)
+{
+    pack_row_pairs(dst, ld, src, rs, rows, cols);
+}
+
 void at_gemm_acc_bf16_avx512bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                                  int64_t ldb, int64_t M, int64_t N, int64_t K)
 {
@@ -304,23 +340,7 @@ void at_gemm_acc_bf16_avx512bf16(float *c, int64_t ldc, const float *a, int64_t 
                 const float *as = a + m0 * a_rs + k0 * a_cs;
                 if (a_cs == 1) pack_col_pairs(ap, ACC_B, as, a_rs, kb, mb);
                 else pack_row_pairs(ap, ACC_B, as, a_cs, kb, mb); /* a_rs == 1 (gemm.h) */
-                for (int64_t j = 0; j < nb; j += 32) {
-                    int64_t n = nb - j < 32 ? nb - j : 32;
-                    for (int64_t i = 0; i < mb; i += 8) {
-                        float *ct = c + (m0 + i) * ldc + n0 + j;
-                        const uint32_t *at = ap + i, *bt = bp + j;
-                        switch (mb - i < 8 ? mb - i : 8) {
-                        case 1: acc_tile(1, ct, ldc, at, bt, kp, n); break;
-                        case 2: acc_tile(2, ct, ldc, at, bt, kp, n); break;
-                        case 3: acc_tile(3, ct, ldc, at, bt, kp, n); break;
-                        case 4: acc_tile(4, ct, ldc, at, bt, kp, n); break;
-                        case 5: acc_tile(5, ct, ldc, at, bt, kp, n); break;
-                        case 6: acc_tile(6, ct, ldc, at, bt, kp, n); break;
-                        case 7: acc_tile(7, ct, ldc, at, bt, kp, n); break;
-                        default: acc_tile(8, ct, ldc, at, bt, kp, n); break;
-                        }
-                    }
-                }
+                at_gemm_acc_bf16_pairs_avx512bf16(c + m0 * ldc + n0, ldc, ap, ACC_B, bp, ACC_B, mb, nb, kp, 1);
             }
         }
     }

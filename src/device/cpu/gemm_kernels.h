@@ -154,6 +154,13 @@ extern const at_gemm_blocked at_gemm_bf16_neon_bf16; /* gemm_neon_bf16.c: BFMMLA
 /* at_cpu_gemm_acc_bf16 (gemm.h) on vdpbf16ps. */
 void at_gemm_acc_bf16_avx512bf16(float *c, int64_t ldc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
                                  int64_t ldb, int64_t M, int64_t N, int64_t K);
+/* at_cpu_gemm_acc_bf16_pairs and the pair packers (gemm.h) on vdpbf16ps. */
+void at_gemm_acc_bf16_pairs_avx512bf16(float *c, int64_t ldc, const uint32_t *a, int64_t lda, const uint32_t *b,
+                                       int64_t ldb, int64_t M, int64_t N, int64_t kp, int acc);
+void at_gemm_bf16_pairs_in_rows_avx512bf16(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows,
+                                           int64_t cols);
+void at_gemm_bf16_pairs_of_rows_avx512bf16(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows,
+                                           int64_t cols);
 /* Frees the calling thread's scratch of at_gemm_small_avx512bf16. */
 void at_gemm_bf16_release(void);
 
