@@ -1230,6 +1230,41 @@ static void test_matmul_dropout(void)
     end();
 }
 
+/* ---- the product plus a low-rank term (LoRA's forward) ---- */
+
+static void test_matmul_lowrank(void)
+{
+    /* LoRA's y = x·Wᵀ + s·u·Bᵀ at its sizes (bf16 W, beta 0 and the residual's
+     * 1), one row, a K for the blocked path with W f32, a transposed A */
+    static const int64_t mkn[][4] = {{512, 896, 128, 8}, {1, 64, 17, 8}, {100, 300, 96, 1}, {37, 70, 40, 16}};
+    begin("matmul_lowrank", "f32");
+    for (size_t s = 0; s < sizeof mkn / sizeof mkn[0]; s++)
+        for (int v = 0; v < 2; v++) {
+            int64_t M = mkn[s][0], K = mkn[s][1], N = mkn[s][2], r = mkn[s][3];
+            int ta = s == 3 && v;
+            at_dtype wt = s == 0 || v ? BF16 : F32;
+            tp A = in_rand(F32, 2, ta ? SH(K, M) : SH(M, K), "A", -1, 1);
+            tp W = in_rand(wt, 2, SH(N, K), "W", -1, 1);
+            tp U = in_rand(F32, 2, SH(M, r), "u", -1, 1), V = in_rand(F32, 2, SH(N, r), "v", -1, 1);
+            tp C = out_new(F32, 2, SH(M, N), "C", RANDOM, -1, 1);
+            float beta = v ? 1.0f : 0.0f;
+            char desc[80];
+            snprintf(desc, sizeof desc, "M%lld K%lld N%lld r%lld W %s ta%d beta%g", (long long)M, (long long)K,
+                     (long long)N, (long long)r, dn(wt), ta, (double)beta);
+            /* a bf16 W: the product in bf16, A rounded (as test_matmul) */
+            at_tensor *ra = wt == BF16 ? bf16_rounded(A.h) : A.h;
+            CHECK_OK(at_ref_matmul_lowrank(C.h, ra, W.h, ta, 1, 0.5f, beta, U.h, V.h, 2.0f));
+            if (ra != A.h) at_tensor_free(ra);
+            if (called(at_matmul_lowrank(C.d, A.d, W.d, ta, 1, 0.5f, beta, U.d, V.d, 2.0f), desc)) compare(&C, desc, "C");
+            tp_free(&A);
+            tp_free(&W);
+            tp_free(&U);
+            tp_free(&V);
+            tp_free(&C);
+        }
+    end();
+}
+
 /* ---- uniform noise added in place (NEFTune), dropout's counters ---- */
 
 static void test_add_uniform_noise(void)
@@ -1514,6 +1549,7 @@ static int run_backend(at_backend *be)
     test_adamw_sumsq();
     test_dropout();
     test_matmul_dropout();
+    test_matmul_lowrank();
     test_add_uniform_noise();
     test_views();
     test_index_errors();

@@ -10,7 +10,10 @@
  *                      a lost k block or tile would not: bf16 rounding alone
  *                      is 4e-3 relative)
  *   C in bf16:         + 2^-7 |ref| for the rounding of the result (half an
- *                      ulp is up to 2^-8 relative) and of beta C.
+ *                      ulp is up to 2^-8 relative) and of beta C; with a
+ *                      low-rank term (at_cpu_gemm_lowrank, two products into
+ *                      a bf16 C) + 2^-7 of the first product's result too.
+ * The low-rank term adds |s| Σ_k |u v| to mag.
  * Every ISA level available on the machine runs (at_cpu_isa_force), every
  * transpose pair, every dtype triple, odd sizes 1, 3, 17, 63, 65 and a few
  * large ones (1000, and past the cache-block sizes), alpha/beta not in
@@ -70,7 +73,9 @@ typedef struct {
     int nan_c; /* fill C with NaN (only where beta == 0) */
 } gcase;
 
-static void run(const gcase *g)
+/* The case through at_cpu_gemm; r > 0: at_cpu_gemm_lowrank with u [M, r],
+ * v [N, r] (rows r + pad apart) and s. */
+static void run_lr(const gcase *g, int r, float s)
 {
     int64_t M = g->M, N = g->N, K = g->K;
     int64_t lda = (g->ta ? M : K) + g->pad, ldb = (g->tb ? K : N) + g->pad, ldc = N + g->pad;
@@ -78,7 +83,9 @@ static void run(const gcase *g)
     size_t na = (size_t)(arows * lda), nb = (size_t)(brows * ldb), nc = (size_t)(M * ldc);
     void *A = malloc(na * es(g->at) + 1), *B = malloc(nb * es(g->bt) + 1), *C = malloc(nc * es(g->ct) + 1);
     float *C0 = malloc(nc * sizeof(float) + 1);
-    if (!A || !B || !C || !C0) {
+    int64_t ldr = r + g->pad;
+    float *U = malloc(sizeof(float) * (size_t)(M * ldr) + 1), *V = malloc(sizeof(float) * (size_t)(N * ldr) + 1);
+    if (!A || !B || !C || !C0 || !U || !V) {
         CHECK_MSG(0, "out of memory");
         goto done;
     }
@@ -89,7 +96,13 @@ static void run(const gcase *g)
         put(C, g->ct, i, gap ? 1056.0f : g->nan_c && g->beta == 0.0f ? NAN : rnd());
         C0[i] = (float)get(C, g->ct, i);
     }
-    at_cpu_gemm(g->ta, g->tb, M, N, K, g->alpha, A, g->at, lda, B, g->bt, ldb, g->beta, C, g->ct, ldc);
+    for (int64_t i = 0; i < M * ldr; i++) U[i] = rnd();
+    for (int64_t i = 0; i < N * ldr; i++) V[i] = rnd();
+    if (r)
+        CHECK_OK(at_cpu_gemm_lowrank(g->ta, g->tb, M, N, K, g->alpha, A, g->at, lda, B, g->bt, ldb, g->beta, C, g->ct,
+                                     ldc, U, ldr, V, ldr, r, s));
+    else
+        at_cpu_gemm(g->ta, g->tb, M, N, K, g->alpha, A, g->at, lda, B, g->bt, ldb, g->beta, C, g->ct, ldc);
 
     int bf16 = g->at == AT_BF16 || g->bt == AT_BF16;
     int bad = 0;
@@ -107,10 +120,16 @@ static void run(const gcase *g)
                 dot += a * b;
                 mag += fabs(a * b);
             }
-            double c0 = g->beta != 0.0f ? C0[i * ldc + j] : 0.0;
-            double ref = g->alpha * dot + g->beta * c0;
-            mag = fabs(g->alpha) * mag + fabs(g->beta * c0);
+            double c0 = g->beta != 0.0f ? C0[i * ldc + j] : 0.0, lr = 0, lrmag = 0;
+            for (int k = 0; k < r; k++) {
+                lr += (double)U[i * ldr + k] * V[j * ldr + k];
+                lrmag += fabs((double)U[i * ldr + k] * V[j * ldr + k]);
+            }
+            double ref = g->alpha * dot + g->beta * c0 + s * lr;
+            mag = fabs(g->alpha) * mag + fabs(g->beta * c0) + fabs(s) * lrmag;
             double tol = 1e-5 * mag + 1e-30 + (g->ct == AT_BF16 ? fabs(ref) / 128 : 0);
+            /* a bf16 C takes the low-rank term in a second product: the first one's result is rounded too */
+            if (r && g->ct == AT_BF16) tol += fabs(g->alpha * dot + g->beta * c0) / 128;
             double err = fabs(got - ref);
             if (!(err <= tol)) {
                 bad = 1;
@@ -122,16 +141,20 @@ static void run(const gcase *g)
             if (err / tol > worst[g->ct == AT_BF16]) worst[g->ct == AT_BF16] = err / tol;
         }
     }
-    CHECK_MSG(!bad, "isa %s ta=%d tb=%d M=%lld N=%lld K=%lld A %s B %s C %s alpha %g beta %g pad %d nan_c %d",
-              at_cpu_isa_name(at_cpu_isa_level()), g->ta, g->tb, (long long)M, (long long)N, (long long)K,
-              at_dtype_name(g->at), at_dtype_name(g->bt), at_dtype_name(g->ct), g->alpha, g->beta, g->pad,
-              g->nan_c);
+    CHECK_MSG(!bad, "isa %s ta=%d tb=%d M=%lld N=%lld K=%lld A %s B %s C %s alpha %g beta %g pad %d nan_c %d "
+              "rank %d s %g", at_cpu_isa_name(at_cpu_isa_level()), g->ta, g->tb, (long long)M, (long long)N,
+              (long long)K, at_dtype_name(g->at), at_dtype_name(g->bt), at_dtype_name(g->ct), g->alpha, g->beta,
+              g->pad, g->nan_c, r, (double)s);
 done:
+    free(U);
+    free(V);
     free(A);
     free(B);
     free(C);
     free(C0);
 }
+
+static void run(const gcase *g) { run_lr(g, 0, 0.0f); }
 
 static const at_dtype in_types[3] = {AT_F32, AT_BF16, AT_F16};
 static const at_dtype out_types[2] = {AT_F32, AT_BF16};
@@ -303,6 +326,64 @@ static void library_engines(void)
     CHECK_FAILS(at_cpu_gemm_use_engine(AT_BF16, "openblas"), AT_ERR_UNSUPPORTED);
 }
 
+/* at_cpu_gemm_lowrank (C += s·U·Vᵀ besides the product) on each path the
+ * product can take: the small path (M or N tiny), the outer path (K tiny),
+ * the blocked path where the term goes into the tiles (one k block and
+ * several, f32 and bf16 B), a bf16 C (the two products), a library engine;
+ * then the property training on several ranks relies on: the term added
+ * into the tiles and added after the product (K 0, the unfused pass) give
+ * the same bits. */
+static void sweep_lowrank(void)
+{
+    const int64_t sizes[][3] = {{1, 5, 7}, {3, 40, 70}, {100, 70, 8}, {100, 70, 300}, {70, 100, 1100}, {33, 1, 64}};
+    for (int si = 0; si < 6; si++)
+        for (int ti = 0; ti < 4; ti++)
+            for (int di = 0; di < 3; di++) {
+                at_dtype bt = di == 1 ? AT_BF16 : AT_F32, ct = di == 2 ? AT_BF16 : AT_F32;
+                gcase g = {ti & 1, ti >> 1, sizes[si][0], sizes[si][1], sizes[si][2], AT_F32, bt, ct,
+                           0.75f, ti == 3 ? 0.0f : 1.0f, si % 2 ? 3 : 0, ti == 3};
+                run_lr(&g, si == 2 ? 1 : si == 4 ? 16 : 8, 0.5f);
+            }
+    /* the product on a library, the term after it */
+    if (at_cpu_gemm_use_engine(AT_F32, "openblas") == AT_OK) {
+        gcase g = {0, 1, 100, 70, 300, AT_F32, AT_F32, AT_F32, 1.0f, 1.0f, 0, 0};
+        run_lr(&g, 8, 2.0f);
+    }
+    CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "anytune"));
+    /* fused and after the product: the same bits */
+    int64_t M = 100, N = 70, K = 300;
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K), *U = malloc(sizeof(float) * M * 8),
+          *V = malloc(sizeof(float) * N * 8), *C1 = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N);
+    for (int64_t i = 0; i < M * K; i++) A[i] = rnd();
+    for (int64_t i = 0; i < N * K; i++) B[i] = rnd();
+    for (int64_t i = 0; i < M * 8; i++) U[i] = rnd();
+    for (int64_t i = 0; i < N * 8; i++) V[i] = rnd();
+    for (int bt = 0; bt < 2; bt++) {
+        at_dtype t = bt ? AT_BF16 : AT_F32;
+        void *Bt = B;
+        uint16_t *Bb = malloc(sizeof(uint16_t) * N * K);
+        if (bt) {
+            for (int64_t i = 0; i < N * K; i++) Bb[i] = at_f32_to_bf16(B[i]);
+            Bt = Bb;
+        }
+        CHECK_OK(at_cpu_gemm_use_engine(AT_F32, "anytune"));
+        CHECK_OK(at_cpu_gemm_lowrank(0, 1, M, N, K, 1.0f, A, AT_F32, K, Bt, t, K, 0.0f, C1, AT_F32, N, U, 8, V, 8, 8,
+                                     2.0f));
+        at_cpu_gemm(0, 1, M, N, K, 1.0f, A, AT_F32, K, Bt, t, K, 0.0f, C2, AT_F32, N);
+        CHECK_OK(at_cpu_gemm_lowrank(0, 1, M, N, 0, 0.0f, NULL, AT_F32, K, NULL, t, K, 1.0f, C2, AT_F32, N, U, 8, V, 8,
+                                     8, 2.0f));
+        CHECK_MSG(!memcmp(C1, C2, sizeof(float) * M * N), "isa %s, B %s: the low-rank term in the tiles differs from "
+                  "the term added after the product", at_cpu_isa_name(at_cpu_isa_level()), at_dtype_name(t));
+        free(Bb);
+    }
+    free(A);
+    free(B);
+    free(U);
+    free(V);
+    free(C1);
+    free(C2);
+}
+
 /* The f32 engine each level must run (its name names its kernels). */
 #if defined(__aarch64__)
 static const char *const f32_engine_of[] = {"scalar", "neon", "neon", "neon"};
@@ -329,6 +410,7 @@ int main(void)
         sweep_sizes();
         sweep_large(lvl == (int)hw);
         packed_a_reuse();
+        sweep_lowrank();
         printf("isa %-12s engine f32 \"%s\", bf16 \"%s\": worst err/tol %.3f (C f32), %.3f (C bf16)\n",
                at_cpu_isa_name(at_cpu_isa_level()), at_cpu_gemm_engine(AT_F32), at_cpu_gemm_engine(AT_BF16), worst[0],
                worst[1]);

@@ -55,7 +55,21 @@ static void test_shapes_and_dtypes(void)
     EXPECT_ERR(at_matmul(c, a1, b, 0, 0, 1, 0), "matmul");
     /* output of the wrong shape for transposed operands: Aᵀ is 4x3 */
     EXPECT_ERR(at_matmul(c, a, b34, 1, 0, 1, 0), "out.c");
-
+    /* matmul_lowrank: u, v of the wrong rows, ranks that differ, a bf16 u, c as u, a batch of 2 */
+    at_tensor *b64 = T(AT_F32, 2, SH(6, 4), "weight.b64"), *lu = T(AT_F32, 2, SH(3, 2), "lora.u");
+    at_tensor *lv = T(AT_F32, 2, SH(6, 2), "lora.v"), *lv5 = T(AT_F32, 2, SH(5, 2), "lora.v5");
+    at_tensor *lv3 = T(AT_F32, 2, SH(6, 3), "lora.v3"), *lub = T(AT_BF16, 2, SH(3, 2), "lora.ubf16");
+    at_tensor *lcu = T(AT_F32, 2, SH(3, 6), "out.cu"), *lu6 = T(AT_F32, 2, SH(3, 6), "lora.u6");
+    CHECK_OK(at_matmul_lowrank(c, a, b64, 0, 1, 1, 0, lu, lv, 2));
+    EXPECT_ERR(at_matmul_lowrank(c, a, b64, 0, 1, 1, 0, lu, lv5, 2), "lora.v5");
+    EXPECT_ERR(at_matmul_lowrank(c, a, b64, 0, 1, 1, 0, lu, lv3, 2), "lora.u");
+    EXPECT_ERR(at_matmul_lowrank(c, a, b64, 0, 1, 1, 0, lub, lv, 2), "lora.ubf16");
+    EXPECT_ERR(at_matmul_lowrank(lcu, a, b64, 0, 1, 1, 0, lcu, lu6, 2), "out.cu");
+    EXPECT_ERR(at_matmul_lowrank(c, a, b64, 0, 1, 1, 0, NULL, lv, 2), "matmul_lowrank");
+    at_tensor *a13 = T(AT_F32, 3, SH(1, 3, 4), "act.one"), *a23 = T(AT_F32, 3, SH(2, 3, 4), "act.two");
+    at_tensor *c23 = T(AT_F32, 3, SH(2, 3, 6), "out.two");
+    CHECK_OK(at_matmul_lowrank(c, a13, b64, 0, 1, 1, 0, lu, lv, 2)); /* a batch of one is one matrix */
+    EXPECT_ERR(at_matmul_lowrank(c23, a23, b64, 0, 1, 1, 0, lu, lv, 2), "act.two");
     /* elementwise */
     at_tensor *y = T(AT_F32, 2, SH(3, 4), "y"), *y5 = T(AT_F32, 1, SH(5), "y.five"), *b3 = T(AT_F32, 1, SH(3), "bias3");
     EXPECT_ERR(at_add(y, a, b3), "bias3");

@@ -64,12 +64,16 @@
     OUT(c), IN(a), IN(b), VAL(int, trans_a), VAL(int, trans_b), VAL(float, alpha), VAL(float, p), VAL(uint64_t, seed), \
         VAL(uint64_t, offset), VAL(int64_t, run), VAL(uint64_t, pitch)
 
+#define AT_OP_matmul_lowrank(OUT, IN, VAL, ATTN)                                                                      \
+    OUT(c), IN(a), IN(b), VAL(int, trans_a), VAL(int, trans_b), VAL(float, alpha), VAL(float, beta), IN(u), IN(v),   \
+        VAL(float, s)
+
 #define AT_BACKEND_OPS(X)                                                                                  \
     X(matmul) X(add) X(scale) X(axpy) X(fill) X(cast) X(sum_rows) X(rmsnorm_forward) X(rmsnorm_backward) \
     X(layernorm_forward) X(layernorm_backward) X(rope) X(attention_forward) X(attention_backward)          \
     X(swiglu_forward) X(swiglu_backward) X(gelu_forward) X(gelu_backward) X(embedding_forward)            \
     X(embedding_backward) X(cross_entropy) X(adamw) X(sumsq) X(dropout) X(add_uniform_noise)             \
-    X(matmul_dropout)
+    X(matmul_dropout) X(matmul_lowrank)
 
 /* ---- reading an operation's list ---- */
 

@@ -193,12 +193,11 @@ static at_status lora_input(const at_tensor **xin, at_tensor *tmp, const at_tens
     return AT_OK;
 }
 
-/* y += s · (drop(x)·Aᵀ)·Bᵀ for module m (nothing when not adapted); keeps
- * u = drop(x)·Aᵀ [N, r] in acts for the backward. x [N, in], y [N, out]. */
-static at_status lora_forward(at_tensor *y, const at_tensor *x, at_layer_acts *a, const at_layer_io *io, at_module m)
+/* u = drop(x)·Aᵀ [N, r] for the adapter p of module m, kept in acts for
+ * the backward (*u_out); x [N, in]. */
+static at_status lora_down(const at_tensor **u_out, const at_tensor *x, at_layer_acts *a, const at_layer_io *io,
+                           at_module m, const at_lora_pair *p)
 {
-    const at_lora_pair *p = lora_of(io, m);
-    if (!p) return AT_OK;
     char buf[200];
     at_tensor *u = &a->lora_u[m];
     if (!u->buf || u->shape[0] != x->shape[0] || u->shape[1] != p->A->shape[0])
@@ -209,7 +208,7 @@ static at_status lora_forward(at_tensor *y, const at_tensor *x, at_layer_acts *a
     at_tensor tmp;
     AT_TRY(lora_input(&xin, &tmp, x, &a->lora_x, io, m));
     AT_TRY(at_matmul(u, xin, p->A, 0, 1, 1.0f, 0.0f));
-    AT_TRY(at_matmul(y, u, p->B, 0, 1, io->lora->scale, 1.0f));
+    *u_out = u;
     return AT_OK;
 }
 
@@ -228,17 +227,25 @@ static at_status matmul_input(const at_tensor **out, at_tensor *view, const at_t
     return AT_OK;
 }
 
-/* y = beta·y + x·Wᵀ (+ b) (+ LoRA of module m), beta 0 or 1: the nn.Linear
- * of PyTorch (peft's lora.Linear when adapted). x [N, in], W [out, in], y [N, out]. */
+/* y = beta·y + x·Wᵀ (+ b) (+ s·(drop(x)·Aᵀ)·Bᵀ, the LoRA of module m),
+ * beta 0 or 1: the nn.Linear of PyTorch (peft's lora.Linear when adapted),
+ * the adapter's term added by the frozen product (at_matmul_lowrank).
+ * x [N, in], W [out, in], y [N, out]. */
 static at_status linear(at_tensor *y, float beta, const at_tensor *x, const at_tensor *w, const at_tensor *b,
                         at_layer_acts *a, const at_layer_io *io, at_module m)
 {
-    const at_tensor *xm;
+    const at_tensor *xm, *u = NULL;
     at_tensor view;
+    const at_lora_pair *p = lora_of(io, m);
     AT_TRY(matmul_input(&xm, &view, x, w, io));
-    AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, beta));
+    if (p) {
+        AT_TRY(lora_down(&u, x, a, io, m, p));
+        AT_TRY(at_matmul_lowrank(y, xm, w, 0, 1, 1.0f, beta, u, p->B, io->lora->scale));
+    } else {
+        AT_TRY(at_matmul(y, xm, w, 0, 1, 1.0f, beta));
+    }
     if (b) AT_TRY(at_add(y, y, b));
-    return lora_forward(y, x, a, io, m);
+    return AT_OK;
 }
 
 /* y = r + x·Wᵀ (+ b) (+ LoRA), with y possibly equal to r (accumulate in place). */

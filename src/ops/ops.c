@@ -246,6 +246,31 @@ at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int tr
     return run_matmul(be, c, a, b, trans_a, trans_b, alpha, beta);
 }
 
+at_status at_matmul_lowrank(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                            float alpha, float beta, const at_tensor *u, const at_tensor *v, float s)
+{
+    const char *op = "matmul_lowrank";
+    at_backend *be;
+    AT_TRY(matmul_checks(op, c, a, b, trans_a, trans_b, &be));
+    AT_TRY(need(u, op, "u"));
+    AT_TRY(need(v, op, "v"));
+    AT_TRY(need_backend(u, be, op));
+    AT_TRY(need_backend(v, be, op));
+    char d1[200], d2[200], d3[200];
+    int64_t M = c->shape[c->ndim - 2], N = c->shape[c->ndim - 1];
+    if (matrix_batch(a) != 1 || matrix_batch(c) != 1)
+        return at_error(AT_ERR_INVALID, "%s: a %s and c %s must be single matrices", op, desc(a, d1, sizeof d1),
+                        desc(c, d2, sizeof d2));
+    if (u->dtype != AT_F32 || v->dtype != AT_F32 || u->ndim != 2 || v->ndim != 2 || u->shape[0] != M ||
+        v->shape[0] != N || u->shape[1] != v->shape[1])
+        return at_error(AT_ERR_INVALID, "%s: u %s and v %s must be f32 [%lld, r] and [%lld, r] for c %s", op,
+                        desc(u, d1, sizeof d1), desc(v, d2, sizeof d2), (long long)M, (long long)N,
+                        desc(c, d3, sizeof d3));
+    if ((c->buf == u->buf && c->offset == u->offset) || (c->buf == v->buf && c->offset == v->offset))
+        return at_error(AT_ERR_INVALID, "%s: the output %s is also u or v", op, c->name);
+    return run_matmul_lowrank(be, c, a, b, trans_a, trans_b, alpha, beta, u, v, s);
+}
+
 /* at_dropout's checks of p and the runs. */
 static at_status dropout_checks(const char *op, float p, int64_t run, uint64_t pitch)
 {

@@ -173,6 +173,15 @@ at_status at_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t seed, u
 at_status at_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                             float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch);
 
+/* c = alpha · op(a) · op(b) + beta · c + s · u · vᵀ: at_matmul plus a
+ * low-rank term, u [M, r] and v [N, r] f32 (LoRA's forward, y = x·Wᵀ +
+ * s·(drop(x)·Aᵀ)·Bᵀ with u = drop(x)·Aᵀ, v = B). One operation so that a
+ * backend can add the term to each block of c while it is in cache rather
+ * than in a second pass over c. Operands as at_matmul's with a and c single
+ * matrices; u, v on c's backend and neither of them c. */
+at_status at_matmul_lowrank(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                            float alpha, float beta, const at_tensor *u, const at_tensor *v, float s);
+
 /* Uniform noise added in place, with at_dropout's counters (NEFTune):
  *   y[i] += m · (2·at_rng_hash_uniform(seed, counter(i)) − 1)   ∈ [−m, m)
  *   counter(i) = offset + (i / run)·pitch + i % run     (run 0: offset + i)

@@ -38,3 +38,26 @@ at_status at_cpu_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, in
     }
     return AT_OK;
 }
+
+/* One product with the low-rank term in its tiles (at_cpu_gemm_lowrank);
+ * a quantized B: its product, then the term alone (K 0), with the same
+ * arithmetic. a and c are single matrices (at_matmul_lowrank). */
+at_status at_cpu_matmul_lowrank(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                                float alpha, float beta, const at_tensor *u, const at_tensor *v, float s)
+{
+    int64_t ar = a->shape[a->ndim - 2], ac = a->shape[a->ndim - 1];
+    int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
+    int64_t M = trans_a ? ac : ar, K = trans_a ? ar : ac, N = trans_b ? br : bc, r = u->shape[1];
+    const void *pa = at_tensor_data(a), *pb = at_tensor_data(b);
+    at_dtype at = a->dtype, bt = b->dtype;
+    if (at_dtype_is_quantized(bt)) {
+        AT_TRY(at_cpu_matmul(c, a, b, trans_a, trans_b, alpha, beta));
+        K = 0, alpha = 0.0f, beta = 1.0f, pa = pb = NULL, at = bt = AT_F32;
+    }
+    at_status st = at_cpu_gemm_lowrank(trans_a, trans_b, M, N, K, alpha, pa, at, ac, pb, bt, bc, beta,
+                                       at_tensor_data(c), c->dtype, N, at_tensor_data(u), r, at_tensor_data(v), r,
+                                       (int)r, s);
+    /* the arguments were checked by at_matmul_lowrank; a failure is ours */
+    if (st != AT_OK) return at_error(AT_ERR_INTERNAL, "matmul_lowrank: the product of %s failed", c->name);
+    return AT_OK;
+}

@@ -401,6 +401,7 @@ typedef struct {
     at_dtype at, bt, ct;
     int64_t lda, ldb, ldc;
     int round_a, round_b; /* round that operand to bf16 (compute in bf16) */
+    const at_gemm_lowrank *lr; /* added to each tile of C after its last k block; NULL: none */
 } problem;
 
 static int threads_for(double flops)
@@ -524,7 +525,12 @@ static int gemm_small(const problem *p)
 
 /* ---- blocked path ---- */
 
-/* The plain triple loop, used when packing buffers cannot be allocated. */
+static void lowrank_portable(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu, const float *vt,
+                             int64_t ldvt, int r, float s);
+static at_gemm_lowrank_fn lowrank_fn(void);
+
+/* The plain triple loop, used when packing buffers cannot be allocated (with
+ * the low-rank term, p->lr, after it). */
 static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
     for (int64_t i = m0; i < m1; i++) {
@@ -542,6 +548,10 @@ static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0
             store_c(p->C, p->ct, i * p->ldc + j, v);
         }
     }
+    const at_gemm_lowrank *lr = p->lr;
+    for (int64_t i = m0; lr && i < m1; i++)
+        lowrank_fn()((float *)p->C + i * p->ldc + n0, p->ldc, 1, (int)(n1 - n0), lr->u + i * lr->ldu, lr->ldu,
+                     lr->vt + n0, lr->ldvt, lr->r, lr->s);
 }
 
 /* Strides of op(A) and op(B) as panels: element (x, k) at x*sx + k*sk. */
@@ -581,10 +591,54 @@ static int64_t block_step(int64_t total, int64_t max, int64_t unit)
     return len < max ? len : max;
 }
 
-/* C[ic.., jc..] (mb x nb) += the packed A block times the packed B block. */
-static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t ic, int64_t mb, int64_t jc,
-                            int64_t nb, int64_t kb, const char *abuf, const char *bbuf, float beta)
+/* The low-rank term's arithmetic, one element at a time, as the ISA files'
+ * vector versions: t = Σ_k fma(s·u_k, vt_k, t) from 0 in k order, then
+ * c + t. Summed apart from C, the term is rounded at its own magnitude and
+ * C once: added into C one product at a time it took r roundings at C's
+ * magnitude, a few ulps of C that a tiny model amplified (1-ulp noise in
+ * its projections moved its loss by 1e-4). */
+static void lowrank_portable(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu, const float *vt,
+                             int64_t ldvt, int r, float s)
 {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float t = 0.0f;
+            for (int k = 0; k < r; k++) t = fmaf(s * u[i * ldu + k], vt[k * ldvt + j], t);
+            c[i * ldc + j] += t;
+        }
+}
+
+/* The low-rank tile function of the current ISA level: the one every path
+ * uses, whether the term goes into the product's tiles or is added after
+ * it, so that an element's value does not depend on which the problem's
+ * size picked (a batch split over 2 ranks matches 1: test_mpi). */
+static at_gemm_lowrank_fn lowrank_fn(void)
+{
+    const at_gemm_blocked *e = blocked_engine(0);
+    return e->lowrank ? e->lowrank : lowrank_portable;
+}
+
+/* C (f32) += the low-rank term, in blocks of rows over the threads. */
+static void lowrank_pass(const problem *p, const at_gemm_lowrank *lr)
+{
+    at_gemm_lowrank_fn f = lowrank_fn();
+    int nt = threads_for(2.0 * p->M * p->N * lr->r);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < p->M; i += 16) {
+        int m = p->M - i < 16 ? (int)(p->M - i) : 16;
+        f((float *)p->C + i * p->ldc, p->ldc, m, (int)p->N, lr->u + i * lr->ldu, lr->ldu, lr->vt, lr->ldvt, lr->r,
+          lr->s);
+    }
+}
+
+/* C[ic.., jc..] (mb x nb) += the packed A block times the packed B block;
+ * at the last k block (last) the low-rank term too, each tile while the
+ * kernel has just written it. */
+static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t ic, int64_t mb, int64_t jc,
+                            int64_t nb, int64_t kb, const char *abuf, const char *bbuf, float beta, int last)
+{
+    const at_gemm_lowrank *lr = last ? p->lr : NULL;
+    at_gemm_lowrank_fn lowrank = lr ? lowrank_fn() : NULL;
     size_t ce = esize(p->ct), apanel = panel_bytes(e, e->mr, kb), bpanel = panel_bytes(e, e->nr, kb);
     for (int64_t jr = 0; jr < nb; jr += e->nr) {
         int nv = nb - jr < e->nr ? (int)(nb - jr) : e->nr;
@@ -593,6 +647,9 @@ static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t 
             char *c = p->C + (size_t)((ic + ir) * p->ldc + jc + jr) * ce;
             e->kernel(kb, abuf + (ir / e->mr) * apanel, bbuf + (jr / e->nr) * bpanel, c, p->ct, p->ldc, mv, nv,
                       p->alpha, beta);
+            if (lr)
+                lowrank((float *)c, p->ldc, mv, nv, lr->u + (ic + ir) * lr->ldu, lr->ldu, lr->vt + jc + jr, lr->ldvt,
+                        lr->r, lr->s);
         }
     }
 }
@@ -686,7 +743,7 @@ static void blocked_range(const at_gemm_blocked *e, const problem *p, int64_t m0
                 int64_t mb = m1 - ic < ms ? m1 - ic : ms;
                 char *ab = abuf + (size_t)((ic - m0) / ms) * astride;
                 if (!astride || jc == n0) pack_a(e, p, ab, ic, mb, pc, kb);
-                multiply_blocks(e, p, ic, mb, jc, nb, kb, ab, bbuf, pc == 0 ? p->beta : 1.0f);
+                multiply_blocks(e, p, ic, mb, jc, nb, kb, ab, bbuf, pc == 0 ? p->beta : 1.0f, pc + kb >= p->K);
             }
         }
     }
@@ -772,16 +829,20 @@ at_gemm_blocked at_gemm_sized_for_caches(const at_gemm_blocked *e, long l1d_byte
     return s;
 }
 
-/* The problem on our kernels (arguments checked, K > 0, alpha != 0). */
-static void run_ours(problem *pp)
+/* The problem on our kernels (arguments checked, K > 0, alpha != 0). With
+ * a low-rank term (pp->lr) returns 1 where it added it (the blocked path
+ * into an f32 C), else 0 and the caller adds it. */
+static int run_ours(problem *pp)
 {
     problem p = *pp;
+    const at_gemm_lowrank *lr = p.lr;
+    p.lr = NULL;
     int64_t M = p.M, N = p.N, K = p.K;
     int bf16 = p.at == AT_BF16 || p.bt == AT_BF16;
     p.round_a = bf16 && p.at != AT_BF16;
     p.round_b = bf16 && p.bt != AT_BF16;
 
-    if (small_side(&p) && gemm_small(&p)) return;
+    if (small_side(&p) && gemm_small(&p)) return 0;
     const at_gemm_small *se = small_engine();
     /* Not where bf16 runs natively (vdpbf16ps, BFMMLA): there the small and
      * blocked paths sum pairs in bf16 hardware, and a product must give the
@@ -789,7 +850,7 @@ static void run_ours(problem *pp)
      * ranks matches 1: test_mpi) */
     if (K <= AT_GEMM_OUTER_K && se->outer && blocked_engine(bf16)->kp == 1) {
         gemm_outer(se, &p);
-        return;
+        return 0;
     }
 
     const at_cpu_features *f = at_cpu_get_features();
@@ -809,12 +870,14 @@ static void run_ours(problem *pp)
             p.alpha = 1.0f;
             epilogue(&p, tmp, N, 1);
             free(tmp);
-            return;
+            return 0;
         }
         reference_range(&p, 0, M, 0, N);
-        return;
+        return 0;
     }
+    if (p.ct == AT_F32) p.lr = lr;
     gemm_blocked(e, &p);
+    return p.lr != NULL;
 }
 
 /* The calibration's runner (gemm_tune.h): packed f32 operands, alpha 1, beta 0. */
@@ -852,10 +915,11 @@ int at_cpu_gemm_tune_all(void)
 
 static int supported_input(at_dtype t) { return t == AT_F32 || t == AT_BF16 || t == AT_F16; }
 
-/* at_cpu_gemm_checked; with libraries 0 on our kernels only. */
+/* at_cpu_gemm_checked; with libraries 0 on our kernels only; with lr, plus
+ * the low-rank term (at_cpu_gemm_lowrank). */
 static at_status gemm_entry(int libraries, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                             const void *A, at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb,
-                            float beta, void *C, at_dtype c_type, int64_t ldc)
+                            float beta, void *C, at_dtype c_type, int64_t ldc, const at_gemm_lowrank *lr)
 {
     if (!supported_input(a_type) || !supported_input(b_type) || (c_type != AT_F32 && c_type != AT_BF16))
         return at_error(AT_ERR_INVALID, "at_cpu_gemm: unsupported dtypes A %s, B %s, C %s (A and B: f32, bf16, f16; "
@@ -876,33 +940,73 @@ static at_status gemm_entry(int libraries, int trans_a, int trans_b, int64_t M, 
         .ta = !!trans_a, .tb = !!trans_b, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
         .A = A, .B = B, .C = C, .at = a_type, .bt = b_type, .ct = c_type, .lda = lda, .ldb = ldb, .ldc = ldc,
     };
+    int added = 0;
     if (K == 0 || alpha == 0.0f) { /* C = beta * C; A and B are not read */
         const float zero = 0.0f;
         p.alpha = 0.0f;
-        epilogue(&p, &zero, 0, 0);
+        if (beta != 1.0f) epilogue(&p, &zero, 0, 0);
+    } else {
+        int done = 0;
+        if (libraries && a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32) {
+            at_gemm_engine_id e = f32_engine(p.ta, p.tb, M, N, K);
+            done = e != AT_GEMM_ANYTUNE && f32_on_library(e, p.ta, p.tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        }
+        if (!done) {
+            p.lr = lr;
+            added = run_ours(&p);
+        }
+    }
+    if (!lr || added || lr->r == 0) return AT_OK;
+    if (c_type == AT_F32) {
+        lowrank_pass(&p, lr);
         return AT_OK;
     }
-    if (libraries && a_type == AT_F32 && b_type == AT_F32 && c_type == AT_F32) {
-        at_gemm_engine_id e = f32_engine(p.ta, p.tb, M, N, K);
-        if (e != AT_GEMM_ANYTUNE && f32_on_library(e, p.ta, p.tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-            return AT_OK;
-    }
-    run_ours(&p);
-    return AT_OK;
+    return gemm_entry(libraries, 0, 0, M, N, lr->r, lr->s, lr->u, AT_F32, lr->ldu, lr->vt, AT_F32, lr->ldvt, 1.0f, C,
+                      c_type, ldc, NULL);
 }
 
 at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                               at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
                               void *C, at_dtype c_type, int64_t ldc)
 {
-    return gemm_entry(1, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc);
+    return gemm_entry(1, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc,
+                      NULL);
 }
 
 at_status at_cpu_gemm_ours(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                            at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
                            void *C, at_dtype c_type, int64_t ldc)
 {
-    return gemm_entry(0, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc);
+    return gemm_entry(0, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc,
+                      NULL);
+}
+
+at_status at_cpu_gemm_lowrank(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                              at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
+                              void *C, at_dtype c_type, int64_t ldc, const float *u, int64_t ldu, const float *v,
+                              int64_t ldv, int r, float s)
+{
+    if (r < 0 || (r > 0 && (!u || !v || ldu < r || ldv < r)))
+        return at_error(AT_ERR_INVALID, "at_cpu_gemm_lowrank: rank %d with u %p (ldu %lld), v %p (ldv %lld)", r,
+                        (const void *)u, (long long)ldu, (const void *)v, (long long)ldv);
+    if (r == 0 || s == 0.0f || M == 0 || N == 0)
+        return at_cpu_gemm_checked(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
+                                   ldc);
+    /* s·vᵀ [r][N]: the tiles take a row of it per k (s folded in: a tile at
+     * LoRA's ranks holds vᵀ's rows in registers and multiplies u as it is) */
+    float *vt = malloc(sizeof(float) * (size_t)r * (size_t)N);
+    if (!vt) { /* the two products */
+        AT_TRY(at_cpu_gemm_checked(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
+                                   ldc));
+        return at_cpu_gemm_checked(0, 1, M, N, r, s, u, AT_F32, ldu, v, AT_F32, ldv, 1.0f, C, c_type, ldc);
+    }
+    for (int64_t j = 0; j < N; j++)
+        for (int k = 0; k < r; k++) vt[k * N + j] = s * v[j * ldv + k];
+    at_gemm_lowrank lr = {u, vt, ldu, N, r, 1.0f};
+    at_status st = gemm_entry(1, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
+                              ldc, &lr);
+    free(vt);
+    return st;
 }
 
 void at_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,

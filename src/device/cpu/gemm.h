@@ -36,6 +36,18 @@ at_status at_cpu_gemm_checked(int trans_a, int trans_b, int64_t M, int64_t N, in
                               const void *B, at_dtype b_type, int64_t ldb,
                               float beta, void *C, at_dtype c_type, int64_t ldc);
 
+/* at_cpu_gemm_checked plus a low-rank term:
+ *   C = alpha · op(A) · op(B) + beta · C + s · U · Vᵀ
+ * U [M, r] and V [N, r] f32, row-major with leading dimensions ldu, ldv >= r
+ * (LoRA's y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ with U = x·Aᵀ, V = B). Where the product
+ * runs on our blocked kernels into an f32 C, each tile of C takes the term
+ * while the kernel has just written it (not a pass over C from memory);
+ * elsewhere the two products. r == 0 or s == 0: at_cpu_gemm_checked. */
+at_status at_cpu_gemm_lowrank(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                              at_dtype a_type, int64_t lda, const void *B, at_dtype b_type, int64_t ldb, float beta,
+                              void *C, at_dtype c_type, int64_t ldc, const float *u, int64_t ldu, const float *v,
+                              int64_t ldv, int r, float s);
+
 /* at_cpu_gemm_checked on our kernels, whatever engine the calibration
  * chose for the shape: for a caller inside its own parallel region, where
  * each call runs on the calling thread (a library would start threads of

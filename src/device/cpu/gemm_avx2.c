@@ -201,10 +201,33 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
     at_gemm_store_tile(t, NR, c, ct, ldc, m, n, alpha, beta);
 }
 
+/* The low-rank term of a tile (gemm_kernels.h): 8 columns at a time, the
+ * last ones masked (only they: AMD's masked stores are slow); each row's
+ * term summed from 0, then added to C. */
+static void lowrank_avx2(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu, const float *vt,
+                         int64_t ldvt, int r, float s)
+{
+    for (int j = 0; j < n; j += 8) {
+        int full = n - j >= 8;
+        __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int i = 0; i < m; i++) {
+            float *ci = c + i * ldc + j;
+            __m256 t = _mm256_setzero_ps();
+            for (int k = 0; k < r; k++) {
+                const float *v = vt + k * ldvt + j;
+                t = _mm256_fmadd_ps(_mm256_set1_ps(s * u[i * ldu + k]), full ? _mm256_loadu_ps(v) : _mm256_maskload_ps(v, mk),
+                                    t);
+            }
+            if (full) _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), t));
+            else _mm256_maskstore_ps(ci, mk, _mm256_add_ps(_mm256_maskload_ps(ci, mk), t));
+        }
+    }
+}
+
 const at_gemm_blocked at_gemm_f32_avx2 = {
     .name = "avx2", .mr = MR, .nr = NR, .kp = 1, .mc = 12 * MR, .kc = 1024, .nc = 64 * NR,
     .l1_ref = 48, .l2_ref = 1024, /* a Zen 5 */
-    .pack = pack_f32, .kernel = kernel_f32,
+    .pack = pack_f32, .kernel = kernel_f32, .lowrank = lowrank_avx2,
 };
 
 /* ---- small path (contract: gemm_kernels.h) ----

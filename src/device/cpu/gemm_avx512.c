@@ -92,7 +92,7 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
 const at_gemm_blocked at_gemm_f32_avx512 = {
     .name = "avx512", .mr = MR, .nr = NR, .kp = 1, .mc = 8 * MR, .kc = 1024, .nc = 32 * NR,
     .l1_ref = 48, .l2_ref = 1024, /* a Zen 5 (gemm.c) */
-    .pack = pack_f32, .kernel = kernel_f32,
+    .pack = pack_f32, .kernel = kernel_f32, .lowrank = at_gemm_lowrank_avx512,
 };
 
 /* ---- small path ----

@@ -160,4 +160,43 @@ static inline __attribute__((always_inline)) void pack_transposed(float *dst, co
     }
 }
 
+/* The low-rank term of a tile (gemm_kernels.h, at_gemm_lowrank_fn): 16
+ * columns at a time, each row's term summed in a register from 0, then
+ * added to C. */
+static inline void at_gemm_lowrank_avx512(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu,
+                                          const float *vt, int64_t ldvt, int r, float s)
+{
+    if (r <= 8 && n <= 32 && s == 1.0f) {
+        /* a microkernel's tile at LoRA's ranks: vᵀ's 32 columns x r rows
+         * stay in registers for all the rows (each row's sums as below) */
+        __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
+        __m512 v0[8], v1[8];
+        for (int k = 0; k < 8; k++) {
+            v0[k] = k < r ? _mm512_maskz_loadu_ps(m0, vt + k * ldvt) : _mm512_setzero_ps();
+            v1[k] = k < r ? _mm512_maskz_loadu_ps(m1, vt + k * ldvt + 16) : _mm512_setzero_ps();
+        }
+        for (int i = 0; i < m; i++) {
+            __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
+            for (int k = 0; k < r; k++) {
+                __m512 uk = _mm512_set1_ps(u[i * ldu + k]);
+                t0 = _mm512_fmadd_ps(uk, v0[k], t0);
+                t1 = _mm512_fmadd_ps(uk, v1[k], t1);
+            }
+            float *ci = c + i * ldc;
+            _mm512_mask_storeu_ps(ci, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), t0));
+            _mm512_mask_storeu_ps(ci + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + 16), t1));
+        }
+        return;
+    }
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 mk = mask16(n - j);
+        for (int i = 0; i < m; i++) {
+            __m512 t = _mm512_setzero_ps();
+            for (int k = 0; k < r; k++)
+                t = _mm512_fmadd_ps(_mm512_set1_ps(s * u[i * ldu + k]), _mm512_maskz_loadu_ps(mk, vt + k * ldvt + j), t);
+            _mm512_mask_storeu_ps(c + i * ldc + j, mk, _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c + i * ldc + j), t));
+        }
+    }
+}
+
 #endif

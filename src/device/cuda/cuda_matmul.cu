@@ -396,6 +396,15 @@ at_status cu_matmul(at_tensor *ct, const at_tensor *a, const at_tensor *b, int t
     return AT_OK;
 }
 
+/* The product, then the low-rank term added by a second one (ops.h). */
+at_status cu_matmul_lowrank(at_tensor *ct, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                            float alpha, float beta, const at_tensor *u, const at_tensor *v, float s)
+{
+    at_status st = cu_matmul(ct, a, b, trans_a, trans_b, alpha, beta);
+    if (st != AT_OK) return st;
+    return cu_matmul(ct, u, v, 0, 1, s, 1.0f);
+}
+
 /* The product (beta 0), then the dropout in place (ops.h); p 0: the product alone. */
 at_status cu_matmul_dropout(at_tensor *ct, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                             float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch)

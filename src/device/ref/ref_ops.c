@@ -616,6 +616,14 @@ done:
     return st;
 }
 
+/* The product, then the low-rank term added by a second one. */
+at_status at_ref_matmul_lowrank(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
+                                float alpha, float beta, const at_tensor *u, const at_tensor *v, float s)
+{
+    AT_TRY(at_ref_matmul(c, a, b, trans_a, trans_b, alpha, beta));
+    return at_ref_matmul(c, u, v, 0, 1, s, 1.0f);
+}
+
 /* The product (beta 0), then the dropout in place. */
 at_status at_ref_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                                 float alpha, float p, uint64_t seed, uint64_t offset, int64_t run, uint64_t pitch)
