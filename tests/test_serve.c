@@ -175,6 +175,7 @@ typedef struct {
     const char *prompt;
     const char *want;
     int ok;
+    pthread_barrier_t *start; /* NULL, or all clients send at once */
 } client_arg;
 
 static void *stream_client(void *arg)
@@ -185,6 +186,7 @@ static void *stream_client(void *arg)
              c->prompt);
     http_resp r;
     c->ok = 0;
+    if (c->start) pthread_barrier_wait(c->start);
     if (http(c->port, "POST", "/v1/completions", NULL, body, &r)) {
         sse_result s;
         parse_sse(r.body, 0, &s);
@@ -293,14 +295,19 @@ static void test_concurrent(at_bundle *b, int port)
 {
     const char *prompts[4] = {"Once upon a time", "The cat", "Tom had a big red ball", "One day"};
     char *want[4];
+    /* the four requests leave together: under load a client thread that
+     * starts late can find the others' answers already done (peak batch 1) */
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 4);
     client_arg a[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
         want[i] = reference(b, prompts[i], NULL, 24, NULL, NULL);
-        a[i] = (client_arg){port, prompts[i], want[i] ? want[i] : "", 0};
+        a[i] = (client_arg){port, prompts[i], want[i] ? want[i] : "", 0, &start};
     }
     for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, stream_client, &a[i]);
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&start);
     int ok = 0;
     for (int i = 0; i < 4; i++) {
         ok += a[i].ok;
