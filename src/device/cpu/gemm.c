@@ -1069,7 +1069,17 @@ static uint32_t pair_word(float lo, float hi)
     return (uint32_t)at_f32_to_bf16(lo) | (uint32_t)at_f32_to_bf16(hi) << 16;
 }
 
-static int64_t lanes16(int64_t n) { return (n + 15) / 16 * 16; }
+/* Both packers without vdpbf16ps: word [p·ld + l] = (X(l, 2p), X(l, 2p + 1))
+ * with X(l, k) = src[l·ls + k·ks], l < lanes, k < nk (gemm.h's zeros past them). */
+static void pairs_portable(uint32_t *dst, int64_t ld, const float *src, int64_t ls, int64_t ks, int64_t lanes,
+                           int64_t nk)
+{
+    for (int64_t p = 0; 2 * p < nk; p++)
+        for (int64_t l = 0; l < (lanes + 15) / 16 * 16; l++) {
+            const float *x = src + l * ls + 2 * p * ks;
+            dst[p * ld + l] = l < lanes ? pair_word(x[0], 2 * p + 1 < nk ? x[ks] : 0.0f) : 0;
+        }
+}
 
 void at_cpu_bf16_pairs_in_rows(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols)
 {
@@ -1079,11 +1089,7 @@ void at_cpu_bf16_pairs_in_rows(uint32_t *dst, int64_t ld, const float *src, int6
         return;
     }
 #endif
-    for (int64_t p = 0; 2 * p < cols; p++)
-        for (int64_t r = 0; r < lanes16(rows); r++) {
-            const float *x = src + r * rs + 2 * p;
-            dst[p * ld + r] = r < rows ? pair_word(x[0], 2 * p + 1 < cols ? x[1] : 0.0f) : 0;
-        }
+    pairs_portable(dst, ld, src, rs, 1, rows, cols);
 }
 
 void at_cpu_bf16_pairs_of_rows(uint32_t *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols)
@@ -1094,11 +1100,7 @@ void at_cpu_bf16_pairs_of_rows(uint32_t *dst, int64_t ld, const float *src, int6
         return;
     }
 #endif
-    for (int64_t p = 0; 2 * p < rows; p++)
-        for (int64_t c = 0; c < lanes16(cols); c++) {
-            const float *x = src + 2 * p * rs + c;
-            dst[p * ld + c] = c < cols ? pair_word(x[0], 2 * p + 1 < rows ? x[rs] : 0.0f) : 0;
-        }
+    pairs_portable(dst, ld, src, 1, rs, cols, rows);
 }
 
 void at_cpu_gemm_acc_bf16_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t lda, const uint32_t *b,
