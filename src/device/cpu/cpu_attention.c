@@ -408,7 +408,7 @@ at_status at_cpu_attention_forward(at_tensor *out, at_tensor *lse, const at_tens
     float *ws;
     AT_TRY(alloc_ws(nt, per, &ws, "attention_forward"));
     if (g.pairs) {
-        a.kpairs = malloc((size_t)(nkblocks * g.panel) * sizeof(uint32_t));
+        a.kpairs = malloc((size_t)(nkblocks * g.panel + 1) * sizeof(uint32_t)); /* + 1: no keys is not no memory */
         if (!a.kpairs) {
             free(ws);
             return at_error(AT_ERR_NOMEM, "attention_forward: no memory for %lld key blocks", (long long)nkblocks);
@@ -737,7 +737,7 @@ at_status at_cpu_attention_backward(at_tensor *dq, at_tensor *dk, at_tensor *dv,
         pp->ld_of = (g.D + 15) / 16 * 16;
         pp->panel_of = BQ / 2 * pp->ld_of;
         size_t words = (size_t)(nkblocks * (2 * g.panel + pp->panel_of) + nqblocks * 2 * (g.panel + pp->panel_of));
-        panels = malloc(words * sizeof(uint32_t));
+        panels = malloc((words + 1) * sizeof(uint32_t)); /* + 1: an empty call is not out of memory */
         if (!panels) {
             free(Dd);
             free(ws);
