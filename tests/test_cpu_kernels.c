@@ -1100,6 +1100,17 @@ static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_in
            wk = worst_ratio(at_tensor_data(tdk), rdk, bk, nk), wv = worst_ratio(at_tensor_data(tdv), rdv, bv, nk);
     CHECK_MSG(wo <= 1 && wq <= 1 && wk <= 1 && wv <= 1, "attention bf16 %s: worst err/bound out %g dq %g dk %g dv %g",
               name, wo, wq, wk, wv);
+    /* position 0 sees one key: P = 1, out = v, so dS = P·(dP − D) is 0
+     * exactly when D is summed as dP is (the same bf16 pairs in the same
+     * order), and so is that row of dq (the bound above would let a
+     * rounding residue through) */
+    if (!c->qidx && !c->kvlen) {
+        const float *dq0 = at_tensor_data(tdq);
+        int zero = 1;
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t i = 0; i < c->Hq * c->D; i++) zero &= dq0[b * c->Tq * c->Hq * c->D + i] == 0.0f;
+        CHECK_MSG(zero, "attention bf16 %s: dq of position 0 (one key seen) is not exactly 0", name);
+    }
     /* and not f32 by accident: the rounding must show beyond f32's error
      * (~1e-6 here): in out through q·k; with bf16 inputs, where out is f32's,
      * in dv and dk, through P and dS rounded for Pᵀ·dO and dSᵀ·Q */

@@ -526,7 +526,7 @@ static int gemm_small(const problem *p)
 /* ---- blocked path ---- */
 
 static void lowrank_portable(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu, const float *vt,
-                             int64_t ldvt, int r, float s);
+                             int64_t ldvt, int r);
 static at_gemm_lowrank_fn lowrank_fn(void);
 
 /* The plain triple loop, used when packing buffers cannot be allocated (with
@@ -551,7 +551,7 @@ static void reference_range(const problem *p, int64_t m0, int64_t m1, int64_t n0
     const at_gemm_lowrank *lr = p->lr;
     for (int64_t i = m0; lr && i < m1; i++)
         lowrank_fn()((float *)p->C + i * p->ldc + n0, p->ldc, 1, (int)(n1 - n0), lr->u + i * lr->ldu, lr->ldu,
-                     lr->vt + n0, lr->ldvt, lr->r, lr->s);
+                     lr->vt + n0, lr->ldvt, lr->r);
 }
 
 /* Strides of op(A) and op(B) as panels: element (x, k) at x*sx + k*sk. */
@@ -592,18 +592,17 @@ static int64_t block_step(int64_t total, int64_t max, int64_t unit)
 }
 
 /* The low-rank term's arithmetic, one element at a time, as the ISA files'
- * vector versions: t = Σ_k fma(s·u_k, vt_k, t) from 0 in k order, then
- * c + t. Summed apart from C, the term is rounded at its own magnitude and
+ * vector versions: t = Σ_k fma(u_k, vt_k, t) from 0 in k order, then c + t. Summed apart from C, the term is rounded at its own magnitude and
  * C once: added into C one product at a time it took r roundings at C's
  * magnitude, a few ulps of C that a tiny model amplified (1-ulp noise in
  * its projections moved its loss by 1e-4). */
 static void lowrank_portable(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu, const float *vt,
-                             int64_t ldvt, int r, float s)
+                             int64_t ldvt, int r)
 {
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             float t = 0.0f;
-            for (int k = 0; k < r; k++) t = fmaf(s * u[i * ldu + k], vt[k * ldvt + j], t);
+            for (int k = 0; k < r; k++) t = fmaf(u[i * ldu + k], vt[k * ldvt + j], t);
             c[i * ldc + j] += t;
         }
 }
@@ -626,8 +625,7 @@ static void lowrank_pass(const problem *p, const at_gemm_lowrank *lr)
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < p->M; i += 16) {
         int m = p->M - i < 16 ? (int)(p->M - i) : 16;
-        f((float *)p->C + i * p->ldc, p->ldc, m, (int)p->N, lr->u + i * lr->ldu, lr->ldu, lr->vt, lr->ldvt, lr->r,
-          lr->s);
+        f((float *)p->C + i * p->ldc, p->ldc, m, (int)p->N, lr->u + i * lr->ldu, lr->ldu, lr->vt, lr->ldvt, lr->r);
     }
 }
 
@@ -649,7 +647,7 @@ static void multiply_blocks(const at_gemm_blocked *e, const problem *p, int64_t 
                       p->alpha, beta);
             if (lr)
                 lowrank((float *)c, p->ldc, mv, nv, lr->u + (ic + ir) * lr->ldu, lr->ldu, lr->vt + jc + jr, lr->ldvt,
-                        lr->r, lr->s);
+                        lr->r);
         }
     }
 }
@@ -961,7 +959,7 @@ static at_status gemm_entry(int libraries, int trans_a, int trans_b, int64_t M, 
         lowrank_pass(&p, lr);
         return AT_OK;
     }
-    return gemm_entry(libraries, 0, 0, M, N, lr->r, lr->s, lr->u, AT_F32, lr->ldu, lr->vt, AT_F32, lr->ldvt, 1.0f, C,
+    return gemm_entry(libraries, 0, 0, M, N, lr->r, 1.0f, lr->u, AT_F32, lr->ldu, lr->vt, AT_F32, lr->ldvt, 1.0f, C,
                       c_type, ldc, NULL);
 }
 
@@ -992,8 +990,8 @@ at_status at_cpu_gemm_lowrank(int trans_a, int trans_b, int64_t M, int64_t N, in
     if (r == 0 || s == 0.0f || M == 0 || N == 0)
         return at_cpu_gemm_checked(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
                                    ldc);
-    /* s·vᵀ [r][N]: the tiles take a row of it per k (s folded in: a tile at
-     * LoRA's ranks holds vᵀ's rows in registers and multiplies u as it is) */
+    /* s·vᵀ [r][N]: the tiles take a row of it per k (s folded in once: a
+     * tile at LoRA's ranks holds these rows in registers and takes u as it is) */
     float *vt = malloc(sizeof(float) * (size_t)r * (size_t)N);
     if (!vt) { /* the two products */
         AT_TRY(at_cpu_gemm_checked(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
@@ -1002,7 +1000,7 @@ at_status at_cpu_gemm_lowrank(int trans_a, int trans_b, int64_t M, int64_t N, in
     }
     for (int64_t j = 0; j < N; j++)
         for (int k = 0; k < r; k++) vt[k * N + j] = s * v[j * ldv + k];
-    at_gemm_lowrank lr = {u, vt, ldu, N, r, 1.0f};
+    at_gemm_lowrank lr = {u, vt, ldu, N, r};
     at_status st = gemm_entry(1, trans_a, trans_b, M, N, K, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type,
                               ldc, &lr);
     free(vt);

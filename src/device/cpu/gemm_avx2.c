@@ -205,7 +205,7 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
  * last ones masked (only they: AMD's masked stores are slow); each row's
  * term summed from 0, then added to C. */
 static void lowrank_avx2(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu, const float *vt,
-                         int64_t ldvt, int r, float s)
+                         int64_t ldvt, int r)
 {
     for (int j = 0; j < n; j += 8) {
         int full = n - j >= 8;
@@ -215,8 +215,7 @@ static void lowrank_avx2(float *c, int64_t ldc, int m, int n, const float *u, in
             __m256 t = _mm256_setzero_ps();
             for (int k = 0; k < r; k++) {
                 const float *v = vt + k * ldvt + j;
-                t = _mm256_fmadd_ps(_mm256_set1_ps(s * u[i * ldu + k]), full ? _mm256_loadu_ps(v) : _mm256_maskload_ps(v, mk),
-                                    t);
+                t = _mm256_fmadd_ps(_mm256_set1_ps(u[i * ldu + k]), full ? _mm256_loadu_ps(v) : _mm256_maskload_ps(v, mk), t);
             }
             if (full) _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), t));
             else _mm256_maskstore_ps(ci, mk, _mm256_add_ps(_mm256_maskload_ps(ci, mk), t));

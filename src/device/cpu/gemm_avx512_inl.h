@@ -164,9 +164,9 @@ static inline __attribute__((always_inline)) void pack_transposed(float *dst, co
  * columns at a time, each row's term summed in a register from 0, then
  * added to C. */
 static inline void at_gemm_lowrank_avx512(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu,
-                                          const float *vt, int64_t ldvt, int r, float s)
+                                          const float *vt, int64_t ldvt, int r)
 {
-    if (r <= 8 && n <= 32 && s == 1.0f) {
+    if (r <= 8 && n <= 32) {
         /* a microkernel's tile at LoRA's ranks: vᵀ's 32 columns x r rows
          * stay in registers for all the rows (each row's sums as below) */
         __mmask16 m0 = mask16(n), m1 = mask16(n - 16);
@@ -193,7 +193,7 @@ static inline void at_gemm_lowrank_avx512(float *c, int64_t ldc, int m, int n, c
         for (int i = 0; i < m; i++) {
             __m512 t = _mm512_setzero_ps();
             for (int k = 0; k < r; k++)
-                t = _mm512_fmadd_ps(_mm512_set1_ps(s * u[i * ldu + k]), _mm512_maskz_loadu_ps(mk, vt + k * ldvt + j), t);
+                t = _mm512_fmadd_ps(_mm512_set1_ps(u[i * ldu + k]), _mm512_maskz_loadu_ps(mk, vt + k * ldvt + j), t);
             _mm512_mask_storeu_ps(c + i * ldc + j, mk, _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c + i * ldc + j), t));
         }
     }

@@ -114,7 +114,7 @@ static void kernel_bf16(int64_t kc, const void *ap_, const void *bp_, void *c, a
 const at_gemm_blocked at_gemm_bf16_avx512bf16 = {
     .name = "avx512+bf16", .mr = MR, .nr = NR, .kp = 2, .mc = 16 * MR, .kc = 1024, .nc = 64 * NR,
     .l1_ref = 32, .l2_ref = 1024, /* a Zen 4 (gemm.c) */
-    .pack = pack_bf16, .kernel = kernel_bf16, .lowrank = at_gemm_lowrank_avx512,
+    .pack = pack_bf16, .kernel = kernel_bf16,
 };
 
 /* ---- small path: the dot form on bf16 rows ----

@@ -68,16 +68,16 @@ typedef void (*at_gemm_pack_fn)(void *dst, const void *src, at_dtype t, int64_t 
 typedef void (*at_gemm_kernel_fn)(int64_t kc, const void *ap, const void *bp, void *c, at_dtype ct, int64_t ldc,
                                   int m, int n, float alpha, float beta);
 /* A low-rank term added to an f32 tile of C once all of K is in it
- * (at_cpu_gemm_lowrank, gemm.h): C[i][j] += Σ_k (s·u[i·ldu + k]) · vt[k·ldvt + j]
- * for i < m, j < n, k < r, u and vt offset to the tile's rows and columns. */
+ * (at_cpu_gemm_lowrank, gemm.h): C[i][j] += Σ_k u[i·ldu + k] · vt[k·ldvt + j]
+ * for i < m, j < n, k < r, u and vt offset to the tile's rows and columns
+ * (the caller's scale is in vt). */
 typedef struct {
     const float *u, *vt;
     int64_t ldu, ldvt;
     int r;
-    float s;
 } at_gemm_lowrank;
 typedef void (*at_gemm_lowrank_fn)(float *c, int64_t ldc, int m, int n, const float *u, int64_t ldu,
-                                   const float *vt, int64_t ldvt, int r, float s);
+                                   const float *vt, int64_t ldvt, int r);
 typedef void (*at_gemm_dot_fn)(int S, int64_t K, const float *x, int64_t ldx, int64_t R, const void *y, at_dtype yt,
                                int64_t ldy, int round, float *out, int64_t ors, int64_t oss);
 typedef void (*at_gemm_axpy_fn)(int S, int64_t K, const float *x, int64_t ldx, int64_t L, const void *y,
@@ -94,7 +94,8 @@ typedef struct {
                          * 0: never cut */
     at_gemm_pack_fn pack;
     at_gemm_kernel_fn kernel;
-    at_gemm_lowrank_fn lowrank; /* NULL: gemm.c's portable loop */
+    at_gemm_lowrank_fn lowrank; /* read from the level's f32 engine for every product (gemm.c's
+                                   lowrank_fn); NULL: gemm.c's portable loop */
 } at_gemm_blocked;
 
 typedef void (*at_gemm_outer_fn)(int64_t R, int64_t L, int K, const float *a, int64_t lda, const float *b,
