@@ -30,8 +30,9 @@ libopenblas-dev libopenblas0-openmp libdnnl-dev openmpi-bin"
 if [ $test_deps = 1 ]; then
   # protoc and python3-protobuf: tests/cli_tensorboard.sh reads the event files with TensorBoard's own protos
   PKGS="$PKGS chromium protobuf-compiler python3-protobuf"
-  # python3-numpy: the vision-language tests write their tiny model folder with tools/make_tiny_vlm.py
-  PKGS="$PKGS python3-numpy"
+  # python3-numpy: the vision-language tests write their tiny model folder with tools/make_tiny_vlm.py;
+  # python3-pil: test_vlm_llamacpp draws its pictures with it
+  PKGS="$PKGS python3-numpy python3-pil"
   # node and npm (the web UI's browser test, the GGUF and tokenizer readers):
   # Debian's, unless some node is already on PATH (e.g. one installed from
   # another source, which may bundle npm and conflict with Debian's npm package)

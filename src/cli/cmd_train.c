@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,13 +156,15 @@ static int plan_run(at_options *o, at_train_args *a, const char *tt, const at_tr
  * The death signal is SIGHUP turned into one SIGTERM, not SIGTERM itself:
  * the kernel sends it again each time the orphan is handed to another of
  * the dying server's threads, and a second SIGTERM ends the trainer at once. */
-static volatile sig_atomic_t g_server_gone;
+static atomic_flag g_server_gone = ATOMIC_FLAG_INIT;
 
+/* The SIGHUPs may run this in two threads at once (the trainer's workers
+ * take signals too): a test-and-set, not a read then a write, lets one
+ * through. */
 static void on_server_death(int sig)
 {
     (void)sig;
-    if (g_server_gone) return;
-    g_server_gone = 1;
+    if (atomic_flag_test_and_set(&g_server_gone)) return;
     raise(SIGTERM);
 }
 
