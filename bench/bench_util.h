@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
+#include "device/cpu/cpu_features.h"
 #include "model/adapter.h"
 #include "model/config.h"
 #include "model/decoder.h"
@@ -258,6 +259,30 @@ static inline const char *bench_openblas_openmp_dir(void)
     return buf;
 }
 
+/* Whether ANYTUNE_CPU_ISA holds our kernels to AVX2 on a CPU that has
+ * AVX-512: then a peer runs at AVX2 too, as it would on an AVX2 machine
+ * (like for like), held there by the variables of bench_peer_isa_env. */
+static inline int bench_isa_lowered_to_avx2(void)
+{
+#if defined(__x86_64__)
+    return at_cpu_isa_level() == AT_ISA_AVX2 && at_cpu_get_features()->avx512f;
+#else
+    return 0;
+#endif
+}
+
+/* The environment that holds a peer's libraries to AVX2 (a shell prefix of
+ * assignments, "" when bench_isa_lowered_to_avx2 is false): PyTorch's own
+ * kernels (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA, and its old
+ * name DNNL_MAX_CPU_ISA) and OpenBLAS's (OPENBLAS_CORETYPE). Each library
+ * reads its variable when it loads. */
+static inline const char *bench_peer_isa_env(void)
+{
+    return bench_isa_lowered_to_avx2()
+               ? "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell "
+               : "";
+}
+
 /* How a CPU peer (PyTorch) is set up; flags of bench_cpu_peer_prefix. */
 enum {
     BENCH_PEER_AS_GIVEN = 0,
@@ -297,7 +322,10 @@ static inline void bench_cpu_peer_prefix(int how, char *buf, size_t n)
     }
     char pre[1800] = "";
     if (*libs) snprintf(pre, sizeof pre, "%sLD_PRELOAD=%s ", conf, libs);
-    snprintf(buf, n, "env %s %s'%s'", how & BENCH_PEER_LIBS_BEST ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "", pre, py);
+    /* env applies its -u before the assignments: a lowered level's
+     * OPENBLAS_CORETYPE (bench_peer_isa_env) stands */
+    snprintf(buf, n, "env %s %s%s'%s'", how & BENCH_PEER_LIBS_BEST ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE" : "",
+             bench_peer_isa_env(), pre, py);
 }
 
 /* Runs the shell line cmd (stdout flushed first, so the peer's messages

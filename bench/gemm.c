@@ -117,7 +117,7 @@ static void libraries_at_our_level(char **argv)
         unsetenv("OPENBLAS_L2_SIZE");
         unsetenv("ONEDNN_MAX_CPU_ISA");
         unsetenv("DNNL_MAX_CPU_ISA");
-    } else if (isa == AT_ISA_AVX2 && f->avx512f) {
+    } else if (bench_isa_lowered_to_avx2()) {
         setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
         setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
         setenv("OPENBLAS_CORETYPE", "Haswell", 1);
