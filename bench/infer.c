@@ -322,7 +322,7 @@ int main(int argc, char **argv)
            at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), bw * 1e-9);
     printf("prompt %d tokens, decode %d tokens, median of %d runs%s\n", o.prompt, o.decode, o.runs,
            o.llama ? "" : " (llama.cpp skipped)");
-    int failed = 0, peer_shown = 0;
+    int failed = 0, peer_shown = 0, peer_hinted = 0;
     for (size_t si = 0; si < BENCH_N_SHAPES; si++) {
         const bench_shape *s = &BENCH_SHAPES[si];
         if (strcmp(shape, "all") && !strstr(s->name, shape)) continue;
@@ -357,6 +357,17 @@ int main(int argc, char **argv)
             }
             char build[768] = "";
             int have = o.llama && run_llama(path, &o, &ll, &ll_same, build, sizeof build);
+            if (o.llama && !have && !peer_hinted) {
+                /* its messages go nowhere (they would drown the table): say
+                 * what to look at. npm ci refuses bench/js's lock file on
+                 * newer npm (it lists no optional platform packages); npm
+                 * install takes it and leaves it as it is */
+                fflush(stdout);
+                fprintf(stderr, "bench_infer: llama.cpp gave no figures. Is its package installed? "
+                                "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --prefix '%s/bench/js'; "
+                                "its own messages: node '%s' FILE.gguf 2 512 32 1\n", src, o.script);
+                peer_hinted = 1;
+            }
             if (!o.keep) remove(path);
             printf("%-5s prefill  anytune %8.1f tok/s", fmt_name(qs[qi]), ours.prefill);
             if (have)
