@@ -361,8 +361,12 @@ static void sweep_lowrank(void)
     for (int bt = 0; bt < 2; bt++) {
         at_dtype t = bt ? AT_BF16 : AT_F32;
         void *Bt = B;
-        uint16_t *Bb = malloc(sizeof(uint16_t) * N * K);
+        uint16_t *Bb = bt ? malloc(sizeof(uint16_t) * N * K) : NULL;
         if (bt) {
+            if (!Bb) {
+                CHECK_MSG(0, "out of memory");
+                break;
+            }
             for (int64_t i = 0; i < N * K; i++) Bb[i] = at_f32_to_bf16(B[i]);
             Bt = Bb;
         }

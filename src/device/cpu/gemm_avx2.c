@@ -215,7 +215,8 @@ static void lowrank_avx2(float *c, int64_t ldc, int m, int n, const float *u, in
             __m256 t = _mm256_setzero_ps();
             for (int k = 0; k < r; k++) {
                 const float *v = vt + k * ldvt + j;
-                t = _mm256_fmadd_ps(_mm256_set1_ps(u[i * ldu + k]), full ? _mm256_loadu_ps(v) : _mm256_maskload_ps(v, mk), t);
+                __m256 vk = full ? _mm256_loadu_ps(v) : _mm256_maskload_ps(v, mk);
+                t = _mm256_fmadd_ps(_mm256_set1_ps(u[i * ldu + k]), vk, t);
             }
             if (full) _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), t));
             else _mm256_maskstore_ps(ci, mk, _mm256_add_ps(_mm256_maskload_ps(ci, mk), t));
