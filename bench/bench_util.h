@@ -283,6 +283,48 @@ static inline const char *bench_peer_isa_env(void)
                : "";
 }
 
+/* Our process's libraries at the ISA level our kernels run at, so that a
+ * ratio compares like with like. The CPU backend holds oneDNN to the level
+ * itself, and leaves out an OpenBLAS whose core is above it (cpu_libs.h);
+ * an AVX2 machine would have OpenBLAS's AVX2 core, so at the AVX2 level on
+ * an AVX-512 CPU the bench runs itself again with OPENBLAS_CORETYPE=Haswell
+ * (and ONEDNN_MAX_CPU_ISA=AVX2, the same cap as the backend's): each
+ * library reads its variable when it loads. With at_host, at the host's own
+ * AVX-512 level, the variables are unset instead, so that each library
+ * picks its best (bench_gemm). Returns only when nothing had to change. */
+static inline void bench_libraries_at_our_level(char **argv, int at_host)
+{
+    if (getenv("AT_BENCH_LIBS_SET")) return;
+    int changed = 0;
+#if defined(__x86_64__)
+    if (at_host && at_cpu_isa_level() >= AT_ISA_AVX512 && at_cpu_get_features()->avx512f) {
+        changed = getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") || getenv("ONEDNN_MAX_CPU_ISA") ||
+                  getenv("DNNL_MAX_CPU_ISA");
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("OPENBLAS_L2_SIZE");
+        unsetenv("ONEDNN_MAX_CPU_ISA");
+        unsetenv("DNNL_MAX_CPU_ISA");
+    } else if (bench_isa_lowered_to_avx2()) {
+        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+        setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
+        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+        changed = 1;
+    }
+#else
+    (void)at_host;
+#endif
+    if (!changed) return;
+    setenv("AT_BENCH_LIBS_SET", "1", 1);
+    fflush(stdout);
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
+    fprintf(stderr, "%s: could not run itself again with the libraries' ISA set; measuring as is\n", argv[0]);
+}
+
 /* How a CPU peer (PyTorch) is set up; flags of bench_cpu_peer_prefix. */
 enum {
     BENCH_PEER_AS_GIVEN = 0,

@@ -16,7 +16,7 @@
  *   bench_gemm -b         report the best run instead of the median (on a
  *                         busy machine the best is the steadier estimate)
  *   bench_gemm -e         leave the libraries' ISA variables as they are
- *                         (see libraries_at_our_level)
+ *                         (see bench_libraries_at_our_level)
  *
  * Each row warms every engine up, then runs them in turn (measure_all) and
  * reports each one's median GFLOP/s; ratio = ours / best library on that row. */
@@ -94,49 +94,6 @@ typedef void (*sbgemm_fn)(int, int, int, int, int, int, float, const uint16_t *,
                           float, float *, int);
 static sbgemm_fn sbgemm;
 static int bench_best;
-
-/* The libraries run at the ISA level our kernels run at, so that a ratio
- * compares like with like: ANYTUNE_CPU_ISA=avx2 on an AVX-512 CPU lowers
- * our kernels only, and oneDNN and OpenBLAS would still run their AVX-512
- * code (oneDNN ignores the cap; a machine's OPENBLAS_CORETYPE=Haswell, on the
- * other hand, holds OpenBLAS below an AVX-512 CPU's best). Both libraries
- * read their variable when they load, so the bench runs itself again with
- * them set: at the AVX2 level ONEDNN_MAX_CPU_ISA=AVX2 and
- * OPENBLAS_CORETYPE=Haswell; at the host's own AVX-512 level neither (each
- * library picks its best). Returns only when nothing had to change. */
-static void libraries_at_our_level(char **argv)
-{
-    if (getenv("AT_BENCH_LIBS_SET")) return;
-    const at_cpu_features *f = at_cpu_get_features();
-    at_cpu_isa isa = at_cpu_isa_level();
-    int changed = 0;
-#if defined(__x86_64__)
-    if (isa >= AT_ISA_AVX512 && f->avx512f) {
-        changed = getenv("OPENBLAS_CORETYPE") || getenv("OPENBLAS_L2_SIZE") || getenv("ONEDNN_MAX_CPU_ISA");
-        unsetenv("OPENBLAS_CORETYPE");
-        unsetenv("OPENBLAS_L2_SIZE");
-        unsetenv("ONEDNN_MAX_CPU_ISA");
-        unsetenv("DNNL_MAX_CPU_ISA");
-    } else if (bench_isa_lowered_to_avx2()) {
-        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
-        setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
-        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
-        changed = 1;
-    }
-#else
-    (void)f, (void)isa;
-#endif
-    if (!changed) return;
-    setenv("AT_BENCH_LIBS_SET", "1", 1);
-    fflush(stdout);
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-        self[n] = '\0';
-        execv(self, argv);
-    }
-    fprintf(stderr, "bench_gemm: could not run itself again with the libraries' ISA set; measuring as is\n");
-}
 
 static int64_t lda_of(const shape *s) { return s->ta ? s->M : s->K; }
 static int64_t ldb_of(const shape *s) { return s->tb ? s->K : s->N; }
@@ -293,7 +250,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!keep_env) libraries_at_our_level(argv);
+    if (!keep_env) bench_libraries_at_our_level(argv, 1);
 #ifdef AT_HAVE_OPENBLAS
     sbgemm = (sbgemm_fn)(uintptr_t)dlsym(RTLD_DEFAULT, "cblas_sbgemm");
 #endif

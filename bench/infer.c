@@ -261,6 +261,7 @@ static const char *fmt_name(at_dtype q) { return q == AT_F16 ? "f16" : q == AT_Q
 int main(int argc, char **argv)
 {
     at_threads_setup(argv);
+    bench_libraries_at_our_level(argv, 0);
     opts o = {.prompt = 512, .decode = 32, .runs = 3, .llama = 1, .streams = 8, .load = 1, .llama_cpu = llama_variant()};
     const char *shape = "all", *formats = "f16,q8_0,q4_0", *src = AT_SOURCE_DIR;
     for (int i = 1; i < argc; i++) {

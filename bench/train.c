@@ -28,9 +28,10 @@
  *   bf16 best:      bf16 frozen weights, torch.autocast(bf16), tcmalloc preloaded
  * PyTorch's best is the faster of f32 best and bf16 best (issue 16's
  * targets: ours >= 1.5x its tok/s, <= 0.5x its peak memory). Where
- * ANYTUNE_CPU_ISA holds our kernels to AVX2 on an AVX-512 CPU, PyTorch's
- * kernels and libraries are held to AVX2 as well (bench_peer_isa_env), so
- * the ratio is the one an AVX2 machine would show.
+ * ANYTUNE_CPU_ISA holds our kernels to AVX2 on an AVX-512 CPU, the
+ * libraries on both sides are held to AVX2 as well (ours:
+ * bench_libraries_at_our_level; PyTorch's kernels and libraries:
+ * bench_peer_isa_env), so the ratio is the one an AVX2 machine would show.
  * Both sides: median of --steps steps after one warm-up step. On a shared
  * machine wall time depends on the other load; each row also shows the rate
  * from the process's CPU time (tokens / (CPU seconds per step / threads)),
@@ -348,6 +349,7 @@ int main(int argc, char **argv)
     at_threads_setup(argv);
     int steps = 5, torch = 1, ckpt = 0, gemm_peak = 1, load = 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    bench_libraries_at_our_level(argv, 0);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) which = argv[++i];
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);

@@ -19,6 +19,10 @@
  *    figures, unbucketed classes) or has another key is ignored, measured
  *    again and rewritten;
  *  - ANYTUNE_GEMM_TUNE=0 or a pinned engine measure nothing;
+ *  - a library stands in for our kernels only at an ISA level at or above
+ *    its own (cpu_libs.h): in a fresh process at the AVX2 level, oneDNN is
+ *    held to AVX2 (its first use caps it) and at the plain-C level no
+ *    library is among the engines measured;
  *  - ANYTUNE_GEMM_TUNE=tiny times problems of the same classes under a cache
  *    key of its own. Under a CPU emulator (testing.h: ~0.1 GFLOP/s, the
  *    full problems took 750 s) the checks above run with it. */
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "device/cpu/cpu_libs.h"
@@ -113,8 +118,42 @@ static int fake_unsteady(at_gemm_engine_id e, int ta, int tb, int64_t M, int64_t
 
 #define TUNE_ON (AT_TEST_UNDER_EMULATOR ? "tiny" : "1")
 
+/* In a child, before anything has used oneDNN: the libraries at a level
+ * lowered to `level`. */
+static void libraries_held(at_cpu_isa level)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        setenv("ANYTUNE_GEMM_TUNE", "1", 1);
+        unsetenv("ONEDNN_MAX_CPU_ISA");
+        unsetenv("DNNL_MAX_CPU_ISA");
+        at_cpu_isa_force(level);
+        int lvl = (int)at_cpu_isa_level(), dnnl = at_cpu_onednn_tier(at_cpu_isa_level());
+        const char *e = at_cpu_gemm_engine(AT_F32);
+        /* a library among the engines runs at or below the level; the hold
+         * brings a linked oneDNN down to any level above plain C */
+        int ok = (!strstr(e, "oneDNN") || dnnl <= lvl) && (!strstr(e, "OpenBLAS") || at_cpu_openblas_tier() <= lvl);
+        if (lvl > AT_ISA_SCALAR && dnnl >= 0) ok = ok && dnnl <= lvl;
+        if (lvl == AT_ISA_SCALAR) ok = ok && !strstr(e, "oneDNN") && !strstr(e, "OpenBLAS");
+        printf("at %s: oneDNN's tier %d, OpenBLAS's %d; f32 engines: %s\n", at_cpu_isa_name(at_cpu_isa_level()), dnnl,
+               at_cpu_openblas_tier(), e);
+        fflush(stdout);
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a library runs above the ISA level %s", at_cpu_isa_name(level));
+}
+
 int main(void)
 {
+    /* first: the oneDNN of this process is not capped yet */
+    libraries_held(AT_ISA_SCALAR);
+#if defined(__x86_64__)
+    libraries_held(AT_ISA_AVX2);
+#endif
     char dir[] = "/tmp/anytune-gemm-tune-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     setenv("XDG_CACHE_HOME", dir, 1);

@@ -49,6 +49,7 @@
 #include "base/progress.h"
 #include "base/threads.h"
 #include "device/cpu/cpu_features.h"
+#include "device/cpu/cpu_libs.h"
 #include "device/cpu/cpu_qmatmul.h"
 #include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm_kernels.h"
@@ -240,6 +241,17 @@ static unsigned engines_built(void)
     return m;
 }
 
+/* The engines that may stand in for our kernels at the current ISA level:
+ * each library whose kernels need no higher tier (cpu_libs.h). */
+static unsigned engines_usable(void)
+{
+    unsigned m = 1u << AT_GEMM_ANYTUNE;
+    int level = (int)at_cpu_isa_level(), blas = at_cpu_openblas_tier(), dnnl = at_cpu_onednn_tier(level);
+    if (blas >= 0 && blas <= level) m |= 1u << AT_GEMM_OPENBLAS;
+    if (dnnl >= 0 && dnnl <= level) m |= 1u << AT_GEMM_ONEDNN;
+    return m & engines_built();
+}
+
 /* ENGINE_AUTO or an engine this build has, for a name; -3 when none. */
 static int engine_named(const char *v)
 {
@@ -324,12 +336,12 @@ const char *at_cpu_gemm_engine(at_dtype compute)
     case AT_GEMM_ANYTUNE: return ours_name(0);
     default: break;
     }
-    if (!at_gemm_tune_enabled() || engines_built() == 1u) return ours_name(0);
-    /* the engines this build links, in the order of at_gemm_engine_id */
+    if (!at_gemm_tune_enabled() || engines_usable() == 1u) return ours_name(0);
+    /* the engines this build links that run at this level, in the order of at_gemm_engine_id */
     static char buf[128];
     int n = snprintf(buf, sizeof buf, "measured per shape class (%s", ours_name(0));
     for (int e = 0; e < AT_GEMM_ENGINES && n > 0 && (size_t)n < sizeof buf; e++)
-        if (e != AT_GEMM_ANYTUNE && (engines_built() >> e & 1))
+        if (e != AT_GEMM_ANYTUNE && (engines_usable() >> e & 1))
             n += snprintf(buf + n, sizeof buf - (size_t)n, ", %s", e == AT_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS");
     if (n > 0 && (size_t)n < sizeof buf) snprintf(buf + n, sizeof buf - (size_t)n, ")");
     return buf;
@@ -898,14 +910,16 @@ static at_gemm_engine_id f32_engine(int ta, int tb, int64_t M, int64_t N, int64_
 {
     int pin = f32_pin();
     if (pin >= 0) return (at_gemm_engine_id)pin;
-    if (engines_built() == 1u || !at_gemm_tune_enabled()) return AT_GEMM_ANYTUNE;
-    return at_gemm_tune_engine(at_gemm_tune_class(ta, tb, M, N, K), engines_built(), tune_run);
+    unsigned usable = engines_usable();
+    if (usable == 1u || !at_gemm_tune_enabled()) return AT_GEMM_ANYTUNE;
+    return at_gemm_tune_engine(at_gemm_tune_class(ta, tb, M, N, K), usable, tune_run);
 }
 
 int at_cpu_gemm_tune_all(void)
 {
-    if (f32_pin() != ENGINE_AUTO || engines_built() == 1u || !at_gemm_tune_enabled()) return 0;
-    for (int c = 0; c < AT_GEMM_CLASSES; c++) (void)at_gemm_tune_engine(c, engines_built(), tune_run);
+    unsigned usable = engines_usable();
+    if (f32_pin() != ENGINE_AUTO || usable == 1u || !at_gemm_tune_enabled()) return 0;
+    for (int c = 0; c < AT_GEMM_CLASSES; c++) (void)at_gemm_tune_engine(c, usable, tune_run);
     return 1;
 }
 

@@ -131,11 +131,13 @@ static void make_key(char *key, size_t len)
             if (*p == '\n' || *p == '\r' || *p == '|') *p = ' ';
         libs[0] = libs[0] ? libs[0] : '?';
     }
-    /* the libraries' own ISA caps change what they measure (bench_gemm sets them) */
+    /* the libraries' own ISA caps change what they measure (bench_gemm
+     * sets them; cpu_libs.h holds oneDNN to our level) */
     const char *ct = getenv("OPENBLAS_CORETYPE"), *dn = getenv("ONEDNN_MAX_CPU_ISA");
-    snprintf(key, len, "%s|%s|threads %d|%s|coretype %s|onednn isa %s%s", at_cpu_get_features()->model,
-             at_cpu_isa_name(at_cpu_isa_level()), omp_get_max_threads(), libs, ct ? ct : "-", dn ? dn : "-",
-             at_gemm_tune_tiny() ? "|tiny" : "");
+    at_cpu_isa level = at_cpu_isa_level();
+    snprintf(key, len, "%s|%s|threads %d|%s|coretype %s|onednn isa %s|tiers %d %d%s", at_cpu_get_features()->model,
+             at_cpu_isa_name(level), omp_get_max_threads(), libs, ct ? ct : "-", dn ? dn : "-",
+             at_cpu_openblas_tier(), at_cpu_onednn_tier(level), at_gemm_tune_tiny() ? "|tiny" : "");
 }
 
 static uint64_t fnv1a(const char *s)
