@@ -26,29 +26,25 @@ static int64_t span_len(int64_t g, int64_t len, int64_t run)
     return run > 0 && run - g % run < len ? run - g % run : len;
 }
 
-/* Whether dropout_span may take the AVX-512 chunk. */
-static int has_avx512(void)
+/* The vector chunk of the current ISA level (cpu_dropout.h), or NULL. */
+typedef void (*dropout_chunk_fn)(float *, const float *, int64_t, uint64_t, uint64_t, uint64_t, float);
+static dropout_chunk_fn vector_chunk(void)
 {
 #if defined(__x86_64__)
-    return at_cpu_isa_level() >= AT_ISA_AVX512;
-#else
-    return 0;
+    if (at_cpu_isa_level() >= AT_ISA_AVX512) return at_cpu_dropout_chunk_avx512;
+    if (at_cpu_isa_level() >= AT_ISA_AVX2) return at_cpu_dropout_chunk_avx2;
 #endif
+    return NULL;
 }
 
 /* Elements [i, i + n) of one run, whose counters are consecutive from first. */
 static void dropout_span(float *o, const float *xi, int64_t n, uint64_t seed, uint64_t first, float p,
-                         uint64_t thresh, float keep, int avx512)
+                         uint64_t thresh, float keep, dropout_chunk_fn chunk)
 {
-#if defined(__x86_64__)
-    if (avx512) {
-        at_cpu_dropout_chunk_avx512(o, xi, n, seed, first, thresh, keep);
+    if (chunk) {
+        chunk(o, xi, n, seed, first, thresh, keep);
         return;
     }
-#else
-    (void)thresh;
-    (void)avx512;
-#endif
     for (int64_t i = 0; i < n; i++) o[i] = at_rng_hash_uniform(seed, first + (uint64_t)i) >= p ? xi[i] * keep : 0.0f;
 }
 
@@ -61,7 +57,7 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
                          uint64_t pitch)
 {
     const at_cpu_simd *v = at_cpu_simd_get();
-    int avx512 = has_avx512();
+    dropout_chunk_fn chunk = vector_chunk();
     int64_t n = at_tensor_numel(x), nc = (n + AT_CPU_CHUNK - 1) / AT_CPU_CHUNK;
     const void *px = at_tensor_data(x);
     void *py = at_tensor_data(y);
@@ -79,7 +75,7 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
             for (int64_t i = 0, k; i < len; i += k) {
                 k = span_len(off + i, len - i, run);
                 dropout_span(o + i, xi + i, k, seed, at_rng_run_counter(offset, off + i, run, pitch), p, thresh, keep,
-                             avx512);
+                             chunk);
             }
         }
         at_cpu_out_done(v, o, py, y->dtype, off, len);
@@ -112,7 +108,8 @@ at_status at_cpu_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tenso
     float *pc = at_tensor_data(c);
     float keep = 1.0f / (1.0f - p);
     uint64_t thresh = keep_threshold(p);
-    int avx512 = has_avx512(), failed = 0;
+    dropout_chunk_fn chunk = vector_chunk();
+    int failed = 0;
     int nt = M * N * (K + 1) >= AT_CPU_PAR_MIN && blocks > 1 ? omp_get_max_threads() : 1;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(| : failed)
     for (int64_t i = 0; i < blocks; i++) {
@@ -126,7 +123,7 @@ at_status at_cpu_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tenso
         for (int64_t j = 0, k; j < rn * N; j += k) {
             k = span_len(e0 + j, rn * N - j, run);
             dropout_span(blk + j, blk + j, k, seed, at_rng_run_counter(offset, e0 + j, run, pitch), p, thresh, keep,
-                         avx512);
+                         chunk);
         }
     }
     /* the arguments were checked by at_matmul_dropout; a failure is ours */
