@@ -2,8 +2,9 @@
  *
  * Reference: ref[i][j] = alpha * sum_k a'(i,k) b'(k,j) + beta * c0[i][j], in
  * double, where a', b' are the inputs as the compute format sees them: when
- * either input is bf16 the other is rounded to bf16 first (gemm.h); f16 is
- * widened exactly. Error is measured relative to the magnitude of the dot
+ * either input is bf16 and the level multiplies bf16 natively, the other is
+ * rounded to bf16 first; elsewhere bf16, like f16, is widened exactly
+ * (gemm.h). Error is measured relative to the magnitude of the dot
  * product, mag = |alpha| sum_k |a' b'| + |beta c0|:
  *   f32 accumulation:  |got - ref| <= 1e-5 * mag (f32 sums of up to 1000
  *                      terms stay well inside; a wrong or unrounded operand,
@@ -104,7 +105,7 @@ static void run_lr(const gcase *g, int r, float s)
     else
         at_cpu_gemm(g->ta, g->tb, M, N, K, g->alpha, A, g->at, lda, B, g->bt, ldb, g->beta, C, g->ct, ldc);
 
-    int bf16 = g->at == AT_BF16 || g->bt == AT_BF16;
+    int bf16 = (g->at == AT_BF16 || g->bt == AT_BF16) && at_cpu_fast_bf16();
     int bad = 0;
     for (int64_t i = 0; i < M && !bad; i++) {
         for (int64_t j = 0; j < ldc; j++) {

@@ -142,6 +142,8 @@ static void test_decisions(void)
             /* formats: from the device */
             if (d->fast_bf16) CHECK(p.weight_dtype == AT_BF16 && !p.loss_scaling);
             else if (d->fast_f16) CHECK(p.weight_dtype == AT_F16 && p.loss_scaling);
+            else if (d->kind == AT_DEVICE_CPU) /* the model's bf16, multiplied in f32 */
+                CHECK(p.weight_dtype == AT_BF16 && strstr(p.why_format, "multiplied in f32"));
             else CHECK(p.weight_dtype == AT_F32 || (p.weight_dtype == AT_BF16 && strstr(p.why_format, "did not fit")));
             if (p.fits) {
                 CHECK(p.batch_size * p.grad_accum == 16);
@@ -260,11 +262,17 @@ static void test_expectations(void)
     CHECK_OK(plan_for("h100", &q, "qwen", &rq, &big));
     CHECK(big.batch_size == 8 && big.grad_accum == 1 && !big.checkpointing);
 
-    /* the 8 GB laptop (no fast 16-bit formats): Qwen LoRA runs in f32; the 7B
-     * only as QLoRA */
+    /* the 8 GB laptop (no fast 16-bit formats): Qwen LoRA keeps the model's
+     * bf16 weights, multiplied in f32 (gemm.h), and f32 ones stay f32; the
+     * 7B only as QLoRA */
     at_plan_request_defaults(&rq);
     CHECK_OK(plan_for("laptop-8gb", &q, "qwen", &rq, &p));
-    CHECK(p.weight_dtype == AT_F32 && !p.loss_scaling);
+    CHECK(q.has_dtype && q.dtype == AT_BF16);
+    CHECK(p.weight_dtype == AT_BF16 && !p.loss_scaling && strstr(p.why_format, "multiplied in f32"));
+    at_model_config q32 = q;
+    q32.dtype = AT_F32;
+    CHECK_OK(plan_for("laptop-8gb", &q32, "qwen", &rq, &p));
+    CHECK(p.weight_dtype == AT_F32);
     rq.train_type = "auto";
     s = plan_for("laptop-8gb", &m, "mistral", &rq, &p);
     CHECK(p.tune == AT_TUNE_QLORA);

@@ -226,10 +226,12 @@ static at_status layer_io(at_decoder *d, const at_decoder_acts *a, at_layer_io *
     io->attn.segments = a->segments;
     io->save_lse = 1;
     AT_TRY(at_decoder_qact(d, (int64_t)a->B * a->T, &io->qact));
-    /* a model that computes its products in bf16 (bf16 matrices, or quantized
-     * ones with a bf16 compute format) computes attention's in bf16 too */
+    /* a model that computes its products in bf16 (bf16 matrices where the
+     * backend multiplies bf16 natively, as the CPU's GEMM does: gemm.h; or
+     * quantized ones with a bf16 compute format) computes attention's in
+     * bf16 too */
     const at_tensor *wq = d->cfg.num_hidden_layers > 0 ? d->w->layers[0].wq : NULL;
-    io->attn.bf16 = (wq && wq->dtype == AT_BF16) || io->qact;
+    io->attn.bf16 = (wq && wq->dtype == AT_BF16 && d->be->fast_bf16) || io->qact;
     return AT_OK;
 }
 

@@ -25,13 +25,18 @@
  * or is 1 (broadcast). A and B may be f32, bf16 or f16, independently. The
  * compute format follows the inputs, as autocast does: when either is bf16
  * the product is computed in bf16 (the other input rounded to bf16) with f32
- * accumulation; otherwise in f32 (f16 inputs widened exactly).
+ * accumulation; otherwise in f32 (f16 inputs widened exactly). Except on a
+ * CPU without bf16 products (at_cpu_fast_bf16: no AVX512_BF16 or ARM BF16),
+ * whose kernels widen bf16 inputs exactly too and compute in f32
+ * (device/cpu/gemm.h says why).
  * beta == 0 means C's old contents are ignored (even NaN).
  * B may also be a quantized weight (q8_0, q4_0, nf4; device/quant.h): one
  * matrix [out, in] with in a multiple of its block size (32, 32, 64), used
  * as x · Bᵀ (trans_b = 1, the forward) or dy · B (trans_b = 0, the input
- * gradient). Its values are the dequantized ones (in bf16 when A is bf16);
- * the kernels dequantize a tile at a time, never the whole weight. */
+ * gradient). Its values are the dequantized ones, in bf16 when A is bf16
+ * (on every CPU too: a bf16 A there is the decoder's choice of a bf16
+ * compute format, decoder.h's quant_bf16); the kernels dequantize a tile at
+ * a time, never the whole weight. */
 at_status at_matmul(at_tensor *c, const at_tensor *a, const at_tensor *b, int trans_a, int trans_b,
                     float alpha, float beta);
 

@@ -155,6 +155,16 @@ static int format_candidates(const at_plan_request *rq, const at_device_profile 
                  "narrow: small gradients would underflow)", dev->name);
         return 1;
     }
+    if (dev->kind == AT_DEVICE_CPU && rq->has_model_dtype && is_half(rq->model_dtype)) {
+        /* the CPU's products widen 16-bit weights exactly where it has no
+         * fast 16-bit products (device/cpu/gemm.h): as stored, they compute
+         * what an f32 copy would, from half the memory */
+        out[0] = rq->model_dtype;
+        snprintf(why, len, "%s has no fast 16-bit formats: the model's %s weights as stored, multiplied in f32 "
+                 "(widened exactly: the results of an f32 copy, from half its memory)", dev->name,
+                 at_dtype_name(rq->model_dtype));
+        return 1;
+    }
     out[0] = AT_F32;
     if (rq->has_model_dtype && is_half(rq->model_dtype)) {
         out[1] = rq->model_dtype;
@@ -394,7 +404,8 @@ at_status at_plan_train(const at_plan_request *rq, const at_device_profile *dev,
     char b1[32], b2[32];
 
     /* the reasons */
-    if (c.fmt != AT_F32 && tune != AT_TUNE_FULL && !rq->has_dtype && !dev->fast_bf16 && !dev->fast_f16)
+    if (c.fmt != AT_F32 && tune != AT_TUNE_FULL && !rq->has_dtype && !dev->fast_bf16 && !dev->fast_f16 &&
+        dev->kind != AT_DEVICE_CPU) /* the CPU's first choice there (format_candidates) */
         snprintf(p->why_format, sizeof p->why_format, "%s; f32 weights did not fit, so the model's %s is kept "
                  "(computed in f32 at lower speed)", why_fmt, at_dtype_name(c.fmt));
     else snprintf(p->why_format, sizeof p->why_format, "%s", why_fmt);

@@ -489,7 +489,8 @@ static at_status run_prefill_i8(const qproblem *p)
 }
 
 /* Without AVX2: 64 rows (forward) or 64 columns (backward) of W at a time
- * dequantized to f32 and multiplied by at_cpu_gemm. */
+ * dequantized to f32 (rounded to bf16 when A is bf16: ops.h; at_cpu_gemm
+ * would widen a bf16 A here) and multiplied by at_cpu_gemm. */
 static at_status run_panels(const qproblem *p)
 {
     const qweight *w = p->w;
@@ -501,10 +502,12 @@ static at_status run_panels(const qproblem *p)
         int64_t nw = p->N - j0 < UNIT ? p->N - j0 : UNIT;
         if (p->tb) {
             for (int64_t r = 0; r < nw; r++) dequant(w, j0 + r, 0, p->K, panel + r * p->K);
+            if (p->at == AT_BF16) round_bf16_row(panel, nw * p->K);
             at_cpu_gemm(p->ta, 1, p->M, nw, p->K, p->alpha, p->A, p->at, p->lda, panel, AT_F32, p->K, p->beta,
                         p->C + (size_t)j0 * ce, p->ct, p->ldc);
         } else {
             for (int64_t k = 0; k < p->K; k++) dequant(w, k, j0, nw, panel + k * nw);
+            if (p->at == AT_BF16) round_bf16_row(panel, p->K * nw);
             at_cpu_gemm(p->ta, 0, p->M, nw, p->K, p->alpha, p->A, p->at, p->lda, panel, AT_F32, nw, p->beta,
                         p->C + (size_t)j0 * ce, p->ct, p->ldc);
         }

@@ -17,10 +17,9 @@
  *  - library: f32 x f32 -> f32 can be handed to oneDNN or OpenBLAS, when
  *    that measured faster for the problem's class on this machine (see
  *    "libraries" below and gemm_tune.h).
- * Compute format (see gemm.h) is decided here: bf16 if either input is bf16.
- * On CPUs without AVX512_BF16 the f32 kernels run on panels rounded to bf16,
- * which gives the same products (a product of two bf16 values is exact in
- * f32).
+ * Compute format (see gemm.h) is decided here (run_ours): bf16 if either
+ * input is bf16 and the CPU multiplies bf16 natively, else f32 on the
+ * inputs widened as they are packed.
  *
  * Block sizes (gemm_*.c) were chosen by measurement. f32 on a 2-core Zen 5
  * (L1d 48 KiB, L2 1 MiB per core): kc 1024, nc 1024, and mc 112 (AVX-512)
@@ -848,7 +847,7 @@ static int run_ours(problem *pp)
     const at_gemm_lowrank *lr = p.lr;
     p.lr = NULL;
     int64_t M = p.M, N = p.N, K = p.K;
-    int bf16 = p.at == AT_BF16 || p.bt == AT_BF16;
+    int bf16 = (p.at == AT_BF16 || p.bt == AT_BF16) && at_cpu_fast_bf16(); /* the compute format: gemm.h */
     p.round_a = bf16 && p.at != AT_BF16;
     p.round_b = bf16 && p.bt != AT_BF16;
 

@@ -10,10 +10,13 @@
  * (scalar, AVX2+FMA, AVX-512, AVX512_BF16) and may hand large problems to a
  * library when that measured faster here.
  *
- * Compute format: if A or B is bf16, both are rounded to bf16 (the other one
- * converted when packed) and multiplied with f32 accumulation (vdpbf16ps
- * where the CPU has AVX512_BF16; exact bf16 products in f32 FMA elsewhere).
- * Otherwise f16 inputs are widened to f32 and the product runs in f32 FMA.
+ * Compute format: where the CPU multiplies bf16 natively (at_cpu_fast_bf16:
+ * AVX512_BF16's vdpbf16ps, ARM's BFMMLA) and A or B is bf16, both are
+ * rounded to bf16 (the other one converted when packed) and multiplied with
+ * f32 accumulation. Elsewhere bf16 and f16 inputs are widened to f32 (exact)
+ * and the product runs in f32 FMA: rounding the f32 operand there would
+ * cost as much as f32's product and only lose precision, so a bf16 model on
+ * such a CPU computes as its f32 copy would, from half the memory.
  * With alpha == 0 or K == 0, A and B are not read (C = beta · C). */
 #ifndef AT_DEVICE_CPU_GEMM_H
 #define AT_DEVICE_CPU_GEMM_H
