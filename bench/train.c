@@ -449,7 +449,9 @@ int main(int argc, char **argv)
                 }
             }
         }
-        for (int f = 0; load && f < F_COUNT; f++) {
+        /* the target format (bf16) where it ran, else the first that did */
+        for (int k = 0; load && k <= F_COUNT; k++) {
+            int f = k == 0 ? F_BF16 : k - 1;
             if (!o[f].ok) continue;
             job j = {s, f, steps, ckpt};
             pid_t busy = bench_busy_start();

@@ -1,6 +1,7 @@
 #include "device/cpu/cpu_libs.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -68,11 +69,17 @@ int at_cpu_onednn_tier(at_cpu_isa level)
 int at_cpu_openblas_tier(void)
 {
 #if defined(AT_HAVE_OPENBLAS) && defined(__x86_64__)
-    static const char *const avx512[] = {"skylakex", "cooperlake", "sapphirerapids", "zen4", "zen5"};
-    const char *core = openblas_get_corename();
-    for (size_t i = 0; core && i < sizeof avx512 / sizeof avx512[0]; i++)
-        if (!strcasecmp(core, avx512[i])) return AT_ISA_AVX512;
-    return AT_ISA_AVX2;
+    /* chosen once, when the library loaded: read once (every f32 GEMM asks) */
+    static _Atomic int tier = -2;
+    if (tier == -2) {
+        static const char *const avx512[] = {"skylakex", "cooperlake", "sapphirerapids", "zen4", "zen5"};
+        const char *core = openblas_get_corename();
+        int t = AT_ISA_AVX2;
+        for (size_t i = 0; core && i < sizeof avx512 / sizeof avx512[0]; i++)
+            if (!strcasecmp(core, avx512[i])) t = AT_ISA_AVX512;
+        tier = t; /* racing threads store the same value */
+    }
+    return tier;
 #elif defined(AT_HAVE_OPENBLAS)
     return AT_ISA_SCALAR + 1;
 #else
