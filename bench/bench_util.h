@@ -276,11 +276,19 @@ static inline int bench_isa_lowered_to_avx2(void)
  * kernels (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA, and its old
  * name DNNL_MAX_CPU_ISA) and OpenBLAS's (OPENBLAS_CORETYPE). Each library
  * reads its variable when it loads. */
+/* The libraries' variables that hold them to AVX2, for both sides. */
+#define BENCH_AVX2_LIB_VARS 3
+static const char *const bench_avx2_lib_env[BENCH_AVX2_LIB_VARS][2] = {
+    {"ONEDNN_MAX_CPU_ISA", "AVX2"}, {"DNNL_MAX_CPU_ISA", "AVX2"}, {"OPENBLAS_CORETYPE", "Haswell"}};
+
 static inline const char *bench_peer_isa_env(void)
 {
-    return bench_isa_lowered_to_avx2()
-               ? "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell "
-               : "";
+    static char env[160];
+    if (!bench_isa_lowered_to_avx2()) return "";
+    int n = snprintf(env, sizeof env, "ATEN_CPU_CAPABILITY=avx2 ");
+    for (int i = 0; i < BENCH_AVX2_LIB_VARS && n > 0 && (size_t)n < sizeof env; i++)
+        n += snprintf(env + n, sizeof env - (size_t)n, "%s=%s ", bench_avx2_lib_env[i][0], bench_avx2_lib_env[i][1]);
+    return env;
 }
 
 /* Our process's libraries at the ISA level our kernels run at, so that a
@@ -305,9 +313,7 @@ static inline void bench_libraries_at_our_level(char **argv, int at_host)
         unsetenv("ONEDNN_MAX_CPU_ISA");
         unsetenv("DNNL_MAX_CPU_ISA");
     } else if (bench_isa_lowered_to_avx2()) {
-        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
-        setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
-        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+        for (int i = 0; i < BENCH_AVX2_LIB_VARS; i++) setenv(bench_avx2_lib_env[i][0], bench_avx2_lib_env[i][1], 1);
         changed = 1;
     }
 #else

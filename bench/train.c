@@ -449,10 +449,11 @@ int main(int argc, char **argv)
                 }
             }
         }
-        /* the target format (bf16) where it ran, else the first that did */
-        for (int k = 0; load && k <= F_COUNT; k++) {
-            int f = k == 0 ? F_BF16 : k - 1;
-            if (!o[f].ok) continue;
+        /* under load: the target format (bf16) where it ran, else the first that did */
+        int f = o[F_BF16].ok ? F_BF16 : -1;
+        for (int k = 0; f < 0 && k < F_COUNT; k++)
+            if (o[k].ok) f = k;
+        if (load && f >= 0) {
             job j = {s, f, steps, ckpt};
             pid_t busy = bench_busy_start();
             result l = in_child(ours_child, &j);
@@ -461,7 +462,6 @@ int main(int argc, char **argv)
                 printf("  anytune %s with one core busy with another process: %.1f tok/s, %.0f%% of quiet (target >= "
                        "40%%)\n", FORMAT_NAMES[f], l.tok_s, 100.0 * l.tok_s / o[f].tok_s);
             else printf("  anytune %s with one core busy: failed: %s\n", FORMAT_NAMES[f], l.err);
-            break;
         }
     }
     int rc = 0; /* the vision row: bench/train_vision.c */

@@ -351,6 +351,7 @@ at_status at_plan_train(const at_plan_request *rq, const at_device_profile *dev,
     int ntunes = is_auto ? 2 : 1;
     int found = 0;
     choice c = {0}, last = {0};
+    int second_fmt = 0; /* c.fmt is format_candidates' second choice: the first did not fit */
     at_mem_estimate m;
     char why_fmt[AT_PLAN_WHY] = "";
     for (int ti = 0; ti < ntunes && !found; ti++) {
@@ -380,6 +381,7 @@ at_status at_plan_train(const at_plan_request *rq, const at_device_profile *dev,
                     c.ckpt = ck[k];
                     c.T = rq->max_length;
                     last = c; /* the search ends with the most lenient choice */
+                    second_fmt = fi > 0;
                     estimate(rq, dev, &c, &m);
                     if (m.total <= p->budget) found = 1;
                 }
@@ -404,8 +406,7 @@ at_status at_plan_train(const at_plan_request *rq, const at_device_profile *dev,
     char b1[32], b2[32];
 
     /* the reasons */
-    if (c.fmt != AT_F32 && tune != AT_TUNE_FULL && !rq->has_dtype && !dev->fast_bf16 && !dev->fast_f16 &&
-        dev->kind != AT_DEVICE_CPU) /* the CPU's first choice there (format_candidates) */
+    if (second_fmt)
         snprintf(p->why_format, sizeof p->why_format, "%s; f32 weights did not fit, so the model's %s is kept "
                  "(computed in f32 at lower speed)", why_fmt, at_dtype_name(c.fmt));
     else snprintf(p->why_format, sizeof p->why_format, "%s", why_fmt);

@@ -34,7 +34,7 @@ void at_cpu_onednn_version(char *buf, size_t len)
 #if defined(__x86_64__)
 static int tier_of_onednn_isa(unsigned isa)
 {
-    if (isa == 0) return AT_ISA_TOP; /* dnnl_cpu_isa_all: no cap read */
+    if (isa == 0) return AT_ISA_TOP; /* not a level it reports: the highest, never used below it */
     if (isa & 0x80u) return AT_ISA_AVX512_BF16;
     if (isa & 0x08u) return AT_ISA_AVX512;
     return AT_ISA_AVX2;
@@ -44,8 +44,10 @@ static int tier_of_onednn_isa(unsigned isa)
 int at_cpu_onednn_tier(at_cpu_isa level)
 {
 #if defined(AT_HAVE_DNNL) && defined(__x86_64__)
+    /* every f32 GEMM asks: the lock only until the first answer */
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static int tier = -2;
+    static _Atomic int tier = -2;
+    if (tier != -2) return tier;
     pthread_mutex_lock(&lock);
     if (tier == -2) {
         static const dnnl_cpu_isa_t cap[] = {dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
@@ -72,7 +74,7 @@ int at_cpu_openblas_tier(void)
     /* chosen once, when the library loaded: read once (every f32 GEMM asks) */
     static _Atomic int tier = -2;
     if (tier == -2) {
-        static const char *const avx512[] = {"skylakex", "cooperlake", "sapphirerapids", "zen4", "zen5"};
+        static const char *const avx512[] = {"skylakex", "cooperlake", "sapphirerapids"};
         const char *core = openblas_get_corename();
         int t = AT_ISA_AVX2;
         for (size_t i = 0; core && i < sizeof avx512 / sizeof avx512[0]; i++)
