@@ -203,11 +203,11 @@ static void kernel_f32(int64_t kc, const void *ap_, const void *bp_, void *c, at
 
 /* The low-rank term of up to 6 rows (gemm_kernels.h) in tiles of RR rows x
  * 16 columns, the last columns masked (only they: AMD's masked stores are
- * slow). Each element's term is summed from 0 in k order, then added to C,
- * as before; but the 2·RR sums of a tile run side by side. One sum per
- * row and 8 columns at a time was a chain of r dependent multiply-adds, and
- * the term ran 3-4x slower per FLOP than the product it follows (1% of a
- * Qwen2.5-0.5B LoRA step at AVX2, 2.3% of the small shape's). */
+ * slow). Each element's term is summed from 0 in k order, then added to C;
+ * the 2·RR sums of a tile run side by side. One row and 8 columns at a time
+ * made each sum a chain of r dependent multiply-adds, 3-4x slower per FLOP
+ * than the product the term follows (2.3% of the small shape's LoRA step at
+ * AVX2, 1.4% in tiles). */
 static inline __attribute__((always_inline)) void lowrank_rows(const int RR, float *c, int64_t ldc, int n,
                                                                const float *u, int64_t ldu, const float *vt,
                                                                int64_t ldvt, int r)
