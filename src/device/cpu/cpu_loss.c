@@ -35,6 +35,25 @@ static float row_logsumexp(const at_cpu_simd *v, float *buf, const void *px, at_
     return m + (float)log(s);
 }
 
+/* One f32 row with its gradient, one exp per logit (see the top): d = x's
+ * gradient (d may be x), *loss its loss, xl = x[label] read beforehand.
+ * Returns 0 and writes nothing when the max is not finite (the online pass
+ * then handles the row). */
+static int row_f32(const at_cpu_simd *v, float *d, const float *x, int64_t V, int32_t label, float xl,
+                   float grad_scale, float *loss)
+{
+    float m = v->max(x, V);
+    if (!isfinite(m)) return 0;
+    double s = 0; /* the chunks' sums added in double, as row_logsumexp does */
+    for (int64_t c0 = 0; c0 < V; c0 += AT_CPU_CHUNK)
+        s += v->sum_exp(d + c0, x + c0, m, V - c0 < AT_CPU_CHUNK ? V - c0 : AT_CPU_CHUNK);
+    float lse = m + (float)log(s);
+    *loss = lse - xl;
+    v->scale(d, d, (float)(grad_scale / s), V);
+    d[label] = grad_scale * (expf(xl - lse) - 1.0f);
+    return 1;
+}
+
 static float load1(const void *p, at_dtype t, int64_t i)
 {
     switch (t) {
@@ -81,20 +100,9 @@ at_status at_cpu_cross_entropy(at_tensor *row_loss, at_tensor *dlogits, const at
             continue;
         }
         float xl = load1(px, logits->dtype, r * V + lab[r]);
-        if (pd && logits->dtype == AT_F32 && dlogits->dtype == AT_F32) {
-            const float *x = (const float *)px + r * V;
-            float *d = (float *)pd + r * V, m = v->max(x, V);
-            if (isfinite(m)) {
-                double s = 0; /* the chunks' sums added in double, as row_logsumexp does */
-                for (int64_t c0 = 0; c0 < V; c0 += AT_CPU_CHUNK)
-                    s += v->sum_exp(d + c0, x + c0, m, V - c0 < AT_CPU_CHUNK ? V - c0 : AT_CPU_CHUNK);
-                float lse = m + (float)log(s);
-                loss[r] = lse - xl;
-                v->scale(d, d, (float)(grad_scale / s), V);
-                d[lab[r]] = grad_scale * (expf(xl - lse) - 1.0f);
-                continue;
-            }
-        }
+        if (pd && logits->dtype == AT_F32 && dlogits->dtype == AT_F32 &&
+            row_f32(v, (float *)pd + r * V, (const float *)px + r * V, V, lab[r], xl, grad_scale, &loss[r]))
+            continue;
         float lse = row_logsumexp(v, bx, px, logits->dtype, r * V, V);
         loss[r] = lse - xl;
         if (!pd) continue;
