@@ -10,6 +10,7 @@
 #include "device/cpu/cpu_features.h"
 #include "device/cpu/cpu_kernels.h"
 #include "device/cpu/gemm.h"
+#include "device/cuda_loader.h"
 #include "ops/ops.h"
 #include "testing.h"
 
@@ -1062,11 +1063,32 @@ static double worst_ratio(const float *got, const double *want, const double *bo
     return w;
 }
 
+/* t (a CPU tensor) on backend be: t itself on the CPU, else a copy there
+ * (t is freed). */
+static at_tensor *on_backend(at_backend *be, at_tensor *t)
+{
+    if (!t || be == at_cpu_backend()) return t;
+    at_tensor *d = NULL;
+    CHECK_OK(at_tensor_new(be, t->dtype, t->ndim, t->shape, t->name, &d));
+    if (d) CHECK_OK(at_tensor_upload(d, at_tensor_data(t), at_tensor_nbytes(t)));
+    at_tensor_free(t);
+    return d;
+}
+
+/* The f32 values of t (on any backend); caller frees. */
+static float *values_of(const at_tensor *t)
+{
+    float *v = calloc((size_t)at_tensor_numel(t) + 1, sizeof(float));
+    CHECK_OK(at_tensor_download(t, v, at_tensor_nbytes(t)));
+    return v;
+}
+
 /* With bf16_inputs, q, k, v and dout are bf16 numbers already (and D a power
  * of 4, so that q·scale is one too): then q·k and dO·Vᵀ are exact products
  * summed in f32, the forward's out is as good as f32's, and what the bf16
- * path changes is the rounding of P and dS in the backward's products. */
-static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_inputs)
+ * path changes is the rounding of P and dS in the backward's products.
+ * be: the backend that computes (the CPU at the forced level, or CUDA). */
+static void run_attn_bf16_case(at_backend *be, const char *name, const attn_case *c, int bf16_inputs)
 {
     int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D, nl = c->B * c->Hq * c->Tq;
     int64_t qs[4] = {c->B, c->Tq, c->Hq, c->D}, ks[4] = {c->B, c->Tk, c->Hkv, c->D};
@@ -1088,41 +1110,48 @@ static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_in
     at_tensor *tkl = c->kvlen ? mk_i32(1, &c->B, c->kvlen) : NULL;
     at_tensor *tdo = mk(AT_F32, 4, qs, dout), *tdq = mk(AT_F32, 4, qs, NULL), *tdk = mk(AT_F32, 4, ks, NULL),
               *tdv = mk(AT_F32, 4, ks, NULL);
-    at_attn_params p = {scale, tqi, tkl, tsg, 1};
-    CHECK_OK(at_attention_forward(to, tl, tq, tk, tv, &p));
-    CHECK_OK(at_attention_backward(tdq, tdk, tdv, tdo, tq, tk, tv, to, tl, &p));
+    at_tensor *all[] = {tq, tk, tv, to, tl, tsg, tqi, tkl, tdo, tdq, tdk, tdv};
+    for (int i = 0; i < 12; i++) all[i] = on_backend(be, all[i]);
+    at_attn_params p = {scale, all[6], all[7], all[5], 1};
+    CHECK_OK(at_attention_forward(all[3], all[4], all[0], all[1], all[2], &p));
+    CHECK_OK(at_attention_backward(all[9], all[10], all[11], all[8], all[0], all[1], all[2], all[3], all[4], &p));
+    float *go = values_of(all[3]), *gq = values_of(all[9]), *gk = values_of(all[10]), *gv = values_of(all[11]);
     double *ro = malloc((size_t)nq * 8), *rl = malloc((size_t)nl * 8), *rdq = malloc((size_t)nq * 8),
            *rdk = malloc((size_t)nk * 8), *rdv = malloc((size_t)nk * 8), *bo = malloc((size_t)nq * 8),
            *bq = malloc((size_t)nq * 8), *bk = malloc((size_t)nk * 8), *bv = malloc((size_t)nk * 8);
     attn_ref(c, scale, q, k, v, dout, ro, rl, rdq, rdk, rdv);
     attn_bf16_bounds(c, scale, q, k, v, dout, ro, rl, bo, bq, bk, bv);
-    double wo = worst_ratio(at_tensor_data(to), ro, bo, nq), wq = worst_ratio(at_tensor_data(tdq), rdq, bq, nq),
-           wk = worst_ratio(at_tensor_data(tdk), rdk, bk, nk), wv = worst_ratio(at_tensor_data(tdv), rdv, bv, nk);
-    CHECK_MSG(wo <= 1 && wq <= 1 && wk <= 1 && wv <= 1, "attention bf16 %s: worst err/bound out %g dq %g dk %g dv %g",
-              name, wo, wq, wk, wv);
+    double wo = worst_ratio(go, ro, bo, nq), wq = worst_ratio(gq, rdq, bq, nq), wk = worst_ratio(gk, rdk, bk, nk),
+           wv = worst_ratio(gv, rdv, bv, nk);
+    CHECK_MSG(wo <= 1 && wq <= 1 && wk <= 1 && wv <= 1,
+              "attention bf16 %s on %s: worst err/bound out %g dq %g dk %g dv %g", name, be->name, wo, wq, wk, wv);
     /* position 0 sees one key: P = 1, out = v, so dS = P·(dP − D) is 0
      * exactly when D is summed as dP is (the same bf16 pairs in the same
      * order), and so is that row of dq (the bound above would let a
      * rounding residue through) */
     if (!c->qidx && !c->kvlen) {
-        const float *dq0 = at_tensor_data(tdq);
         int zero = 1;
         for (int64_t b = 0; b < c->B; b++)
-            for (int64_t i = 0; i < c->Hq * c->D; i++) zero &= dq0[b * c->Tq * c->Hq * c->D + i] == 0.0f;
-        CHECK_MSG(zero, "attention bf16 %s: dq of position 0 (one key seen) is not exactly 0", name);
+            for (int64_t i = 0; i < c->Hq * c->D; i++) zero &= gq[b * c->Tq * c->Hq * c->D + i] == 0.0f;
+        CHECK_MSG(zero, "attention bf16 %s on %s: dq of position 0 (one key seen) is not exactly 0", name, be->name);
     }
     /* and not f32 by accident: the rounding must show beyond f32's error
      * (~1e-6 here): in out through q·k; with bf16 inputs, where out is f32's,
      * in dv and dk, through P and dS rounded for Pᵀ·dO and dSᵀ·Q */
-    double eo = max_abs_diff_d(at_tensor_data(to), ro, nq);
+    double eo = max_abs_diff_d(go, ro, nq);
     if (!bf16_inputs)
-        CHECK_MSG(eo > 1e-4, "attention bf16 %s: out within %g of exact: not rounded to bf16", name, eo);
+        CHECK_MSG(eo > 1e-4, "attention bf16 %s on %s: out within %g of exact: not rounded to bf16", name, be->name,
+                  eo);
     else {
-        double ev = max_abs_diff_d(at_tensor_data(tdv), rdv, nk), ek = max_abs_diff_d(at_tensor_data(tdk), rdk, nk);
-        CHECK_MSG(eo < 1e-5, "attention bf16 %s: out %g from exact with bf16 inputs", name, eo);
-        CHECK_MSG(ev > 1e-4 && ek > 1e-4, "attention bf16 %s: dv within %g, dk within %g of exact: the backward's "
-                  "products not in bf16", name, ev, ek);
+        double ev = max_abs_diff_d(gv, rdv, nk), ek = max_abs_diff_d(gk, rdk, nk);
+        CHECK_MSG(eo < 1e-5, "attention bf16 %s on %s: out %g from exact with bf16 inputs", name, be->name, eo);
+        CHECK_MSG(ev > 1e-4 && ek > 1e-4, "attention bf16 %s on %s: dv within %g, dk within %g of exact: the "
+                  "backward's products not in bf16", name, be->name, ev, ek);
     }
+    free(go);
+    free(gq);
+    free(gk);
+    free(gv);
     free(ro);
     free(rl);
     free(rdq);
@@ -1136,11 +1165,44 @@ static void run_attn_bf16_case(const char *name, const attn_case *c, int bf16_in
     free(k);
     free(v);
     free(dout);
-    at_tensor *all[] = {tq, tk, tv, to, tl, tsg, tqi, tkl, tdo, tdq, tdk, tdv};
     for (int i = 0; i < 12; i++) at_tensor_free(all[i]);
 }
 
-/* At every level the machine has, the top one (vdpbf16ps) included. */
+/* The cases of run_attn_bf16_case on backend be. */
+static void attention_bf16_cases(at_backend *be)
+{
+    attn_case c1 = {1, 150, 150, 4, 2, 64, NULL, NULL, NULL}; /* Qwen's head size, partial blocks */
+    run_attn_bf16_case(be, "causal gqa d64", &c1, 0);
+    run_attn_bf16_case(be, "causal gqa d64, bf16 inputs", &c1, 1);
+    int32_t seg[100];
+    for (int i = 0; i < 100; i++) seg[i] = i < 37 ? 0 : 1;
+    attn_case c2 = {1, 100, 100, 2, 1, 24, NULL, NULL, seg};
+    run_attn_bf16_case(be, "segments d24", &c2, 0);
+    /* kv_len with garbage past it (sequence 1 sees nothing), an odd head
+     * size (pairs with a missing second), with and without the dS store */
+    int32_t seg2[2 * 130], kvl[2] = {120, 0};
+    for (int i = 0; i < 130; i++) {
+        seg2[i] = i < 50 ? 0 : (i < 100 ? 1 : 2);
+        seg2[130 + i] = i / 3;
+    }
+    attn_case c3 = {2, 130, 130, 3, 1, 15, NULL, kvl, seg2};
+    run_attn_bf16_case(be, "segments+kv_len d15", &c3, 0);
+    size_t store = at_cpu_attention_ds_store_limit(0);
+    run_attn_bf16_case(be, "segments+kv_len d15, no dS store", &c3, 0);
+    run_attn_bf16_case(be, "causal gqa d64, no dS store", &c1, 0);
+    at_cpu_attention_ds_store_limit(store);
+    int32_t qi[2 * 9] = {0, 5, 80, -1, 3, 99, 64, 63, 10, 2, 2, 2, 50, 40, 30, 20, 10, 0};
+    int32_t kv2[2] = {90, 100};
+    attn_case c4 = {2, 9, 100, 2, 2, 8, qi, kv2, NULL};
+    run_attn_bf16_case(be, "q_index d8", &c4, 0);
+    attn_case c5 = {1, 3, 3, 2, 1, 8, NULL, NULL, NULL}; /* an odd number of keys in a block */
+    run_attn_bf16_case(be, "3 tokens d8", &c5, 0);
+}
+
+/* On the CPU at every level the machine has, the top one (vdpbf16ps)
+ * included; then on the CUDA backend, which must meet the same bounds with
+ * the same operands rounded: on a GPU when the machine has one, and run by
+ * the CUDA emulator. */
 static void test_attention_bf16(at_cpu_isa hw)
 {
     for (int lvl = AT_ISA_SCALAR; lvl <= (int)hw; lvl++) {
@@ -1148,35 +1210,17 @@ static void test_attention_bf16(at_cpu_isa hw)
         int before = at_test_failures;
         test_gemm_acc_bf16();
         test_gemm_acc_bf16_pairs();
-        attn_case c1 = {1, 150, 150, 4, 2, 64, NULL, NULL, NULL}; /* Qwen's head size, partial blocks */
-        run_attn_bf16_case("causal gqa d64", &c1, 0);
-        run_attn_bf16_case("causal gqa d64, bf16 inputs", &c1, 1);
-        int32_t seg[100];
-        for (int i = 0; i < 100; i++) seg[i] = i < 37 ? 0 : 1;
-        attn_case c2 = {1, 100, 100, 2, 1, 24, NULL, NULL, seg};
-        run_attn_bf16_case("segments d24", &c2, 0);
-        /* kv_len with garbage past it (sequence 1 sees nothing), an odd head
-         * size (pairs with a missing second), with and without the dS store */
-        int32_t seg2[2 * 130], kvl[2] = {120, 0};
-        for (int i = 0; i < 130; i++) {
-            seg2[i] = i < 50 ? 0 : (i < 100 ? 1 : 2);
-            seg2[130 + i] = i / 3;
-        }
-        attn_case c3 = {2, 130, 130, 3, 1, 15, NULL, kvl, seg2};
-        run_attn_bf16_case("segments+kv_len d15", &c3, 0);
-        size_t store = at_cpu_attention_ds_store_limit(0);
-        run_attn_bf16_case("segments+kv_len d15, no dS store", &c3, 0);
-        run_attn_bf16_case("causal gqa d64, no dS store", &c1, 0);
-        at_cpu_attention_ds_store_limit(store);
-        int32_t qi[2 * 9] = {0, 5, 80, -1, 3, 99, 64, 63, 10, 2, 2, 2, 50, 40, 30, 20, 10, 0};
-        int32_t kv2[2] = {90, 100};
-        attn_case c4 = {2, 9, 100, 2, 2, 8, qi, kv2, NULL};
-        run_attn_bf16_case("q_index d8", &c4, 0);
-        attn_case c5 = {1, 3, 3, 2, 1, 8, NULL, NULL, NULL}; /* an odd number of keys in a block */
-        run_attn_bf16_case("3 tokens d8", &c5, 0);
+        attention_bf16_cases(at_cpu_backend());
         if (at_test_failures != before)
             fprintf(stderr, "bf16 attention failures at ISA %s\n", at_cpu_isa_name((at_cpu_isa)lvl));
     }
+    at_backend *gpu = at_test_gpu_backend();
+    if (gpu) attention_bf16_cases(gpu);
+#ifdef AT_CUDA_EMU_LIBRARY
+    at_backend *emu = NULL;
+    CHECK_OK(at_cuda_backend_load(AT_CUDA_EMU_LIBRARY, 0, &emu));
+    if (emu) attention_bf16_cases(emu);
+#endif
 }
 
 int main(void)

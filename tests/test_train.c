@@ -61,10 +61,11 @@ static int read_losses(const char *run_dir, double *loss, double *gnorm, int cap
 }
 
 /* The logs of two runs (the test run, then the one it must equal) have `steps`
- * lines each and agree: loss within tol_loss and grad_norm within tol_norm,
- * relative to the second run's. Prints the pairs when `label` is not NULL. */
-static void expect_same_logs(const char *run_a, const char *run_b, int steps, double tol_loss, double tol_norm,
-                             const char *label)
+ * lines each and their first `compared` agree: loss within tol_loss and
+ * grad_norm within tol_norm, relative to the second run's. Prints the pairs
+ * when `label` is not NULL. */
+static void expect_same_first_steps(const char *run_a, const char *run_b, int steps, int compared, double tol_loss,
+                                    double tol_norm, const char *label)
 {
     double la[16], ga[16], lb[16], gb[16];
     int na = read_losses(run_a, la, ga, 16), nb = read_losses(run_b, lb, gb, 16);
@@ -73,9 +74,16 @@ static void expect_same_logs(const char *run_a, const char *run_b, int steps, do
     for (int i = 0; i < na && i < nb; i++) {
         if (label)
             printf("%s step %d: loss %.9f vs %.9f, grad_norm %.9f vs %.9f\n", label, i + 1, la[i], lb[i], ga[i], gb[i]);
+        if (i >= compared) continue;
         CHECK_NEAR(la[i], lb[i], tol_loss * fabs(lb[i]));
         CHECK_NEAR(ga[i], gb[i], tol_norm * fabs(gb[i]));
     }
+}
+
+static void expect_same_logs(const char *run_a, const char *run_b, int steps, double tol_loss, double tol_norm,
+                             const char *label)
+{
+    expect_same_first_steps(run_a, run_b, steps, steps, tol_loss, tol_norm, label);
 }
 
 /* The largest |m̂_t| / sqrt(v̂_t) AdamW can form at step t (bias-corrected
@@ -536,12 +544,18 @@ static void test_on_cuda(const char *root, const char *emulator)
             CHECK_OK(at_train_run(&a, stdout, dev ? &rg : &rc));
             cpu->fast_bf16 = fast;
         }
-        /* f32: only the order of sums differs; bf16 compute: activations rounded
-         * to bf16 before the NF4 products, so some roundings land differently */
+        /* f32: only the order of sums differs, all three steps agree.
+         * bf16 compute (QLoRA): activations rounded to bf16 before the
+         * products, so some roundings land differently and the first step
+         * (the same weights on both) agrees within them. The later steps are
+         * not compared: AdamW at eps 1e-8 is no bounded function of gradient
+         * differences (test_accumulation's analysis; an element whose
+         * gradient is near 0 moves by ±lr on one device and not on the
+         * other), and the CPU's own ISA levels differ by 1e-3 at step 3. */
         double tol_loss = qlora ? 1e-3 : 1e-5, tol_norm = qlora ? 1e-2 : 1e-4;
         char label[64];
         snprintf(label, sizeof label, "cuda%s %s vs cpu", emulator ? " (emulated)" : "", MODE[mode]);
-        expect_same_logs(rg.run_dir, rc.run_dir, 3, tol_loss, tol_norm, label);
+        expect_same_first_steps(rg.run_dir, rc.run_dir, 3, qlora ? 1 : 3, tol_loss, tol_norm, label);
         char *ck = at_path_join(rg.run_dir, "checkpoint-3");
         CHECK_OK(at_manifest_verify(ck));
         free(ck);

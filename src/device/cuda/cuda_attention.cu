@@ -62,7 +62,17 @@ typedef struct {
     int64_t B, Tq, Tk, Hq, Hkv, G, D;
     float scale;
     const int32_t *qidx, *kvlen, *seg; /* device pointers or NULL */
+    int bf16; /* the products' operands rounded to bf16 (at_attn_params.bf16), as the CPU rounds them */
 } att_geo;
+
+/* x as an operand of a product: rounded to bf16 where the model computes in
+ * it (g.bf16), exactly the CPU's operands (cpu_attention.c): the forward's
+ * scale·q and k (not p or v: p·v is f32 there), the backward's scale·q, k, v,
+ * dout, out (for D_i), p and ds. */
+static __device__ __forceinline__ float att_operand(const att_geo &g, float x)
+{
+    return g.bf16 ? at_cu_bf16_to_f32(at_cu_f32_to_bf16(x)) : x;
+}
 
 /* Rows of the shared-memory chunk: 32 KiB for K and V (or Q and dO) together. */
 static int64_t att_chunk(int64_t D) { return D <= 64 ? 64 : D <= 128 ? 32 : D <= 256 ? 16 : 8; }
@@ -115,27 +125,30 @@ template <int TP> static __device__ __forceinline__ float att_group_sum(float v)
     return v;
 }
 
-/* Rows [r0, r0 + n) of a [B, T, H, D] tensor at (b, head h) into dst[n][D] as f32, times mul. */
+/* Rows [r0, r0 + n) of a [B, T, H, D] tensor at (b, head h) into dst[n][D] as f32, times mul;
+ * operands of the products (att_operand) when `operand`. */
 static __device__ void att_load_rows(float *dst, const void *src, int dt, const att_geo &g, int64_t T, int64_t H,
-                                     int64_t b, int64_t h, int64_t r0, int64_t n, float mul)
+                                     int64_t b, int64_t h, int64_t r0, int64_t n, float mul, bool operand)
 {
     int D = (int)g.D, ne = (int)n * D; /* a chunk: at most 64 rows of 512 */
     for (int e = threadIdx.x; e < ne; e += blockDim.x) {
         int r = e / D, d = e % D;
-        dst[e] = at_cu_load(src, dt, ((b * T + r0 + r) * H + h) * D + d) * mul;
+        float x = at_cu_load(src, dt, ((b * T + r0 + r) * H + h) * D + d) * mul;
+        dst[e] = operand ? att_operand(g, x) : x;
     }
 }
 
 /* The keys [j0, j0 + nk) of K and V (kv head kvh) into Ks, Vs as f32 and
  * their segments into segk, between two barriers: the previous chunk is no
- * longer read before, this one is published after. */
+ * longer read before, this one is published after. K is an operand of a
+ * product (att_operand), V where v_operand (the backward's dO·Vᵀ). */
 static __device__ __forceinline__ void att_load_keys(float *Ks, float *Vs, int *segk, const void *k, int tk,
                                                      const void *v, int tv, const att_geo &g, int64_t b, int64_t kvh,
-                                                     int64_t j0, int64_t nk)
+                                                     int64_t j0, int64_t nk, bool v_operand)
 {
     __syncthreads();
-    att_load_rows(Ks, k, tk, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
-    att_load_rows(Vs, v, tv, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f);
+    att_load_rows(Ks, k, tk, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f, true);
+    att_load_rows(Vs, v, tv, g, g.Tk, g.Hkv, b, kvh, j0, nk, 1.0f, v_operand);
     if (g.seg)
         for (int64_t t = threadIdx.x; t < nk; t += blockDim.x) segk[t] = g.seg[b * g.Tk + j0 + t];
     __syncthreads();
@@ -205,7 +218,7 @@ static __global__ void k_att_forward(att_geo g, const void *q, int tq, const voi
     ATT_UNROLL
     for (int u = 0; u < ATT_DPT; u++) {
         int d = sub + TP * u;
-        qr[u] = valid && d < D ? at_cu_load(q, tq, qoff + d) * g.scale : 0.0f;
+        qr[u] = valid && d < D ? att_operand(g, at_cu_load(q, tq, qoff + d) * g.scale) : 0.0f;
         o[u] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
@@ -213,7 +226,7 @@ static __global__ void k_att_forward(att_geo g, const void *q, int tq, const voi
     for (int64_t j0 = 0; j0 <= maxlim; j0 += kc) {
         int64_t nk = maxlim + 1 - j0 < kc ? maxlim + 1 - j0 : kc;
         if (g.seg && !att_any_visible(g, b, lims, segq, RPB, j0, nk, red)) continue;
-        att_load_keys(Ks, Vs, segk, k, tk, v, tv, g, b, kvh, j0, nk);
+        att_load_keys(Ks, Vs, segk, k, tk, v, tv, g, b, kvh, j0, nk, false);
         for (int64_t jj = 0; jj < nk; jj++) {
             const float *kr = Ks + jj * D, *vr = Vs + jj * D;
             float s;
@@ -266,7 +279,8 @@ template <int TP> static __global__ void k_att_rowdot(float *Di, const void *dou
     ATT_UNROLL
     for (int u = 0; u < ATT_DPT; u++) {
         int d = sub + TP * u;
-        if (ok && d < g.D) s += at_cu_load(dout, tdo, r * g.D + d) * at_cu_load(out, to, r * g.D + d);
+        if (ok && d < g.D)
+            s += att_operand(g, at_cu_load(dout, tdo, r * g.D + d)) * att_operand(g, at_cu_load(out, to, r * g.D + d));
     }
     s = att_group_sum<TP>(s);
     if (ok && sub == 0) {
@@ -300,8 +314,8 @@ static __global__ void k_att_dkdv(att_geo g, const void *q, int tq, const void *
     ATT_UNROLL
     for (int u = 0; u < ATT_DPT; u++) {
         int d = sub + TP * u;
-        kr[u] = kvalid && d < D ? at_cu_load(k, tk, koff + d) : 0.0f;
-        vr[u] = kvalid && d < D ? at_cu_load(v, tv, koff + d) : 0.0f;
+        kr[u] = kvalid && d < D ? att_operand(g, at_cu_load(k, tk, koff + d)) : 0.0f;
+        vr[u] = kvalid && d < D ? att_operand(g, at_cu_load(v, tv, koff + d)) : 0.0f;
         dkr[u] = dvr[u] = 0.0f;
     }
     for (int64_t h = kvh * g.G; h < (kvh + 1) * g.G && nk > 0; h++) {
@@ -317,8 +331,8 @@ static __global__ void k_att_dkdv(att_geo g, const void *q, int tq, const void *
             }
             __syncthreads();
             if (!att_any_visible(g, b, lims, segs, nq, j0, nk, red)) continue;
-            att_load_rows(Qs, q, tq, g, g.Tq, g.Hq, b, h, i0, nq, g.scale);
-            att_load_rows(dOs, dout, tdo, g, g.Tq, g.Hq, b, h, i0, nq, 1.0f);
+            att_load_rows(Qs, q, tq, g, g.Tq, g.Hq, b, h, i0, nq, g.scale, true);
+            att_load_rows(dOs, dout, tdo, g, g.Tq, g.Hq, b, h, i0, nq, 1.0f, true);
             __syncthreads();
             for (int r = 0; r < nq; r++) {
                 const float *qs = Qs + r * D, *dos = dOs + r * D;
@@ -327,6 +341,8 @@ static __global__ void k_att_dkdv(att_geo g, const void *q, int tq, const void *
                 float L = Ls[r];
                 if (!kvalid || j > lims[r] || (g.seg && segs[r] != segk) || L == -INFINITY) continue;
                 float p = expf(s - L), ds = p * (dp - Ds[r]);
+                p = att_operand(g, p);
+                ds = att_operand(g, ds);
                 ATT_UNROLL
                 for (int u = 0; u < ATT_DPT; u++) {
                     int d = sub + TP * u;
@@ -380,21 +396,21 @@ static __global__ void k_att_dq(att_geo g, const void *q, int tq, const void *k,
     ATT_UNROLL
     for (int u = 0; u < ATT_DPT; u++) {
         int d = sub + TP * u;
-        qr[u] = valid && d < D ? at_cu_load(q, tq, qoff + d) * g.scale : 0.0f;
-        dor[u] = valid && d < D ? at_cu_load(dout, tdo, qoff + d) : 0.0f;
+        qr[u] = valid && d < D ? att_operand(g, at_cu_load(q, tq, qoff + d) * g.scale) : 0.0f;
+        dor[u] = valid && d < D ? att_operand(g, at_cu_load(dout, tdo, qoff + d)) : 0.0f;
         dqr[u] = 0.0f;
     }
     int64_t maxlim = (int64_t)at_cu_block_max((float)lim, red);
     for (int64_t j0 = 0; j0 <= maxlim; j0 += kc) {
         int64_t nk = maxlim + 1 - j0 < kc ? maxlim + 1 - j0 : kc;
         if (g.seg && !att_any_visible(g, b, lims, segq, RPB, j0, nk, red)) continue;
-        att_load_keys(Ks, Vs, segk, k, tk, v, tv, g, b, kvh, j0, nk);
+        att_load_keys(Ks, Vs, segk, k, tk, v, tv, g, b, kvh, j0, nk, true);
         for (int64_t jj = 0; jj < nk; jj++) {
             const float *kr = Ks + jj * D, *vr = Vs + jj * D;
             float s, dp;
             att_dots<TP, true>(qr, kr, dor, vr, sub, D, &s, &dp);
             if (j0 + jj > lim || (g.seg && segk[jj] != segi)) continue;
-            float p = expf(s - L), ds = p * (dp - Dd);
+            float p = expf(s - L), ds = att_operand(g, p * (dp - Dd));
             ATT_UNROLL
             for (int u = 0; u < ATT_DPT; u++) {
                 int d = sub + TP * u;
@@ -1028,6 +1044,7 @@ static at_status att_geometry(cuda_ctx *c, const at_tensor *q, const at_tensor *
     g->qidx = p->q_index ? (const int32_t *)cu_ptr(p->q_index) : NULL;
     g->kvlen = p->kv_len ? (const int32_t *)cu_ptr(p->kv_len) : NULL;
     g->seg = p->segments ? (const int32_t *)cu_ptr(p->segments) : NULL;
+    g->bf16 = p->bf16;
     if (g->D > ATT_MAX_D)
         return c->host->error(AT_ERR_UNSUPPORTED, "%s: head_dim %lld of %s is above the CUDA kernel's %d", op,
                               (long long)g->D, q->name, ATT_MAX_D);
