@@ -1,6 +1,6 @@
 /* The CPU dropout at every ISA level of this machine gives, bit for bit, the
  * mask and values its definition in ops/ops.h says: element i kept when
- * at_rng_hash_uniform(seed, counter(i)) >= p (base/rng.c, the scalar hash),
+ * at_rng_dropout_uniform(seed, counter(i)) >= p (base/rng.c, the scalar hash),
  * counter(i) = offset + i, or offset + (i / run)·pitch + i % run with runs,
  * kept values x[i] · (1 / (1 − p)) in f32, dropped ones +0. Covers the SIMD
  * path's tails (n not a multiple of 16, chunk edges), counters that wrap
@@ -44,7 +44,7 @@ static int64_t mismatches_runs(int64_t n, float p, uint64_t seed, uint64_t offse
         for (int64_t i = 0; i < n; i++) {
             xd[i] = (float)(at_rng_uniform(&r) * 6.0 - 3.0);
             uint64_t counter = run ? offset + (uint64_t)(i / run) * pitch + (uint64_t)(i % run) : offset + (uint64_t)i;
-            int k = at_rng_hash_uniform(seed, counter) >= p;
+            int k = at_rng_dropout_uniform(seed, counter) >= p;
             *kept += k;
             want[i] = k ? xd[i] * keep : 0.0f;
             yd[i] = NAN;
@@ -164,7 +164,7 @@ int main(void)
          * it (dropped): a threshold off by one shows here and nowhere else */
         for (uint64_t i = 0; i < 40; i++) {
             uint64_t seed = 1000 + i, offset = (i << 40) + 3;
-            float u = at_rng_hash_uniform(seed, offset + 17 + i);
+            float u = at_rng_dropout_uniform(seed, offset + 17 + i);
             if (!(u > 0.0f)) continue;
             float pk[2] = {u, nextafterf(u, 1.0f)};
             for (int j = 0; j < 2; j++) {

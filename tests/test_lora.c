@@ -262,10 +262,10 @@ static void test_dropout_op(void)
     CHECK_OK(at_dropout(y2, x, 0.3f, 42, 1000, 0, 0));
     omp_set_num_threads(threads);
     CHECK(!memcmp(p1, p2, (size_t)n * 4));
-    /* each kept element is x / (1 - p), each dropped 0, and the mask is the hash of (seed, offset + i) */
+    /* each kept element is x / (1 - p), each dropped 0, and the mask is the dropout hash of (seed, offset + i) */
     int64_t kept = 0, bad = 0;
     for (int64_t i = 0; i < n; i++) {
-        int keep = at_rng_hash_uniform(42, 1000 + (uint64_t)i) >= 0.3f;
+        int keep = at_rng_dropout_uniform(42, 1000 + (uint64_t)i) >= 0.3f;
         if (keep && px[i] != 0.0f) kept++;
         float want = keep ? px[i] * (1.0f / 0.7f) : 0.0f;
         if (fabsf(p1[i] - want) > 1e-6f * fabsf(want)) bad++;

@@ -74,3 +74,10 @@ float at_rng_hash_uniform(uint64_t seed, uint64_t index)
 {
     return (float)(at_rng_mix(seed, index) >> 40) * (1.0f / 16777216.0f);
 }
+
+float at_rng_dropout_uniform(uint64_t seed, uint64_t c)
+{
+    uint64_t h = at_rng_mix(seed, c >> 1);
+    uint32_t w = (c & 1) ? (uint32_t)(h >> 32) : (uint32_t)h;
+    return (float)(w >> 8) * (1.0f / 16777216.0f);
+}

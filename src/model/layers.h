@@ -83,7 +83,7 @@ void at_layer_acts_bind_lora(at_layer_acts *a, int64_t n_tokens, int rank, unsig
 /* LoRA on one layer's linear modules (model/adapter.h), forward:
  *   y = x·Wᵀ + b + s · (drop(x)·Aᵀ)·Bᵀ,   drop(x) = x · mask / (1 − p)
  * The mask element of module m at (token t of batch row b, input feature c)
- * is at_rng_hash_uniform(at_rng_mix(seed, m), ((first_row + b)·AT_DROPOUT_ROW_PITCH + t)·in + c) >= p
+ * is at_rng_dropout_uniform(at_rng_mix(seed, m), ((first_row + b)·AT_DROPOUT_ROW_PITCH + t)·in + c) >= p
  * (ops.h at_dropout): keyed by the row, not by where the row sits, so a row
  * draws the same mask in any micro-batch layout (one process accumulating,
  * several ranks, a micro-batch cut in pieces), and the backward regenerates

@@ -156,7 +156,7 @@ at_status at_sumsq(at_tensor *out, const at_tensor *x);
 at_status at_read_scalar(const at_tensor *t, float *out);
 
 /* Inverted dropout with a counter-based mask (LoRA dropout):
- *   y[i] = x[i] / (1 − p)   when at_rng_hash_uniform(seed, counter(i)) >= p   (base/rng.h)
+ *   y[i] = x[i] / (1 − p)   when at_rng_dropout_uniform(seed, counter(i)) >= p   (base/rng.h)
  *   y[i] = 0                otherwise
  *   counter(i) = offset + (i / run)·pitch + i % run     (run 0: offset + i)
  * The mask depends only on (seed, counter): reproducible at any thread

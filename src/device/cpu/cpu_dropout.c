@@ -8,15 +8,15 @@
 #include "device/cpu/cpu_simd.h"
 #include "device/cpu/gemm.h"
 
-/* ceil(p · 2²⁴) << 40: at_rng_hash_uniform's value is k · 2⁻²⁴ for the top 24
- * bits k of its hash (exact in f32), and k · 2⁻²⁴ >= p ⇔ k >= ceil(p · 2²⁴)
- * (p · 2²⁴ is exact in double). */
-static uint64_t keep_threshold(float p)
+/* ceil(p · 2²⁴) << 8: at_rng_dropout_uniform's value is k · 2⁻²⁴ for the top
+ * 24 bits k of the counter's 32-bit word (exact in f32), and k · 2⁻²⁴ >= p ⇔
+ * k >= ceil(p · 2²⁴) (p · 2²⁴ is exact in double; below 2²⁴ for p < 1). */
+static uint32_t keep_threshold(float p)
 {
     double s = (double)p * 16777216.0;
-    uint64_t k = (uint64_t)s;
+    uint32_t k = (uint32_t)s;
     if ((double)k < s) k++;
-    return k << 40;
+    return k << 8;
 }
 
 /* How many of the `len` elements from element g on have consecutive
@@ -27,7 +27,7 @@ static int64_t span_len(int64_t g, int64_t len, int64_t run)
 }
 
 /* The vector chunk of the current ISA level (cpu_dropout.h), or NULL. */
-typedef void (*dropout_chunk_fn)(float *, const float *, int64_t, uint64_t, uint64_t, uint64_t, float);
+typedef void (*dropout_chunk_fn)(float *, const float *, int64_t, uint64_t, uint64_t, uint32_t, float);
 static dropout_chunk_fn vector_chunk(void)
 {
 #if defined(__x86_64__)
@@ -37,18 +37,34 @@ static dropout_chunk_fn vector_chunk(void)
     return NULL;
 }
 
-/* Elements [i, i + n) of one run, whose counters are consecutive from first. */
+/* Elements [i, i + n) of one run, whose counters are consecutive from first
+ * (mod 2⁶⁴). A vector chunk's pairs share a hash: it starts at an even
+ * counter and does not pass 2⁶⁴, where the pairs' running index would not
+ * wrap with the counters. */
 static void dropout_span(float *o, const float *xi, int64_t n, uint64_t seed, uint64_t first, float p,
-                         uint64_t thresh, float keep, dropout_chunk_fn chunk)
+                         uint32_t thresh, float keep, dropout_chunk_fn chunk)
 {
+    int64_t i = 0;
+    if (chunk && n > 0 && (first & 1)) {
+        o[0] = at_rng_dropout_uniform(seed, first) >= p ? xi[0] * keep : 0.0f;
+        i = 1;
+    }
     if (chunk) {
-        chunk(o, xi, n, seed, first, thresh, keep);
+        uint64_t start = first + (uint64_t)i, to_wrap = -start; /* counters left before 2⁶⁴ (0: none) */
+        int64_t len = n - i;
+        if (to_wrap != 0 && to_wrap < (uint64_t)len) {
+            chunk(o + i, xi + i, (int64_t)to_wrap, seed, start, thresh, keep);
+            i += (int64_t)to_wrap;
+            start = 0;
+            len = n - i;
+        }
+        chunk(o + i, xi + i, len, seed, start, thresh, keep);
         return;
     }
-    for (int64_t i = 0; i < n; i++) o[i] = at_rng_hash_uniform(seed, first + (uint64_t)i) >= p ? xi[i] * keep : 0.0f;
+    for (; i < n; i++) o[i] = at_rng_dropout_uniform(seed, first + (uint64_t)i) >= p ? xi[i] * keep : 0.0f;
 }
 
-/* y[i] = x[i] / (1 − p) if at_rng_hash_uniform(seed, counter(i)) >= p, else
+/* y[i] = x[i] / (1 − p) if at_rng_dropout_uniform(seed, counter(i)) >= p, else
  * 0, counter(i) = offset + (i / run)·pitch + i % run (ops.h). Each element's
  * mask bit depends only on its index, so the chunks can be split across
  * threads in any way and the backward regenerates the mask; a chunk is cut
@@ -62,7 +78,7 @@ at_status at_cpu_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
     const void *px = at_tensor_data(x);
     void *py = at_tensor_data(y);
     float keep = 1.0f / (1.0f - p);
-    uint64_t thresh = keep_threshold(p);
+    uint32_t thresh = keep_threshold(p);
 #pragma omp parallel for schedule(static) if (n >= AT_CPU_PAR_MIN / 4)
     for (int64_t u = 0; u < nc; u++) {
         float bx[AT_CPU_CHUNK], by[AT_CPU_CHUNK];
@@ -107,7 +123,7 @@ at_status at_cpu_matmul_dropout(at_tensor *c, const at_tensor *a, const at_tenso
     const float *pa = at_tensor_data(a), *pb = at_tensor_data(b);
     float *pc = at_tensor_data(c);
     float keep = 1.0f / (1.0f - p);
-    uint64_t thresh = keep_threshold(p);
+    uint32_t thresh = keep_threshold(p);
     dropout_chunk_fn chunk = vector_chunk();
     int failed = 0;
     int nt = M * N * (K + 1) >= AT_CPU_PAR_MIN && blocks > 1 ? omp_get_max_threads() : 1;

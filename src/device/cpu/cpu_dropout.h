@@ -6,15 +6,16 @@
 
 #include <stdint.h>
 
-/* One chunk of f32 values: y[i] = x[i] · keep when element first + i is kept,
- * else 0 (y may be x). Kept means at_rng_hash_uniform(seed, first + i) >= p,
- * which is the same as its hash's top 24 bits >= ceil(p · 2²⁴), passed as
- * thresh = ceil(p · 2²⁴) << 40 (p > 0). Defined in cpu_dropout_avx512.c
- * and cpu_dropout_avx2.c; call only when at_cpu_isa_level() is at least the
+/* One chunk of f32 values: y[i] = x[i] · keep when counter first + i is
+ * kept, else 0 (y may be x); first is even. Kept means
+ * at_rng_dropout_uniform(seed, first + i) >= p, which is the same as the
+ * counter's 32-bit word of the hash >= thresh = ceil(p · 2²⁴) << 8 (0 < p < 1
+ * in f32, so thresh < 2³²). Defined in cpu_dropout_avx512.c and
+ * cpu_dropout_avx2.c; call only when at_cpu_isa_level() is at least the
  * function's level. */
 void at_cpu_dropout_chunk_avx512(float *y, const float *x, int64_t n, uint64_t seed, uint64_t first,
-                                 uint64_t thresh, float keep);
-void at_cpu_dropout_chunk_avx2(float *y, const float *x, int64_t n, uint64_t seed, uint64_t first, uint64_t thresh,
+                                 uint32_t thresh, float keep);
+void at_cpu_dropout_chunk_avx2(float *y, const float *x, int64_t n, uint64_t seed, uint64_t first, uint32_t thresh,
                                float keep);
 
 #endif

@@ -19,12 +19,13 @@
 #include "base/status.h"
 #include "device/backend.h"
 
-#define AT_CUDA_API_VERSION 9 /* 2: allreduce_sum takes a list; 3: dropout counters in runs;
-                                 4: add_uniform_noise; 5: softmax dropped (no caller);
-                                 6: layernorm and gelu (vision towers), rope sections (M-RoPE);
-                                 7: interleaved rope sections (Qwen3-VL);
-                                 8: matmul_dropout (LoRA's input gradient);
-                                 9: matmul_lowrank (LoRA's forward) */
+#define AT_CUDA_API_VERSION 10 /* 2: allreduce_sum takes a list; 3: dropout counters in runs;
+                                  4: add_uniform_noise; 5: softmax dropped (no caller);
+                                  6: layernorm and gelu (vision towers), rope sections (M-RoPE);
+                                  7: interleaved rope sections (Qwen3-VL);
+                                  8: matmul_dropout (LoRA's input gradient);
+                                  9: matmul_lowrank (LoRA's forward);
+                                  10: dropout draws two counters per hash */
 #define AT_CUDA_OPEN_SYMBOL "at_cuda_backend_open"
 
 typedef struct at_cuda_host_api {

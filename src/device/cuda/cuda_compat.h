@@ -113,4 +113,18 @@ __host__ __device__ __forceinline__ float at_cu_hash_uniform(uint64_t seed, uint
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
+/* base/rng.h's at_rng_dropout_uniform: counters c and c ^ 1 share the hash of
+ * c >> 1, an even c taking its low 32 bits, an odd one its high 32 (the top
+ * 24 of those give the value). */
+__host__ __device__ __forceinline__ float at_cu_dropout_uniform(uint64_t seed, uint64_t c)
+{
+    uint64_t z = seed ^ ((c >> 1) * 0xd1342543de82ef95ull);
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    uint32_t w = (c & 1) ? (uint32_t)(z >> 32) : (uint32_t)z;
+    return (float)(w >> 8) * (1.0f / 16777216.0f);
+}
+
 #endif

@@ -391,7 +391,7 @@ at_status cu_gelu_backward(at_tensor *dx, const at_tensor *dy, const at_tensor *
 }
 
 /* ---- dropout ----
- * y[i] = x[i]·keep if at_cu_hash_uniform(seed, counter(i)) >= p, else 0,
+ * y[i] = x[i]·keep if at_cu_dropout_uniform(seed, counter(i)) >= p, else 0,
  * counter(i) = offset + (i / run)·pitch + i % run (ops.h; run 0: offset + i),
  * with keep = 1/(1 − p) formed on the host in f32 as the CPU does: the mask
  * and the values equal the CPU's bit for bit. p == 0 copies (converting dtype). */
@@ -407,7 +407,7 @@ static __global__ void k_dropout(void *y, int ty, const void *x, int tx, float p
             uint64_t row = run > 0 ? (uint64_t)(i / run) : 0;
             for (int k = 0; k < w; k++) {
                 uint64_t counter = offset + row * pitch + (uint64_t)in_run;
-                v[k] = at_cu_hash_uniform(seed, counter) >= p ? v[k] * keep : 0.0f;
+                v[k] = at_cu_dropout_uniform(seed, counter) >= p ? v[k] * keep : 0.0f;
                 if (++in_run == run) in_run = 0, row++;
             }
         }

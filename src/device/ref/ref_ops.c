@@ -607,7 +607,7 @@ at_status at_ref_dropout(at_tensor *y, const at_tensor *x, float p, uint64_t see
     at_status st = AT_OK;
     AT_CHECK(at_ref_load(x, "dropout", &X));
     for (int64_t i = 0; i < at_tensor_numel(x); i++) {
-        int keep = at_rng_hash_uniform(seed, at_rng_run_counter(offset, i, run, pitch)) >= p;
+        int keep = at_rng_dropout_uniform(seed, at_rng_run_counter(offset, i, run, pitch)) >= p;
         X[i] = keep ? X[i] / (1.0 - (double)p) : 0.0;
     }
     AT_CHECK(at_ref_store(y, X, "dropout"));
