@@ -171,9 +171,15 @@ typedef struct at_decoder_acts {
     /* AT_ACTS_LOSS or AT_ACTS_TRAIN (buf NULL otherwise): */
     int chunk_rows;         /* rows of logits computed at once */
     at_tensor logits_chunk; /* [chunk_rows, V] f32: logits, then their gradient */
-    at_tensor target_loss;  /* [B·T] f32: loss of each position (its target), chunk by chunk */
-    at_tensor *targets;     /* i32 [B·T]: label predicted at each position (−100: none) */
-    int32_t *host_targets;  /* host [B·T] (owned) */
+    /* at_decoder_loss computes logits for the n positions that have a target
+     * only, k = 0..n-1 in order: */
+    at_tensor target_loss;  /* [B·T] f32: loss of target k, chunk by chunk */
+    at_tensor *targets;     /* i32 [B·T]: target k (the label its position predicts) */
+    at_tensor *target_pos;  /* i32 [B·T]: position of target k */
+    at_tensor target_rows;  /* [B·T, hidden] f32: final_norm of target k's position, then its
+                               gradient (where some positions have none) */
+    int32_t *host_targets;  /* host [3·B·T] (owned): each position's target (−100: none),
+                               then the targets and positions of k */
     float *host_target_loss; /* host [B·T] (owned) */
     /* AT_ACTS_TRAIN only (buf NULL otherwise): */
     at_tensor d_final;      /* dL/d final_norm [B·T, hidden], written by at_decoder_loss */

@@ -43,7 +43,8 @@ static int chunk_rows_for(const at_model_config *c, int64_t N)
 
 /* Where everything lives in the arena, in elements. */
 typedef struct {
-    size_t resid, layers, recomputed, final_norm, final_rstd, lora, logits, target_loss, d_final, d_resid, bwd, total;
+    size_t resid, layers, recomputed, final_norm, final_rstd, lora, logits, target_loss, target_rows, d_final, d_resid,
+        bwd, total;
     size_t layer_stride, lora_stride;
 } acts_plan;
 
@@ -73,6 +74,8 @@ static void plan_acts(const at_model_config *c, int B, int T, unsigned flags, in
     off += round16(chunk * (size_t)c->vocab_size);
     p->target_loss = off;
     off += loss ? round16(N) : 0;
+    p->target_rows = off;
+    off += loss ? round16(N * hd) : 0;
     p->d_final = off;
     off += train ? round16(N * hd) : 0;
     p->d_resid = off;
@@ -101,6 +104,7 @@ void at_decoder_acts_free(at_decoder_acts *a)
     at_tensor_free(a->arena);
     at_tensor_free(a->pos);
     at_tensor_free(a->targets);
+    at_tensor_free(a->target_pos);
     free(a->host_targets);
     free(a->host_target_loss);
     free(a->resid);
@@ -164,8 +168,10 @@ at_status at_decoder_acts_new_ex(const at_decoder *d, int B, int T, unsigned fla
         view2(&a->logits_chunk, a->arena, p.logits, a->chunk_rows, c->vocab_size, "acts.logits_chunk");
         at_tensor_view_inplace(&a->target_loss, a->arena, p.target_loss, 1, &N);
         at_tensor_set_name(&a->target_loss, "acts.target_loss");
+        view2(&a->target_rows, a->arena, p.target_rows, N, hd, "acts.target_rows");
         AT_CHECK(at_tensor_new(d->be, AT_I32, 1, &N, "acts.targets", &a->targets));
-        a->host_targets = malloc((size_t)N * sizeof *a->host_targets);
+        AT_CHECK(at_tensor_new(d->be, AT_I32, 1, &N, "acts.target_pos", &a->target_pos));
+        a->host_targets = malloc((size_t)N * 3 * sizeof *a->host_targets);
         a->host_target_loss = malloc((size_t)N * sizeof *a->host_target_loss);
         if (!a->host_targets || !a->host_target_loss) {
             st = at_error(AT_ERR_NOMEM, "decoder acts: out of memory");
@@ -595,57 +601,87 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
             if (stats->token_loss) stats->token_loss[i] = 0;
         }
     }
-    AT_CHECK(at_tensor_upload(a->targets, tg, (size_t)N * sizeof *tg));
-
-    /* the chunks write their rows' losses into target_loss, read back once
-     * after the last (on a GPU the host waits once, not once per chunk) */
-    const float *rs = g ? stats->row_grad_scale : NULL;
-    int any_chunk = 0;
-    for (int64_t r0 = 0, rows; r0 < N; r0 += rows) {
-        rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
-        /* per-row scales: a chunk stops at the end of its row, so one
-         * at_cross_entropy call carries one scale */
-        if (rs && rows > T - r0 % T) rows = T - r0 % T;
-        float scale = rs ? grad_scale * rs[r0 / T] : grad_scale;
-        int any = 0;
-        for (int64_t i = r0; i < r0 + rows && !any; i++) any = tg[i] >= 0;
-        at_tensor hid, dfin = {0}, lg, cl, tt;
-        int64_t sh[2] = {rows, hd}, sl[2] = {rows, V};
-        at_tensor_view_inplace(&hid, &a->final_norm, (size_t)(r0 * hd), 2, sh);
-        if (g) at_tensor_view_inplace(&dfin, &a->d_final, (size_t)(r0 * hd), 2, sh);
-        if (!any) { /* all padding / ignored: no loss, no gradient */
-            if (g) AT_CHECK(at_fill(&dfin, 0.0f));
-            continue;
+    /* Logits for the positions with a target only, k = 0..n-1 in order: a
+     * prompt, padding or an ignored span costs no product with the lm_head
+     * (with Qwen2.5's vocabulary the head is a quarter of a step's FLOPs).
+     * When every position has one, the rows are final_norm's and d_final's
+     * own; else they are gathered into target_rows and their gradient is
+     * scattered back into d_final, zero elsewhere. */
+    int32_t *tk = tg + N, *pos = tg + 2 * N;
+    int64_t n = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (tg[i] >= 0) {
+            tk[n] = tg[i];
+            pos[n++] = (int32_t)i;
         }
+    int gathered = n < N;
+    at_tensor targets_n, pos_n, rows_n, loss_n; /* the first n of targets, target_pos, target_rows, target_loss */
+    int64_t shn[2] = {n, hd};
+    if (n > 0) {
+        at_tensor_view_inplace(&targets_n, a->targets, 0, 1, &n);
+        at_tensor_view_inplace(&pos_n, a->target_pos, 0, 1, &n);
+        at_tensor_view_inplace(&rows_n, &a->target_rows, 0, 2, shn);
+        at_tensor_view_inplace(&loss_n, &a->target_loss, 0, 1, &n);
+        AT_CHECK(at_tensor_upload(&targets_n, tk, (size_t)n * sizeof *tk));
+    }
+    if (gathered && n > 0) {
+        AT_CHECK(at_tensor_upload(&pos_n, pos, (size_t)n * sizeof *pos));
+        AT_CHECK(at_embedding_forward(&rows_n, &pos_n, &a->final_norm));
+    }
+
+    /* Equal chunks of at most chunk_rows, as chunk_rows_for cuts N; with
+     * per-row scales a chunk stops at the end of its row, so one at_cross_entropy call carries one
+     * scale. The chunks write their losses into target_loss, read back once
+     * after the last (on a GPU the host waits once, not once per chunk). */
+    const float *rs = g ? stats->row_grad_scale : NULL;
+    int64_t chunks = (n + a->chunk_rows - 1) / a->chunk_rows, step = chunks ? (n + chunks - 1) / chunks : 0;
+    for (int64_t k0 = 0, rows; k0 < n; k0 += rows) {
+        rows = n - k0 < step ? n - k0 : step;
+        int b = pos[k0] / T;
+        if (rs)
+            for (int64_t k = k0 + 1; k < k0 + rows; k++)
+                if (pos[k] / T != b) {
+                    rows = k - k0;
+                    break;
+                }
+        float scale = rs ? grad_scale * rs[b] : grad_scale;
+        at_tensor hid, lg, cl, tt;
+        int64_t sh[2] = {rows, hd}, sl[2] = {rows, V};
+        at_tensor_view_inplace(&hid, gathered ? &a->target_rows : &a->final_norm, (size_t)(k0 * hd), 2, sh);
         at_tensor_view_inplace(&lg, &a->logits_chunk, 0, 2, sl);
-        at_tensor_view_inplace(&cl, &a->target_loss, (size_t)r0, 1, &rows);
-        at_tensor_view_inplace(&tt, a->targets, (size_t)r0, 1, &rows);
+        at_tensor_view_inplace(&cl, &a->target_loss, (size_t)k0, 1, &rows);
+        at_tensor_view_inplace(&tt, a->targets, (size_t)k0, 1, &rows);
         /* logits = h·W_headᵀ;  CE; dlogits = grad_scale·(softmax − onehot) in place */
         AT_CHECK(at_decoder_logits(d, &lg, &hid));
         AT_CHECK(at_cross_entropy(&cl, g ? &lg : NULL, &lg, &tt, scale));
-        any_chunk = 1;
-        /* per-token weights: row i of dlogits is that target's gradient, linear in its weight */
-        for (int64_t i = r0; g && stats->token_grad_scale && i < r0 + rows; i++) {
-            float w = stats->token_grad_scale[i];
-            if (tg[i] < 0 || w == 1.0f) continue;
+        /* per-token weights: row k of dlogits is that target's gradient, linear in its weight */
+        for (int64_t k = k0; g && stats->token_grad_scale && k < k0 + rows; k++) {
+            float w = stats->token_grad_scale[pos[k]];
+            if (w == 1.0f) continue;
             at_tensor lr;
             int64_t s1[2] = {1, V};
-            at_tensor_view_inplace(&lr, &a->logits_chunk, (size_t)((i - r0) * V), 2, s1);
+            at_tensor_view_inplace(&lr, &a->logits_chunk, (size_t)((k - k0) * V), 2, s1);
             AT_CHECK(at_scale(&lr, &lr, w));
         }
         if (g) {
-            /* dh = dlogits·W_head;  dW_head += dlogitsᵀ·h */
-            AT_CHECK(at_matmul(&dfin, &lg, d->w->lm_head, 0, 0, 1.0f, 0.0f));
+            /* dW_head += dlogitsᵀ·h;  dh = dlogits·W_head, over the gathered h
+             * (read by then) or into d_final's rows */
+            at_tensor dh = hid;
+            if (!gathered) at_tensor_view_inplace(&dh, &a->d_final, (size_t)(k0 * hd), 2, sh);
             if (dhead) AT_CHECK(at_matmul(dhead, &lg, &hid, 1, 0, 1.0f, 1.0f));
+            AT_CHECK(at_matmul(&dh, &lg, d->w->lm_head, 0, 0, 1.0f, 0.0f));
         }
     }
-    /* summed in row order, as the targets lie (rows of skipped chunks are
-     * all ignored and not read) */
-    if (any_chunk) {
-        AT_CHECK(at_tensor_download(&a->target_loss, a->host_target_loss, (size_t)N * sizeof(float)));
-        for (int64_t row = 0; row < N; row++) {
-            if (tg[row] < 0) continue;
-            double v = a->host_target_loss[row];
+    if (g && gathered) { /* rows_n holds the gradient of the gathered rows now */
+        AT_CHECK(at_fill(&a->d_final, 0.0f));
+        if (n > 0) AT_CHECK(at_embedding_backward(&a->d_final, &rows_n, &pos_n));
+    }
+    /* summed in position order */
+    if (n > 0) {
+        AT_CHECK(at_tensor_download(&loss_n, a->host_target_loss, (size_t)n * sizeof(float)));
+        for (int64_t k = 0; k < n; k++) {
+            int32_t row = pos[k];
+            double v = a->host_target_loss[k];
             stats->loss_sum += v;
             if (stats->row_loss) stats->row_loss[row / T] += v;
             if (stats->token_loss) stats->token_loss[row] = (float)v;
