@@ -206,19 +206,21 @@ static void record(double err, double tol, const char *what)
     }
 }
 
-/* Max |got − want| / max(max |want|, REL_FLOOR) over n values; equal values
- * (both NaN, both −inf) count as 0, one non-finite alone as inf. */
-static double rel_err(const float *got, const float *want, int64_t n)
+/* Max |got − want| / max(max |size|, REL_FLOOR) over n values, size the
+ * values' scale (want itself but for products: compare_product); equal
+ * values (both NaN, both −inf) count as 0, one non-finite alone as inf. */
+static double rel_err_to(const float *got, const float *want, const float *size, int64_t n)
 {
     double maxw = REL_FLOOR, maxd = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (isfinite(want[i]) && fabs(want[i]) > maxw) maxw = fabs(want[i]);
+        if (isfinite(size[i]) && fabs(size[i]) > maxw) maxw = fabs(size[i]);
         if (got[i] == want[i] || (isnan(got[i]) && isnan(want[i]))) continue;
         double d = (isfinite(got[i]) && isfinite(want[i])) ? fabs((double)got[i] - want[i]) : INFINITY;
         if (d > maxd) maxd = d;
     }
     return maxd / maxw;
 }
+static double rel_err(const float *got, const float *want, int64_t n) { return rel_err_to(got, want, want, n); }
 
 /* Compares the backend's tensor d with the reference's host tensor h. */
 static void compare_t(const at_tensor *d, const at_tensor *h, double tol, const char *case_desc, const char *what)
@@ -238,6 +240,48 @@ static void compare_t(const at_tensor *d, const at_tensor *h, double tol, const 
 static void compare(const tp *o, const char *case_desc, const char *what)
 {
     compare_t(o->d, o->h, tol_of(o->d->dtype), case_desc, what);
+}
+
+/* A product's rounding error is bounded by the size of its terms, not of its
+ * result: |fl(Σ a·b) − Σ a·b| <= γ_K·Σ|a·b| (Higham, ch. 3), and a result
+ * that cancels (one output element, the sum of 64 terms of ±1 near 0) has
+ * no relative accuracy to keep. So C's error counts against the largest of
+ * |alpha|·|A|·|op(B)| + |beta|·|C0|, computed by the reference from the
+ * inputs' absolute values (a, b as the reference was given them; c0: C's
+ * values before the product, NULL for beta 0). */
+static at_tensor *abs_of(const at_tensor *t)
+{
+    at_tensor *r = host_new(F32, t->ndim, t->shape, t->name);
+    float *o = at_tensor_data(r);
+    if (at_dtype_is_quantized(t->dtype)) {
+        CHECK_OK(at_dequantize(r, t));
+    } else {
+        float *v = floats_of(t);
+        if (v) memcpy(o, v, at_tensor_nbytes(r));
+        free(v);
+    }
+    for (int64_t i = 0; i < at_tensor_numel(r); i++) o[i] = fabsf(o[i]);
+    return r;
+}
+static void compare_product(const tp *c, const at_tensor *c0, const at_tensor *a, const at_tensor *b, int ta, int tb,
+                            float alpha, float beta, const char *case_desc)
+{
+    at_tensor *aa = abs_of(a), *ab = abs_of(b), *size = c0 ? abs_of(c0) : host_new(F32, c->h->ndim, c->h->shape, "size");
+    CHECK_OK(at_ref_matmul(size, aa, ab, ta, tb, fabsf(alpha), fabsf(beta)));
+    float *got = floats_of(c->d), *want = floats_of(c->h);
+    char label[128];
+    snprintf(label, sizeof label, "C %s", case_desc);
+    if (!got || !want) {
+        G.fails++;
+        snprintf(G.msg, sizeof G.msg, "%s: cannot read back: %s", label, at_last_error());
+    } else {
+        record(rel_err_to(got, want, at_tensor_data(size), at_tensor_numel(c->h)), tol_of(c->d->dtype), label);
+    }
+    free(got);
+    free(want);
+    at_tensor_free(aa);
+    at_tensor_free(ab);
+    at_tensor_free(size);
 }
 
 static void end(void)
@@ -314,10 +358,13 @@ static void test_matmul(void)
                         at_tensor *ra = A.h, *rb = B.h;
                         if (combos[c][1] == BF16 && combos[c][0] != BF16 && rounds_to_bf16()) ra = bf16_rounded(A.h);
                         if (combos[c][0] == BF16 && combos[c][1] != BF16 && rounds_to_bf16()) rb = bf16_rounded(B.h);
+                        at_tensor *c0 = beta != 0 ? abs_of(C.h) : NULL;
                         CHECK_OK(at_ref_matmul(C.h, ra, rb, ta, tb, alpha, beta));
+                        if (called(at_matmul(C.d, A.d, B.d, ta, tb, alpha, beta), desc))
+                            compare_product(&C, c0, ra, rb, ta, tb, alpha, beta, desc);
+                        at_tensor_free(c0);
                         if (ra != A.h) at_tensor_free(ra);
                         if (rb != B.h) at_tensor_free(rb);
-                        if (called(at_matmul(C.d, A.d, B.d, ta, tb, alpha, beta), desc)) compare(&C, desc, "C");
                         tp_free(&A);
                         tp_free(&B);
                         tp_free(&C);
@@ -383,8 +430,11 @@ static void qmm_case(at_dtype qt, at_dtype a_dt, at_dtype c_dt, int64_t bt, int6
         CHECK_OK(at_dequantize(deq, wq));
         rb = bf16_rounded(deq);
     }
+    at_tensor *c0 = beta != 0 ? abs_of(C.h) : NULL;
     CHECK_OK(at_ref_matmul(C.h, ra, rb, 0, tb, alpha, beta));
-    if (A.d && C.d && called(at_matmul(C.d, A.d, wd, 0, tb, alpha, beta), desc)) compare(&C, desc, "C");
+    if (A.d && C.d && called(at_matmul(C.d, A.d, wd, 0, tb, alpha, beta), desc))
+        compare_product(&C, c0, ra, rb, 0, tb, alpha, beta, desc);
+    at_tensor_free(c0);
     if (ra != A.h) at_tensor_free(ra);
     if (rb != wq) at_tensor_free(rb);
     at_tensor_free(deq);
@@ -1096,6 +1146,47 @@ static void test_cross_entropy(void)
     }
 }
 
+/* Rows that are not all finite, as PyTorch's F.cross_entropy (the
+ * reference computes in double what it does): a +inf or a NaN logit, or a
+ * row all −inf, makes the row's loss and gradient NaN; −inf logits beside a
+ * finite max (masked tokens) get probability 0, and a label on one of them a
+ * loss of +inf. The f32 path's one-exp rows hand such rows to the general
+ * pass (cpu_loss.c), which no random input reaches. */
+static void test_cross_entropy_nonfinite(void)
+{
+    static const at_dtype dts[] = {F32, BF16};
+    enum { N = 6, V = 1000 };
+    for (size_t c = 0; c < sizeof dts / sizeof dts[0]; c++) {
+        char desc[80];
+        begin("cross_entropy non-finite", dn(dts[c]));
+        for (int mode = 0; mode < 3; mode++) { /* 0 separate, 1 NULL, 2 in place */
+            int64_t n = N;
+            int32_t lv[N] = {3, 5, 7, 900, 2, 11};
+            tp Lab = in_idx(1, &n, "labels", lv);
+            tp X = in_rand(dts[c], 2, SH(N, V), "logits", -4, 4);
+            void *x = at_tensor_data(X.h);
+            put(x, dts[c], 0 * V + 600, INFINITY);
+            put(x, dts[c], 1 * V + 17, NAN);
+            for (int64_t i = 0; i < V; i++) put(x, dts[c], 2 * V + i, -INFINITY);
+            for (int64_t i = 0; i < V; i += 2) put(x, dts[c], 3 * V + i, -INFINITY); /* the label (900) too */
+            for (int64_t i = 1; i < V; i += 3) put(x, dts[c], 5 * V + i, -INFINITY);
+            CHECK_OK(at_tensor_upload(X.d, x, at_tensor_nbytes(X.h)));
+            tp R = out_new(F32, 1, &n, "row_loss", POISON, 0, 0);
+            tp DL = out_new(dts[c], 2, SH(N, V), "dlogits", POISON, 0, 0);
+            snprintf(desc, sizeof desc, "%s", mode == 0 ? "dlogits" : mode == 1 ? "no grad" : "in place");
+            CHECK_OK(at_ref_cross_entropy(R.h, mode == 1 ? NULL : DL.h, X.h, Lab.h, 0.5f));
+            at_tensor *dld = mode == 0 ? DL.d : mode == 1 ? NULL : X.d;
+            if (called(at_cross_entropy(R.d, dld, X.d, Lab.d, 0.5f), desc)) {
+                compare(&R, desc, "row_loss");
+                if (dld) compare_t(dld, DL.h, tol_of(dts[c]), desc, "dlogits");
+            }
+            tp *all[] = {&Lab, &X, &R, &DL};
+            for (int j = 0; j < 4; j++) tp_free(all[j]);
+        }
+        end();
+    }
+}
+
 /* ---- AdamW, sumsq ---- */
 
 static void test_adamw_sumsq(void)
@@ -1552,6 +1643,7 @@ static int run_backend(at_backend *be)
     test_gelu();
     test_embedding();
     test_cross_entropy();
+    test_cross_entropy_nonfinite();
     test_adamw_sumsq();
     test_dropout();
     test_matmul_dropout();
