@@ -9,7 +9,7 @@
  * register put them: the compare gives the 8 floats' mask in order. On a
  * Zen 5 held to AVX2 the scalar hash (at_rng_hash_uniform per value) took 5%
  * of a Qwen2.5-0.5B LoRA step and dropout ~9% in all; this chunk with a hash
- * per counter, 2%. */
+ * per counter 2.1%; with one per pair the small shape's step ran 1.1% faster. */
 #include "device/cpu/cpu_dropout.h"
 
 #include <immintrin.h>
