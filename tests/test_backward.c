@@ -11,6 +11,8 @@
  *  - LoRA and full fine-tuning gradients and AdamW steps on the CUDA backend,
  *    its kernels run by the CUDA emulator (when the build has it), and on a
  *    real GPU when the machine has one;
+ *  - the loss reads no final_norm row of a position without a target (the
+ *    head's products skip them);
  *  - errors: backward before the loss, full FT on bf16 weights, mismatched
  *    activations. */
 #include "device/cuda_loader.h"
@@ -192,6 +194,53 @@ static void test_full_grads(const char *name, at_backend *be)
     tc_free(&c);
 }
 
+/* at_decoder_loss computes logits only for the positions that have a target:
+ * with the final_norm rows of the others set to NaN between the forward and
+ * the loss, the loss and the head's full gradient equal, bit for bit, those
+ * of the run without it. Had the head multiplied those rows, dW_head +=
+ * dlogitsᵀ·h would take 0·NaN from each (their dlogits rows are 0). */
+static void test_untargeted_rows_unread(const char *name)
+{
+    train_case c;
+    printf("%s (rows without a target)\n", name);
+    CHECK_OK(tc_open(&c, name, at_cpu_backend(), AT_F32, 0));
+    if (!c.d) return;
+    at_decoder_grads *g = NULL;
+    at_decoder_acts *a = NULL;
+    float *want = NULL, *got = NULL;
+    at_loss_stats s0 = {0}, s1 = {0};
+    CHECK_OK(at_decoder_grads_new(c.d, 1, &g));
+    CHECK_OK(at_decoder_acts_new_ex(c.d, c.B, c.T, AT_ACTS_TRAIN, &a));
+    if (!g || !a) goto done;
+    float scale = 1.0f / (float)c.n_targets;
+    CHECK_OK(tc_step(&c, AT_ACTS_TRAIN, g, 0.0f, 0, &s0));
+    want = tc_host(g->full->lm_head);
+    CHECK_OK(at_decoder_grads_zero(g));
+    CHECK_OK(at_decoder_forward_train(c.d, a, c.t_ids, NULL, NULL, 0.0f, 0));
+    int64_t hd = c.d->cfg.hidden_size, poisoned = 0;
+    float *h = at_tensor_data(&a->final_norm);
+    for (int64_t i = 0; i < (int64_t)c.B * c.T; i++) {
+        int has_target = i % c.T + 1 < c.T && c.labels[i + 1] >= 0; /* position t predicts label t + 1 */
+        if (has_target) continue;
+        for (int64_t j = 0; j < hd; j++) h[i * hd + j] = NAN;
+        poisoned++;
+    }
+    CHECK_MSG(poisoned > 0 && poisoned < (int64_t)c.B * c.T, "%s: %lld of %lld positions without a target", name,
+              (long long)poisoned, (long long)c.B * c.T);
+    CHECK_OK(at_decoder_loss(c.d, a, c.t_labels, scale, g, &s1));
+    CHECK_OK(at_decoder_backward(c.d, a, g));
+    got = tc_host(g->full->lm_head);
+    CHECK(s1.n_targets == s0.n_targets && s1.loss_sum == s0.loss_sum);
+    CHECK_MSG(want && got && !memcmp(want, got, at_tensor_nbytes(g->full->lm_head)),
+              "%s: the head's gradient read rows of positions without a target", name);
+done:
+    free(want);
+    free(got);
+    at_decoder_acts_free(a);
+    at_decoder_grads_free(g);
+    tc_free(&c);
+}
+
 static void test_errors(void)
 {
     train_case c;
@@ -251,6 +300,7 @@ int main(void)
     }
     test_adamw_steps("llama_gqa", at_cpu_backend());
     test_adamw_steps("qwen3_qknorm", at_cpu_backend());
+    test_untargeted_rows_unread("llama_gqa");
     /* the same goldens on the CUDA backend: its kernels run by the emulator,
      * and on a real GPU when the machine has one */
     at_backend *cuda[2] = {NULL, at_test_gpu_backend()};

@@ -1110,12 +1110,12 @@ static void run_attn_bf16_case(at_backend *be, const char *name, const attn_case
     at_tensor *tkl = c->kvlen ? mk_i32(1, &c->B, c->kvlen) : NULL;
     at_tensor *tdo = mk(AT_F32, 4, qs, dout), *tdq = mk(AT_F32, 4, qs, NULL), *tdk = mk(AT_F32, 4, ks, NULL),
               *tdv = mk(AT_F32, 4, ks, NULL);
-    at_tensor *all[] = {tq, tk, tv, to, tl, tsg, tqi, tkl, tdo, tdq, tdk, tdv};
-    for (int i = 0; i < 12; i++) all[i] = on_backend(be, all[i]);
-    at_attn_params p = {scale, all[6], all[7], all[5], 1};
-    CHECK_OK(at_attention_forward(all[3], all[4], all[0], all[1], all[2], &p));
-    CHECK_OK(at_attention_backward(all[9], all[10], all[11], all[8], all[0], all[1], all[2], all[3], all[4], &p));
-    float *go = values_of(all[3]), *gq = values_of(all[9]), *gk = values_of(all[10]), *gv = values_of(all[11]);
+    at_tensor **all[] = {&tq, &tk, &tv, &to, &tl, &tsg, &tqi, &tkl, &tdo, &tdq, &tdk, &tdv};
+    for (int i = 0; i < 12; i++) *all[i] = on_backend(be, *all[i]);
+    at_attn_params p = {scale, tqi, tkl, tsg, 1};
+    CHECK_OK(at_attention_forward(to, tl, tq, tk, tv, &p));
+    CHECK_OK(at_attention_backward(tdq, tdk, tdv, tdo, tq, tk, tv, to, tl, &p));
+    float *go = values_of(to), *gq = values_of(tdq), *gk = values_of(tdk), *gv = values_of(tdv);
     double *ro = malloc((size_t)nq * 8), *rl = malloc((size_t)nl * 8), *rdq = malloc((size_t)nq * 8),
            *rdk = malloc((size_t)nk * 8), *rdv = malloc((size_t)nk * 8), *bo = malloc((size_t)nq * 8),
            *bq = malloc((size_t)nq * 8), *bk = malloc((size_t)nk * 8), *bv = malloc((size_t)nk * 8);
@@ -1165,7 +1165,7 @@ static void run_attn_bf16_case(at_backend *be, const char *name, const attn_case
     free(k);
     free(v);
     free(dout);
-    for (int i = 0; i < 12; i++) at_tensor_free(all[i]);
+    for (int i = 0; i < 12; i++) at_tensor_free(*all[i]);
 }
 
 /* The cases of run_attn_bf16_case on backend be. */

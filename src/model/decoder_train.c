@@ -31,14 +31,19 @@ static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
  * rather than 311 for one chunk, at a cost lost in the noise of bench_train
  * (Zen 4: 150.7 and 161.4 tok/s against 153.3 and 156.7). Equal chunks: a
  * remainder of a few rows would repack it all for little work. */
+/* The length of equal chunks of at most max that cover total (> 0). */
+static int64_t equal_chunk(int64_t total, int64_t max)
+{
+    int64_t chunks = (total + max - 1) / max;
+    return (total + chunks - 1) / chunks;
+}
+
 static int chunk_rows_for(const at_model_config *c, int64_t N)
 {
     int64_t r = ((int64_t)40 << 20) / (c->vocab_size > 0 ? c->vocab_size : 1);
     if (r > 512) r = 512;
     if (r < 16) r = 16;
-    if (N <= 0) return (int)r;
-    int64_t chunks = (N + r - 1) / r;
-    return (int)((N + chunks - 1) / chunks);
+    return (int)(N > 0 ? equal_chunk(N, r) : r);
 }
 
 /* Where everything lives in the arena, in elements. */
@@ -630,11 +635,12 @@ at_status at_decoder_loss(at_decoder *d, at_decoder_acts *a, const at_tensor *la
     }
 
     /* Equal chunks of at most chunk_rows, as chunk_rows_for cuts N; with
-     * per-row scales a chunk stops at the end of its row, so one at_cross_entropy call carries one
-     * scale. The chunks write their losses into target_loss, read back once
-     * after the last (on a GPU the host waits once, not once per chunk). */
+     * per-row scales a chunk stops at the end of its row, so that one
+     * at_cross_entropy call carries one scale. The chunks write their losses
+     * into target_loss, read back once after the last (on a GPU the host
+     * waits once, not once per chunk). */
     const float *rs = g ? stats->row_grad_scale : NULL;
-    int64_t chunks = (n + a->chunk_rows - 1) / a->chunk_rows, step = chunks ? (n + chunks - 1) / chunks : 0;
+    int64_t step = n > 0 ? equal_chunk(n, a->chunk_rows) : 0;
     for (int64_t k0 = 0, rows; k0 < n; k0 += rows) {
         rows = n - k0 < step ? n - k0 : step;
         int b = pos[k0] / T;
